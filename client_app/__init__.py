@@ -1,0 +1,1 @@
+"""Client half: the ClientApp, client state, and one algorithm module per family."""

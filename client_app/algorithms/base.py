@@ -1,0 +1,108 @@
+"""Base of every algorithm's client half: shared helpers for training, evaluation and replies."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
+
+from common.config import RunConfig
+from common.data.federated import ClientData
+from common.evaluate import EvalResult, evaluate_client, shift_key
+from common.records import to_record
+from common.models import SplitModel, array_specs, build_model, get_arrays, set_arrays
+from common.seeding import derive_seed
+from common.train import TrainSettings, TrainStats
+from common.validation import validate_arrays
+
+from ..state import ClientState
+
+
+@dataclass
+class ClientEnv:
+    """Everything a client half works with: config, its data, its persistent state, the device."""
+
+    cfg: RunConfig
+    data: ClientData
+    state: ClientState
+    device: torch.device
+
+    @property
+    def partition_id(self) -> int:
+        """This client's partition."""
+        return self.data.partition_id
+
+
+class ClientAlgorithm(ABC):
+    """Client half of an algorithm: `fit` answers a train message, `evaluate` an evaluate message."""
+
+    name: ClassVar[str] = "base"
+
+    def __init__(self, env: ClientEnv) -> None:
+        self.env = env
+        self.cfg = env.cfg
+
+    # ----- helpers -------------------------------------------------------------------------------
+    def new_model(self) -> SplitModel:
+        """The model at the run's common initialization (the same as the server's)."""
+        data = self.env.data
+        return build_model(self.cfg.model, self.cfg.dataset, data.input_shape, data.num_classes,
+                           derive_seed(self.cfg.seed, "model"))
+
+    def received_model(self, content: RecordDict, key: str = "arrays") -> SplitModel:
+        """A model holding the arrays the server sent (validated like any received payload)."""
+        model = self.new_model()
+        set_arrays(model, validate_arrays(content.array_records.get(key), array_specs(model)))
+        return model
+
+    def settings(self, server_round: int) -> TrainSettings:
+        """Local training settings of this round (lr decayed per round)."""
+        cfg = self.cfg
+        return TrainSettings(epochs=cfg.local_epochs, batch_size=cfg.batch_size, optimizer=cfg.optimizer,
+                             lr=cfg.lr * cfg.lr_decay ** (server_round - 1), momentum=cfg.momentum,
+                             weight_decay=cfg.weight_decay)
+
+    def generator(self, server_round: int, purpose: str = "train") -> torch.Generator:
+        """Seeded generator for this client, round and purpose."""
+        return torch.Generator().manual_seed(derive_seed(self.cfg.seed, purpose, self.env.partition_id, server_round))
+
+    def evaluate_model(self, model: torch.nn.Module) -> EvalResult:
+        """The shared evaluation loop on this client's test data at every shift degree."""
+        return evaluate_client(model, self.env.data, self.cfg.shift_degrees, self.env.device)
+
+    @staticmethod
+    def model_record(model: torch.nn.Module) -> ArrayRecord:
+        """A model's state as an ArrayRecord keyed by state-dict names."""
+        return to_record([name for name, _ in array_specs(model)], get_arrays(model))
+
+    def train_reply(self, stats: TrainStats, model: torch.nn.Module | None) -> RecordDict:
+        """Reply content of a training round: metrics, plus the model when it is uploaded."""
+        content = RecordDict({"metrics": MetricRecord({
+            "num-examples": stats.num_samples, "train-loss": _finite(stats.mean_loss), "steps": stats.steps})})
+        if model is not None:
+            content["arrays"] = self.model_record(model)
+        return content
+
+    def eval_reply(self, result: EvalResult, extra: dict[str, float] | None = None) -> RecordDict:
+        """Reply content of an evaluation: loss and accuracy at each shift degree."""
+        metrics: dict[str, float | int] = {"num-test": result.num_test, "loss": _finite(result.loss)}
+        metrics.update({shift_key(d): acc for d, acc in result.shift_accuracy.items()})
+        metrics.update(extra or {})
+        return RecordDict({"metrics": MetricRecord(metrics)})
+
+    # ----- the two handlers ------------------------------------------------------------------------
+    @abstractmethod
+    def fit(self, server_round: int, content: RecordDict) -> RecordDict:
+        """Answer a training message."""
+
+    def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
+        """Answer an evaluation message (default: evaluate the model the server sent)."""
+        return self.eval_reply(self.evaluate_model(self.received_model(content)))
+
+
+def _finite(value: float) -> float:
+    return float(value) if np.isfinite(value) else 0.0

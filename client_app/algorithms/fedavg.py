@@ -1,0 +1,36 @@
+"""FedAvg and FedProx clients: train the received global model and upload it."""
+
+from __future__ import annotations
+
+from flwr.app import RecordDict
+
+from common.train import proximal_loss, train
+
+from .base import ClientAlgorithm
+
+
+class FedAvgClient(ClientAlgorithm):
+    """Local SGD on the received global model; uploads the full model."""
+
+    name = "fedavg"
+
+    def extra_losses(self, model) -> list:
+        """Additional loss terms (none for FedAvg)."""
+        return []
+
+    def fit(self, server_round: int, content: RecordDict) -> RecordDict:
+        """Train the global model for local-epochs and send it back."""
+        model = self.received_model(content)
+        stats = train(model, self.env.data.train_x, self.env.data.train_y, self.settings(server_round),
+                      self.generator(server_round), extra_losses=self.extra_losses(model), device=self.env.device)
+        return self.train_reply(stats, model)
+
+
+class FedProxClient(FedAvgClient):
+    """FedAvg plus the proximal term (mu/2)||w - w_global||^2 toward the received model."""
+
+    name = "fedprox"
+
+    def extra_losses(self, model) -> list:
+        """The proximal term, anchored at the received global weights."""
+        return [proximal_loss(dict(model.named_parameters()), self.cfg.proximal_mu)]

@@ -1,0 +1,38 @@
+"""Local training client: a personal model that never leaves the device."""
+
+from __future__ import annotations
+
+from flwr.app import RecordDict
+
+from common.models import SplitModel, get_arrays, set_arrays
+from common.train import train
+
+from .base import ClientAlgorithm
+
+PERSONAL = "personal"
+
+
+class LocalClient(ClientAlgorithm):
+    """Trains its own model from the common initialization; only metrics are sent."""
+
+    name = "local"
+
+    def personal_model(self) -> SplitModel:
+        """The stored personal model, or the common initialization on first use."""
+        model = self.new_model()
+        saved = self.env.state.load_arrays(PERSONAL)
+        if saved is not None:
+            set_arrays(model, saved)
+        return model
+
+    def fit(self, server_round: int, content: RecordDict) -> RecordDict:
+        """Train the personal model and keep it."""
+        model = self.personal_model()
+        stats = train(model, self.env.data.train_x, self.env.data.train_y, self.settings(server_round),
+                      self.generator(server_round), device=self.env.device)
+        self.env.state.save_arrays(PERSONAL, get_arrays(model))
+        return self.train_reply(stats, None)
+
+    def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
+        """Evaluate the personal model."""
+        return self.eval_reply(self.evaluate_model(self.personal_model()))

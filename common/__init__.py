@@ -1,0 +1,1 @@
+"""Framework-free core: config, data, models, the training and evaluation loops."""

@@ -1,0 +1,132 @@
+"""Datasets as in-memory numpy arrays: torchvision formats from a local folder, or the embedded default."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+
+class DataError(RuntimeError):
+    """Data that cannot be loaded; the message names the files expected and where."""
+
+
+@dataclass(frozen=True)
+class DatasetArrays:
+    """A whole dataset: train and test pooled into x (N, C, H, W) or (N, F) uint8/float32 and y int64."""
+
+    name: str
+    x: np.ndarray
+    y: np.ndarray
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    scale: float  # x / scale lies in [0, 1]
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Shape of one sample."""
+        return tuple(self.x.shape[1:])
+
+
+_MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+_TORCHVISION_NAMES = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
+_NORMALIZATION = {
+    "mnist": ((0.1307,), (0.3081,)),
+    "fashion-mnist": ((0.2860,), (0.3530,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "digits": ((0.3,), (0.38,)),
+}
+
+
+def _digits() -> DatasetArrays:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = bunch.images.astype(np.uint8)[:, None, :, :]  # (1797, 1, 8, 8), values 0..16
+    mean, std = _NORMALIZATION["digits"]
+    return DatasetArrays("digits", x, bunch.target.astype(np.int64), 10, mean, std, 16.0)
+
+
+def _mnist_like(name: str, data_dir: Path, cache_dir: Path, allow_download: bool) -> DatasetArrays:
+    from torchvision import datasets
+
+    folder = _TORCHVISION_NAMES[name]
+    cls = getattr(datasets, folder)
+    raw = data_dir / folder / "raw"
+    extracted = all((raw / f.removesuffix(".gz")).exists() for f in _MNIST_FILES)
+    if extracted:
+        root = data_dir
+    else:
+        # torchvision extracts the .gz next to them; the data dir may be read-only, so work in a cache copy.
+        cached_raw = cache_dir / folder / "raw"
+        if all((raw / f).exists() for f in _MNIST_FILES):
+            cached_raw.mkdir(parents=True, exist_ok=True)
+            for f in _MNIST_FILES:
+                if not (cached_raw / f).exists():
+                    shutil.copyfile(raw / f, cached_raw / f)
+        elif not allow_download and not all((cached_raw / f).exists() for f in _MNIST_FILES):
+            raise DataError(
+                f"{name}: expected {', '.join(_MNIST_FILES)} in {raw} (set run-config 'data-dir' or "
+                f"$PFL_DATA_DIR to the folder holding '{folder}/raw', or allow-download=true)")
+        root = cache_dir
+    try:
+        train = cls(str(root), train=True, download=not extracted)
+        test = cls(str(root), train=False, download=not extracted)
+    except (RuntimeError, OSError) as exc:
+        raise DataError(f"{name}: could not load from {root}: {exc}") from exc
+    x = np.concatenate([train.data.numpy(), test.data.numpy()])[:, None, :, :]
+    y = np.concatenate([train.targets.numpy(), test.targets.numpy()]).astype(np.int64)
+    mean, std = _NORMALIZATION[name]
+    return DatasetArrays(name, x, y, 10, mean, std, 255.0)
+
+
+def _cifar10(data_dir: Path, allow_download: bool) -> DatasetArrays:
+    from torchvision import datasets
+
+    folder = data_dir / "cifar-10-batches-py"
+    batches = sorted(p.name for p in folder.glob("data_batch_*")) if folder.is_dir() else []
+    if not batches or not (folder / "test_batch").exists():
+        if not allow_download:
+            raise DataError(f"cifar10: expected data_batch_1..5 and test_batch in {folder} (set run-config "
+                            "'data-dir' or $PFL_DATA_DIR, or allow-download=true)")
+        datasets.CIFAR10(str(data_dir), train=True, download=True)
+        batches = sorted(p.name for p in folder.glob("data_batch_*"))
+
+    class _Present(datasets.CIFAR10):
+        # Only the batches on disk; no md5 check, so partial or re-packed copies load too.
+        train_list = [[b, None] for b in batches]
+        test_list = [["test_batch", None]]
+
+    train = _Present(str(data_dir), train=True, download=False)
+    test = _Present(str(data_dir), train=False, download=False)
+    x = np.concatenate([train.data, test.data]).transpose(0, 3, 1, 2)  # NHWC -> NCHW
+    y = np.concatenate([np.asarray(train.targets), np.asarray(test.targets)]).astype(np.int64)
+    mean, std = _NORMALIZATION["cifar10"]
+    return DatasetArrays("cifar10", np.ascontiguousarray(x), y, 10, mean, std, 255.0)
+
+
+@lru_cache(maxsize=2)
+def load_dataset(name: str, data_dir: str, allow_download: bool = False) -> DatasetArrays:
+    """Load a whole dataset (train and test pooled), cached per process."""
+    root = Path(data_dir).expanduser()
+    if name == "digits":
+        return _digits()
+    cache_dir = Path.home() / ".cache" / "pflower" / "extracted"
+    if name in _TORCHVISION_NAMES:
+        return _mnist_like(name, root, cache_dir, allow_download)
+    if name == "cifar10":
+        return _cifar10(root, allow_download)
+    raise DataError(f"unknown dataset '{name}'")
+
+
+def normalize(data: DatasetArrays, x: np.ndarray) -> np.ndarray:
+    """uint8 samples -> float32 normalized per channel."""
+    out = x.astype(np.float32) / data.scale
+    mean = np.asarray(data.mean, dtype=np.float32).reshape(1, -1, *([1] * (x.ndim - 2)))
+    std = np.asarray(data.std, dtype=np.float32).reshape(1, -1, *([1] * (x.ndim - 2)))
+    return (out - mean) / std

@@ -1,0 +1,91 @@
+"""One client's view of a federated dataset: its train/test tensors and its shifted test plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from ..config import RunConfig
+from ..seeding import derive_seed
+from .datasets import DataError, DatasetArrays, load_dataset, normalize
+from .partition import partition, train_test_split
+from .shift import ShiftPlan, make_shift_plan
+
+
+@dataclass(frozen=True)
+class FederatedSplit:
+    """Every client's train and test dataset indices, and the pooled test indices (the shift pool)."""
+
+    train: tuple[np.ndarray, ...]
+    test: tuple[np.ndarray, ...]
+
+    @property
+    def pool(self) -> np.ndarray:
+        """Pooled test data of all clients: the meta-distribution test-time shift draws from."""
+        return np.concatenate(self.test)
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """Tensors one client trains and evaluates on."""
+
+    partition_id: int
+    num_classes: int
+    input_shape: tuple[int, ...]
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    shift_x: torch.Tensor  # the pool draws of the shift plan, in plan order
+    shift_y: torch.Tensor
+    shift_plan: ShiftPlan
+
+    @property
+    def num_train(self) -> int:
+        """Training samples held."""
+        return len(self.train_y)
+
+
+def dataset_for(cfg: RunConfig) -> DatasetArrays:
+    """The run's whole dataset (cached per process)."""
+    return load_dataset(cfg.dataset, str(cfg.resolved_data_dir), cfg.allow_download)
+
+
+@lru_cache(maxsize=4)
+def _split_cached(dataset: str, data_dir: str, allow_download: bool, scheme: str, num_clients: int,
+                  seed: int, alpha: float, test_fraction: float) -> FederatedSplit:
+    data = load_dataset(dataset, data_dir, allow_download)
+    parts = partition(data.y, scheme, num_clients, derive_seed(seed, "partition"), alpha)
+    train, test = [], []
+    for client, idx in enumerate(parts):
+        tr, te = train_test_split(idx, test_fraction, derive_seed(seed, "split", client))
+        train.append(tr)
+        test.append(te)
+    return FederatedSplit(tuple(train), tuple(test))
+
+
+def federated_split(cfg: RunConfig, num_clients: int) -> FederatedSplit:
+    """The run's partition of its dataset over `num_clients` clients (cached per process)."""
+    return _split_cached(cfg.dataset, str(cfg.resolved_data_dir), cfg.allow_download, cfg.partition,
+                         num_clients, cfg.seed, cfg.dirichlet_alpha, cfg.test_fraction)
+
+
+def _tensors(data: DatasetArrays, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.from_numpy(normalize(data, data.x[idx])), torch.from_numpy(data.y[idx])
+
+
+def client_data(cfg: RunConfig, partition_id: int, num_clients: int) -> ClientData:
+    """Materialize client `partition_id`'s tensors."""
+    if not 0 <= partition_id < num_clients:
+        raise DataError(f"partition-id {partition_id} is outside 0..{num_clients - 1}")
+    data = dataset_for(cfg)
+    split = federated_split(cfg, num_clients)
+    plan = make_shift_plan(split.test[partition_id], split.pool, derive_seed(cfg.seed, "shift", partition_id))
+    train_x, train_y = _tensors(data, split.train[partition_id])
+    test_x, test_y = _tensors(data, split.test[partition_id])
+    shift_x, shift_y = _tensors(data, plan.draws)
+    return ClientData(partition_id, data.num_classes, data.input_shape, train_x, train_y, test_x, test_y,
+                      shift_x, shift_y, plan)

@@ -1,0 +1,97 @@
+"""Model zoo; every model is `head(body(x))`, so algorithms can split shared and personal parts by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from .config import ConfigError
+
+AUTO_MODEL = {"digits": "mlp", "mnist": "cnn-mnist", "fashion-mnist": "cnn-mnist", "cifar10": "cnn-cifar"}
+
+
+class SplitModel(nn.Module):
+    """A classifier made of a feature extractor `body` and a classifier `head`."""
+
+    def __init__(self, body: nn.Module, head: nn.Module) -> None:
+        super().__init__()
+        self.body = body
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits."""
+        return self.head(self.body(x))
+
+    def head_names(self) -> list[str]:
+        """State-dict keys of the head."""
+        return [k for k in self.state_dict() if k.startswith("head.")]
+
+    def body_names(self) -> list[str]:
+        """State-dict keys of the body."""
+        return [k for k in self.state_dict() if k.startswith("body.")]
+
+
+def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: int = 128) -> SplitModel:
+    """Two-layer perceptron for small flat inputs (the embedded digits default)."""
+    body = nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(input_shape)), hidden), nn.ReLU())
+    return SplitModel(body, nn.Linear(hidden, num_classes))
+
+
+def cnn_mnist(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """The MNIST CNN of McMahan et al. (2017): 2 x (5x5 conv, 2x2 max-pool), FC 512, softmax; 1.66M params."""
+    channels, height, width = input_shape
+    body = nn.Sequential(
+        nn.Conv2d(channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * (height // 4) * (width // 4), 512), nn.ReLU(),
+    )
+    return SplitModel(body, nn.Linear(512, num_classes))
+
+
+def cnn_cifar(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+    """The CIFAR-10 CNN common in PFL benchmarks: 2 x (5x5 conv, max-pool), FC 512, classifier."""
+    channels, height, width = input_shape
+    out_h, out_w = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
+    body = nn.Sequential(
+        nn.Conv2d(channels, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * out_h * out_w, 512), nn.ReLU(),
+    )
+    return SplitModel(body, nn.Linear(512, num_classes))
+
+
+_BUILDERS = {"mlp": mlp, "cnn-mnist": cnn_mnist, "cnn-cifar": cnn_cifar}
+_NEEDS = {"cnn-mnist": 3, "cnn-cifar": 3}
+
+
+def build_model(name: str, dataset: str, input_shape: tuple[int, ...], num_classes: int, seed: int) -> SplitModel:
+    """A freshly initialized model; `auto` picks the dataset's usual one; the init depends only on `seed`."""
+    resolved = AUTO_MODEL[dataset] if name == "auto" else name
+    if resolved not in _BUILDERS:
+        raise ConfigError(f"run-config 'model' = {name!r} is not valid; allowed values: auto, {', '.join(_BUILDERS)}")
+    if resolved in _NEEDS and len(input_shape) != _NEEDS[resolved]:
+        raise ConfigError(f"model '{resolved}' needs image input (C, H, W); dataset '{dataset}' gives {input_shape}")
+    if resolved == "cnn-mnist" and min(input_shape[1:]) < 8 or resolved == "cnn-cifar" and min(input_shape[1:]) < 16:
+        raise ConfigError(f"model '{resolved}' needs larger images than {input_shape} of dataset '{dataset}'")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return _BUILDERS[resolved](input_shape, num_classes)
+
+
+def get_arrays(model: nn.Module) -> list[np.ndarray]:
+    """Model state as float32 numpy arrays, in state-dict order (copies)."""
+    return [v.detach().cpu().numpy().astype(np.float32, copy=True) for v in model.state_dict().values()]
+
+
+def set_arrays(model: nn.Module, arrays: list[np.ndarray]) -> None:
+    """Load arrays (state-dict order) into the model."""
+    keys = list(model.state_dict().keys())
+    if len(keys) != len(arrays):
+        raise ValueError(f"expected {len(keys)} arrays, got {len(arrays)}")
+    model.load_state_dict({k: torch.from_numpy(np.asarray(a)) for k, a in zip(keys, arrays)}, strict=True)
+
+
+def array_specs(model: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every state-dict entry, in order: what a valid payload must match."""
+    return [(k, tuple(v.shape)) for k, v in model.state_dict().items()]

@@ -1,0 +1,15 @@
+"""Named numpy arrays <-> Flower ArrayRecord (the one place in common/ that touches Flower types)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+
+def to_record(names: Sequence[str], arrays: Sequence[np.ndarray]) -> ArrayRecord:
+    """An ArrayRecord of float32 arrays keyed by `names` (state-dict order is kept)."""
+    if len(names) != len(arrays):
+        raise ValueError(f"{len(names)} names for {len(arrays)} arrays")
+    return ArrayRecord({n: Array(np.ascontiguousarray(a, dtype=np.float32)) for n, a in zip(names, arrays)})

@@ -1,0 +1,152 @@
+"""The one local training loop, with hooks for update masks, proximal terms, extra losses and gradients."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Optimizer and schedule of one local training call."""
+
+    epochs: int
+    batch_size: int
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+
+@dataclass
+class LossContext:
+    """What an extra loss term may look at: the model, the batch, features and logits."""
+
+    model: nn.Module
+    x: torch.Tensor
+    y: torch.Tensor
+    features: torch.Tensor
+    logits: torch.Tensor
+
+
+ExtraLoss = Callable[[LossContext], torch.Tensor]
+
+
+@dataclass
+class TrainStats:
+    """Outcome of one local training call."""
+
+    num_samples: int
+    steps: int
+    mean_loss: float
+    epoch_losses: list[float] = field(default_factory=list)
+
+
+def make_optimizer(params: Iterable[nn.Parameter], settings: TrainSettings) -> torch.optim.Optimizer:
+    """SGD (with momentum and weight decay) or Adam, from the settings."""
+    params = list(params)
+    if settings.optimizer == "adam":
+        return torch.optim.Adam(params, lr=settings.lr, weight_decay=settings.weight_decay)
+    return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay)
+
+
+def proximal_loss(reference: Mapping[str, torch.Tensor], mu: float) -> ExtraLoss:
+    """(mu / 2) * sum ||w - w_ref||^2 over the named parameters; its gradient is mu * (w - w_ref).
+
+    The reference is detached once here; the live parameters carry the gradient (a term built from
+    detached live weights would silently contribute nothing).
+    """
+    ref = {name: tensor.detach().clone() for name, tensor in reference.items()}
+
+    def term(ctx: LossContext) -> torch.Tensor:
+        total = torch.zeros((), device=ctx.logits.device)
+        for name, param in ctx.model.named_parameters():
+            if name in ref:
+                total = total + (param - ref[name].to(param.device)).pow(2).sum()
+        return 0.5 * mu * total
+
+    return term
+
+
+def _forward(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    body = getattr(model, "body", None)
+    head = getattr(model, "head", None)
+    if body is not None and head is not None:
+        features = body(x)
+        return features, head(features)
+    logits = model(x)
+    return logits, logits
+
+
+def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, settings: TrainSettings, generator: torch.Generator,
+          update_masks: Mapping[str, torch.Tensor] | None = None, extra_losses: Iterable[ExtraLoss] = (),
+          trainable: set[str] | None = None, on_gradients: Callable[[nn.Module], None] | None = None,
+          device: torch.device | str = "cpu") -> TrainStats:
+    """Train `model` in place on (x, y) for `settings.epochs` epochs of shuffled mini-batches.
+
+    update_masks: parameter name -> bool tensor; positions where it is False never change (their
+        gradient is zeroed and, since weight decay and momentum would still move them, their values are
+        restored after every step).
+    trainable: parameter names to update (None: all); the others are frozen and get no gradient.
+    on_gradients: called after each backward pass, before masking (e.g. to collect dense gradients).
+    """
+    device = torch.device(device)
+    model.to(device).train()
+    extra_losses = list(extra_losses)
+    named = dict(model.named_parameters())
+    saved_requires_grad = {name: p.requires_grad for name, p in named.items()}
+    if trainable is not None:
+        for name, p in named.items():
+            p.requires_grad_(name in trainable)
+    params = [p for p in named.values() if p.requires_grad]
+    masks = {name: m.to(device=device, dtype=torch.bool) for name, m in (update_masks or {}).items() if name in named}
+    frozen = {name: named[name].detach().clone() for name in masks}
+    n = len(y)
+    stats = TrainStats(num_samples=n, steps=0, mean_loss=float("nan"))
+    if n == 0 or settings.epochs == 0 or not params:
+        _restore_requires_grad(named, saved_requires_grad)
+        return stats
+    optimizer = make_optimizer(params, settings)
+    total_loss, total_seen = 0.0, 0
+    for _ in range(settings.epochs):
+        order = torch.randperm(n, generator=generator)
+        epoch_loss, epoch_seen = 0.0, 0
+        for start in range(0, n, settings.batch_size):
+            batch = order[start:start + settings.batch_size]
+            xb, yb = x[batch].to(device), y[batch].to(device)
+            optimizer.zero_grad(set_to_none=True)
+            features, logits = _forward(model, xb)
+            loss = F.cross_entropy(logits, yb)
+            if extra_losses:
+                ctx = LossContext(model, xb, yb, features, logits)
+                loss = loss + sum(term(ctx) for term in extra_losses)
+            loss.backward()
+            if on_gradients is not None:
+                on_gradients(model)
+            for name, mask in masks.items():
+                grad = named[name].grad
+                if grad is not None:
+                    grad.mul_(mask)
+            optimizer.step()
+            if masks:
+                with torch.no_grad():
+                    for name, mask in masks.items():
+                        named[name].copy_(torch.where(mask, named[name], frozen[name]))
+            stats.steps += 1
+            epoch_loss += float(loss.detach()) * len(batch)
+            epoch_seen += len(batch)
+        stats.epoch_losses.append(epoch_loss / epoch_seen)
+        total_loss += epoch_loss
+        total_seen += epoch_seen
+    stats.mean_loss = total_loss / total_seen
+    _restore_requires_grad(named, saved_requires_grad)
+    return stats
+
+
+def _restore_requires_grad(named: Mapping[str, nn.Parameter], saved: Mapping[str, bool]) -> None:
+    for name, p in named.items():
+        p.requires_grad_(saved[name])

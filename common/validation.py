@@ -1,0 +1,86 @@
+"""Validation of every received payload (either direction); a bad one raises PayloadError with the reason."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+
+class PayloadError(ValueError):
+    """A reply that must not be used; the message says why."""
+
+
+MAX_ABS_VALUE = 1e6  # a weight this large is corruption or an attack, not training
+
+
+def validate_arrays(arrays: Mapping[str, Any] | None, specs: Sequence[tuple[str, tuple[int, ...]]],
+                    max_abs: float = MAX_ABS_VALUE) -> list[np.ndarray]:
+    """Check a received ArrayRecord against the model's (name, shape) specs; return float32 arrays in order.
+
+    Checks: record present, exactly the expected keys, numpy serialization, declared and actual dtype
+    float32 and shape equal to the model's, all values finite and below `max_abs` in magnitude.
+    Arrays are decoded by numpy with pickling disabled.
+    """
+    if arrays is None:
+        raise PayloadError("missing 'arrays' record")
+    expected = [name for name, _ in specs]
+    received = list(arrays.keys())
+    if set(received) != set(expected):
+        missing = sorted(set(expected) - set(received))
+        extra = sorted(set(received) - set(expected))
+        raise PayloadError(f"array keys differ from the model's (missing {missing[:3]}, unexpected {extra[:3]})")
+    out = []
+    for name, shape in specs:
+        item = arrays[name]
+        if getattr(item, "stype", None) != "numpy.ndarray":
+            raise PayloadError(f"array '{name}' has serialization {getattr(item, 'stype', None)!r}, not numpy")
+        if getattr(item, "dtype", None) != "float32":
+            raise PayloadError(f"array '{name}' declares dtype {getattr(item, 'dtype', None)!r}, expected float32")
+        if tuple(getattr(item, "shape", ())) != tuple(shape):
+            raise PayloadError(f"array '{name}' declares shape {tuple(getattr(item, 'shape', ()))}, expected {shape}")
+        try:
+            value = item.numpy()  # np.load(..., allow_pickle=False): object arrays are refused
+        except Exception as exc:  # noqa: BLE001 - any decoding failure means a bad payload
+            raise PayloadError(f"array '{name}' does not decode: {exc}") from None
+        if value.dtype != np.float32 or value.shape != tuple(shape):
+            raise PayloadError(f"array '{name}' decodes to {value.dtype} {value.shape}, expected float32 {shape}")
+        if not np.all(np.isfinite(value)):
+            raise PayloadError(f"array '{name}' has NaN or Inf values")
+        if value.size and float(np.abs(value).max()) > max_abs:
+            raise PayloadError(f"array '{name}' has values above {max_abs:g} in magnitude")
+        out.append(value)
+    return out
+
+
+def read_count(metrics: Mapping[str, Any] | None, key: str, allow_zero: bool = False) -> int:
+    """A non-negative (or positive) whole-number metric such as num-examples."""
+    if metrics is None or key not in metrics:
+        raise PayloadError(f"missing metric '{key}'")
+    value = metrics[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value != int(value):
+        raise PayloadError(f"metric '{key}' = {value!r} is not a whole number")
+    if value < 0 or (value == 0 and not allow_zero) or value > 10**9:
+        raise PayloadError(f"metric '{key}' = {value!r} is out of range")
+    return int(value)
+
+
+def read_fraction(metrics: Mapping[str, Any] | None, key: str) -> float:
+    """A metric that must lie in [0, 1] (accuracies)."""
+    if metrics is None or key not in metrics:
+        raise PayloadError(f"missing metric '{key}'")
+    value = metrics[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
+        raise PayloadError(f"metric '{key}' = {value!r} is not in [0, 1]")
+    return float(value)
+
+
+def read_finite(metrics: Mapping[str, Any] | None, key: str) -> float:
+    """A finite float metric (losses)."""
+    if metrics is None or key not in metrics:
+        raise PayloadError(f"missing metric '{key}'")
+    value = metrics[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        raise PayloadError(f"metric '{key}' = {value!r} is not a finite number")
+    return float(value)

@@ -1,0 +1,1 @@
+"""Server half: the ServerApp, the strategies, reply validation and the results folder."""

@@ -1,0 +1,164 @@
+"""The results folder of a run: config.json, metrics.jsonl (one line per round), summary.md and PNG plots."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from common.evaluate import shift_key
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def make_run_dir(base: Path, algorithm: str, dataset: str, run_name: str) -> Path:
+    """A new folder under `base` named after the run (or algorithm-dataset-timestamp); never reuses one."""
+    stem = run_name or f"{algorithm}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path = base / stem
+    suffix = 1
+    while path.exists():
+        suffix += 1
+        path = base / f"{stem}-{suffix}"
+    path.mkdir(parents=True)
+    return path
+
+
+def _mb(num_bytes: float) -> float:
+    return num_bytes / 1e6
+
+
+def _fmt(value: float, pct: bool = True) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{100 * value:.2f}" if pct else f"{value:.3f}"
+
+
+class ResultsWriter:
+    """Writes one run's results as the run goes, so a crash loses at most the round in progress."""
+
+    def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
+        self.run_dir = run_dir
+        self.records: list[dict[str, Any]] = []
+        _atomic_write(run_dir / "config.json", json.dumps(config, indent=2, sort_keys=True))
+        self._metrics = run_dir / "metrics.jsonl"
+        self._metrics.write_text("")
+
+    def add_round(self, record: dict[str, Any]) -> None:
+        """Append one round's record to metrics.jsonl (flushed)."""
+        self.records.append(record)
+        with self._metrics.open("a") as fh:
+            fh.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def finish(self, info: dict[str, Any]) -> Path:
+        """Write summary.md and the plots; return the summary's absolute path."""
+        summary = summarize(self.records, info)
+        _atomic_write(self.run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True))
+        path = self.run_dir / "summary.md"
+        _atomic_write(path, render_markdown(summary))
+        plot_run(self.records, summary, self.run_dir)
+        return path.resolve()
+
+
+def summarize(records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
+    """Final and best accuracies, costs and reply counts of a run, from its round records."""
+    evaluated = [r for r in records if r.get("eval")]
+    final = evaluated[-1]["eval"] if evaluated else None
+    degrees = info.get("shift_degrees", [])
+    best_mean = max((r["eval"]["mean"][shift_key(0.0)] for r in evaluated
+                     if shift_key(0.0) in r["eval"]["mean"]), default=float("nan"))
+    num_clients = max(int(info.get("num_clients", 1)), 1)
+    totals = {k: sum(r["bytes"][k] for r in records) for k in ("train_down", "train_up", "eval_down", "eval_up")}
+    return {
+        **info,
+        "rounds_completed": len(records),
+        "final_round": evaluated[-1]["round"] if evaluated else None,
+        "final": final and {"mean": final["mean"], "std": final["std"], "num_clients": final["num_clients"]},
+        "best_mean_accuracy": best_mean,
+        "bytes_total": totals,
+        "mb_per_client": {k: _mb(v) / num_clients for k, v in totals.items()},
+        "train_flops_total": sum(r["train"].get("flops", 0) for r in records),
+        "replies_used": [r["train"]["used"] for r in records],
+        "replies_sent": [r["train"]["sent"] for r in records],
+        "wall_seconds": sum(r["wall_s"] for r in records),
+        "shift_degrees": degrees,
+    }
+
+
+def render_markdown(summary: dict[str, Any]) -> str:
+    """summary.md: one table of accuracy at each shift degree, then costs and replies."""
+    lines = [f"# {summary.get('algorithm', '?')} on {summary.get('dataset', '?')}", ""]
+    lines.append(f"{summary.get('num_clients')} clients, partition {summary.get('partition')}, "
+                 f"{summary['rounds_completed']} rounds, seed {summary.get('seed')}.")
+    lines.append("")
+    final = summary.get("final")
+    if final:
+        degrees = summary["shift_degrees"]
+        lines.append(f"Accuracy (%) of the {final['num_clients']} evaluated clients after round "
+                     f"{summary['final_round']}: mean +/- std across clients, by test-time shift degree.")
+        lines.append("")
+        lines.append("| shift | " + " | ".join(f"{100 * d:g}%" for d in degrees) + " |")
+        lines.append("|---|" + "---|" * len(degrees))
+        cells = [f"{_fmt(final['mean'][shift_key(d)])} +/- {_fmt(final['std'][shift_key(d)])}" for d in degrees]
+        lines.append("| accuracy | " + " | ".join(cells) + " |")
+        lines.append("")
+        lines.append(f"Best mean accuracy without shift over rounds: {_fmt(summary['best_mean_accuracy'])}%.")
+    else:
+        lines.append("No evaluation ran.")
+    lines.append("")
+    mb = summary["mb_per_client"]
+    lines.append("| cost | value |")
+    lines.append("|---|---|")
+    lines.append(f"| training download per client (MB, measured) | {mb['train_down']:.3f} |")
+    lines.append(f"| training upload per client (MB, measured) | {mb['train_up']:.3f} |")
+    lines.append(f"| evaluation download per client (MB) | {mb['eval_down']:.3f} |")
+    lines.append(f"| wall time (s) | {summary['wall_seconds']:.1f} |")
+    used, sent = summary["replies_used"], summary["replies_sent"]
+    lines.append(f"| training replies used / sent | {sum(used)} / {sum(sent)} (per round min {min(used, default=0)}) |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def plot_run(records: list[dict[str, Any]], summary: dict[str, Any], run_dir: Path) -> None:
+    """accuracy_vs_round.png and accuracy_vs_shift.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    evaluated = [r for r in records if r.get("eval")]
+    if not evaluated:
+        return
+    degrees = summary["shift_degrees"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    rounds = [r["round"] for r in evaluated]
+    for d in degrees:
+        ax.plot(rounds, [100 * r["eval"]["mean"][shift_key(d)] for r in evaluated], marker=".",
+                label=f"shift {100 * d:g}%")
+    ax.set_xlabel("round")
+    ax.set_ylabel("mean client accuracy (%)")
+    ax.set_title(f"{summary.get('algorithm')} on {summary.get('dataset')}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(run_dir / "accuracy_vs_round.png", dpi=120)
+    plt.close(fig)
+
+    final = summary["final"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    means = [100 * final["mean"][shift_key(d)] for d in degrees]
+    stds = [100 * final["std"][shift_key(d)] for d in degrees]
+    ax.errorbar([100 * d for d in degrees], means, yerr=stds, marker="o", capsize=3)
+    ax.set_xlabel("test-time shift degree (%)")
+    ax.set_ylabel("accuracy (%), mean +/- std over clients")
+    ax.set_title(f"{summary.get('algorithm')}: accuracy under shift (round {summary['final_round']})")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(run_dir / "accuracy_vs_shift.png", dpi=120)
+    plt.close(fig)

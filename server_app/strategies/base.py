@@ -1,0 +1,337 @@
+"""The project's base Strategy: handshake, seeded sampling, per-client messages, reply checks, metrics, rounds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Any, ClassVar
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+from flwr.supercore import log
+
+from common.aggregate import mean_std, weighted_average
+from common.config import RunConfig
+from common.evaluate import shift_key
+from common.records import to_record
+from common.seeding import derive_seed
+
+from ..results import ResultsWriter
+from common.validation import PayloadError, read_count, read_finite, read_fraction, validate_arrays
+from ..wire import message_wire_bytes
+
+
+class RunAborted(RuntimeError):
+    """The run cannot go on (e.g. no client answered the handshake); the message says why."""
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    """What a client told the server in the handshake."""
+
+    partition_id: int
+    node_id: int
+    num_train: int
+    num_test: int
+
+
+@dataclass
+class TrainReply:
+    """A validated training reply."""
+
+    partition_id: int
+    num_examples: int
+    loss: float
+    arrays: list[np.ndarray] | None
+    content: RecordDict
+
+
+@dataclass
+class RoundLog:
+    """Counters of one round, filled as it goes."""
+
+    bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("train_down", "train_up", "eval_down", "eval_up"), 0))
+    per_client_bytes: dict[int, dict[str, int]] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+    eval: dict[str, Any] | None = None
+
+    def add_bytes(self, kind: str, partition_id: int, num_bytes: int) -> None:
+        """Count bytes of one message, in total and for its client."""
+        self.bytes[kind] += num_bytes
+        per = self.per_client_bytes.setdefault(partition_id, {"down": 0, "up": 0})
+        per["down" if kind.endswith("down") else "up"] += num_bytes
+
+
+class PFLStrategy(Strategy):
+    """Base of every algorithm's server half. Subclasses override the payload and aggregation hooks.
+
+    Hooks: `train_content` / `eval_content` build one client's message content; `aggregate` folds the
+    validated replies into the server state. `uploads_weights` says whether train replies carry arrays.
+    """
+
+    name: ClassVar[str] = "base"
+    uploads_weights: ClassVar[bool] = True
+    sends_weights_for_eval: ClassVar[bool] = True
+    extra_config: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, cfg: RunConfig, initial_arrays: list[np.ndarray], specs: list[tuple[str, tuple[int, ...]]],
+                 writer: ResultsWriter | None = None) -> None:
+        self.cfg = cfg
+        self.specs = specs
+        self.global_arrays = initial_arrays
+        self.writer = writer
+        self.clients: dict[int, ClientInfo] = {}
+        self.node_to_partition: dict[int, int] = {}
+        self.round_log = RoundLog()
+        self._size_cache: dict[str, int] = {}
+
+    # ----- hooks ---------------------------------------------------------------------------------
+    def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
+        """Instructions sent with every message of a round."""
+        return ConfigRecord({"server-round": server_round, "partition-id": partition_id})
+
+    def global_record(self) -> ArrayRecord:
+        """The current global model as one ArrayRecord (named like the model's state dict)."""
+        return to_record([name for name, _ in self.specs], self.global_arrays)
+
+    def train_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
+        """Content of one client's training message (default: the global model)."""
+        return RecordDict({"arrays": shared["global"], "config": self.round_config(server_round, partition_id)})
+
+    def eval_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
+        """Content of one client's evaluation message (default: the global model)."""
+        content = RecordDict({"config": self.round_config(server_round, partition_id)})
+        if self.sends_weights_for_eval:
+            content["arrays"] = shared["global"]
+        return content
+
+    def shared_payload(self, server_round: int) -> dict[str, Any]:
+        """Objects built once per round and shared by every client's message (never mutated)."""
+        return {"global": self.global_record()}
+
+    def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
+        """Fold validated replies into the server state (default: sample-weighted average, FedAvg)."""
+        self.global_arrays = weighted_average([r.arrays for r in replies], [r.num_examples for r in replies])
+
+    # ----- Flower Strategy interface ---------------------------------------------------------------
+    def summary(self) -> None:
+        """Log the strategy's settings."""
+        cfg = self.cfg
+        log(INFO, "%s: %d clients, %.0f%% per round, %d rounds, %d local epochs, lr %g",
+            self.name, len(self.clients), 100 * cfg.fraction_train, cfg.num_rounds, cfg.local_epochs, cfg.lr)
+
+    def sample(self, server_round: int) -> list[int]:
+        """Seeded choice of this round's training clients (partition ids), independent of node ids."""
+        available = sorted(self.clients)
+        k = max(self.cfg.min_train_clients, int(round(self.cfg.fraction_train * len(available))))
+        k = min(k, len(available))
+        rng = np.random.default_rng(derive_seed(self.cfg.seed, "sample", server_round))
+        return sorted(rng.choice(available, size=k, replace=False).tolist())
+
+    def eval_clients(self, server_round: int) -> list[int]:
+        """Clients evaluated this round (all by default; a seeded fraction otherwise)."""
+        available = sorted(self.clients)
+        k = min(len(available), max(1, int(round(self.cfg.fraction_evaluate * len(available)))))
+        if k == len(available):
+            return available
+        rng = np.random.default_rng(derive_seed(self.cfg.seed, "eval-sample", server_round))
+        return sorted(rng.choice(available, size=k, replace=False).tolist())
+
+    def _messages(self, server_round: int, partition_ids: list[int], message_type: str, kind: str) -> list[Message]:
+        shared = self.shared_payload(server_round)
+        build = self.train_content if message_type == MessageType.TRAIN else self.eval_content
+        messages = []
+        for pid in partition_ids:
+            msg = Message(content=build(server_round, pid, shared), dst_node_id=self.clients[pid].node_id,
+                          message_type=message_type)
+            self.round_log.add_bytes(kind, pid, message_wire_bytes(msg))
+            messages.append(msg)
+        return messages
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """One training message per sampled client."""
+        return self._messages(server_round, self.sample(server_round), MessageType.TRAIN, "train_down")
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """One evaluation message per evaluated client."""
+        return self._messages(server_round, self.eval_clients(server_round), MessageType.EVALUATE, "eval_down")
+
+    def _sort_replies(self, replies: Iterable[Message], kind: str) -> tuple[list[tuple[int, Message]], int]:
+        """Known, error-free replies in partition order, and the count of failed ones (each logged)."""
+        good, failed = [], 0
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            pid = self.node_to_partition.get(node)
+            if pid is None:
+                log(WARNING, "reply from unknown node %s ignored", node)
+                failed += 1
+                continue
+            if msg.has_error():
+                log(WARNING, "client %d (node %s) failed: %s", pid, node, msg.error.reason)
+                failed += 1
+                continue
+            self.round_log.add_bytes(kind, pid, message_wire_bytes(msg))
+            good.append((pid, msg))
+        good.sort(key=lambda item: item[0])
+        return good, failed
+
+    def parse_train_reply(self, partition_id: int, content: RecordDict) -> TrainReply:
+        """Validate one training reply; raise PayloadError with the reason if it must not be used."""
+        metrics = content.metric_records.get("metrics")
+        num_examples = read_count(metrics, "num-examples")
+        loss = read_finite(metrics, "train-loss")
+        arrays = None
+        if self.uploads_weights:
+            arrays = validate_arrays(content.array_records.get("arrays"), self.specs)
+        return TrainReply(partition_id, num_examples, loss, arrays, content)
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Validate replies, aggregate the accepted ones, record the counts."""
+        replies = list(replies)
+        good, failed = self._sort_replies(replies, "train_up")
+        accepted: list[TrainReply] = []
+        rejected = 0
+        for pid, msg in good:
+            try:
+                accepted.append(self.parse_train_reply(pid, msg.content))
+            except PayloadError as exc:
+                rejected += 1
+                log(WARNING, "client %d: training reply rejected: %s", pid, exc)
+        if accepted:
+            self.aggregate(server_round, accepted)
+        total = sum(r.num_examples for r in accepted)
+        loss = sum(r.loss * r.num_examples for r in accepted) / total if total else float("nan")
+        self.round_log.train.update(received=len(replies), failed=failed, rejected=rejected, used=len(accepted),
+                                    loss=loss, num_examples=total, clients=[r.partition_id for r in accepted])
+        return None, MetricRecord({"train-loss": loss if accepted else 0.0, "used": len(accepted)})
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Per-client accuracies at every shift degree; mean and std across clients."""
+        good, failed = self._sort_replies(replies, "eval_up")
+        keys = [shift_key(d) for d in self.cfg.shift_degrees]
+        per_client: dict[int, dict[str, float]] = {}
+        for pid, msg in good:
+            metrics = msg.content.metric_records.get("metrics")
+            try:
+                read_count(metrics, "num-test")
+                row = {key: read_fraction(metrics, key) for key in keys}
+                row["loss"] = read_finite(metrics, "loss")
+                row.update(self.extra_eval_metrics(metrics))
+            except PayloadError as exc:
+                log(WARNING, "client %d: evaluation reply rejected: %s", pid, exc)
+                failed += 1
+                continue
+            per_client[pid] = row
+        if not per_client:
+            self.round_log.eval = None
+            return None
+        names = sorted({name for row in per_client.values() for name in row})
+        stats = {name: mean_std([row.get(name, float("nan")) for row in per_client.values()]) for name in names}
+        self.round_log.eval = {
+            "num_clients": len(per_client), "failed": failed,
+            "mean": {name: s[0] for name, s in stats.items()}, "std": {name: s[1] for name, s in stats.items()},
+            "per_client": {str(pid): row for pid, row in per_client.items()},
+        }
+        return MetricRecord({name: s[0] for name, s in stats.items() if np.isfinite(s[0])})
+
+    def extra_eval_metrics(self, metrics: MetricRecord | None) -> dict[str, float]:
+        """Algorithm-specific evaluation metrics to keep (validated); none by default."""
+        return {}
+
+    # ----- the run ---------------------------------------------------------------------------------
+    def handshake(self, grid: Grid) -> None:
+        """Ask every connected node for its partition and data sizes; keep the consistent answers."""
+        node_ids = sorted(grid.get_node_ids())
+        if not node_ids:
+            raise RunAborted("no SuperNode is connected")
+        messages = [Message(content=RecordDict({"config": ConfigRecord({"server-round": 0})}), dst_node_id=node,
+                            message_type=MessageType.QUERY) for node in node_ids]
+        replies = grid.send_and_receive(messages, timeout=self.cfg.round_timeout)
+        sizes: set[int] = set()
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            if msg.has_error():
+                log(WARNING, "node %s failed the handshake: %s", node, msg.error.reason)
+                continue
+            metrics = msg.content.metric_records.get("metrics")
+            try:
+                pid = read_count(metrics, "partition-id", allow_zero=True)
+                info = ClientInfo(pid, node, read_count(metrics, "num-train"), read_count(metrics, "num-test"))
+                sizes.add(read_count(metrics, "num-partitions"))
+            except PayloadError as exc:
+                log(WARNING, "node %s: handshake rejected: %s", node, exc)
+                continue
+            if pid in self.clients:
+                log(WARNING, "node %s claims partition %d, already held by node %s: ignored",
+                    node, pid, self.clients[pid].node_id)
+                continue
+            self.clients[pid] = info
+            self.node_to_partition[node] = pid
+        if not self.clients:
+            raise RunAborted("no client answered the handshake (see the warnings above)")
+        if len(sizes) > 1:
+            log(WARNING, "clients disagree on num-partitions: %s", sorted(sizes))
+        log(INFO, "handshake: %d of %d nodes ready, %d training samples in all",
+            len(self.clients), len(node_ids), sum(c.num_train for c in self.clients.values()))
+
+    def should_evaluate(self, server_round: int) -> bool:
+        """Evaluate every `eval-every` rounds and after the last one."""
+        every = self.cfg.eval_every
+        return every > 0 and (server_round % every == 0 or server_round == self.cfg.num_rounds)
+
+    def run(self, grid: Grid) -> None:
+        """Handshake, then the rounds: train, aggregate, evaluate, record, log progress with ETA."""
+        self.handshake(grid)
+        self.summary()
+        start = time.monotonic()
+        empty_arrays, empty_config = ArrayRecord(), ConfigRecord()
+        for rnd in range(1, self.cfg.num_rounds + 1):
+            t0 = time.monotonic()
+            self.round_log = RoundLog()
+            messages = list(self.configure_train(rnd, empty_arrays, empty_config, grid))
+            replies = grid.send_and_receive(messages, timeout=self.cfg.round_timeout) if messages else []
+            self.aggregate_train(rnd, replies)
+            self.round_log.train["sent"] = len(messages)
+            if self.should_evaluate(rnd):
+                eval_messages = list(self.configure_evaluate(rnd, empty_arrays, empty_config, grid))
+                self.aggregate_evaluate(rnd, grid.send_and_receive(eval_messages, timeout=self.cfg.round_timeout))
+            wall = time.monotonic() - t0
+            elapsed = time.monotonic() - start
+            record = {"round": rnd, "wall_s": wall, "elapsed_s": elapsed, "train": self.round_log.train,
+                      "bytes": self.round_log.bytes,
+                      "bytes_per_client": {str(k): v for k, v in sorted(self.round_log.per_client_bytes.items())},
+                      "eval": self.round_log.eval}
+            record.update(self.extra_round_record(rnd))
+            if self.writer is not None:
+                self.writer.add_round(record)
+            self._log_progress(rnd, record, elapsed)
+
+    def extra_round_record(self, server_round: int) -> dict[str, Any]:
+        """Algorithm-specific fields for metrics.jsonl; none by default."""
+        return {}
+
+    def _log_progress(self, rnd: int, record: dict[str, Any], elapsed: float) -> None:
+        total = self.cfg.num_rounds
+        eta = elapsed / rnd * (total - rnd)
+        train = record["train"]
+        text = (f"[round {rnd}/{total}] train {train['used']}/{train['sent']} used, loss {train['loss']:.4f}"
+                f" | down {record['bytes']['train_down'] / 1e6:.2f} MB up {record['bytes']['train_up'] / 1e6:.2f} MB")
+        if record["eval"]:
+            mean, std = record["eval"]["mean"], record["eval"]["std"]
+            k0, k1 = shift_key(min(self.cfg.shift_degrees)), shift_key(max(self.cfg.shift_degrees))
+            text += (f" | acc {100 * mean[k0]:.2f}+/-{100 * std[k0]:.2f}%"
+                     f" (shift {100 * max(self.cfg.shift_degrees):g}%: {100 * mean[k1]:.2f}%)")
+        text += f" | {record['wall_s']:.1f}s, ETA {_duration(eta)}"
+        log(INFO, text)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s"
