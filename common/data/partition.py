@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from .datasets import DataError
@@ -36,7 +38,9 @@ def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, seed: int) -> 
                                        min_partition_size=min_size, self_balancing=False, shuffle=True,
                                        seed=seed)
     try:
-        return _from_flwr_partitioner(partitioner, labels, num_clients)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # its retry notices; a final failure raises below
+            return _from_flwr_partitioner(partitioner, labels, num_clients)
     except ValueError as exc:
         raise DataError(f"dirichlet partition of {len(labels)} samples over {num_clients} clients with "
                         f"alpha={alpha} left a client with fewer than {min_size} samples in 10 tries; "

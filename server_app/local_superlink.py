@@ -1,0 +1,126 @@
+"""A private local simulation SuperLink for tests and benchmarks: own ports, own FLWR_HOME, stopped by PID."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class RunOutcome:
+    """What `flwr run` printed, the run's id and its final status as the SuperLink reports it."""
+
+    returncode: int
+    output: str
+    run_id: str | None
+    status: str | None
+
+
+class LocalSuperLink:
+    """Starts `flower-superlink --simulation` on free loopback ports, the way `flwr run` starts its own.
+
+    `flwr run` looks for its managed local SuperLink at FLWR_LOCAL_SUPERLINK_HTTP_API_PORT; setting that
+    (and the control port) to ours makes every `flwr run` in `env` use this SuperLink and no other.
+    """
+
+    def __init__(self, home: Path) -> None:
+        self.home = Path(home)
+        self.http_port = free_port()
+        self.control_port = free_port()
+        self.fleet_port = free_port()
+        self.process: subprocess.Popen | None = None
+        self.env = {**os.environ, "FLWR_HOME": str(self.home),
+                    "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.http_port),
+                    "FLWR_LOCAL_CONTROL_API_PORT": str(self.control_port),
+                    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+                    "FLWR_DISABLE_UPDATE_CHECK": "1",
+                    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
+
+    def start(self, timeout: float = 60.0) -> LocalSuperLink:
+        """Start the SuperLink and wait until its health endpoint answers."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        log_file = self.home / "superlink.log"
+        command = ["flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
+                   "--control-api-address", f"127.0.0.1:{self.control_port}",
+                   "--fleet-api-address", f"127.0.0.1:{self.fleet_port}",
+                   "--host", "127.0.0.1", "--port", str(self.http_port),
+                   "--disable-runtime-dependency-installation", "--log-file", str(log_file)]
+        self.process = subprocess.Popen(command, env=self.env, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"flower-superlink exited with {self.process.returncode}; see {log_file}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.http_port}/health", timeout=0.5).is_success:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"flower-superlink did not become healthy in {timeout:.0f}s; see {log_file}")
+
+    def stop(self) -> None:
+        """Stop the SuperLink and everything it started (its process group)."""
+        if self.process is None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process = None
+
+    def __enter__(self) -> LocalSuperLink:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def run(self, app_dir: Path, run_config: str, num_supernodes: int, cpus_per_client: int = 1,
+            timeout: float = 900.0, extra_args: Sequence[str] = ()) -> RunOutcome:
+        """`flwr run APP --stream` against this SuperLink; returns output and the run's final status."""
+        command = ["flwr", "run", str(app_dir), "--stream", "--run-config", run_config,
+                   "--federation-config",
+                   f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client}", *extra_args]
+        done = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=timeout)
+        output = done.stdout + done.stderr
+        match = re.search(r"Successfully started run (\d+)", output)
+        run_id = match.group(1) if match else None
+        return RunOutcome(done.returncode, output, run_id, self.status(run_id) if run_id else None)
+
+    def status(self, run_id: str, wait: float = 20.0) -> str | None:
+        """'finished:completed', 'finished:failed', ... as `flwr ls` reports it (waits for a final one)."""
+        deadline = time.monotonic() + wait
+        status = None
+        while True:
+            done = subprocess.run(["flwr", "ls", "--run-id", run_id, "--format", "json"], env=self.env,
+                                  capture_output=True, text=True, timeout=60)
+            try:
+                runs = json.loads(done.stdout).get("runs", [])
+                status = runs[0]["status"] if runs else None
+            except json.JSONDecodeError:
+                status = None
+            if (status or "").startswith("finished") or time.monotonic() > deadline:
+                return status
+            time.sleep(1.0)

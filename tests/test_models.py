@@ -1,0 +1,43 @@
+"""Models: the McMahan CNN's size, body/head split, seeded init, clear errors for mismatched data."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.config import ConfigError
+from common.models import array_specs, build_model, get_arrays, set_arrays
+
+
+def test_mcmahan_cnn_shape_and_size() -> None:
+    model = build_model("auto", "mnist", (1, 28, 28), 10, seed=0)
+    assert sum(p.numel() for p in model.parameters()) == 1_663_370
+    assert model(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    assert model.head_names() == ["head.weight", "head.bias"]
+    assert len(model.body_names()) == 6
+
+
+def test_cifar_cnn_forward() -> None:
+    model = build_model("auto", "cifar10", (3, 32, 32), 10, seed=0)
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_init_depends_only_on_seed() -> None:
+    a = get_arrays(build_model("mlp", "digits", (1, 8, 8), 10, seed=3))
+    b = get_arrays(build_model("mlp", "digits", (1, 8, 8), 10, seed=3))
+    c = get_arrays(build_model("mlp", "digits", (1, 8, 8), 10, seed=4))
+    assert all((x == y).all() for x, y in zip(a, b))
+    assert any((x != y).any() for x, y in zip(a, c))
+
+
+def test_arrays_round_trip() -> None:
+    model = build_model("mlp", "digits", (1, 8, 8), 10, seed=0)
+    other = build_model("mlp", "digits", (1, 8, 8), 10, seed=1)
+    set_arrays(other, get_arrays(model))
+    assert all((x == y).all() for x, y in zip(get_arrays(model), get_arrays(other)))
+    assert [name for name, _ in array_specs(model)] == list(model.state_dict())
+
+
+def test_cnn_on_tiny_images_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="needs larger images"):
+        build_model("cnn-mnist", "digits", (1, 4, 4), 10, seed=0)
