@@ -32,12 +32,12 @@ class RunConfig:
     dirichlet_alpha: float = 0.3
     test_fraction: float = 0.25
     model: str = "auto"
-    num_rounds: int = 10
+    num_rounds: int = 20
     fraction_train: float = 0.5
     min_train_clients: int = 2
     fraction_evaluate: float = 1.0
     eval_every: int = 1
-    local_epochs: int = 1
+    local_epochs: int = 2
     batch_size: int = 32
     optimizer: str = "sgd"
     lr: float = 0.05

@@ -54,12 +54,20 @@ def validate_arrays(arrays: Mapping[str, Any] | None, specs: Sequence[tuple[str,
     return out
 
 
-def read_count(metrics: Mapping[str, Any] | None, key: str, allow_zero: bool = False) -> int:
-    """A non-negative (or positive) whole-number metric such as num-examples."""
+def _metric(metrics: Mapping[str, Any] | None, key: str) -> float:
+    """A metric that must be present and a plain number (bools and strings are refused)."""
     if metrics is None or key not in metrics:
         raise PayloadError(f"missing metric '{key}'")
     value = metrics[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value != int(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PayloadError(f"metric '{key}' = {value!r} is not a number")
+    return value
+
+
+def read_count(metrics: Mapping[str, Any] | None, key: str, allow_zero: bool = False) -> int:
+    """A non-negative (or positive) whole-number metric such as num-examples."""
+    value = _metric(metrics, key)
+    if not np.isfinite(value) or value != int(value):
         raise PayloadError(f"metric '{key}' = {value!r} is not a whole number")
     if value < 0 or (value == 0 and not allow_zero) or value > 10**9:
         raise PayloadError(f"metric '{key}' = {value!r} is out of range")
@@ -68,19 +76,15 @@ def read_count(metrics: Mapping[str, Any] | None, key: str, allow_zero: bool = F
 
 def read_fraction(metrics: Mapping[str, Any] | None, key: str) -> float:
     """A metric that must lie in [0, 1] (accuracies)."""
-    if metrics is None or key not in metrics:
-        raise PayloadError(f"missing metric '{key}'")
-    value = metrics[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
+    value = _metric(metrics, key)
+    if not 0.0 <= float(value) <= 1.0:
         raise PayloadError(f"metric '{key}' = {value!r} is not in [0, 1]")
     return float(value)
 
 
 def read_finite(metrics: Mapping[str, Any] | None, key: str) -> float:
     """A finite float metric (losses)."""
-    if metrics is None or key not in metrics:
-        raise PayloadError(f"missing metric '{key}'")
-    value = metrics[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+    value = _metric(metrics, key)
+    if not np.isfinite(value):
         raise PayloadError(f"metric '{key}' = {value!r} is not a finite number")
     return float(value)

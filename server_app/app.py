@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from logging import ERROR, INFO
 from typing import Any
 
@@ -24,6 +25,20 @@ app = ServerApp()
 
 class RunFailed(RuntimeError):
     """A user-facing failure (bad config, missing data, no clients); already explained in one log line."""
+
+
+class _NoTracebackForRunFailed(logging.Filter):
+    """Flower logs a failing ServerApp's exception with its traceback; ours was already explained in one
+    line, so the traceback of a RunFailed is dropped (any other exception keeps its traceback)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], RunFailed):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+logging.getLogger("flwr").addFilter(_NoTracebackForRunFailed())
 
 
 def load_config(raw: dict[str, Any]) -> RunConfig:

@@ -6,15 +6,20 @@ from flwr.app import Message, RecordDict
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
 
-def content_wire_bytes(content: RecordDict) -> int:
-    """Serialized size of a message's content: every object Flower pushes for it (records, arrays, chunks).
+def wire_bytes(message: Message | RecordDict, cache: dict[str, int] | None = None) -> int:
+    """Serialized size of a message (or of its content): every object Flower pushes for it.
 
-    Flower sends a message as its metadata plus a tree of content-addressed objects, each the bytes
-    returned by `deflate()`; this sums exactly those byte strings.
+    Flower sends a message as a tree of content-addressed objects (the message with its metadata,
+    records, arrays, array chunks), each the bytes its `deflate()` returns; this sums exactly those.
+    `cache` (object id -> size) saves re-serializing objects shared by several messages of a round; it
+    does not change the count: each message is charged for every object it carries.
     """
-    return sum(len(obj.deflate()) for obj in get_all_nested_objects(content).values())
-
-
-def message_wire_bytes(message: Message) -> int:
-    """Serialized size of a whole message: its content plus the message object (metadata) itself."""
-    return sum(len(obj.deflate()) for obj in get_all_nested_objects(message).values())
+    total = 0
+    for object_id, obj in get_all_nested_objects(message).items():
+        size = cache.get(object_id) if cache is not None else None
+        if size is None:
+            size = len(obj.deflate())
+            if cache is not None:
+                cache[object_id] = size
+        total += size
+    return total

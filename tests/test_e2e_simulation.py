@@ -85,3 +85,12 @@ def test_bad_config_value_fails_with_one_clear_line(superlink, tmp_path) -> None
     assert outcome.status == "finished:failed"
     assert "run-config 'partition' = 'random' is not valid; allowed values: iid, dirichlet, pathological" \
         in outcome.output
+    assert "Traceback" not in outcome.output
+
+
+def test_missing_data_fails_naming_the_files(superlink, tmp_path) -> None:
+    outcome = _run(superlink, tmp_path, "nodata", f"dataset='cifar10' data-dir='{tmp_path / 'empty'}'")
+    assert outcome.status == "finished:failed"
+    assert f"cifar10: expected data_batch_1..5 and test_batch in {tmp_path / 'empty' / 'cifar-10-batches-py'}" \
+        in outcome.output
+    assert "Traceback" not in outcome.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from functools import lru_cache
@@ -116,7 +117,7 @@ def load_dataset(name: str, data_dir: str, allow_download: bool = False) -> Data
     root = Path(data_dir).expanduser()
     if name == "digits":
         return _digits()
-    cache_dir = Path.home() / ".cache" / "pflower" / "extracted"
+    cache_dir = Path(os.environ.get("PFL_CACHE_DIR", Path.home() / ".cache" / "pflower")).expanduser() / "extracted"
     if name in _TORCHVISION_NAMES:
         return _mnist_like(name, root, cache_dir, allow_download)
     if name == "cifar10":

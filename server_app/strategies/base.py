@@ -22,7 +22,7 @@ from common.seeding import derive_seed
 
 from ..results import ResultsWriter
 from common.validation import PayloadError, read_count, read_finite, read_fraction, validate_arrays
-from ..wire import message_wire_bytes
+from ..wire import wire_bytes
 
 
 class RunAborted(RuntimeError):
@@ -148,7 +148,7 @@ class PFLStrategy(Strategy):
         for pid in partition_ids:
             msg = Message(content=build(server_round, pid, shared), dst_node_id=self.clients[pid].node_id,
                           message_type=message_type)
-            self.round_log.add_bytes(kind, pid, message_wire_bytes(msg))
+            self.round_log.add_bytes(kind, pid, wire_bytes(msg, self._size_cache))
             messages.append(msg)
         return messages
 
@@ -176,7 +176,7 @@ class PFLStrategy(Strategy):
                 log(WARNING, "client %d (node %s) failed: %s", pid, node, msg.error.reason)
                 failed += 1
                 continue
-            self.round_log.add_bytes(kind, pid, message_wire_bytes(msg))
+            self.round_log.add_bytes(kind, pid, wire_bytes(msg, self._size_cache))
             good.append((pid, msg))
         good.sort(key=lambda item: item[0])
         return good, failed
@@ -295,6 +295,7 @@ class PFLStrategy(Strategy):
         for rnd in range(1, self.cfg.num_rounds + 1):
             t0 = time.monotonic()
             self.round_log = RoundLog()
+            self._size_cache = {}
             messages = list(self.configure_train(rnd, empty_arrays, empty_config, grid))
             replies = grid.send_and_receive(messages, timeout=self.cfg.round_timeout) if messages else []
             self.aggregate_train(rnd, replies)

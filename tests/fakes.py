@@ -1,0 +1,53 @@
+"""Stand-ins for Flower reply messages, so strategies can be tested in-process without a running app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
+
+from common.records import to_record
+
+
+@dataclass
+class _Meta:
+    src_node_id: int
+
+
+@dataclass
+class _Error:
+    reason: str
+
+
+class FakeReply:
+    """Quacks like a reply Message: metadata.src_node_id, has_error(), error, content, and an object tree."""
+
+    def __init__(self, node_id: int, content: RecordDict | None = None, error: str | None = None) -> None:
+        self.metadata = _Meta(node_id)
+        self.content = content if content is not None else RecordDict()
+        self.error = _Error(error) if error else None
+        self.object_id = f"fake-reply-{node_id}-{id(self)}"
+
+    def has_error(self) -> bool:
+        return self.error is not None
+
+    @property
+    def children(self):
+        return {self.content.object_id: self.content}
+
+    def deflate(self) -> bytes:
+        return b""
+
+
+def train_content(names, arrays, num_examples: int, loss: float = 0.5) -> RecordDict:
+    """A well-formed training reply."""
+    return RecordDict({"arrays": to_record(names, arrays),
+                       "metrics": MetricRecord({"num-examples": num_examples, "train-loss": loss})})
+
+
+def metrics_only(**metrics) -> RecordDict:
+    """A reply holding only metrics."""
+    return RecordDict({"metrics": MetricRecord(metrics)})
+
+
+__all__ = ["FakeReply", "train_content", "metrics_only", "ArrayRecord"]

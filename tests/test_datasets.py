@@ -1,0 +1,57 @@
+"""Data layer: the embedded default, real datasets from a local folder, clear errors, client views."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.config import parse_run_config
+from common.data.datasets import DataError, load_dataset, normalize
+from common.data.federated import client_data, federated_split
+
+
+def test_embedded_digits_needs_nothing() -> None:
+    data = load_dataset("digits", "/nonexistent")
+    assert data.x.shape == (1797, 1, 8, 8) and data.x.dtype == np.uint8
+    assert data.x.max() == 16 and data.scale == 16.0
+    assert np.bincount(data.y).min() >= 170
+
+
+@pytest.mark.parametrize(("name", "folder"), [("mnist", "MNIST/raw"), ("fashion-mnist", "FashionMNIST/raw"),
+                                              ("cifar10", "cifar-10-batches-py")])
+def test_missing_files_named_in_the_error(tmp_path, monkeypatch, name: str, folder: str) -> None:
+    monkeypatch.setenv("PFL_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(DataError, match=str(tmp_path / folder)):
+        load_dataset(name, str(tmp_path), False)
+
+
+def test_mnist_from_local_folder(data_dir, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PFL_CACHE_DIR", str(tmp_path))
+    load_dataset.cache_clear()
+    data = load_dataset("mnist", str(data_dir), False)
+    assert data.x.shape == (70000, 1, 28, 28)
+    # class counts of the MNIST training set (60,000) plus the test set (10,000)
+    assert np.bincount(data.y)[:3].tolist() == [5923 + 980, 6742 + 1135, 5958 + 1032]
+    x = normalize(data, data.x[:1000])
+    assert abs(float(x.mean())) < 0.1 and 0.9 < float(x.std()) < 1.1
+    load_dataset.cache_clear()
+
+
+def test_cifar10_subset_from_local_folder(data_dir) -> None:
+    data = load_dataset("cifar10", str(data_dir), False)
+    assert data.x.shape[1:] == (3, 32, 32) and len(data.y) == 40000  # batches 1-3 plus the test batch
+    load_dataset.cache_clear()
+
+
+def test_client_view_is_a_75_25_split_with_shift_draws() -> None:
+    cfg = parse_run_config({"dataset": "digits", "partition": "iid", "seed": 1})
+    split = federated_split(cfg, 5)
+    assert sum(len(t) for t in split.train) + sum(len(t) for t in split.test) == 1797
+    client = client_data(cfg, 2, 5)
+    n = len(split.train[2]) + len(split.test[2])
+    assert len(client.test_y) == round(0.25 * n) and client.num_train == n - len(client.test_y)
+    assert client.train_x.dtype.is_floating_point and tuple(client.train_x.shape[1:]) == (1, 8, 8)
+    assert len(client.shift_y) == len(client.test_y)
+    assert set(client.shift_plan.draws.tolist()) <= set(split.pool.tolist())
+    with pytest.raises(DataError, match="partition-id 5 is outside 0..4"):
+        client_data(cfg, 5, 5)
