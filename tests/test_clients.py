@@ -66,3 +66,12 @@ def test_local_keeps_its_model_on_the_device_and_uploads_none() -> None:
     assert _distance(second, first) > 0, "round 2 continued from the stored model"
     result = _client("local", state).evaluate(2, RecordDict())
     assert 0.0 <= result.metric_records["metrics"][shift_key(1.0)] <= 1.0
+
+
+def test_fedavg_ft_evaluates_a_fine_tuned_copy() -> None:
+    content = _global_content(_client("fedavg"))
+    plain = _client("fedavg").evaluate(1, content).metric_records["metrics"]
+    tuned = _client("fedavg-ft").evaluate(1, content).metric_records["metrics"]
+    again = _client("fedavg-ft").evaluate(1, content).metric_records["metrics"]
+    assert tuned["loss"] < plain["loss"], "fine-tuning on local data lowers the local test loss"
+    assert dict(tuned) == dict(again)

@@ -34,3 +34,19 @@ class FedProxClient(FedAvgClient):
     def extra_losses(self, model) -> list:
         """The proximal term, anchored at the received global weights."""
         return [proximal_loss(dict(model.named_parameters()), self.cfg.proximal_mu)]
+
+
+class FedAvgFTClient(FedAvgClient):
+    """FedAvg+FT: trains like FedAvg; evaluates the global model after local-epochs of local fine-tuning.
+
+    The fine-tuned copy is thrown away after evaluation (no extra communication, no state).
+    """
+
+    name = "fedavg-ft"
+
+    def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
+        """Fine-tune the received global model on the local training data, then evaluate it."""
+        model = self.received_model(content)
+        train(model, self.env.data.train_x, self.env.data.train_y, self.settings(server_round),
+              self.generator(server_round, "finetune"), device=self.env.device)
+        return self.eval_reply(self.evaluate_model(model))

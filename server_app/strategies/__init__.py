@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from .base import PFLStrategy
-from .fedavg import FedAvgStrategy, FedProxStrategy
+from .fedavg import FedAvgFTStrategy, FedAvgStrategy, FedProxStrategy
 from .local import LocalStrategy
 
 STRATEGIES: dict[str, type[PFLStrategy]] = {
-    cls.name: cls for cls in (FedAvgStrategy, FedProxStrategy, LocalStrategy)
+    cls.name: cls for cls in (FedAvgStrategy, FedProxStrategy, FedAvgFTStrategy, LocalStrategy)
 }
 
 

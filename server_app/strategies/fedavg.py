@@ -15,3 +15,9 @@ class FedProxStrategy(FedAvgStrategy):
     """FedProx (Li et al., 2020): FedAvg aggregation; clients add (mu/2)||w - w_global||^2 (run-config proximal-mu)."""
 
     name = "fedprox"
+
+
+class FedAvgFTStrategy(FedAvgStrategy):
+    """FedAvg+FT: FedAvg training; each client fine-tunes the global model locally before every evaluation."""
+
+    name = "fedavg-ft"

@@ -1,0 +1,72 @@
+"""DM-PFL math on hand-made tensors: schedule, Eq. 4, Eq. 5 (incl. positions outside the union), vote filter, Alg. 4."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from common.dmpfl import (adaptive_predict, aggregate_masked, aggregate_round, compose_global, compose_personal,
+                          phase_schedule, select_global_mask)
+
+
+def test_phase_schedule_equal_thirds_per_cycle() -> None:
+    assert phase_schedule(9, 1) == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert phase_schedule(18, 3) == [1, 1, 2, 2, 3, 3] * 3
+    assert phase_schedule(4, 0) == [1, 1, 1, 1]
+    paper = phase_schedule(300, 3)  # the paper's T = 300: each phase gets 99..102 rounds (300 / 9 is not whole)
+    assert len(paper) == 300 and all(99 <= paper.count(p) <= 102 for p in (1, 2, 3))
+
+
+def test_eq4_composition() -> None:
+    w_g = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    w_c = np.array([10.0, 20.0, 30.0, 40.0], np.float32)
+    m_g = np.array([True, True, False, False])
+    m_c = np.array([True, False, True, False])
+    assert compose_personal(w_g, m_g, w_c, m_c).tolist() == [1.0, 0.0, 30.0, 0.0]
+    assert compose_global(w_g, m_g).tolist() == [1.0, 2.0, 0.0, 0.0]
+
+
+def test_eq5_weighted_on_union_old_value_elsewhere() -> None:
+    w_g = np.array([9.0, 9.0, 9.0, 9.0], np.float32)
+    w1, m1 = np.array([1.0, 2.0, 5.0, 7.0], np.float32), np.array([True, True, False, False])
+    w2, m2 = np.array([3.0, 6.0, 8.0, 7.0], np.float32), np.array([True, False, True, False])
+    new, votes = aggregate_masked(w_g, [w1, w2], [m1, m2], [1, 3])
+    # pos 0: (1*1 + 3*3)/(1+3) = 2.5; pos 1: only client 1 -> 2; pos 2: only client 2 -> 8; pos 3: nobody -> old 9
+    assert new.tolist() == [2.5, 2.0, 8.0, 9.0]
+    assert votes.tolist() == [2, 1, 1, 0]
+
+
+def test_vote_filter_at_exactly_30_percent() -> None:
+    w_g = np.array([5.0, 4.0, 3.0, 2.0, 1.0], np.float32)
+    votes = np.array([3, 4, 10, 0, 4])  # 10 clients received: 3 votes is exactly 30%, not above
+    mask = select_global_mask(w_g, votes, num_received=10, density=0.6, min_vote_fraction=0.3)
+    assert mask.tolist() == [False, True, True, False, True]
+    sparser = select_global_mask(w_g, np.array([10, 0, 0, 0, 0]), 10, density=0.6, min_vote_fraction=0.3)
+    assert sparser.tolist() == [True, False, False, False, False], "failing the vote is never selected"
+
+
+def test_aggregate_round_dense_layers_weighted_mean() -> None:
+    w_g = {"w": np.zeros(4, np.float32), "b": np.zeros(2, np.float32)}
+    replies = [({"w": np.array([1, 1, 0, 0], np.float32), "b": np.array([1, 2], np.float32)},
+                {"w": np.array([True, True, False, False])}, 1.0),
+               ({"w": np.array([0, 3, 3, 0], np.float32), "b": np.array([3, 4], np.float32)},
+                {"w": np.array([False, True, True, False])}, 1.0)]
+    new_w, new_m = aggregate_round(w_g, replies, {"w": 0.5}, min_vote_fraction=0.3)
+    assert new_w["w"].tolist() == [1.0, 2.0, 3.0, 0.0]
+    assert new_w["b"].tolist() == [2.0, 3.0]
+    assert new_m["w"].tolist() == [False, True, True, False]
+    assert set(new_m) == {"w"}
+
+
+def test_adaptive_inference_follows_the_rule() -> None:
+    confident_c = torch.tensor([[8.0, 0.0, 0.0]])      # personal: low entropy, predicts class 0
+    unsure_g = torch.tensor([[0.0, 0.3, 0.0]])         # global: high entropy, predicts class 1
+    pred, used = adaptive_predict(confident_c, unsure_g, base_entropy_c=0.1, base_entropy_g=0.1)
+    assert used.tolist() == [True] and pred.tolist() == [0]
+    # the same outputs, but the models disagree (Sim ~ 0.51) and theta_g's base entropy is high: choose theta_g
+    pred, used = adaptive_predict(confident_c, unsure_g, base_entropy_c=0.0, base_entropy_g=50.0)
+    assert used.tolist() == [False] and pred.tolist() == [1]
+    # identical outputs and base entropies: equal scores choose theta_g (the rule's strict <)
+    same = torch.tensor([[1.0, 2.0, 0.5]])
+    _, used = adaptive_predict(same, same.clone(), 0.0, 0.0)
+    assert used.tolist() == [False]
