@@ -13,3 +13,8 @@ def to_record(names: Sequence[str], arrays: Sequence[np.ndarray]) -> ArrayRecord
     if len(names) != len(arrays):
         raise ValueError(f"{len(names)} names for {len(arrays)} arrays")
     return ArrayRecord({n: Array(np.ascontiguousarray(a, dtype=np.float32)) for n, a in zip(names, arrays)})
+
+
+def to_plain_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    """An ArrayRecord of arrays kept in their own dtypes (packed masks, ids, values), keyed by name."""
+    return ArrayRecord({n: Array(np.ascontiguousarray(a)) for n, a in arrays.items()})

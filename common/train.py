@@ -150,3 +150,31 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, settings: TrainSet
 def _restore_requires_grad(named: Mapping[str, nn.Parameter], saved: Mapping[str, bool]) -> None:
     for name, p in named.items():
         p.requires_grad_(saved[name])
+
+
+class MeanGradient:
+    """An `on_gradients` hook: mean gradient of the named parameters over the steps from `start_step` on.
+
+    With start_step = (epochs - 1) * batches_per_epoch it averages over the last local epoch's batches.
+    """
+
+    def __init__(self, names: Iterable[str], start_step: int = 0) -> None:
+        self.names = set(names)
+        self.start_step = start_step
+        self.step = 0
+        self.count = 0
+        self.sums: dict[str, torch.Tensor] = {}
+
+    def __call__(self, model: nn.Module) -> None:
+        """Accumulate this step's gradients (before any masking)."""
+        if self.step >= self.start_step:
+            for name, param in model.named_parameters():
+                if name in self.names and param.grad is not None:
+                    grad = param.grad.detach()
+                    self.sums[name] = self.sums[name] + grad if name in self.sums else grad.clone()
+            self.count += 1
+        self.step += 1
+
+    def mean(self) -> dict[str, torch.Tensor]:
+        """Mean gradient per parameter (empty if no step was collected)."""
+        return {name: total / max(self.count, 1) for name, total in self.sums.items()}

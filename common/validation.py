@@ -54,6 +54,23 @@ def validate_arrays(arrays: Mapping[str, Any] | None, specs: Sequence[tuple[str,
     return out
 
 
+def record_to_numpy(arrays: Mapping[str, Any] | None, max_arrays: int = 10_000) -> dict[str, np.ndarray]:
+    """Decode every array of a received record (numpy serialization only, pickling disabled)."""
+    if arrays is None:
+        raise PayloadError("missing 'arrays' record")
+    if len(arrays) > max_arrays:
+        raise PayloadError(f"record holds {len(arrays)} arrays, more than {max_arrays}")
+    out = {}
+    for name, item in arrays.items():
+        if getattr(item, "stype", None) != "numpy.ndarray":
+            raise PayloadError(f"array '{name}' has serialization {getattr(item, 'stype', None)!r}, not numpy")
+        try:
+            out[name] = item.numpy()
+        except Exception as exc:  # noqa: BLE001 - any decoding failure means a bad payload
+            raise PayloadError(f"array '{name}' does not decode: {exc}") from None
+    return out
+
+
 def _metric(metrics: Mapping[str, Any] | None, key: str) -> float:
     """A metric that must be present and a plain number (bools and strings are refused)."""
     if metrics is None or key not in metrics:

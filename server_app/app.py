@@ -13,6 +13,7 @@ from flwr.supercore import log
 from common.config import ConfigError, RunConfig, parse_run_config
 from common.data.datasets import DataError
 from common.data.federated import dataset_for
+from common.masks import prunable_names
 from common.models import array_specs, build_model, get_arrays
 from common.seeding import derive_seed
 
@@ -61,10 +62,14 @@ def main(grid: Grid, context: Context) -> None:
     except (DataError, ConfigError) as exc:
         log(ERROR, "%s", exc)
         raise RunFailed(str(exc)) from None
+    try:
+        strategy = STRATEGIES[cfg.algorithm](cfg, get_arrays(model), array_specs(model), None, prunable_names(model))
+    except ConfigError as exc:
+        log(ERROR, "%s", exc)
+        raise RunFailed(str(exc)) from None
     run_dir = make_run_dir(cfg.resolved_results_dir, cfg.algorithm, cfg.dataset, cfg.run_name)
-    writer = ResultsWriter(run_dir, cfg.to_dict())
+    writer = strategy.writer = ResultsWriter(run_dir, cfg.to_dict())
     log(INFO, "results folder: %s", run_dir)
-    strategy = STRATEGIES[cfg.algorithm](cfg, get_arrays(model), array_specs(model), writer)
     try:
         strategy.run(grid)
     except RunAborted as exc:

@@ -84,6 +84,7 @@ def summarize(records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, 
         "bytes_total": totals,
         "mb_per_client": {k: _mb(v) / num_clients for k, v in totals.items()},
         "train_flops_total": sum(r["train"].get("flops", 0) for r in records),
+        "train_flops_per_client": sum(r["train"].get("flops", 0) for r in records) / num_clients,
         "replies_used": [r["train"]["used"] for r in records],
         "replies_sent": [r["train"]["sent"] for r in records],
         "wall_seconds": sum(r["wall_s"] for r in records),
@@ -118,6 +119,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines.append(f"| training download per client (MB, measured) | {mb['train_down']:.3f} |")
     lines.append(f"| training upload per client (MB, measured) | {mb['train_up']:.3f} |")
     lines.append(f"| evaluation download per client (MB) | {mb['eval_down']:.3f} |")
+    lines.append(f"| training FLOPs per client | {summary['train_flops_per_client']:.3e} |")
     lines.append(f"| wall time (s) | {summary['wall_seconds']:.1f} |")
     used, sent = summary["replies_used"], summary["replies_sent"]
     lines.append(f"| training replies used / sent | {sum(used)} / {sum(sent)} (per round min {min(used, default=0)}) |")

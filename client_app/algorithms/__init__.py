@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from .base import ClientAlgorithm, ClientEnv
 from .fedavg import FedAvgClient, FedAvgFTClient, FedProxClient
+from .dmpfl import DMPFLClient
+from .feddst import FedDSTClient
 from .local import LocalClient
 
 ALGORITHMS: dict[str, type[ClientAlgorithm]] = {
-    cls.name: cls for cls in (FedAvgClient, FedProxClient, FedAvgFTClient, LocalClient)
+    cls.name: cls for cls in (FedAvgClient, FedProxClient, FedAvgFTClient, LocalClient, FedDSTClient, DMPFLClient)
 }
 
 __all__ = ["ALGORITHMS", "ClientAlgorithm", "ClientEnv"]

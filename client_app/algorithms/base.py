@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import ClassVar
 
 import numpy as np
@@ -12,6 +13,7 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
 from common.config import RunConfig
 from common.data.federated import ClientData
+from common.flops import flops_per_sample, training_flops
 from common.evaluate import EvalResult, evaluate_client, shift_key
 from common.records import to_record
 from common.models import SplitModel, array_specs, build_model, get_arrays, set_arrays
@@ -79,10 +81,19 @@ class ClientAlgorithm(ABC):
         """A model's state as an ArrayRecord keyed by state-dict names."""
         return to_record([name for name, _ in array_specs(model)], get_arrays(model))
 
-    def train_reply(self, stats: TrainStats, model: torch.nn.Module | None) -> RecordDict:
-        """Reply content of a training round: metrics, plus the model when it is uploaded."""
+    def train_flops(self, stats: TrainStats, densities: dict[str, float] | None = None) -> float:
+        """FLOPs of the local training just done (torch FLOP counter, scaled by layer mask densities)."""
+        data = self.env.data
+        key = tuple(sorted((densities or {}).items()))
+        per_sample = _flops_per_sample(self.cfg.model, self.cfg.dataset, data.input_shape, data.num_classes, key)
+        return training_flops(per_sample, stats.num_samples, self.cfg.local_epochs if stats.steps else 0)
+
+    def train_reply(self, stats: TrainStats, model: torch.nn.Module | None,
+                    densities: dict[str, float] | None = None) -> RecordDict:
+        """Reply content of a training round: metrics (with FLOPs), plus the model when it is uploaded."""
         content = RecordDict({"metrics": MetricRecord({
-            "num-examples": stats.num_samples, "train-loss": _finite(stats.mean_loss), "steps": stats.steps})})
+            "num-examples": stats.num_samples, "train-loss": _finite(stats.mean_loss), "steps": stats.steps,
+            "train-flops": self.train_flops(stats, densities)})})
         if model is not None:
             content["arrays"] = self.model_record(model)
         return content
@@ -102,6 +113,13 @@ class ClientAlgorithm(ABC):
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
         """Answer an evaluation message (default: evaluate the model the server sent)."""
         return self.eval_reply(self.evaluate_model(self.received_model(content)))
+
+
+@lru_cache(maxsize=32)
+def _flops_per_sample(model_name: str, dataset: str, input_shape: tuple[int, ...], num_classes: int,
+                      densities: tuple[tuple[str, float], ...]) -> float:
+    model = build_model(model_name, dataset, input_shape, num_classes, seed=0)
+    return flops_per_sample(model, input_shape, num_classes, dict(densities))
 
 
 def _finite(value: float) -> float:

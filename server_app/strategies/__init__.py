@@ -6,10 +6,13 @@ from typing import Any
 
 from .base import PFLStrategy
 from .fedavg import FedAvgFTStrategy, FedAvgStrategy, FedProxStrategy
+from .dmpfl import DMPFLStrategy
+from .feddst import FedDSTStrategy
 from .local import LocalStrategy
 
 STRATEGIES: dict[str, type[PFLStrategy]] = {
-    cls.name: cls for cls in (FedAvgStrategy, FedProxStrategy, FedAvgFTStrategy, LocalStrategy)
+    cls.name: cls for cls in (FedAvgStrategy, FedProxStrategy, FedAvgFTStrategy, LocalStrategy, FedDSTStrategy,
+                              DMPFLStrategy)
 }
 
 

@@ -48,6 +48,7 @@ class TrainReply:
     loss: float
     arrays: list[np.ndarray] | None
     content: RecordDict
+    payload: Any = None  # algorithm-specific decoded upload (e.g. sparse weights and masks)
 
 
 @dataclass
@@ -79,9 +80,10 @@ class PFLStrategy(Strategy):
     extra_config: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, cfg: RunConfig, initial_arrays: list[np.ndarray], specs: list[tuple[str, tuple[int, ...]]],
-                 writer: ResultsWriter | None = None) -> None:
+                 writer: ResultsWriter | None = None, prunable: list[str] | tuple[str, ...] = ()) -> None:
         self.cfg = cfg
         self.specs = specs
+        self.prunable = list(prunable)
         self.global_arrays = initial_arrays
         self.writer = writer
         self.clients: dict[int, ClientInfo] = {}
@@ -172,6 +174,7 @@ class PFLStrategy(Strategy):
                 log(WARNING, "reply from unknown node %s ignored", node)
                 failed += 1
                 continue
+            self.on_client_reply(pid, not msg.has_error())
             if msg.has_error():
                 log(WARNING, "client %d (node %s) failed: %s", pid, node, msg.error.reason)
                 failed += 1
@@ -181,15 +184,20 @@ class PFLStrategy(Strategy):
         good.sort(key=lambda item: item[0])
         return good, failed
 
+    def on_client_reply(self, partition_id: int, ok: bool) -> None:
+        """Called for every reply from a known client, failed or not (default: nothing)."""
+
+    def _parse_metrics(self, partition_id: int, content: RecordDict) -> TrainReply:
+        metrics = content.metric_records.get("metrics")
+        return TrainReply(partition_id, read_count(metrics, "num-examples"), read_finite(metrics, "train-loss"),
+                          None, content)
+
     def parse_train_reply(self, partition_id: int, content: RecordDict) -> TrainReply:
         """Validate one training reply; raise PayloadError with the reason if it must not be used."""
-        metrics = content.metric_records.get("metrics")
-        num_examples = read_count(metrics, "num-examples")
-        loss = read_finite(metrics, "train-loss")
-        arrays = None
+        reply = self._parse_metrics(partition_id, content)
         if self.uploads_weights:
-            arrays = validate_arrays(content.array_records.get("arrays"), self.specs)
-        return TrainReply(partition_id, num_examples, loss, arrays, content)
+            reply.arrays = validate_arrays(content.array_records.get("arrays"), self.specs)
+        return reply
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -206,10 +214,12 @@ class PFLStrategy(Strategy):
                 log(WARNING, "client %d: training reply rejected: %s", pid, exc)
         if accepted:
             self.aggregate(server_round, accepted)
+        flops = sum(_flops(r.content) for r in accepted)
         total = sum(r.num_examples for r in accepted)
         loss = sum(r.loss * r.num_examples for r in accepted) / total if total else float("nan")
         self.round_log.train.update(received=len(replies), failed=failed, rejected=rejected, used=len(accepted),
-                                    loss=loss, num_examples=total, clients=[r.partition_id for r in accepted])
+                                    loss=loss, num_examples=total, flops=flops,
+                                    clients=[r.partition_id for r in accepted])
         return None, MetricRecord({"train-loss": loss if accepted else 0.0, "used": len(accepted)})
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
@@ -336,3 +346,9 @@ class PFLStrategy(Strategy):
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def _flops(content: RecordDict) -> float:
+    """A reply's reported training FLOPs (0 when absent or malformed: a cost figure, never used in math)."""
+    value = content.metric_records.get("metrics", {}).get("train-flops", 0.0)
+    return float(value) if isinstance(value, (int, float)) and np.isfinite(value) and value >= 0 else 0.0

@@ -1,0 +1,41 @@
+"""FedDST client half: train the sparse global model under its mask; in readjustment rounds prune and regrow."""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import RecordDict
+
+from common.masks import prune_and_regrow
+from common.train import train
+
+from .sparse import SparseGlobalClient
+
+
+class FedDSTClient(SparseGlobalClient):
+    """Uploads values on m_g, or (readjustment rounds) its readjusted mask with the weights on it."""
+
+    name = "feddst"
+
+    def fit(self, server_round: int, content: RecordDict) -> RecordDict:
+        """Train theta_g under m_g; readjust the mask when the server says so."""
+        w_g, m_g = self.refresh_global(content)
+        fraction = float(content.config_records["config"].get("readjust-ratio", 0.0))
+        model = self.to_model(self.theta_g(w_g, m_g))
+        collector = self.gradient_collector() if fraction > 0 else None
+        stats = train(model, self.env.data.train_x, self.env.data.train_y, self.settings(server_round),
+                      self.generator(server_round), update_masks=self.torch_masks(m_g), on_gradients=collector,
+                      device=self.env.device)
+        trained, masks = self.named(model), m_g
+        if collector is not None and set(collector.mean()) == set(m_g):
+            weights = {n: torch.from_numpy(trained[n]) for n in m_g}
+            new_masks, new_weights = prune_and_regrow(weights, collector.mean(), self.torch_masks(m_g), fraction)
+            masks = {n: m.numpy() for n, m in new_masks.items()}
+            trained.update({n: w.numpy() for n, w in new_weights.items()})
+        reply = self.train_reply(stats, None, self.densities(masks))
+        reply["arrays"] = self.upload(trained, masks, values_only=fraction == 0.0)
+        return reply
+
+    def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
+        """The sparse global model on the local test data."""
+        w_g, m_g = self.refresh_global(content)
+        return self.eval_reply(self.evaluate_model(self.to_model(self.theta_g(w_g, m_g))))

@@ -1,0 +1,88 @@
+"""Shared client half of sparse algorithms: keep the server's sparse global model, encode sparse uploads."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, RecordDict
+
+from common.codec import decode_model, encode_model
+from common.dmpfl import compose_global
+from common.masks import prunable_names
+from common.models import SplitModel, array_specs, get_arrays, set_arrays
+from common.records import to_plain_record
+from common.train import MeanGradient
+from common.validation import PayloadError, record_to_numpy
+
+from .base import ClientAlgorithm, ClientEnv
+
+Named = dict[str, np.ndarray]
+
+
+class StaleGlobalModel(RuntimeError):
+    """The client's copy of the global model is not the version the server expects (it resends next time)."""
+
+
+class SparseGlobalClient(ClientAlgorithm):
+    """Holds the latest global model (w_g * m_g) and its version in client state."""
+
+    def __init__(self, env: ClientEnv) -> None:
+        super().__init__(env)
+        template = self.new_model()
+        self.shapes = dict(array_specs(template))
+        self.names = [name for name, _ in array_specs(template)]
+        self.prunable = prunable_names(template)
+
+    def refresh_global(self, content: RecordDict) -> tuple[Named, Named]:
+        """(w_g, m_g): from the message when sent (validated, then stored), else the stored copy of this version."""
+        version = int(content.config_records["config"]["global-version"])
+        state = self.env.state
+        if "global" in content.array_records:
+            weights, masks = decode_model(record_to_numpy(content.array_records["global"]), self.shapes)
+            if set(masks) != set(self.prunable):
+                raise PayloadError(f"global model has sparse layers {sorted(masks)}, expected {self.prunable}")
+            state.save_named("global/w", weights)
+            state.save_named("global/m", masks)
+            state.save_named("global/version", {"version": np.array([version], np.int64)})
+            return weights, masks
+        held = state.load_named("global/version")
+        have = int(held["version"][0]) if held else None
+        if have != version:
+            raise StaleGlobalModel(f"client holds global version {have}, the server expects {version}")
+        return state.load_named("global/w"), state.load_named("global/m")
+
+    def theta_g(self, w_g: Named, m_g: Named) -> Named:
+        """w_g * m_g on the masked layers, w_g elsewhere."""
+        return {n: compose_global(w_g[n], m_g[n]) if n in m_g else w_g[n] for n in self.names}
+
+    def to_model(self, named: Named) -> SplitModel:
+        """A model holding these weights."""
+        model = self.new_model()
+        set_arrays(model, [named[name] for name in self.names])
+        return model
+
+    def named(self, model: torch.nn.Module) -> Named:
+        """A model's weights by name."""
+        return dict(zip(self.names, get_arrays(model)))
+
+    @staticmethod
+    def torch_masks(masks: Named) -> dict[str, torch.Tensor]:
+        """Masks as bool tensors (the training loop's update masks)."""
+        return {name: torch.from_numpy(np.asarray(m, dtype=bool)) for name, m in masks.items()}
+
+    @staticmethod
+    def densities(masks: Named) -> dict[str, float]:
+        """Fraction of active weights per masked layer (for FLOP counting)."""
+        return {name: float(m.mean()) for name, m in masks.items()}
+
+    def gradient_collector(self) -> MeanGradient:
+        """Mean gradient of the prunable layers over the last local epoch's batches."""
+        batches = math.ceil(self.env.data.num_train / self.cfg.batch_size)
+        return MeanGradient(self.prunable, start_step=max(self.cfg.local_epochs - 1, 0) * batches)
+
+    @staticmethod
+    def upload(weights: Named, masks: Named, values_only: bool) -> ArrayRecord:
+        """Sparse upload: masked layers as bitmask + values (or values only), the rest dense."""
+        return to_plain_record(encode_model(weights, masks, values_only=values_only))

@@ -1,0 +1,37 @@
+"""Training FLOPs from torch.utils.flop_counter on one batch, scaled per layer by its mask density."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+
+def flops_per_sample(model: nn.Module, input_shape: tuple[int, ...], num_classes: int,
+                     densities: Mapping[str, float] | None = None, batch_size: int = 8) -> float:
+    """Forward + backward FLOPs of one training sample; a layer whose weight has density d counts d of its FLOPs.
+
+    densities: parameter name (e.g. 'body.3.weight') -> fraction of its weights that are active.
+    """
+    model = model.to("cpu")
+    x = torch.zeros(batch_size, *input_shape)
+    y = torch.zeros(batch_size, dtype=torch.long) % num_classes
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(x), y).backward()
+    model.zero_grad(set_to_none=True)
+    counts = counter.get_flop_counts()
+    total = float(counter.get_total_flops())
+    prefix = type(model).__name__
+    for name, density in (densities or {}).items():
+        module_key = f"{prefix}.{name.rsplit('.', 1)[0]}"
+        layer = float(sum(counts.get(module_key, {}).values()))
+        total -= (1.0 - density) * layer
+    return total / batch_size
+
+
+def training_flops(per_sample: float, num_samples: int, epochs: int) -> float:
+    """FLOPs of `epochs` passes over `num_samples` samples."""
+    return per_sample * num_samples * epochs

@@ -1,0 +1,48 @@
+"""FedDST server half (Bibikar et al., 2022; papers/001 A.1.1): a sparse global model with periodic readjustment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flwr.app import ConfigRecord, RecordDict
+
+from common.dmpfl import aggregate_round
+
+from .base import TrainReply
+from .sparse import SparseGlobalStrategy
+
+
+class FedDSTStrategy(SparseGlobalStrategy):
+    """Clients train w_g under m_g; every `readjust-interval` rounds they prune/regrow their copy of the mask.
+
+    Aggregation is Eq. 5 over the union of the uploaded masks (no vote filter), and the new m_g keeps, per
+    layer, the ERK-density share of the largest |w_g| among positions any client kept.
+    """
+
+    name = "feddst"
+    extra_config = {"sparsity": 0.5, "readjust-interval": 10, "dst-readjust-ratio": 0.01}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.interval = max(1, int(self.cfg.extra.get("readjust-interval", 10)))
+        self.ratio = float(self.cfg.extra.get("dst-readjust-ratio", 0.01))
+
+    def readjust_ratio(self, server_round: int) -> float:
+        """alpha_s in readjustment rounds (every `readjust-interval`), else 0."""
+        return self.ratio if server_round % self.interval == 0 else 0.0
+
+    def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
+        """Tells clients whether this is a readjustment round and by how much."""
+        config = super().round_config(server_round, partition_id)
+        config["readjust-ratio"] = self.readjust_ratio(server_round)
+        return config
+
+    def decode_round_upload(self, content: RecordDict) -> Any:
+        """A readjustment round uploads weights and masks; the others only the values on m_g."""
+        return self.decode_upload(content, values_only=self.readjust_ratio(self._round) == 0.0)
+
+    def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
+        """Eq. 5 over the union of client masks; new m_g by magnitude among positions any client kept."""
+        uploads = [(r.payload[0], r.payload[1], float(r.num_examples)) for r in replies]
+        weights, masks = aggregate_round(self.global_named, uploads, self.densities, min_vote_fraction=0.0)
+        self.set_global(weights, masks)

@@ -1,0 +1,140 @@
+"""Shared server half of sparse algorithms: an ERK-masked global model sent as a sparse payload, only when stale."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, RecordDict
+from flwr.supercore import log
+
+from common.codec import decode_model, encode_model
+from common.config import ConfigError, RunConfig
+from common.masks import erk_densities, random_masks
+from common.records import to_plain_record
+from common.seeding import derive_seed
+from common.validation import PayloadError, record_to_numpy
+
+from ..results import ResultsWriter
+from .base import PFLStrategy, TrainReply
+
+
+class SparseGlobalStrategy(PFLStrategy):
+    """Holds w_g (dense values, kept everywhere) and m_g (bool masks of the prunable layers).
+
+    A client is sent w_g * m_g (packed bitmask + values; dense layers dense) only when its copy is older
+    than the current `version`; otherwise the message carries just the version, and a client whose
+    copy does not match fails the round and is sent the model next time.
+    """
+
+    extra_config = {"sparsity": 0.5}
+
+    def __init__(self, cfg: RunConfig, initial_arrays: list[np.ndarray], specs: list[tuple[str, tuple[int, ...]]],
+                 writer: ResultsWriter | None = None, prunable: list[str] | tuple[str, ...] = ()) -> None:
+        super().__init__(cfg, initial_arrays, specs, writer, prunable)
+        if not self.prunable:
+            raise ValueError(f"{self.name} needs a model with prunable (conv/linear) layers")
+        self.shapes = dict(specs)
+        sparsity = float(cfg.extra.get("sparsity", 0.5))
+        if not 0.0 <= sparsity < 1.0:
+            raise ConfigError(f"run-config 'sparsity' = {sparsity} is out of range; allowed: [0, 1)")
+        self.densities = erk_densities({n: self.shapes[n] for n in self.prunable}, 1.0 - sparsity)
+        generator = torch.Generator().manual_seed(derive_seed(cfg.seed, "global-mask"))
+        masks = random_masks({n: self.shapes[n] for n in self.prunable}, self.densities, generator)
+        self.global_masks = {n: m.numpy() for n, m in masks.items()}
+        self.version = 0
+        self._round = 1
+        self.delivered: dict[int, int] = {}
+        self._in_flight: dict[int, int] = {}
+
+    # ----- state as named dicts ----------------------------------------------------------------------
+    @property
+    def global_named(self) -> dict[str, np.ndarray]:
+        """w_g by parameter name."""
+        return {name: a for (name, _), a in zip(self.specs, self.global_arrays)}
+
+    def set_global(self, named: dict[str, np.ndarray], masks: dict[str, np.ndarray] | None = None) -> None:
+        """Replace w_g (and m_g) and start a new version."""
+        self.global_arrays = [named[name] for name, _ in self.specs]
+        if masks is not None:
+            self.global_masks = masks
+        self.version += 1
+
+    # ----- messages ------------------------------------------------------------------------------------
+    def shared_payload(self, server_round: int) -> dict[str, Any]:
+        """The sparse global model, encoded once per round."""
+        return {"global": to_plain_record(encode_model(self.global_named, self.global_masks))}
+
+    def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
+        """Adds the global version the client must hold."""
+        config = super().round_config(server_round, partition_id)
+        config["global-version"] = self.version
+        return config
+
+    def _with_global(self, content: RecordDict, partition_id: int, shared: dict[str, Any]) -> RecordDict:
+        if self.delivered.get(partition_id) != self.version:
+            content["global"] = shared["global"]
+            self._in_flight[partition_id] = self.version
+        return content
+
+    def train_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
+        """Instructions, plus the sparse global model if the client's copy is stale."""
+        return self._with_global(RecordDict({"config": self.round_config(server_round, partition_id)}),
+                                 partition_id, shared)
+
+    def eval_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
+        """Evaluation needs the current global model too (sent only if stale)."""
+        return self.train_content(server_round, partition_id, shared)
+
+    def on_client_reply(self, partition_id: int, ok: bool) -> None:
+        """A successful reply confirms the version in flight; a failure forgets what the client holds."""
+        sent = self._in_flight.pop(partition_id, None)
+        if not ok:
+            self.delivered.pop(partition_id, None)
+        elif sent is not None:
+            self.delivered[partition_id] = sent
+
+    def configure_train(self, server_round, arrays, config, grid):  # type: ignore[override]
+        """Remember the round in progress, so its replies are decoded by what it asked for."""
+        self._round = server_round
+        return super().configure_train(server_round, arrays, config, grid)
+
+    # ----- replies ---------------------------------------------------------------------------------------
+    def decode_upload(self, content: RecordDict, values_only: bool) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Validated (weights, masks) of a sparse upload: every prunable layer sparse, the rest dense."""
+        arrays = record_to_numpy(content.array_records.get("arrays"))
+        known = self.global_masks if values_only else None
+        try:
+            weights, masks = decode_model(arrays, self.shapes, known_masks=known)
+        except ValueError as exc:
+            raise PayloadError(str(exc)) from None
+        if set(masks) != set(self.prunable):
+            raise PayloadError(f"sparse layers {sorted(masks)} differ from the model's {self.prunable}")
+        return weights, masks
+
+    def parse_train_reply(self, partition_id: int, content: RecordDict) -> TrainReply:
+        """Metrics as usual; arrays decoded by the subclass's `decode_round_upload`."""
+        reply = self._parse_metrics(partition_id, content)
+        reply.payload = self.decode_round_upload(content)
+        return reply
+
+    def decode_round_upload(self, content: RecordDict) -> Any:
+        """This round's upload, decoded and validated (subclasses pick the form)."""
+        return self.decode_upload(content, values_only=False)
+
+    def masked_average(self, replies: list[TrainReply]) -> dict[str, np.ndarray]:
+        """Sample-weighted average of the uploads on m_g (prunable layers) and everywhere on dense layers."""
+        total = float(sum(r.num_examples for r in replies))
+        out = {}
+        for name, old in self.global_named.items():
+            mean = sum(r.num_examples * r.payload[0][name].astype(np.float64) for r in replies) / total
+            out[name] = np.where(self.global_masks[name], mean, old).astype(np.float32) \
+                if name in self.global_masks else mean.astype(np.float32)
+        return out
+
+    def log_masks(self) -> None:
+        """Density of m_g after a change."""
+        kept = sum(int(m.sum()) for m in self.global_masks.values())
+        total = sum(m.size for m in self.global_masks.values())
+        log(20, "%s: global mask density %.3f (version %d)", self.name, kept / total, self.version)

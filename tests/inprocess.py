@@ -1,0 +1,56 @@
+"""Drive a strategy and its client halves in one process, without Flower's runtime (for algorithm tests)."""
+
+from __future__ import annotations
+
+from flwr.app import RecordDict
+
+from client_app.algorithms import ALGORITHMS, ClientEnv
+from client_app.state import ClientState
+from common.config import RunConfig
+from common.data.federated import client_data, dataset_for
+from common.masks import prunable_names
+from common.models import array_specs, build_model, get_arrays
+from common.seeding import derive_seed
+from server_app.strategies import STRATEGIES
+from server_app.strategies.base import ClientInfo
+
+from .fakes import FakeReply
+
+
+class InProcessFederation:
+    """A strategy plus one client half per partition, each with its own persistent state."""
+
+    def __init__(self, cfg: RunConfig, num_clients: int) -> None:
+        data = dataset_for(cfg)
+        model = build_model(cfg.model, cfg.dataset, data.input_shape, data.num_classes, derive_seed(cfg.seed, "model"))
+        self.cfg = cfg
+        self.strategy = STRATEGIES[cfg.algorithm](cfg, get_arrays(model), array_specs(model), None,
+                                                  prunable_names(model))
+        self.states = {pid: RecordDict() for pid in range(num_clients)}
+        self.data = {pid: client_data(cfg, pid, num_clients) for pid in range(num_clients)}
+        for pid in range(num_clients):
+            self.strategy.clients[pid] = ClientInfo(pid, 1000 + pid, self.data[pid].num_train, 1)
+            self.strategy.node_to_partition[1000 + pid] = pid
+
+    def client(self, pid: int):
+        """The algorithm's client half for partition `pid` (fresh object, persistent state)."""
+        env = ClientEnv(self.cfg, self.data[pid], ClientState(self.states[pid]), "cpu")
+        return ALGORITHMS[self.cfg.algorithm](env)
+
+    def train_round(self, rnd: int) -> dict[int, RecordDict]:
+        """configure -> client fit -> aggregate, as the base strategy's round loop does; returns the replies."""
+        strategy = self.strategy
+        strategy._round = rnd
+        shared = strategy.shared_payload(rnd)
+        replies = {pid: self.client(pid).fit(rnd, strategy.train_content(rnd, pid, shared))
+                   for pid in strategy.sample(rnd)}
+        strategy.aggregate_train(rnd, [FakeReply(1000 + pid, content) for pid, content in replies.items()])
+        return replies
+
+    def evaluate(self, rnd: int) -> dict[int, RecordDict]:
+        """Every client's evaluation reply."""
+        shared = self.strategy.shared_payload(rnd)
+        replies = {pid: self.client(pid).evaluate(rnd, self.strategy.eval_content(rnd, pid, shared))
+                   for pid in self.strategy.clients}
+        self.strategy.aggregate_evaluate(rnd, [FakeReply(1000 + pid, content) for pid, content in replies.items()])
+        return replies

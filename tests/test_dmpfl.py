@@ -1,0 +1,159 @@
+"""DM-PFL and FedDST in-process: phases, what travels, mask invariants, frozen shared weights, staleness."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import MetricRecord, RecordDict
+
+from client_app.algorithms.dmpfl import PERSONAL_M, PERSONAL_W
+from client_app.algorithms.sparse import StaleGlobalModel
+from client_app.state import ClientState
+from common.config import parse_run_config
+from common.records import to_record
+from server_app.strategies import algorithm_config_keys
+from server_app.strategies.dmpfl import DMPFLStrategy
+from server_app.wire import wire_bytes
+
+from .fakes import FakeReply
+from .inprocess import InProcessFederation
+
+
+def _federation(algorithm: str, num_clients: int = 4, **overrides) -> InProcessFederation:
+    raw = {"algorithm": algorithm, "dataset": "digits", "num-rounds": 6, "iterations": 1, "fraction-train": 0.5,
+           "local-epochs": 1, "lr": 0.1, "readjust-ratio": 0.2, **overrides}
+    return InProcessFederation(parse_run_config(raw, extra_keys=algorithm_config_keys()), num_clients)
+
+
+def _keys(reply: RecordDict) -> set[str]:
+    return set(reply.array_records["arrays"].keys()) if "arrays" in reply.array_records else set()
+
+
+def test_phases_and_what_each_uploads() -> None:
+    fed = _federation("dmpfl")
+    strategy: DMPFLStrategy = fed.strategy
+    assert strategy.phases == [1, 1, 2, 2, 3, 3]
+    versions = []
+    for rnd in range(1, 7):
+        replies = fed.train_round(rnd)
+        versions.append(strategy.version)
+        keys = set().union(*(_keys(r) for r in replies.values()))
+        if rnd <= 2:
+            assert any(k.endswith("/bits") for k in keys), "phase 1 uploads personal masks"
+        elif rnd <= 4:
+            assert keys and not any(k.endswith("/bits") for k in keys), "phase 2 uploads values on m_g only"
+        else:
+            assert keys == set() and len(replies) == 4, "phase 3: every client, no weights"
+        assert strategy.round_log.train["used"] == len(replies)
+    assert versions == [1, 2, 3, 4, 4, 4]
+
+
+def test_personal_masks_keep_their_size_and_weights_outside_stay_zero() -> None:
+    fed = _federation("dmpfl", **{"num-rounds": 3, "iterations": 0})
+    initial = {n: int(m.sum()) for n, m in fed.strategy.global_masks.items()}
+    for rnd in (1, 2, 3):
+        fed.train_round(rnd)
+    trained = [pid for pid, state in fed.states.items() if PERSONAL_M in state.array_records]
+    assert trained
+    for pid in trained:
+        state = ClientState(fed.states[pid])
+        masks, weights = state.load_named(PERSONAL_M), state.load_named(PERSONAL_W)
+        assert {n: int(m.sum()) for n, m in masks.items()} == initial, "prune/regrow keeps the count"
+        for name, mask in masks.items():
+            assert not np.any(weights[name][~mask]), "a weight outside m_c is zero"
+
+
+def test_global_mask_sparser_or_equal_to_target_after_vote() -> None:
+    fed = _federation("dmpfl", **{"num-rounds": 2, "iterations": 0})
+    fed.train_round(1)
+    for name, mask in fed.strategy.global_masks.items():
+        assert mask.sum() <= round(fed.strategy.densities[name] * mask.size)
+
+
+def test_phase3_leaves_shared_weights_bit_identical() -> None:
+    fed = _federation("dmpfl")
+    for rnd in range(1, 5):
+        fed.train_round(rnd)
+    strategy = fed.strategy
+    w_g, m_g = strategy.global_named, strategy.global_masks
+    before = {}
+    for pid in strategy.clients:
+        client = fed.client(pid)
+        content = strategy.train_content(5, pid, strategy.shared_payload(5))
+        g, gm = client.refresh_global(content)
+        before[pid] = client.theta_c(g, gm, *client.personal(g, gm)), client.personal(g, gm)[1]
+    fed.train_round(5)
+    for pid, (theta_before, m_c) in before.items():
+        client = fed.client(pid)
+        w_c = ClientState(fed.states[pid]).load_named(PERSONAL_W)
+        theta_after = client.theta_c(w_g, m_g, w_c, m_c)
+        for name in client.names:
+            if name in m_g:
+                shared = m_c[name] & m_g[name]
+                assert np.array_equal(theta_after[name][shared], w_g[name][shared])
+                own = m_c[name] & ~m_g[name]
+                assert np.array_equal(theta_after[name][~own], theta_before[name][~own])
+            else:
+                assert np.array_equal(theta_after[name], w_g[name]), "dense layers are shared and frozen"
+        changed = any(not np.array_equal(theta_after[n], theta_before[n]) for n in m_g)
+        assert changed or all(not (m_c[n] & ~m_g[n]).any() for n in m_g)
+
+
+def test_global_model_sent_only_when_stale_and_resent_after_a_failure() -> None:
+    fed = _federation("dmpfl")
+    fed.train_round(1)
+    fed.evaluate(1)  # evaluation delivers the current version to every client
+    strategy = fed.strategy
+    holder = next(pid for pid, v in strategy.delivered.items() if v == strategy.version)
+    content = strategy.train_content(2, holder, strategy.shared_payload(2))
+    assert "global" not in content.array_records, "a client holding the current version gets no model"
+    fed.states[holder] = RecordDict()  # the device lost its state
+    with pytest.raises(StaleGlobalModel):
+        fed.client(holder).fit(2, content)
+    strategy.aggregate_train(2, [FakeReply(1000 + holder, error="StaleGlobalModel")])
+    assert "global" in strategy.train_content(2, holder, strategy.shared_payload(2)).array_records
+
+
+def test_evaluation_reports_dmpfl_plus_and_global() -> None:
+    fed = _federation("dmpfl")
+    for rnd in range(1, 7):
+        fed.train_round(rnd)
+    replies = fed.evaluate(6)
+    metrics = next(iter(replies.values())).metric_records["metrics"]
+    for prefix in ("", "plus-", "global-"):
+        assert 0.0 <= metrics[f"{prefix}acc-shift-1"] <= 1.0
+    ev = fed.strategy.round_log.eval
+    assert ev["num_clients"] == 4 and "plus-acc-shift-0" in ev["mean"] and "global-acc-shift-1" in ev["mean"]
+
+
+def test_sparse_upload_is_smaller_than_dense() -> None:
+    fed = _federation("dmpfl", **{"sparsity": 0.8})
+    reply = next(iter(fed.train_round(1).values()))
+    sparse = wire_bytes(RecordDict({"arrays": reply.array_records["arrays"]}))
+    dense_arrays = [a for a in fed.strategy.global_arrays]
+    dense = wire_bytes(RecordDict({"arrays": to_record([n for n, _ in fed.strategy.specs], dense_arrays)}))
+    assert sparse < 0.5 * dense
+
+
+def test_feddst_readjusts_only_on_schedule() -> None:
+    fed = _federation("feddst", **{"readjust-interval": 2, "dst-readjust-ratio": 0.2})
+    counts = {n: int(m.sum()) for n, m in fed.strategy.global_masks.items()}
+    r1 = fed.train_round(1)
+    assert not any(k.endswith("/bits") for r in r1.values() for k in _keys(r))
+    r2 = fed.train_round(2)
+    assert all(any(k.endswith("/bits") for k in _keys(r)) for r in r2.values())
+    assert {n: int(m.sum()) for n, m in fed.strategy.global_masks.items()} == counts
+    assert fed.strategy.version == 2
+
+
+def test_bad_sparse_upload_is_rejected(caplog) -> None:
+    fed = _federation("dmpfl")
+    strategy = fed.strategy
+    strategy._round = 1
+    bad = RecordDict({"arrays": to_record(["x/dense"], [np.zeros(3, np.float32)]),
+                      "metrics": MetricRecord({"num-examples": 5, "train-loss": 0.1})})
+    with caplog.at_level("WARNING"):
+        strategy.aggregate_train(1, [FakeReply(1000, bad)])
+    assert strategy.round_log.train["rejected"] == 1
+    assert "client 0: training reply rejected: tensor names differ from the model's" in caplog.text
+    assert strategy.version == 0, "nothing was aggregated"
