@@ -10,6 +10,7 @@ and rounds; the table is read from each run's summary.json.
 from __future__ import annotations
 
 import argparse
+import re
 import json
 import math
 import sys
@@ -26,26 +27,66 @@ def _pct(mean: float, std: float) -> str:
     return "n/a" if math.isnan(mean) else f"{100 * mean:.2f} +/- {100 * std:.2f}"
 
 
-def table(summaries: dict[str, dict]) -> str:
-    """Markdown table: one row per algorithm, accuracy mean +/- std per shift degree, best, MB, time."""
-    first = next(iter(summaries.values()))
-    degrees = first["shift_degrees"]
-    lines = ["| algorithm | " + " | ".join(f"shift {100 * d:g}%" for d in degrees)
-             + " | best mean (no shift) | train MB/client (down+up) | wall (s) |",
-             "|---|" + "---|" * (len(degrees) + 3)]
+VARIANTS = {"plus-": "+", "global-": " (global model)"}  # extra accuracies a run reports, e.g. DM-PFL+
+
+
+def accuracy_table(summaries: dict[str, dict]) -> str:
+    """Markdown: one row per algorithm (and per variant it reports), accuracy mean +/- std per shift degree."""
+    degrees = next(iter(summaries.values()))["shift_degrees"]
+    lines = ["| algorithm | " + " | ".join(f"shift {100 * d:g}%" for d in degrees) + " |",
+             "|---|" + "---|" * len(degrees)]
     for name, s in summaries.items():
-        final = s["final"]
-        cells = [_pct(final["mean"][f"acc-shift-{d:g}"], final["std"][f"acc-shift-{d:g}"]) for d in degrees]
-        mb = s["mb_per_client"]["train_down"] + s["mb_per_client"]["train_up"]
-        lines.append(f"| {name} | " + " | ".join(cells)
-                     + f" | {100 * s['best_mean_accuracy']:.2f} | {mb:.2f} | {s['wall_seconds']:.0f} |")
+        mean, std = s["final"]["mean"], s["final"]["std"]
+        for prefix, suffix in [("", ""), *VARIANTS.items()]:
+            if f"{prefix}acc-shift-{degrees[0]:g}" not in mean:
+                continue
+            cells = [_pct(mean[f"{prefix}acc-shift-{d:g}"], std[f"{prefix}acc-shift-{d:g}"]) for d in degrees]
+            lines.append(f"| {name}{suffix} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def cost_table(summaries: dict[str, dict], reference: str = "fedavg") -> str:
+    """Markdown: measured training MB per client (down, up, total), training FLOPs per client, ratios."""
+    ref = summaries.get(reference)
+    lines = ["| algorithm | MB down / client | MB up / client | MB total / client | bytes vs fedavg "
+             "| training FLOPs / client | FLOPs vs fedavg | wall (s) |", "|---|---|---|---|---|---|---|---|"]
+    for name, s in summaries.items():
+        mb = s["mb_per_client"]
+        total = mb["train_down"] + mb["train_up"]
+        flops = s.get("train_flops_per_client", 0.0)
+        ratio_b = ratio_f = "n/a"
+        if ref:
+            ref_total = ref["mb_per_client"]["train_down"] + ref["mb_per_client"]["train_up"]
+            ratio_b = f"{total / ref_total:.3f}" if ref_total else "n/a"
+            ratio_f = f"{flops / ref['train_flops_per_client']:.3f}" if ref.get("train_flops_per_client") else "n/a"
+        lines.append(f"| {name} | {mb['train_down']:.2f} | {mb['train_up']:.2f} | {total:.2f} | {ratio_b} "
+                     f"| {flops:.3e} | {ratio_f} | {s['wall_seconds']:.0f} |")
+    return "\n".join(lines)
+
+
+def merge_config(base: str, overrides: str) -> str:
+    """'k=v ...' run-config strings merged, the later value winning (flwr rejects a key given twice)."""
+    merged: dict[str, str] = {}
+    for text in (base, overrides):
+        for key, value in re.findall(r"([\w-]+)=('[^']*'|\S+)", text):
+            merged[key] = value
+    return " ".join(f"{k}={v}" for k, v in merged.items())
+
+
+def parse_algorithms(spec: str) -> list[tuple[str, str, str]]:
+    """'fedavg,fedavg-ft[eval-every=30]' -> [(label, algorithm, extra run config)]."""
+    out = []
+    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", spec):
+        name, _, extra = item.strip().partition("[")
+        out.append((name, name, extra.rstrip("]")))
+    return out
 
 
 def main() -> None:
     """Run the algorithms one after another and print the table."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--algorithms", default="fedavg,local")
+    parser.add_argument("--algorithms", default="fedavg,local",
+                        help="comma-separated; per-algorithm overrides in brackets: fedavg-ft[eval-every=30]")
     parser.add_argument("--dataset", default="digits")
     parser.add_argument("--data-dir", default="")
     parser.add_argument("--partition", default="dirichlet")
@@ -69,10 +110,10 @@ def main() -> None:
             f"seed={args.seed} results-dir='{results}' {args.extra}")
     summaries: dict[str, dict] = {}
     with LocalSuperLink(results / "flwr-home") as link:
-        for name in args.algorithms.split(","):
+        for name, algorithm, extra in parse_algorithms(args.algorithms):
             started = time.monotonic()
-            outcome = link.run(REPO, f"{base} algorithm='{name}' run-name='{name}'", num_supernodes=args.clients,
-                               timeout=24 * 3600)
+            config = merge_config(f"{base} algorithm='{algorithm}' run-name='{name}'", extra)
+            outcome = link.run(REPO, config, num_supernodes=args.clients, timeout=24 * 3600)
             if outcome.status != "finished:completed":
                 sys.exit(f"{name} failed ({outcome.status}):\n{outcome.output[-3000:]}")
             summaries[name] = json.loads((results / name / "summary.json").read_text())
@@ -81,7 +122,9 @@ def main() -> None:
     print(f"{args.dataset}, {args.partition}({args.alpha}), {args.clients} clients, {args.fraction:.0%} per round, "
           f"{args.rounds} rounds, {args.epochs} local epochs, seed {args.seed}; accuracy (%) mean +/- std over "
           f"clients at the last evaluated round")
-    print(table(summaries))
+    print(accuracy_table(summaries))
+    print()
+    print(cost_table(summaries))
     print(f"\nresults: {results}")
 
 

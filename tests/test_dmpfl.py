@@ -43,9 +43,14 @@ def test_phases_and_what_each_uploads() -> None:
         elif rnd <= 4:
             assert keys and not any(k.endswith("/bits") for k in keys), "phase 2 uploads values on m_g only"
         else:
-            assert keys == set() and len(replies) == 4, "phase 3: every client, no weights"
+            assert keys == set() and len(replies) == 2, "phase 3: sampled clients, no weights"
         assert strategy.round_log.train["used"] == len(replies)
     assert versions == [1, 2, 3, 4, 4, 4]
+
+
+def test_phase3_all_clients_option() -> None:
+    fed = _federation("dmpfl", **{"phase3-all-clients": True})
+    assert fed.strategy.sample(5) == [0, 1, 2, 3] and len(fed.strategy.sample(1)) == 2
 
 
 def test_personal_masks_keep_their_size_and_weights_outside_stay_zero() -> None:
@@ -82,8 +87,10 @@ def test_phase3_leaves_shared_weights_bit_identical() -> None:
         content = strategy.train_content(5, pid, strategy.shared_payload(5))
         g, gm = client.refresh_global(content)
         before[pid] = client.theta_c(g, gm, *client.personal(g, gm)), client.personal(g, gm)[1]
-    fed.train_round(5)
-    for pid, (theta_before, m_c) in before.items():
+    sampled = fed.train_round(5)
+    assert sampled
+    for pid in sampled:
+        theta_before, m_c = before[pid]
         client = fed.client(pid)
         w_c = ClientState(fed.states[pid]).load_named(PERSONAL_W)
         theta_after = client.theta_c(w_g, m_g, w_c, m_c)

@@ -80,6 +80,20 @@ def test_local_sends_no_weights(superlink, tmp_path) -> None:
     assert last["eval"]["mean"]["acc-shift-0"] > 0.3
 
 
+@pytest.mark.parametrize("algorithm", ["dmpfl", "feddst"])
+def test_sparse_algorithms_run_and_send_less(superlink, tmp_path, algorithm: str) -> None:
+    outcome = _run(superlink, tmp_path, algorithm, f"algorithm='{algorithm}' iterations=1 "
+                                                   "readjust-interval=2 sparsity=0.8")
+    _outcome_ok(outcome)
+    rounds = _rounds(tmp_path / algorithm)
+    model_bytes = 9610 * 4
+    assert all(r["bytes"]["train_up"] < 3 * 0.5 * model_bytes for r in rounds), "sparse uploads"
+    assert rounds[-1]["train"]["flops"] > 0
+    if algorithm == "dmpfl":
+        assert [r["phase"] for r in rounds] == [1, 2, 3]
+        assert "plus-acc-shift-1" in rounds[-1]["eval"]["mean"]
+
+
 def test_bad_config_value_fails_with_one_clear_line(superlink, tmp_path) -> None:
     outcome = _run(superlink, tmp_path, "bad", "partition='random'")
     assert outcome.status == "finished:failed"

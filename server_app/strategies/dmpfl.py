@@ -27,7 +27,8 @@ class DMPFLStrategy(SparseGlobalStrategy):
     """
 
     name = "dmpfl"
-    extra_config = {"sparsity": 0.5, "iterations": 3, "readjust-ratio": 0.05, "min-vote-fraction": 0.3}
+    extra_config = {"sparsity": 0.5, "iterations": 3, "readjust-ratio": 0.05, "min-vote-fraction": 0.3,
+                    "phase3-all-clients": False}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -36,14 +37,21 @@ class DMPFLStrategy(SparseGlobalStrategy):
         self.phase1_rounds = [r for r, p in enumerate(self.phases, start=1) if p == 1]
         self.readjust_ratio = float(extra.get("readjust-ratio", 0.05))
         self.min_vote_fraction = float(extra.get("min-vote-fraction", 0.3))
+        self.phase3_all = bool(extra.get("phase3-all-clients", False))
 
     def phase(self, server_round: int) -> int:
         """Phase of a round (1, 2 or 3)."""
         return self.phases[server_round - 1]
 
     def sample(self, server_round: int) -> list[int]:
-        """Phase 3 involves every client; phases 1 and 2 sample as usual."""
-        return sorted(self.clients) if self.phase(server_round) == 3 else super().sample(server_round)
+        """Every phase samples as usual (SPEC 3.1); `phase3-all-clients` makes phase 3 involve every client.
+
+        Sampling in phase 3 is what keeps DM-PFL's training FLOPs below FedAvg's, as the paper reports; with
+        every client in phase 3 each phase-3 round costs 1/fraction-train ordinary rounds.
+        """
+        if self.phase3_all and self.phase(server_round) == 3:
+            return sorted(self.clients)
+        return super().sample(server_round)
 
     def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
         """Adds the phase and, in phase 1, the readjust ratio (cosine-decayed over the run's phase-1 rounds)."""
