@@ -106,8 +106,12 @@ def render_markdown(summary: dict[str, Any]) -> str:
         lines.append("")
         lines.append("| shift | " + " | ".join(f"{100 * d:g}%" for d in degrees) + " |")
         lines.append("|---|" + "---|" * len(degrees))
-        cells = [f"{_fmt(final['mean'][shift_key(d)])} +/- {_fmt(final['std'][shift_key(d)])}" for d in degrees]
-        lines.append("| accuracy | " + " | ".join(cells) + " |")
+        for prefix, label in (("", "accuracy"), ("plus-", "adaptive inference (+)"), ("global-", "global model")):
+            if prefix + shift_key(degrees[0]) not in final["mean"]:
+                continue
+            cells = [f"{_fmt(final['mean'][prefix + shift_key(d)])} +/- {_fmt(final['std'][prefix + shift_key(d)])}"
+                     for d in degrees]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
         lines.append(f"Best mean accuracy without shift over rounds: {_fmt(summary['best_mean_accuracy'])}%.")
     else:
