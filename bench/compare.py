@@ -82,8 +82,8 @@ def parse_algorithms(spec: str) -> list[tuple[str, str, str]]:
     return out
 
 
-def main() -> None:
-    """Run the algorithms one after another and print the table."""
+def main(argv: list[str] | None = None) -> None:
+    """Run the algorithms one after another and print the tables."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algorithms", default="fedavg,local",
                         help="comma-separated; per-algorithm overrides in brackets: fedavg-ft[eval-every=30]")
@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--extra", default="", help="more run-config overrides, e.g. \"proximal-mu=0.01\"")
     parser.add_argument("--results-dir", default=str(REPO / "results"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else ""
     results = Path(args.results_dir).resolve() / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     base = (f"dataset='{args.dataset}' data-dir='{data_dir}' partition='{args.partition}' "

@@ -164,3 +164,18 @@ def test_bad_sparse_upload_is_rejected(caplog) -> None:
     assert strategy.round_log.train["rejected"] == 1
     assert "client 0: training reply rejected: tensor names differ from the model's" in caplog.text
     assert strategy.version == 0, "nothing was aggregated"
+
+
+def test_denser_mask_than_allowed_is_rejected(caplog) -> None:
+    from common.codec import encode_model
+    from common.records import to_plain_record
+
+    fed = _federation("dmpfl")
+    strategy = fed.strategy
+    strategy._round = 1
+    dense_masks = {n: np.ones(strategy.shapes[n], bool) for n in strategy.prunable}
+    upload = to_plain_record(encode_model(strategy.global_named, dense_masks))
+    bad = RecordDict({"arrays": upload, "metrics": MetricRecord({"num-examples": 5, "train-loss": 0.1})})
+    with caplog.at_level("WARNING"):
+        strategy.aggregate_train(1, [FakeReply(1000, bad)])
+    assert strategy.round_log.train["rejected"] == 1 and "than the" in caplog.text and "its density allows" in caplog.text

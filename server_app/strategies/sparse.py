@@ -111,6 +111,11 @@ class SparseGlobalStrategy(PFLStrategy):
             raise PayloadError(str(exc)) from None
         if set(masks) != set(self.prunable):
             raise PayloadError(f"sparse layers {sorted(masks)} differ from the model's {self.prunable}")
+        for name, mask in masks.items():
+            allowed = round(self.densities[name] * mask.size)
+            if int(mask.sum()) > allowed:
+                raise PayloadError(f"mask of '{name}' keeps {int(mask.sum())} weights, more than the {allowed} "
+                                   "its density allows")
         return weights, masks
 
     def parse_train_reply(self, partition_id: int, content: RecordDict) -> TrainReply:
