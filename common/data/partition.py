@@ -1,8 +1,9 @@
-"""Split sample labels across clients (IID, Dirichlet, pathological) and each client 75/25 train/test."""
+"""Split sample labels across clients (IID, Dirichlet, pathological, LS/QS/LSQS, grouped); 75/25 train/test."""
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -85,7 +86,183 @@ def pathological(labels: np.ndarray, num_clients: int, seed: int, classes_per_cl
     return [rng.permutation(np.concatenate(p)) if p else np.empty(0, np.int64) for p in parts]
 
 
-def partition(labels: np.ndarray, scheme: str, num_clients: int, seed: int, alpha: float = 0.3) -> list[np.ndarray]:
+# Dirichlet draws with a small alpha underflow to exact zeros; a tiny floor keeps the matrix positive,
+# so Sinkhorn-Knopp always converges, without visibly changing the skew.
+_DIRICHLET_FLOOR = 1e-12
+
+
+def sinkhorn_knopp(matrix: np.ndarray, row_sums: np.ndarray, col_sums: np.ndarray, tol: float = 1e-9,
+                   max_iter: int = 10_000) -> np.ndarray:
+    """Alternately scale the rows and columns of a positive matrix until its margins match the targets."""
+    out = np.array(matrix, dtype=np.float64)
+    rows = np.asarray(row_sums, dtype=np.float64)
+    cols = np.asarray(col_sums, dtype=np.float64)
+    if out.ndim != 2 or out.shape != (len(rows), len(cols)):
+        raise DataError(f"sinkhorn_knopp: matrix shape {out.shape} does not match {len(rows)} row and "
+                        f"{len(cols)} column targets")
+    if not np.all(np.isfinite(out)) or np.any(out < 0) or np.any(rows <= 0) or np.any(cols <= 0):
+        raise DataError("sinkhorn_knopp needs a finite non-negative matrix and positive targets")
+    if not np.isclose(rows.sum(), cols.sum(), rtol=1e-9, atol=0.0):
+        raise DataError(f"sinkhorn_knopp: row targets sum to {rows.sum()} but column targets to {cols.sum()}")
+    if np.any(out.sum(axis=1) == 0) or np.any(out.sum(axis=0) == 0):
+        raise DataError("sinkhorn_knopp: a row or column of the matrix is all zero and cannot be scaled")
+    for _ in range(max_iter):
+        out *= cols / out.sum(axis=0)
+        current = out.sum(axis=1)
+        if np.max(np.abs(current - rows) / rows) <= tol:
+            return out
+        out *= (rows / current)[:, None]
+    raise DataError(f"sinkhorn_knopp did not reach the row/column targets within {max_iter} iterations; "
+                    "use a larger alpha")
+
+
+def _largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:
+    """Non-negative integers proportional to `weights` that sum exactly to `total`."""
+    exact = np.asarray(weights, dtype=np.float64) / np.sum(weights) * total
+    counts = np.floor(exact).astype(np.int64)
+    order = np.argsort(-(exact - counts), kind="stable")
+    counts[order[:total - counts.sum()]] += 1
+    return counts
+
+
+def _round_to_margins(real: np.ndarray, row_totals: np.ndarray, col_totals: np.ndarray) -> np.ndarray:
+    """Integer (clients x classes) counts near `real` whose row and column sums are exactly the totals."""
+    if int(np.sum(row_totals)) != int(np.sum(col_totals)):
+        raise DataError(f"client sizes sum to {np.sum(row_totals)} but class sizes to {np.sum(col_totals)}")
+    counts = np.stack([_largest_remainder(real[:, c], int(col_totals[c])) for c in range(real.shape[1])], axis=1)
+    surplus = counts.sum(axis=1) - row_totals
+    # Column rounding leaves rows a few samples off; move single samples from the fullest row to the
+    # emptiest, in the class where that costs the least rounding error. Column sums stay exact.
+    while surplus.any():
+        src, dst = int(np.argmax(surplus)), int(np.argmin(surplus))
+        gain = (counts[src] - real[src]) - (counts[dst] - real[dst])
+        gain[counts[src] == 0] = -np.inf
+        c = int(np.argmax(gain))
+        counts[src, c] -= 1
+        counts[dst, c] += 1
+        surplus[src] -= 1
+        surplus[dst] += 1
+    return counts
+
+
+def _assign(labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+    """Deal counts[k, c] random samples of class c to client k; no sample goes to two clients."""
+    parts: list[list[np.ndarray]] = [[] for _ in range(counts.shape[0])]
+    for c, label in enumerate(classes):
+        idx = rng.permutation(np.flatnonzero(labels == label))[:counts[:, c].sum()]
+        for k, chunk in enumerate(np.split(idx, np.cumsum(counts[:, c])[:-1])):
+            parts[k].append(chunk)
+    return [rng.permutation(np.concatenate(p)).astype(np.int64) for p in parts]
+
+
+def _classes_and_sizes(labels: np.ndarray, num_clients: int, alpha: float,
+                       scheme: str) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct labels and their sample counts, after checking alpha and the client count."""
+    if alpha <= 0:
+        raise DataError(f"{scheme} partition needs alpha > 0, got {alpha}")
+    if len(labels) < 2 * num_clients:
+        raise DataError(f"{scheme}: {num_clients} clients for {len(labels)} samples: each client needs at least 2")
+    return np.unique(labels, return_counts=True)
+
+
+def _dirichlet_sizes(rng: np.random.Generator, total: int, num_clients: int, alpha: float) -> np.ndarray:
+    """Client sizes: 2 each, the rest split by a Dir(alpha) draw over clients."""
+    share = rng.dirichlet([alpha] * num_clients)
+    return 2 + _largest_remainder(np.maximum(share, _DIRICHLET_FLOOR), total - 2 * num_clients)
+
+
+def _skewed_split(labels: np.ndarray, num_clients: int, alpha: float, seed: int, scheme: str, label_skew: bool,
+                  quantity_skew: bool) -> list[np.ndarray]:
+    classes, class_sizes = _classes_and_sizes(labels, num_clients, alpha, scheme)
+    rng = np.random.default_rng(seed)
+    total = len(labels)
+    if quantity_skew:
+        sizes = _dirichlet_sizes(rng, total, num_clients, alpha)
+    else:
+        sizes = _largest_remainder(np.ones(num_clients), total)
+    if label_skew:
+        rows = np.maximum(rng.dirichlet([alpha] * len(classes), size=num_clients), _DIRICHLET_FLOOR)
+        real = sinkhorn_knopp(rows, sizes.astype(np.float64), class_sizes.astype(np.float64))
+    else:
+        real = np.outer(sizes, class_sizes) / total
+    return _assign(labels, classes, _round_to_margins(real, sizes, class_sizes), rng)
+
+
+def label_skew_ls(labels: np.ndarray, num_clients: int, alpha: float, seed: int) -> list[np.ndarray]:
+    """FLIU LS: Dir(alpha) class rows, Sinkhorn-balanced so all samples are used and client sizes are equal.
+
+    Sinkhorn-Knopp runs on the count margins (column c sums to the size of class c, every row to
+    n / K); with equal class sizes this is SPEC 4's matrix (columns 1, rows L / K) times the class size.
+    Counts are rounded per class by largest remainder, then single samples are moved between
+    clients so that client sizes differ by at most 1.
+    """
+    return _skewed_split(labels, num_clients, alpha, seed, "ls", label_skew=True, quantity_skew=False)
+
+
+def quantity_skew_qs(labels: np.ndarray, num_clients: int, alpha: float, seed: int) -> list[np.ndarray]:
+    """FLIU QS: client sizes from Dir(alpha) over clients (at least 2 each), each class split in proportion."""
+    return _skewed_split(labels, num_clients, alpha, seed, "qs", label_skew=False, quantity_skew=True)
+
+
+def lsqs(labels: np.ndarray, num_clients: int, alpha: float, seed: int) -> list[np.ndarray]:
+    """FLIU LSQS: Dir(alpha) client sizes and Dir(alpha) class rows, Sinkhorn-fitted to both; all samples used."""
+    return _skewed_split(labels, num_clients, alpha, seed, "lsqs", label_skew=True, quantity_skew=True)
+
+
+def _grouped_counts(groups: np.ndarray, sizes: np.ndarray, num_classes: int, dominant_share: float) -> np.ndarray:
+    """(clients x classes) counts: dominant_share of each client on its group's two classes, the rest even."""
+    counts = np.zeros((len(groups), num_classes), dtype=np.int64)
+    for k, (g, size) in enumerate(zip(groups, sizes)):
+        first, second = (2 * g) % num_classes, (2 * g + 1) % num_classes
+        n_dom = int(np.floor(dominant_share * size + 0.5))
+        counts[k, first], counts[k, second] = n_dom - n_dom // 2, n_dom // 2
+        others = [c for c in range(num_classes) if c not in (first, second)]
+        base, extra = divmod(int(size) - n_dom, len(others))
+        counts[k, others] = base
+        # The leftover samples rotate over the other classes with the client id, to keep classes even.
+        counts[k, [others[(k + j) % len(others)] for j in range(extra)]] += 1
+    return counts
+
+
+def grouped(labels: np.ndarray, num_clients: int, seed: int, num_groups: int = 5, dominant_share: float = 0.8,
+            group_sizes: Sequence[int] = (500, 400, 300, 200, 100)) -> list[np.ndarray]:
+    """FedAMP's challenging non-IID split: client groups dominated by 2 classes each, group-specific sizes.
+
+    Client k is in group k * num_groups // num_clients (contiguous, near-equal groups). A client of
+    group g holds group_sizes[g] samples, round(dominant_share * size) from classes 2g and 2g + 1
+    (mod L), the rest spread evenly over the other classes. When some class has too few samples,
+    all sizes are scaled down by one factor (with a warning); below 10% of the asked sizes it is an
+    error. Samples are drawn without replacement; not every sample is used.
+    """
+    classes, class_sizes = np.unique(labels, return_counts=True)
+    if len(classes) < 3:
+        raise DataError(f"grouped partition needs at least 3 classes, the labels have {len(classes)}")
+    if len(group_sizes) != num_groups:
+        raise DataError(f"grouped partition: {len(group_sizes)} group sizes for {num_groups} groups")
+    if not 1 <= num_groups <= num_clients:
+        raise DataError(f"grouped partition: {num_groups} groups need between 1 and {num_clients} clients")
+    if not 0.0 <= dominant_share <= 1.0 or min(group_sizes) < 2:
+        raise DataError("grouped partition needs 0 <= dominant-share <= 1 and at least 2 samples per client")
+    groups = np.arange(num_clients) * num_groups // num_clients
+    asked = np.asarray(group_sizes, dtype=np.float64)[groups]
+    scale = 1.0
+    counts = _grouped_counts(groups, asked.astype(np.int64), len(classes), dominant_share)
+    while np.any(counts.sum(axis=0) > class_sizes):
+        scale *= min(0.99, float(np.min(class_sizes / np.maximum(counts.sum(axis=0), 1))))
+        if scale < 0.1 or np.any(np.floor(scale * asked) < 2):
+            raise DataError(f"grouped partition: {len(labels)} samples cannot hold even 10% of group sizes "
+                            f"{tuple(group_sizes)} for {num_clients} clients (or would leave a client under 2 "
+                            "samples); use fewer clients or smaller group sizes")
+        counts = _grouped_counts(groups, np.floor(scale * asked).astype(np.int64), len(classes), dominant_share)
+    if scale < 1.0:
+        warnings.warn(f"grouped partition: too few samples for group sizes {tuple(group_sizes)}; "
+                      f"client sizes scaled by {scale:.3f}", UserWarning, stacklevel=2)
+    return _assign(labels, classes, counts, np.random.default_rng(seed))
+
+
+def partition(labels: np.ndarray, scheme: str, num_clients: int, seed: int, alpha: float = 0.3,
+              num_groups: int = 5, dominant_share: float = 0.8,
+              group_sizes: Sequence[int] = (500, 400, 300, 200, 100)) -> list[np.ndarray]:
     """Indices of each client's samples under the named scheme."""
     if num_clients < 1:
         raise DataError(f"need at least one client, got {num_clients}")
@@ -97,6 +274,14 @@ def partition(labels: np.ndarray, scheme: str, num_clients: int, seed: int, alph
         return dirichlet(labels, num_clients, alpha, seed)
     if scheme == "pathological":
         return pathological(labels, num_clients, seed)
+    if scheme == "ls":
+        return label_skew_ls(labels, num_clients, alpha, seed)
+    if scheme == "qs":
+        return quantity_skew_qs(labels, num_clients, alpha, seed)
+    if scheme == "lsqs":
+        return lsqs(labels, num_clients, alpha, seed)
+    if scheme == "grouped":
+        return grouped(labels, num_clients, seed, num_groups, dominant_share, group_sizes)
     raise DataError(f"unknown partition scheme '{scheme}'")
 
 
