@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10")
-PARTITIONS = ("iid", "dirichlet", "pathological")
+PARTITIONS = ("iid", "dirichlet", "pathological", "ls", "qs", "lsqs", "grouped")
 MODELS = ("auto", "mlp", "cnn-mnist", "cnn-cifar")
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("auto", "cpu", "cuda")
