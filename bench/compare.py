@@ -20,6 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from common.evaluate import CLOUD_PREFIX, GLOBAL_PREFIX, PLUS_PREFIX  # noqa: E402
 from server_app.local_superlink import LocalSuperLink  # noqa: E402
 
 
@@ -27,21 +28,41 @@ def _pct(mean: float, std: float) -> str:
     return "n/a" if math.isnan(mean) else f"{100 * mean:.2f} +/- {100 * std:.2f}"
 
 
-VARIANTS = {"plus-": "+", "global-": " (global model)"}  # extra accuracies a run reports, e.g. DM-PFL+
+VARIANTS = {PLUS_PREFIX: "+", GLOBAL_PREFIX: " (global model)", CLOUD_PREFIX: " (cloud model)"}  # extra accuracies
 
 
 def accuracy_table(summaries: dict[str, dict]) -> str:
     """Markdown: one row per algorithm (and per variant it reports), accuracy mean +/- std per shift degree."""
     degrees = next(iter(summaries.values()))["shift_degrees"]
-    lines = ["| algorithm | " + " | ".join(f"shift {100 * d:g}%" for d in degrees) + " |",
-             "|---|" + "---|" * len(degrees)]
+    lines = ["| algorithm | " + " | ".join(f"shift {100 * d:g}%" for d in degrees) + " | best mean (no shift) |",
+             "|---|" + "---|" * (len(degrees) + 1)]
     for name, s in summaries.items():
         mean, std = s["final"]["mean"], s["final"]["std"]
         for prefix, suffix in [("", ""), *VARIANTS.items()]:
             if f"{prefix}acc-shift-{degrees[0]:g}" not in mean:
                 continue
             cells = [_pct(mean[f"{prefix}acc-shift-{d:g}"], std[f"{prefix}acc-shift-{d:g}"]) for d in degrees]
-            lines.append(f"| {name}{suffix} | " + " | ".join(cells) + " |")
+            best = f"{100 * s['best_mean_accuracy']:.2f}" if prefix == "" else ""
+            lines.append(f"| {name}{suffix} | " + " | ".join(cells) + f" | {best} |")
+    return "\n".join(lines)
+
+
+def stage_table(summaries: dict[str, dict]) -> str:
+    """Markdown like papers/003 Table I: Acc(L), Acc(G), Acc at stages L1, L2 and Acc(G) at G (%); '' if none."""
+    with_stages = {name: s for name, s in summaries.items() if s.get("stages")}
+    if not with_stages:
+        return ""
+    lines = ["| algorithm | L1 Acc(L) | L1 Acc(G) | L1 Acc | L2 Acc(L) | L2 Acc(G) | L2 Acc | G Acc(G) | rho_eps at L2 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, s in with_stages.items():
+        stages = s["stages"]
+        cells = []
+        for stage, key in (("L1", "acc_local"), ("L1", "acc_global"), ("L1", "acc"), ("L2", "acc_local"),
+                           ("L2", "acc_global"), ("L2", "acc"), ("G", "acc_global")):
+            cells.append(f"{100 * stages[stage][key][0]:.2f}" if stage in stages else "-")
+        l2 = stages.get("L2")
+        rho = ", ".join(f"{e}: {n}/{l2['clients']}" for e, n in l2["rho"].items()) if l2 else "-"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {rho} |")
     return "\n".join(lines)
 
 
@@ -74,11 +95,12 @@ def merge_config(base: str, overrides: str) -> str:
 
 
 def parse_algorithms(spec: str) -> list[tuple[str, str, str]]:
-    """'fedavg,fedavg-ft[eval-every=30]' -> [(label, algorithm, extra run config)]."""
+    """'fedavg,fedavg-ft[eval-every=30],drop30:fedamp[drop-rate=0.3]' -> [(label, algorithm, extra run config)]."""
     out = []
     for item in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", spec):
-        name, _, extra = item.strip().partition("[")
-        out.append((name, name, extra.rstrip("]")))
+        head, _, extra = item.strip().partition("[")
+        label, _, algorithm = head.rpartition(":")
+        out.append((label or algorithm, algorithm, extra.rstrip("]")))
     return out
 
 
@@ -125,6 +147,10 @@ def main(argv: list[str] | None = None) -> None:
     print(accuracy_table(summaries))
     print()
     print(cost_table(summaries))
+    stages = stage_table(summaries)
+    if stages:
+        print("\nStages (papers/003 Table I) of the clients trained in the last round, %:")
+        print(stages)
     print(f"\nresults: {results}")
 
 

@@ -17,6 +17,10 @@ from .state import ClientState
 app = ClientApp()
 
 
+class SimulatedDrop(RuntimeError):
+    """Raised by a client the server told to fail (run-config drop-rate)."""
+
+
 @lru_cache(maxsize=8)
 def _config(items: tuple) -> RunConfig:
     from server_app.strategies import algorithm_config_keys
@@ -68,6 +72,9 @@ def query(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     """One round of local training by the configured algorithm."""
     env = _env(context)
+    if msg.content.config_records["config"].get("simulate-drop", False):
+        # drop-rate: the server picked this client to fail this round; the error reply exercises the real path.
+        raise SimulatedDrop(f"client {env.partition_id} dropped this round (simulated, drop-rate {env.cfg.drop_rate:g})")
     algorithm = ALGORITHMS[env.cfg.algorithm](env)
     return Message(algorithm.fit(_round(msg), msg.content), reply_to=msg)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-# Columns of W converted to float64 at a time for the Gram matrix: bounds the extra memory to
-# m * _GRAM_CHUNK * 8 bytes instead of a float64 copy of the whole matrix.
-_GRAM_CHUNK = 1 << 16
+# Bytes of float64 column blocks converted at a time for the Gram matrix: bounds the extra memory
+# instead of a float64 copy of the whole (m x d) matrix.
+_GRAM_BLOCK_BYTES = 64 << 20
 
 
 def _check_models(W: np.ndarray) -> np.ndarray:
@@ -16,14 +16,63 @@ def _check_models(W: np.ndarray) -> np.ndarray:
     return W
 
 
-def _gram(W: np.ndarray) -> np.ndarray:
-    """G = W W^T accumulated in float64, column block by column block."""
+def gram_rows(W: np.ndarray, rows: np.ndarray | list[int] | None = None) -> np.ndarray:
+    """(W[rows] W^T) in float64, column block by column block (all rows when `rows` is None).
+
+    float64 because squared distances come from ||a||^2 + ||b||^2 - 2ab, which cancels badly in float32.
+    """
     W = _check_models(W)
-    G = np.zeros((W.shape[0], W.shape[0]), dtype=np.float64)
-    for start in range(0, W.shape[1], _GRAM_CHUNK):
-        block = W[:, start:start + _GRAM_CHUNK].astype(np.float64)
-        G += block @ block.T
-    return G
+    picked = np.arange(W.shape[0]) if rows is None else np.asarray(rows, dtype=np.int64)
+    out = np.zeros((len(picked), W.shape[0]), dtype=np.float64)
+    chunk = max(1024, _GRAM_BLOCK_BYTES // (8 * W.shape[0]))
+    for start in range(0, W.shape[1], chunk):
+        block = W[:, start:start + chunk].astype(np.float64)
+        out += (block if rows is None else block[picked]) @ block.T  # A @ A.T is computed symmetric
+    return out
+
+
+def _gram(W: np.ndarray) -> np.ndarray:
+    return gram_rows(W)
+
+
+class ModelMatrix:
+    """Every client's latest model as one float32 row of an (m x d) matrix, with W W^T kept current.
+
+    Replacing k rows costs one (k x d) by (d x m) product, not a new Gram matrix: a round that hears
+    from 10% of the clients updates 10% of it.
+    """
+
+    def __init__(self, num_clients: int, initial: np.ndarray, track_gram: bool = True) -> None:
+        initial = np.asarray(initial, dtype=np.float32).ravel()
+        if num_clients < 1:
+            raise ValueError(f"need at least one client, got {num_clients}")
+        self.W = np.tile(initial, (num_clients, 1))
+        self.track_gram = track_gram
+        norm2 = float(np.dot(initial.astype(np.float64), initial.astype(np.float64)))
+        self.G = np.full((num_clients, num_clients) if track_gram else (0, 0), norm2, dtype=np.float64)
+        self.heard = np.zeros(num_clients, dtype=bool)  # rows replaced by an upload at least once
+
+    @property
+    def num_clients(self) -> int:
+        """Rows (clients) held."""
+        return self.W.shape[0]
+
+    def set_rows(self, rows: list[int], values: np.ndarray) -> None:
+        """Replace the given rows by new models (k x d) and update the Gram matrix's rows and columns."""
+        rows_arr = np.asarray(rows, dtype=np.int64)
+        values = np.asarray(values, dtype=np.float32).reshape(len(rows_arr), -1)
+        if len(np.unique(rows_arr)) != len(rows_arr):
+            raise ValueError("each row may be set once per call")
+        if len(rows_arr) == 0:
+            return
+        self.W[rows_arr] = values
+        if self.track_gram:
+            block = gram_rows(self.W, rows_arr)
+            self.G[rows_arr, :] = block
+            self.G[:, rows_arr] = block.T
+            inner = self.G[np.ix_(rows_arr, rows_arr)]
+            self.G[np.ix_(rows_arr, rows_arr)] = 0.5 * (inner + inner.T)  # exactly symmetric
+        self.heard[rows_arr] = True
 
 
 def _distances_from_gram(G: np.ndarray) -> np.ndarray:
@@ -68,6 +117,12 @@ def _peer_mask(mask: np.ndarray) -> np.ndarray:
 
 def fedamp_weights(W: np.ndarray, alpha_k: float, sigma: float,
                    active: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
+    """FedAMP xi from the model matrix (see fedamp_weights_from_gram)."""
+    return fedamp_weights_from_gram(_gram(W), alpha_k, sigma, active)
+
+
+def fedamp_weights_from_gram(G: np.ndarray, alpha_k: float, sigma: float,
+                             active: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
     """FedAMP xi (Eq. 4/6 with A(t) = 1 - exp(-t/sigma)); True when some row needed the guard.
 
     xi_ij = alpha_k * exp(-||w_i - w_j||^2 / sigma) / sigma for j != i, xi_ii = 1 - sum_{j != i} xi_ij.
@@ -77,7 +132,7 @@ def fedamp_weights(W: np.ndarray, alpha_k: float, sigma: float,
     """
     if alpha_k < 0 or sigma <= 0:
         raise ValueError(f"need alpha_k >= 0 and sigma > 0, got alpha_k={alpha_k}, sigma={sigma}")
-    D = pairwise_sq_distances(W)
+    D = _distances_from_gram(np.asarray(G, dtype=np.float64))
     peers = _peer_mask(_active_mask(active, D.shape[0]))
     xi = np.where(peers, alpha_k * np.exp(-D / sigma) / sigma, 0.0)
     off = xi.sum(axis=1)
@@ -88,13 +143,19 @@ def fedamp_weights(W: np.ndarray, alpha_k: float, sigma: float,
 
 
 def heurfedamp_weights(W: np.ndarray, sigma: float, tau: float, active: np.ndarray | None = None) -> np.ndarray:
+    """HeurFedAMP xi from the model matrix (see heurfedamp_weights_from_gram)."""
+    return heurfedamp_weights_from_gram(_gram(W), sigma, tau, active)
+
+
+def heurfedamp_weights_from_gram(G: np.ndarray, sigma: float, tau: float,
+                                 active: np.ndarray | None = None) -> np.ndarray:
     """HeurFedAMP weights (Alg. 2, Eq. 10-11): 1 - tau on the diagonal, tau * softmax_j(sigma cos) off it.
 
     A client with no active peer (or an inactive one) keeps weight 1 on itself.
     """
     if sigma <= 0 or not 0.0 <= tau <= 1.0:
         raise ValueError(f"need sigma > 0 and 0 <= tau <= 1, got sigma={sigma}, tau={tau}")
-    C = pairwise_cosine(W)
+    C = _cosine_from_gram(np.asarray(G, dtype=np.float64))
     peers = _peer_mask(_active_mask(active, C.shape[0]))
     logits = np.where(peers, sigma * C, -np.inf)
     has_peer = peers.any(axis=1)

@@ -31,6 +31,7 @@ class RunConfig:
     partition: str = "dirichlet"
     dirichlet_alpha: float = 0.3
     test_fraction: float = 0.25
+    max_samples: int = 0
     model: str = "auto"
     num_rounds: int = 20
     fraction_train: float = 0.5
@@ -50,6 +51,12 @@ class RunConfig:
     device: str = "auto"
     client_threads: int = 1
     round_timeout: float = 600.0
+    drop_rate: float = 0.0
+    dirty_clients: float = 0.0
+    dirty_fraction: float = 0.0
+    stages: bool = False
+    stage_test_size: int = 2000
+    rho_eps: tuple[float, ...] = (0.9, 0.95)
     results_dir: str = ""
     run_name: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -70,6 +77,7 @@ class RunConfig:
         """Plain dict with run-config (dashed) key names, for config.json."""
         out = {_dashed(f.name): getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
         out["shift-degrees"] = list(self.shift_degrees)
+        out["rho-eps"] = list(self.rho_eps)
         out.update(self.extra)
         return out
 
@@ -111,7 +119,7 @@ def _flag(key: str, value: Any) -> bool:
 
 
 def parse_degrees(key: str, value: Any) -> tuple[float, ...]:
-    """Parse '0,0.2,...' (or a list) into sorted unique shift degrees in [0, 1]."""
+    """Parse '0,0.2,...' (or a list) into sorted unique numbers in [0, 1] (shift degrees, thresholds)."""
     items = value.split(",") if isinstance(value, str) else value
     try:
         degrees = sorted({round(float(item), 6) for item in items if str(item).strip() != ""})
@@ -130,6 +138,7 @@ _PARSERS = {
     "partition": lambda k, v: _choice(k, v, PARTITIONS),
     "dirichlet-alpha": lambda k, v: _number(k, v, float, 0.0, None, low_open=True),
     "test-fraction": lambda k, v: _number(k, v, float, 0.0, 0.9, low_open=True),
+    "max-samples": lambda k, v: _number(k, v, int, 0, None),
     "model": lambda k, v: _choice(k, v, MODELS),
     "num-rounds": lambda k, v: _number(k, v, int, 1, 100_000),
     "fraction-train": lambda k, v: _number(k, v, float, 0.0, 1.0, low_open=True),
@@ -149,6 +158,12 @@ _PARSERS = {
     "device": lambda k, v: _choice(k, v, DEVICES),
     "client-threads": lambda k, v: _number(k, v, int, 1, 256),
     "round-timeout": lambda k, v: _number(k, v, float, 0.0, None, low_open=True),
+    "drop-rate": lambda k, v: _number(k, v, float, 0.0, 0.95),
+    "dirty-clients": lambda k, v: _number(k, v, float, 0.0, 1.0),
+    "dirty-fraction": lambda k, v: _number(k, v, float, 0.0, 1.0),
+    "stages": _flag,
+    "stage-test-size": lambda k, v: _number(k, v, int, 0, None),
+    "rho-eps": parse_degrees,
     "results-dir": lambda k, v: str(v),
     "run-name": lambda k, v: str(v),
 }

@@ -18,3 +18,20 @@ def to_record(names: Sequence[str], arrays: Sequence[np.ndarray]) -> ArrayRecord
 def to_plain_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     """An ArrayRecord of arrays kept in their own dtypes (packed masks, ids, values), keyed by name."""
     return ArrayRecord({n: Array(np.ascontiguousarray(a)) for n, a in arrays.items()})
+
+
+def flatten(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """All arrays as one float32 vector (state-dict order)."""
+    return np.concatenate([np.asarray(a, dtype=np.float32).ravel() for a in arrays]) if arrays else np.zeros(0, np.float32)
+
+
+def unflatten(vector: np.ndarray, shapes: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
+    """Split a flat vector back into arrays of the given shapes."""
+    sizes = [int(np.prod(shape)) for shape in shapes]
+    if vector.size != sum(sizes):
+        raise ValueError(f"vector has {vector.size} values, the shapes need {sum(sizes)}")
+    out, start = [], 0
+    for shape, size in zip(shapes, sizes):
+        out.append(vector[start:start + size].reshape(shape))
+        start += size
+    return out

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.evaluate import shift_key
+from common.evaluate import ACCURACY_ROWS, shift_key
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -89,7 +89,33 @@ def summarize(records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, 
         "replies_sent": [r["train"]["sent"] for r in records],
         "wall_seconds": sum(r["wall_s"] for r in records),
         "shift_degrees": degrees,
+        **_last_stages(records),
     }
+
+
+def _last_stages(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The stage accuracies (G, L1, L2) of the last round that reported them."""
+    with_stages = [r for r in records if r["train"].get("stages")]
+    if not with_stages:
+        return {}
+    return {"stages": with_stages[-1]["train"]["stages"], "stages_round": with_stages[-1]["round"]}
+
+
+def _stage_lines(summary: dict[str, Any]) -> list[str]:
+    stages = summary.get("stages")
+    if not stages:
+        return []
+    eps = sorted({e for row in stages.values() for e in row["rho"]}, key=float)
+    lines = [f"Stages (FLIU) of the clients trained in round {summary['stages_round']}: Acc(L) on the client's own "
+             "test split, Acc(G) on the pooled test set, Acc = Acc(L) + Acc(G) (%, mean +/- std); "
+             "rho_eps = clients with Acc(L) > eps.", "",
+             "| stage | Acc(L) | Acc(G) | Acc | " + " | ".join(f"rho_{e}" for e in eps) + " |",
+             "|---|---|---|---|" + "---|" * len(eps)]
+    for stage, row in stages.items():
+        cells = [f"{_fmt(row[k][0])} +/- {_fmt(row[k][1])}" for k in ("acc_local", "acc_global", "acc")]
+        lines.append(f"| {stage} | " + " | ".join(cells) + " | "
+                     + " | ".join(f"{row['rho'].get(e, 0)}/{row['clients']}" for e in eps) + " |")
+    return lines + [""]
 
 
 def render_markdown(summary: dict[str, Any]) -> str:
@@ -106,7 +132,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         lines.append("")
         lines.append("| shift | " + " | ".join(f"{100 * d:g}%" for d in degrees) + " |")
         lines.append("|---|" + "---|" * len(degrees))
-        for prefix, label in (("", "accuracy"), ("plus-", "adaptive inference (+)"), ("global-", "global model")):
+        for prefix, label in ACCURACY_ROWS:
             if prefix + shift_key(degrees[0]) not in final["mean"]:
                 continue
             cells = [f"{_fmt(final['mean'][prefix + shift_key(d)])} +/- {_fmt(final['std'][prefix + shift_key(d)])}"
@@ -117,6 +143,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
     else:
         lines.append("No evaluation ran.")
     lines.append("")
+    lines.extend(_stage_lines(summary))
     mb = summary["mb_per_client"]
     lines.append("| cost | value |")
     lines.append("|---|---|")

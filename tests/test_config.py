@@ -24,7 +24,7 @@ def test_pyproject_defaults_equal_dataclass_defaults() -> None:
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
-    ("algorithm", "fedsgd", "'algorithm' = 'fedsgd' is not valid; allowed values: dmpfl, fedavg, fedavg-ft, feddst, fedprox, local"),
+    ("algorithm", "fedsgd", "'algorithm' = 'fedsgd' is not valid; allowed values: dmpfl, fedamp, fedavg, fedavg-ft, feddst, fedfomo, fedprox, fliu, heurfedamp, local"),
     ("partition", "random", "'partition' = 'random' is not valid; allowed values: iid, dirichlet, pathological, ls, qs, lsqs, grouped"),
     ("dataset", "svhn", "allowed values: digits, mnist, fashion-mnist, cifar10"),
     ("fraction-train", 1.5, "'fraction-train' = 1.5 is out of range; allowed: (0.0, 1.0]"),

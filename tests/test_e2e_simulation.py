@@ -108,3 +108,26 @@ def test_missing_data_fails_naming_the_files(superlink, tmp_path) -> None:
     assert f"cifar10: expected data_batch_1..5 and test_batch in {tmp_path / 'empty' / 'cifar-10-batches-py'}" \
         in outcome.output
     assert "Traceback" not in outcome.output
+
+
+def test_fedamp_pretrains_survives_dropped_clients_and_keeps_stale_rows(superlink, tmp_path) -> None:
+    outcome = _run(superlink, tmp_path, "fedamp", "algorithm='fedamp' drop-rate=0.34")
+    _outcome_ok(outcome)
+    rounds = _rounds(tmp_path / "fedamp")
+    assert rounds[0]["train"]["pretrain"]["used"] + len(rounds[0]["train"].get("dropped", [])) >= NUM_NODES - 2
+    for r in rounds:
+        assert r["train"]["sent"] == 3 and len(r["train"]["dropped"]) == 1
+        assert r["train"]["used"] == 2 and r["train"]["failed"] == 1, "the dropped client's error reply is counted"
+        assert r["stale_rows"] == NUM_NODES - 2
+    assert "simulated" in outcome.output
+    last = rounds[-1]["eval"]["mean"]
+    assert last["acc-shift-0"] > 0.3 and "cloud-acc-shift-0" in last
+
+
+def test_fliu_reports_its_stages(superlink, tmp_path) -> None:
+    outcome = _run(superlink, tmp_path, "fliu", "algorithm='fliu' stages=true")
+    _outcome_ok(outcome)
+    rounds = _rounds(tmp_path / "fliu")
+    assert set(rounds[-1]["train"]["stages"]) == {"G", "L1", "L2"}
+    summary = (tmp_path / "fliu" / "summary.md").read_text()
+    assert "| L1 |" in summary and "rho_0.95" in summary

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import ClassVar
@@ -12,12 +14,13 @@ import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
 from common.config import RunConfig
-from common.data.federated import ClientData
+from common.data.federated import ClientData, pooled_test
 from common.flops import flops_per_sample, training_flops
 from common.evaluate import EvalResult, evaluate_client, shift_key
 from common.records import to_record
 from common.models import SplitModel, array_specs, build_model, get_arrays, set_arrays
 from common.seeding import derive_seed
+from common.stages import stage_metrics
 from common.train import TrainSettings, TrainStats
 from common.validation import validate_arrays
 
@@ -88,12 +91,27 @@ class ClientAlgorithm(ABC):
         per_sample = _flops_per_sample(self.cfg.model, self.cfg.dataset, data.input_shape, data.num_classes, key)
         return training_flops(per_sample, stats.num_samples, self.cfg.local_epochs if stats.steps else 0)
 
+    def snapshot(self, model: torch.nn.Module) -> torch.nn.Module | None:
+        """A copy of `model` for a later stage evaluation, when `stages` is on (None otherwise: no cost)."""
+        return copy.deepcopy(model) if self.cfg.stages else None
+
+    def stage_metrics(self, stages: Mapping[str, torch.nn.Module | None]) -> dict[str, float]:
+        """Acc(L) and Acc(G) of the stage models (G, L1, L2) when `stages` is on; empty otherwise."""
+        if not self.cfg.stages or not stages:
+            return {}
+        data = self.env.data
+        pooled = pooled_test(self.cfg, data.num_partitions)
+        return stage_metrics(stages, (data.test_x, data.test_y), pooled, self.env.device)
+
     def train_reply(self, stats: TrainStats, model: torch.nn.Module | None,
-                    densities: dict[str, float] | None = None) -> RecordDict:
-        """Reply content of a training round: metrics (with FLOPs), plus the model when it is uploaded."""
-        content = RecordDict({"metrics": MetricRecord({
+                    densities: dict[str, float] | None = None,
+                    stages: Mapping[str, torch.nn.Module | None] | None = None) -> RecordDict:
+        """Reply content of a training round: metrics (with FLOPs and stage accuracies), plus the model if uploaded."""
+        metrics: dict[str, float | int] = {
             "num-examples": stats.num_samples, "train-loss": _finite(stats.mean_loss), "steps": stats.steps,
-            "train-flops": self.train_flops(stats, densities)})})
+            "train-flops": self.train_flops(stats, densities)}
+        metrics.update(self.stage_metrics(stages or {}))
+        content = RecordDict({"metrics": MetricRecord(metrics)})
         if model is not None:
             content["arrays"] = self.model_record(model)
         return content

@@ -7,7 +7,7 @@ import torch
 from flwr.app import RecordDict
 
 from common.dmpfl import adaptive_predict, compose_personal
-from common.evaluate import entropy, predict_logits, shift_accuracy, shift_key
+from common.evaluate import GLOBAL_PREFIX, PLUS_PREFIX, entropy, predict_logits, shift_accuracy, shift_key
 from common.masks import prune_and_regrow
 from common.train import train
 
@@ -108,6 +108,6 @@ class DMPFLClient(SparseGlobalClient):
         degrees = self.cfg.shift_degrees
         plus = shift_accuracy(adaptive, self.env.data, degrees)
         result_g = self.evaluate_model(model_g)
-        extra = {f"plus-{shift_key(d)}": plus[d] for d in degrees}
-        extra.update({f"global-{shift_key(d)}": result_g.shift_accuracy[d] for d in degrees})
+        extra = {PLUS_PREFIX + shift_key(d): plus[d] for d in degrees}
+        extra.update({GLOBAL_PREFIX + shift_key(d): result_g.shift_accuracy[d] for d in degrees})
         return self.eval_reply(self.evaluate_model(model_c), extra)

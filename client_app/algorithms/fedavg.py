@@ -19,11 +19,12 @@ class FedAvgClient(ClientAlgorithm):
         return []
 
     def fit(self, server_round: int, content: RecordDict) -> RecordDict:
-        """Train the global model for local-epochs and send it back."""
+        """Train the global model for local-epochs and send it back (stages: G = L1 = the received model)."""
         model = self.received_model(content)
+        received = self.snapshot(model)
         stats = train(model, self.env.data.train_x, self.env.data.train_y, self.settings(server_round),
                       self.generator(server_round), extra_losses=self.extra_losses(model), device=self.env.device)
-        return self.train_reply(stats, model)
+        return self.train_reply(stats, model, stages={"G": received, "L1": received, "L2": model})
 
 
 class FedProxClient(FedAvgClient):

@@ -28,10 +28,11 @@ class LocalClient(ClientAlgorithm):
     def fit(self, server_round: int, content: RecordDict) -> RecordDict:
         """Train the personal model and keep it."""
         model = self.personal_model()
+        before = self.snapshot(model)
         stats = train(model, self.env.data.train_x, self.env.data.train_y, self.settings(server_round),
                       self.generator(server_round), device=self.env.device)
         self.env.state.save_arrays(PERSONAL, get_arrays(model))
-        return self.train_reply(stats, None)
+        return self.train_reply(stats, None, stages={"L1": before, "L2": model})
 
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
         """Evaluate the personal model."""

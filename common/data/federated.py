@@ -11,6 +11,7 @@ import torch
 from ..config import RunConfig
 from ..seeding import derive_seed
 from .datasets import DataError, DatasetArrays, load_dataset, normalize
+from .noise import dirty_client_ids, flip_labels
 from .partition import partition, train_test_split
 from .shift import ShiftPlan, make_shift_plan
 
@@ -42,6 +43,8 @@ class ClientData:
     shift_x: torch.Tensor  # the pool draws of the shift plan, in plan order
     shift_y: torch.Tensor
     shift_plan: ShiftPlan
+    num_partitions: int = 0
+    dirty: bool = False  # training labels partly flipped (dirty-clients / dirty-fraction)
 
     @property
     def num_train(self) -> int:
@@ -56,9 +59,13 @@ def dataset_for(cfg: RunConfig) -> DatasetArrays:
 
 @lru_cache(maxsize=4)
 def _split_cached(dataset: str, data_dir: str, allow_download: bool, scheme: str, num_clients: int,
-                  seed: int, alpha: float, test_fraction: float) -> FederatedSplit:
+                  seed: int, alpha: float, test_fraction: float, max_samples: int = 0) -> FederatedSplit:
     data = load_dataset(dataset, data_dir, allow_download)
-    parts = partition(data.y, scheme, num_clients, derive_seed(seed, "partition"), alpha)
+    subset = np.arange(len(data.y))
+    if 0 < max_samples < len(subset):  # a seeded subset of the dataset (CPU presets), partitioned as usual
+        subset = np.sort(np.random.default_rng(derive_seed(seed, "max-samples")).choice(
+            subset, size=max_samples, replace=False))
+    parts = [subset[p] for p in partition(data.y[subset], scheme, num_clients, derive_seed(seed, "partition"), alpha)]
     train, test = [], []
     for client, idx in enumerate(parts):
         tr, te = train_test_split(idx, test_fraction, derive_seed(seed, "split", client))
@@ -70,7 +77,7 @@ def _split_cached(dataset: str, data_dir: str, allow_download: bool, scheme: str
 def federated_split(cfg: RunConfig, num_clients: int) -> FederatedSplit:
     """The run's partition of its dataset over `num_clients` clients (cached per process)."""
     return _split_cached(cfg.dataset, str(cfg.resolved_data_dir), cfg.allow_download, cfg.partition,
-                         num_clients, cfg.seed, cfg.dirichlet_alpha, cfg.test_fraction)
+                         num_clients, cfg.seed, cfg.dirichlet_alpha, cfg.test_fraction, cfg.max_samples)
 
 
 def _tensors(data: DatasetArrays, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,7 +92,30 @@ def client_data(cfg: RunConfig, partition_id: int, num_clients: int) -> ClientDa
     split = federated_split(cfg, num_clients)
     plan = make_shift_plan(split.test[partition_id], split.pool, derive_seed(cfg.seed, "shift", partition_id))
     train_x, train_y = _tensors(data, split.train[partition_id])
+    dirty = cfg.dirty_fraction > 0 and partition_id in dirty_client_ids(
+        num_clients, cfg.dirty_clients, derive_seed(cfg.seed, "dirty-clients"))
+    if dirty:
+        train_y = torch.from_numpy(flip_labels(train_y.numpy(), cfg.dirty_fraction, data.num_classes,
+                                               derive_seed(cfg.seed, "dirty-labels", partition_id)))
     test_x, test_y = _tensors(data, split.test[partition_id])
     shift_x, shift_y = _tensors(data, plan.draws)
     return ClientData(partition_id, data.num_classes, data.input_shape, train_x, train_y, test_x, test_y,
-                      shift_x, shift_y, plan)
+                      shift_x, shift_y, plan, num_clients, dirty)
+
+
+_POOLED: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def pooled_test(cfg: RunConfig, num_clients: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pooled test data of all clients (FLIU's Acc(G) set): a seeded `stage-test-size` subset, 0 = all."""
+    key = (cfg.dataset, str(cfg.resolved_data_dir), cfg.partition, num_clients, cfg.seed, cfg.dirichlet_alpha,
+           cfg.test_fraction, cfg.max_samples, cfg.stage_test_size)
+    if key not in _POOLED:
+        pool = federated_split(cfg, num_clients).pool
+        size = cfg.stage_test_size
+        if 0 < size < len(pool):
+            rng = np.random.default_rng(derive_seed(cfg.seed, "stage-pool"))
+            pool = np.sort(rng.choice(pool, size=size, replace=False))
+        _POOLED.clear()
+        _POOLED[key] = _tensors(dataset_for(cfg), pool)
+    return _POOLED[key]

@@ -7,12 +7,15 @@ from typing import Any
 from .base import PFLStrategy
 from .fedavg import FedAvgFTStrategy, FedAvgStrategy, FedProxStrategy
 from .dmpfl import DMPFLStrategy
+from .fedamp import FedAMPStrategy, HeurFedAMPStrategy
 from .feddst import FedDSTStrategy
+from .fedfomo import FedFomoStrategy
+from .fliu import FLIUStrategy
 from .local import LocalStrategy
 
 STRATEGIES: dict[str, type[PFLStrategy]] = {
     cls.name: cls for cls in (FedAvgStrategy, FedProxStrategy, FedAvgFTStrategy, LocalStrategy, FedDSTStrategy,
-                              DMPFLStrategy)
+                              DMPFLStrategy, FedAMPStrategy, HeurFedAMPStrategy, FLIUStrategy, FedFomoStrategy)
 }
 
 

@@ -19,6 +19,7 @@ from common.config import RunConfig
 from common.evaluate import shift_key
 from common.records import to_record
 from common.seeding import derive_seed
+from common.stages import STAGE_KEYS, summarize_stages
 
 from ..results import ResultsWriter
 from common.validation import PayloadError, read_count, read_finite, read_fraction, validate_arrays
@@ -49,6 +50,7 @@ class TrainReply:
     arrays: list[np.ndarray] | None
     content: RecordDict
     payload: Any = None  # algorithm-specific decoded upload (e.g. sparse weights and masks)
+    stages: dict[str, float] = field(default_factory=dict)  # FLIU stage accuracies, when reported
 
 
 @dataclass
@@ -143,13 +145,34 @@ class PFLStrategy(Strategy):
         rng = np.random.default_rng(derive_seed(self.cfg.seed, "eval-sample", server_round))
         return sorted(rng.choice(available, size=k, replace=False).tolist())
 
-    def _messages(self, server_round: int, partition_ids: list[int], message_type: str, kind: str) -> list[Message]:
+    def simulated_drops(self, server_round: int, partition_ids: list[int]) -> set[int]:
+        """A seeded round(drop-rate * k) of this round's k training clients, told to fail (simulation only)."""
+        count = int(round(self.cfg.drop_rate * len(partition_ids)))
+        if count == 0:
+            return set()
+        rng = np.random.default_rng(derive_seed(self.cfg.seed, "drop", server_round))
+        return {int(pid) for pid in rng.choice(partition_ids, size=count, replace=False)}
+
+    def message_contents(self, server_round: int, partition_ids: list[int], message_type: str) -> list[RecordDict]:
+        """Each client's message content; training clients picked by `simulated_drops` are told to fail."""
         shared = self.shared_payload(server_round)
-        build = self.train_content if message_type == MessageType.TRAIN else self.eval_content
-        messages = []
+        is_train = message_type == MessageType.TRAIN
+        build = self.train_content if is_train else self.eval_content
+        drops = self.simulated_drops(server_round, partition_ids) if is_train else set()
+        if drops:
+            self.round_log.train["dropped"] = sorted(drops)
+        contents = []
         for pid in partition_ids:
-            msg = Message(content=build(server_round, pid, shared), dst_node_id=self.clients[pid].node_id,
-                          message_type=message_type)
+            content = build(server_round, pid, shared)
+            if pid in drops:
+                content.config_records["config"]["simulate-drop"] = True
+            contents.append(content)
+        return contents
+
+    def _messages(self, server_round: int, partition_ids: list[int], message_type: str, kind: str) -> list[Message]:
+        messages = []
+        for pid, content in zip(partition_ids, self.message_contents(server_round, partition_ids, message_type)):
+            msg = Message(content=content, dst_node_id=self.clients[pid].node_id, message_type=message_type)
             self.round_log.add_bytes(kind, pid, wire_bytes(msg, self._size_cache))
             messages.append(msg)
         return messages
@@ -189,8 +212,10 @@ class PFLStrategy(Strategy):
 
     def _parse_metrics(self, partition_id: int, content: RecordDict) -> TrainReply:
         metrics = content.metric_records.get("metrics")
-        return TrainReply(partition_id, read_count(metrics, "num-examples"), read_finite(metrics, "train-loss"),
-                          None, content)
+        reply = TrainReply(partition_id, read_count(metrics, "num-examples"), read_finite(metrics, "train-loss"),
+                           None, content)
+        reply.stages = {key: read_fraction(metrics, key) for key in STAGE_KEYS if key in metrics}
+        return reply
 
     def parse_train_reply(self, partition_id: int, content: RecordDict) -> TrainReply:
         """Validate one training reply; raise PayloadError with the reason if it must not be used."""
@@ -220,6 +245,9 @@ class PFLStrategy(Strategy):
         self.round_log.train.update(received=len(replies), failed=failed, rejected=rejected, used=len(accepted),
                                     loss=loss, num_examples=total, flops=flops,
                                     clients=[r.partition_id for r in accepted])
+        stage_rows = [r.stages for r in accepted if r.stages]
+        if stage_rows:
+            self.round_log.train["stages"] = summarize_stages(stage_rows, self.cfg.rho_eps)
         return None, MetricRecord({"train-loss": loss if accepted else 0.0, "used": len(accepted)})
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
@@ -306,6 +334,8 @@ class PFLStrategy(Strategy):
             t0 = time.monotonic()
             self.round_log = RoundLog()
             self._size_cache = {}
+            if rnd == 1:
+                self.before_first_round(grid)
             messages = list(self.configure_train(rnd, empty_arrays, empty_config, grid))
             replies = grid.send_and_receive(messages, timeout=self.cfg.round_timeout) if messages else []
             self.aggregate_train(rnd, replies)
@@ -323,6 +353,9 @@ class PFLStrategy(Strategy):
             if self.writer is not None:
                 self.writer.add_round(record)
             self._log_progress(rnd, record, elapsed)
+
+    def before_first_round(self, grid: Grid) -> None:
+        """Work before round 1 whose traffic counts in round 1 (e.g. FedAMP's local pre-training); none here."""
 
     def extra_round_record(self, server_round: int) -> dict[str, Any]:
         """Algorithm-specific fields for metrics.jsonl; none by default."""

@@ -8,15 +8,13 @@ import numpy as np
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
 from common.dmpfl import aggregate_round, phase_schedule
-from common.evaluate import shift_key
+from common.evaluate import GLOBAL_PREFIX, PLUS_PREFIX, shift_key
 from common.masks import cosine_decay
 from common.validation import read_fraction
 
 from .base import TrainReply
 from .sparse import SparseGlobalStrategy
 
-PLUS_PREFIX = "plus-"      # DM-PFL+ (adaptive inference) metrics
-GLOBAL_PREFIX = "global-"  # theta_g = w_g * m_g metrics
 
 
 class DMPFLStrategy(SparseGlobalStrategy):

@@ -1,0 +1,54 @@
+"""FLIU client half: individualized update theta_k <- gamma theta_k + (1 - gamma) Theta, then local training."""
+
+from __future__ import annotations
+
+from flwr.app import RecordDict
+
+from common.fliu import adaptive_gamma, individualized_update
+from common.models import SplitModel, get_arrays, set_arrays
+from common.train import train
+from common.validation import PayloadError, read_count
+
+from .base import ClientAlgorithm
+from .local import PERSONAL
+
+
+class FLIUClient(ClientAlgorithm):
+    """Keeps its last locally trained model theta_k; stages: G = Theta, L1 = individualized, L2 = trained."""
+
+    name = "fliu"
+
+    def gamma(self, content: RecordDict) -> float:
+        """The fixed `fliu-gamma`, or gamma_k(n_k) of Eq. 4 from the n and K the server sent."""
+        fixed = float(self.cfg.extra.get("fliu-gamma", -1.0))
+        if fixed >= 0.0:
+            return fixed
+        config = content.config_records["config"]
+        try:
+            n_total = read_count(config, "total-samples")
+            num_clients = read_count(config, "num-clients")
+        except PayloadError as exc:
+            raise PayloadError(f"FLIU needs the federation's sample count: {exc}") from None
+        return adaptive_gamma(self.env.data.num_train, n_total, num_clients)
+
+    def individualized(self, global_model: SplitModel, content: RecordDict) -> SplitModel:
+        """The model after the individualized update (Theta itself before the first local training)."""
+        model = self.new_model()
+        own = self.env.state.load_arrays(PERSONAL)
+        arrays = get_arrays(global_model)
+        set_arrays(model, arrays if own is None else individualized_update(own, arrays, self.gamma(content)))
+        return model
+
+    def fit(self, server_round: int, content: RecordDict) -> RecordDict:
+        """Individualize, train locally, keep and upload theta_k."""
+        global_model = self.received_model(content)
+        model = self.individualized(global_model, content)
+        before = self.snapshot(model)
+        stats = train(model, self.env.data.train_x, self.env.data.train_y, self.settings(server_round),
+                      self.generator(server_round), device=self.env.device)
+        self.env.state.save_arrays(PERSONAL, get_arrays(model))
+        return self.train_reply(stats, model, stages={"G": global_model, "L1": before, "L2": model})
+
+    def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
+        """The model a client would use on receiving Theta: its individualized update (stage L1)."""
+        return self.eval_reply(self.evaluate_model(self.individualized(self.received_model(content), content)))

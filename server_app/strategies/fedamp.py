@@ -1,0 +1,159 @@
+"""FedAMP and HeurFedAMP server half (papers/004 Alg. 1-2): attentive personalized cloud models, one per client."""
+
+from __future__ import annotations
+
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord, MessageType, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from common.attention import ModelMatrix, cloud_models, fedamp_weights_from_gram, heurfedamp_weights_from_gram
+from common.config import ConfigError
+from common.evaluate import CLOUD_PREFIX, shift_key
+from common.records import flatten, to_record, unflatten
+from common.validation import PayloadError, read_fraction
+
+from .base import PFLStrategy, TrainReply
+
+
+class FedAMPStrategy(PFLStrategy):
+    """Keeps every client's latest model as a row of one float32 matrix; sends client i its own
+    u_i = sum_j xi_ij w_j with FedAMP's exp-distance attention; clients train toward u_i with a proximal term.
+
+    Clients not heard from in a round (not sampled, dropped, rejected) are used with their stored, stale rows.
+    """
+
+    name = "fedamp"
+    sends_weights_for_eval = False
+    extra_config = {"fedamp-alpha": 1.0, "fedamp-lambda": 1e-4, "fedamp-sigma": 100.0, "fedamp-decay": 0.1,
+                    "fedamp-decay-every": 30, "heurfedamp-sigma": 25.0, "heurfedamp-tau": 0.95, "pretrain-epochs": 1}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        extra = self.cfg.extra
+        self.alpha = float(extra.get("fedamp-alpha", 1.0))
+        self.lam = float(extra.get("fedamp-lambda", 1e-4))
+        self.decay = float(extra.get("fedamp-decay", 0.1))
+        self.decay_every = max(1, int(extra.get("fedamp-decay-every", 30)))
+        self.pretrain_epochs = int(extra.get("pretrain-epochs", 1))
+        if self.alpha <= 0 or self.lam <= 0:
+            raise ConfigError(f"run-config 'fedamp-alpha' = {self.alpha} and 'fedamp-lambda' = {self.lam} "
+                              "must both be positive")
+        self.matrix: ModelMatrix | None = None
+        self.rows: dict[int, int] = {}
+        self._pretraining = False
+        self._guard = False
+
+    # ----- the model matrix ------------------------------------------------------------------------
+    def ensure_matrix(self) -> ModelMatrix:
+        """The (clients x params) matrix, built on first use with every row at the common initialization."""
+        if self.matrix is None:
+            self.rows = {pid: row for row, pid in enumerate(sorted(self.clients))}
+            self.matrix = ModelMatrix(len(self.rows), flatten(self.global_arrays))
+        return self.matrix
+
+    def alpha_k(self, server_round: int) -> float:
+        """alpha_k: the initial alpha times `fedamp-decay` every `fedamp-decay-every` rounds."""
+        return self.alpha * self.decay ** ((server_round - 1) // self.decay_every)
+
+    def attention(self, server_round: int) -> np.ndarray:
+        """xi over all clients from the cached Gram matrix (FedAMP: exp-distance with the guard)."""
+        xi, self._guard = fedamp_weights_from_gram(self.ensure_matrix().G, self.alpha_k(server_round),
+                                                    float(self.cfg.extra.get("fedamp-sigma", 100.0)))
+        if self._guard:
+            log(WARNING, "round %d: some clients' off-diagonal attention summed above 1; rescaled to 1 "
+                "(lower fedamp-alpha or raise fedamp-sigma to avoid it)", server_round)
+        return xi
+
+    # ----- messages --------------------------------------------------------------------------------
+    def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
+        """Adds the proximal coefficient lambda / alpha_k (or the pre-training flag)."""
+        config = super().round_config(server_round, partition_id)
+        if self._pretraining:
+            config["pretrain"] = True
+        else:
+            config["prox-mu"] = self.lam / self.alpha_k(server_round)
+        return config
+
+    def shared_payload(self, server_round: int) -> dict[str, Any]:
+        """Cloud models are per client and built on first use (see train_content)."""
+        return {"global": self.global_record()} if self._pretraining else {}
+
+    def train_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
+        """u_i for this client (all the round's u_i come from one xi and one GEMM)."""
+        config = self.round_config(server_round, partition_id)
+        if self._pretraining:
+            return RecordDict({"arrays": shared["global"], "config": config})
+        if "cloud" not in shared:
+            matrix = self.ensure_matrix()
+            wanted = sorted(set(self.sample(server_round)) | {partition_id})
+            rows = [self.rows[pid] for pid in wanted]
+            U = cloud_models(self.attention(server_round), matrix.W, rows)
+            shared["cloud"] = dict(zip(wanted, U))
+        u = shared["cloud"].get(partition_id)
+        if u is None:
+            row = self.rows[partition_id]
+            u = cloud_models(self.attention(server_round), self.ensure_matrix().W, [row])[0]
+        names = [name for name, _ in self.specs]
+        arrays = unflatten(u, [shape for _, shape in self.specs])
+        return RecordDict({"arrays": to_record(names, arrays), "config": config})
+
+    def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
+        """Store each reply as its client's new row (and the Gram matrix's row/column)."""
+        matrix = self.ensure_matrix()
+        known = [r for r in replies if r.partition_id in self.rows]
+        if known:
+            matrix.set_rows([self.rows[r.partition_id] for r in known], np.stack([flatten(r.arrays) for r in known]))
+
+    def before_first_round(self, grid: Grid) -> None:
+        """Every client trains `pretrain-epochs` locally from the common initialization; that becomes its row."""
+        self.ensure_matrix()
+        if self.pretrain_epochs <= 0:
+            return
+        self._pretraining = True
+        try:
+            clients = sorted(self.clients)
+            messages = self._messages(1, clients, MessageType.TRAIN, "train_down")
+            replies = grid.send_and_receive(messages, timeout=self.cfg.round_timeout)
+            good, failed = self._sort_replies(replies, "train_up")
+            accepted = []
+            for pid, msg in good:
+                try:
+                    accepted.append(self.parse_train_reply(pid, msg.content))
+                except PayloadError as exc:
+                    failed += 1
+                    log(WARNING, "client %d: pre-training reply rejected: %s", pid, exc)
+            self.aggregate(0, accepted)
+        finally:
+            self._pretraining = False
+        self.round_log.train["pretrain"] = {"sent": len(clients), "used": len(accepted), "failed": failed}
+        log(INFO, "pre-training: %d of %d clients trained %d local epoch(s) from the common initialization",
+            len(accepted), len(clients), self.pretrain_epochs)
+
+    def extra_eval_metrics(self, metrics) -> dict[str, float]:
+        """Accuracy of each client's last received cloud model u_i at every shift degree (when it has one)."""
+        keys = [CLOUD_PREFIX + shift_key(d) for d in self.cfg.shift_degrees]
+        return {key: read_fraction(metrics, key) for key in keys if metrics is not None and key in metrics}
+
+    def extra_round_record(self, server_round: int) -> dict[str, Any]:
+        """alpha_k, whether the guard fired, and how many rows are stale or never updated."""
+        matrix = self.ensure_matrix()
+        used = len(self.round_log.train.get("clients", []))
+        return {"alpha_k": self.alpha_k(server_round), "guard": self._guard,
+                "stale_rows": matrix.num_clients - used, "never_heard": int((~matrix.heard).sum())}
+
+
+class HeurFedAMPStrategy(FedAMPStrategy):
+    """HeurFedAMP (Alg. 2): u_i = (1 - tau) w_i + tau * sum_{j != i} softmax_j(sigma cos(w_i, w_j)) w_j."""
+
+    name = "heurfedamp"
+
+    def attention(self, server_round: int) -> np.ndarray:
+        """xi from cosine similarities of the cached Gram matrix."""
+        extra = self.cfg.extra
+        self._guard = False
+        return heurfedamp_weights_from_gram(self.ensure_matrix().G, float(extra.get("heurfedamp-sigma", 25.0)),
+                                            float(extra.get("heurfedamp-tau", 0.95)))

@@ -1,0 +1,285 @@
+"""FedAMP, HeurFedAMP, FLIU and FedFomo in-process: exact payloads, state, stage metrics, faults."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, RecordDict
+
+from client_app.algorithms.fedamp import CLOUD
+from client_app.algorithms.local import PERSONAL
+from common.attention import ModelMatrix, _gram, fedamp_weights, heurfedamp_weights
+from common.config import ConfigError, parse_run_config
+from common.fliu import adaptive_gamma, individualized_update
+from common.fomo import choose_peers, fomo_combine, fomo_weights
+from common.models import get_arrays
+from common.records import flatten, to_record
+from common.stages import STAGE_KEYS, stage_key, summarize_stages
+from server_app.strategies import STRATEGIES, algorithm_config_keys
+from server_app.strategies.base import ClientInfo
+
+from .fakes import FakeReply, train_content
+from .inprocess import InProcessFederation
+
+
+def _federation(algorithm: str, num_clients: int = 4, **overrides) -> InProcessFederation:
+    raw = {"algorithm": algorithm, "dataset": "digits", "num-rounds": 4, "fraction-train": 0.5, "local-epochs": 1,
+           "lr": 0.1, **overrides}
+    return InProcessFederation(parse_run_config(raw, extra_keys=algorithm_config_keys()), num_clients)
+
+
+def _arrays(content: RecordDict, key: str = "arrays") -> list[np.ndarray]:
+    return content.array_records[key].to_numpy_ndarrays()
+
+
+# ----- the model matrix ------------------------------------------------------------------------------
+def test_incremental_gram_equals_the_full_product() -> None:
+    rng = np.random.default_rng(0)
+    matrix = ModelMatrix(6, rng.normal(size=40))
+    matrix.set_rows([1, 4], rng.normal(size=(2, 40)))
+    matrix.set_rows([4, 0, 5], rng.normal(size=(3, 40)))
+    np.testing.assert_allclose(matrix.G, _gram(matrix.W), rtol=1e-12, atol=1e-9)
+    np.testing.assert_array_equal(matrix.G, matrix.G.T)
+    assert matrix.heard.tolist() == [True, True, False, False, True, True]
+    with pytest.raises(ValueError, match="once per call"):
+        matrix.set_rows([2, 2], rng.normal(size=(2, 40)))
+
+
+# ----- FedAMP / HeurFedAMP ---------------------------------------------------------------------------
+@pytest.mark.parametrize("algorithm", ["fedamp", "heurfedamp"])
+def test_each_client_receives_exactly_its_weighted_combination(algorithm: str) -> None:
+    fed = _federation(algorithm, 4, **{"fedamp-sigma": 50.0, "heurfedamp-sigma": 5.0, "heurfedamp-tau": 0.6})
+    strategy = fed.strategy
+    matrix = strategy.ensure_matrix()
+    rng = np.random.default_rng(1)
+    matrix.set_rows([0, 1, 2, 3], matrix.W + 0.05 * rng.normal(size=matrix.W.shape).astype(np.float32))
+    W = matrix.W.copy()
+    xi = (fedamp_weights(W, strategy.alpha_k(1), 50.0)[0] if algorithm == "fedamp"
+          else heurfedamp_weights(W, 5.0, 0.6))
+    shared = strategy.shared_payload(1)
+    payloads = {pid: flatten(_arrays(strategy.train_content(1, pid, shared))) for pid in range(4)}
+    for pid, u in payloads.items():
+        expected = (xi[pid][:, None] * W.astype(np.float64)).sum(axis=0)
+        # float32 GEMM against the float64 loop: equal up to float32 rounding of the sums
+        np.testing.assert_allclose(u, expected, rtol=0, atol=1e-6)
+    assert not np.array_equal(payloads[0], payloads[1]), "a different cloud model per client"
+    config = strategy.train_content(1, 0, shared).config_records["config"]
+    assert config["prox-mu"] == pytest.approx(strategy.lam / strategy.alpha_k(1))
+
+
+def test_fedamp_stores_uploads_as_rows_and_keeps_stale_ones() -> None:
+    fed = _federation("fedamp", 4)
+    before = fed.strategy.ensure_matrix().W.copy()
+    replies = fed.train_round(1)
+    matrix = fed.strategy.matrix
+    for pid in range(4):
+        row = fed.strategy.rows[pid]
+        if pid in replies:
+            np.testing.assert_array_equal(matrix.W[row], flatten(_arrays(replies[pid])))
+        else:
+            np.testing.assert_array_equal(matrix.W[row], before[row])
+    np.testing.assert_allclose(matrix.G, _gram(matrix.W), rtol=1e-12, atol=1e-6)
+    record = fed.strategy.extra_round_record(1)
+    assert record["stale_rows"] == 4 - len(replies) and record["never_heard"] == 4 - len(replies)
+
+
+def test_alpha_schedule_decays_every_period() -> None:
+    strategy = _federation("fedamp", 2, **{"fedamp-alpha": 2.0, "fedamp-decay": 0.1, "fedamp-decay-every": 3}).strategy
+    assert [strategy.alpha_k(k) for k in (1, 3, 4, 6, 7)] == pytest.approx([2.0, 2.0, 0.2, 0.2, 0.02])
+
+
+def test_fedamp_guard_is_reported(caplog) -> None:
+    fed = _federation("fedamp", 3, **{"fedamp-alpha": 1e6, "fedamp-sigma": 1.0})
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        xi = fed.strategy.attention(1)
+    assert fed.strategy.extra_round_record(1)["guard"] is True
+    np.testing.assert_allclose(xi.sum(axis=1), 1.0)
+    assert np.all(np.diag(xi) == 0.0)
+
+
+def test_fedamp_client_pulls_toward_its_cloud_model_and_keeps_it() -> None:
+    fed = _federation("fedamp", 2)
+    u = [a + 0.3 for a in fed.strategy.global_arrays]
+    names = [n for n, _ in fed.strategy.specs]
+
+    def fit(mu: float, state_pid: int) -> list[np.ndarray]:
+        content = RecordDict({"arrays": to_record(names, u),
+                              "config": ConfigRecord({"server-round": 1, "prox-mu": mu})})
+        return _arrays(fed.client(state_pid).fit(1, content))
+
+    free, pulled = fit(0.0, 0), fit(5.0, 1)
+    dist = [float(sum(np.sum((a - b) ** 2) for a, b in zip(w, u))) for w in (free, pulled)]
+    assert dist[1] < 0.5 * dist[0], "the proximal term carries gradient toward u_i"
+    state = fed.client(1).env.state
+    np.testing.assert_array_equal(flatten(state.load_arrays(CLOUD)), flatten(u))
+    np.testing.assert_array_equal(flatten(state.load_arrays(PERSONAL)), flatten(pulled))
+    metrics = fed.client(1).evaluate(2, RecordDict({"config": ConfigRecord({"server-round": 2})})).metric_records["metrics"]
+    assert "cloud-acc-shift-0" in metrics and "acc-shift-0" in metrics
+
+
+def test_fedamp_pretraining_message_trains_from_the_common_initialization() -> None:
+    fed = _federation("fedamp", 2, **{"pretrain-epochs": 2})
+    strategy = fed.strategy
+    strategy._pretraining = True
+    content = strategy.train_content(1, 0, strategy.shared_payload(1))
+    strategy._pretraining = False
+    assert content.config_records["config"]["pretrain"] is True
+    np.testing.assert_array_equal(flatten(_arrays(content)), flatten(strategy.global_arrays))
+    reply = fed.client(0).fit(1, content)
+    assert reply.metric_records["metrics"]["steps"] > 0
+    assert fed.client(0).env.state.load_arrays(CLOUD) is None, "pre-training receives no cloud model"
+
+
+def test_bad_fedamp_config_is_one_clear_error() -> None:
+    with pytest.raises(ConfigError, match="fedamp-alpha"):
+        _federation("fedamp", 2, **{"fedamp-alpha": 0.0})
+
+
+# ----- FLIU ------------------------------------------------------------------------------------------
+def test_fliu_server_averages_uniformly_or_by_samples() -> None:
+    specs = [("body.w", (2,))]
+    cfg = parse_run_config({"algorithm": "fliu"}, extra_keys=algorithm_config_keys())
+    for weighting, expected in (("uniform", 2.0), ("samples", 2.5)):
+        strategy = STRATEGIES["fliu"](cfg.__class__(**{**cfg.__dict__, "extra": {**cfg.extra, "fliu-weighting": weighting}}),
+                                      [np.zeros(2, np.float32)], specs)
+        for pid in range(2):
+            strategy.clients[pid] = ClientInfo(pid, 10 + pid, 10, 5)
+            strategy.node_to_partition[10 + pid] = pid
+        replies = [FakeReply(10, train_content(["body.w"], [np.full(2, 1.0, np.float32)], 10)),
+                   FakeReply(11, train_content(["body.w"], [np.full(2, 3.0, np.float32)], 30))]
+        strategy.aggregate_train(1, replies)
+        np.testing.assert_allclose(strategy.global_arrays[0], expected)
+        config = strategy.round_config(1, 0)
+        assert config["total-samples"] == 20 and config["num-clients"] == 2
+
+
+def test_fliu_client_individualizes_with_the_adaptive_gamma() -> None:
+    fed = _federation("fliu", 4, partition="iid", stages=True)
+    client = fed.client(2)
+    theta_k = [a + 0.5 for a in fed.strategy.global_arrays]
+    client.env.state.save_arrays(PERSONAL, theta_k)
+    content = fed.strategy.train_content(1, 2, fed.strategy.shared_payload(1))
+    n_total = sum(c.num_train for c in fed.strategy.clients.values())
+    gamma = adaptive_gamma(client.env.data.num_train, n_total, 4)
+    mixed = individualized_update(theta_k, fed.strategy.global_arrays, gamma)
+    individualized = client.individualized(client.received_model(content), content)
+    np.testing.assert_array_equal(flatten(get_arrays(individualized)), flatten(mixed))
+    reply = client.fit(1, content)
+    metrics = reply.metric_records["metrics"]
+    assert set(STAGE_KEYS) <= set(metrics)
+    np.testing.assert_array_equal(flatten(client.env.state.load_arrays(PERSONAL)), flatten(_arrays(reply)))
+
+
+def test_fliu_fixed_gamma_and_first_round_without_own_model() -> None:
+    fed = _federation("fliu", 2, **{"fliu-gamma": 0.75})
+    client = fed.client(0)
+    content = fed.strategy.train_content(1, 0, fed.strategy.shared_payload(1))
+    assert client.gamma(content) == 0.75
+    first = client.individualized(client.received_model(content), content)
+    np.testing.assert_array_equal(flatten(get_arrays(first)), flatten(fed.strategy.global_arrays))
+    with pytest.raises(ConfigError, match="fliu-gamma"):
+        _federation("fliu", 2, **{"fliu-gamma": 1.5})
+
+
+# ----- stages ---------------------------------------------------------------------------------------
+def test_stage_summary_means_sums_and_strict_rho() -> None:
+    rows = [{stage_key("L1", "local"): 0.95, stage_key("L1", "global"): 0.5},
+            {stage_key("L1", "local"): 0.80, stage_key("L1", "global"): 0.7},
+            {stage_key("L2", "local"): 1.0, stage_key("L2", "global"): 0.2}]
+    out = summarize_stages(rows, (0.9, 0.95))
+    assert set(out) == {"L1", "L2"}
+    assert out["L1"]["acc_local"][0] == pytest.approx(0.875) and out["L1"]["acc"][0] == pytest.approx(1.475)
+    assert out["L1"]["rho"] == {"0.9": 1, "0.95": 0}, "rho counts Acc(L) strictly above eps"
+    assert out["L2"]["clients"] == 1
+
+
+def test_stages_are_aggregated_per_round_only_when_enabled() -> None:
+    on = _federation("fedavg", 4, stages=True)
+    on.train_round(1)
+    stages = on.strategy.round_log.train["stages"]
+    assert set(stages) == {"G", "L1", "L2"}
+    assert stages["G"]["acc_local"] == stages["L1"]["acc_local"], "FedAvg's L1 is the received global model"
+    off = _federation("fedavg", 4)
+    off.train_round(1)
+    assert "stages" not in off.strategy.round_log.train
+
+
+# ----- FedFomo --------------------------------------------------------------------------------------
+def test_fomo_weights_and_combination_on_hand_made_numbers() -> None:
+    weights = fomo_weights(1.0, [0.5, 1.5, 0.0], [1.0, 1.0, 4.0])
+    assert weights == pytest.approx([0.5 / 0.75, 0.0, 0.25 / 0.75])
+    assert fomo_weights(1.0, [2.0], [1.0]) == [0.0]
+    own = [np.array([0.0, 0.0], np.float32)]
+    peers = [[np.array([2.0, 0.0], np.float32)], [np.array([0.0, 4.0], np.float32)]]
+    np.testing.assert_allclose(fomo_combine(own, peers, [0.5, 0.25])[0], [1.0, 1.0])
+
+
+def test_choose_peers_greedy_and_random() -> None:
+    affinity = np.array([0.0, 3.0, 1.0, 2.0, 0.0])
+    rng = np.random.default_rng(0)
+    assert choose_peers(affinity, np.array([1, 2, 3, 4]), 2, 0.0, rng) == [1, 3]
+    picked = choose_peers(affinity, np.array([1, 2, 3, 4]), 3, 1.0, rng)
+    assert len(picked) == 3 and set(picked) <= {1, 2, 3, 4}
+    assert choose_peers(affinity, np.array([], dtype=np.int64), 2, 0.0, rng) == []
+
+
+def test_fedfomo_sends_heard_peers_and_learns_affinity(caplog) -> None:
+    fed = _federation("fedfomo", 4, **{"fomo-models": 2, "fraction-train": 1.0})
+    first = fed.train_round(1)
+    assert all(len(r.array_records) == 1 for r in first.values())
+    assert fed.strategy.sent_peers == {pid: [] for pid in range(4)}, "nobody has been heard from in round 1"
+    fed.train_round(2)
+    assert all(len(peers) == 2 and pid not in peers for pid, peers in fed.strategy.sent_peers.items())
+    # the affinity row of the client grows by exactly the weights it reports for the peers it was sent
+    content = fed.strategy.train_content(3, 0, {})
+    peers = fed.strategy.sent_peers[0]
+    reply = fed.client(0).fit(3, content)
+    metrics = reply.metric_records["metrics"]
+    assert {"fomo-weight-0", "fomo-weight-1"} <= set(metrics)
+    metrics["fomo-weight-0"], metrics["fomo-weight-1"] = 0.7, 0.3
+    before = fed.strategy.affinity.copy()
+    fed.strategy.aggregate_train(3, [FakeReply(1000, reply)])
+    delta = fed.strategy.affinity - before
+    assert delta[0, peers[0]] == pytest.approx(0.7) and delta[0, peers[1]] == pytest.approx(0.3)
+    assert np.count_nonzero(delta) == 2
+    # a negative peer weight is rejected
+    fed.strategy.train_content(3, 0, {})
+    metrics["fomo-weight-0"] = -1.0
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        fed.strategy.aggregate_train(3, [FakeReply(1000, reply)])
+    assert fed.strategy.round_log.train["rejected"] == 1 and "fomo-weight-0" in caplog.text
+
+
+# ----- simulated faults -----------------------------------------------------------------------------
+def test_simulated_drops_are_exact_and_seeded() -> None:
+    strategy = _federation("fedavg", 10, **{"drop-rate": 0.3}).strategy
+    sampled = list(range(10))
+    drops = strategy.simulated_drops(2, sampled)
+    assert len(drops) == 3 and drops == strategy.simulated_drops(2, sampled)
+    assert _federation("fedavg", 10).strategy.simulated_drops(2, sampled) == set()
+
+
+def test_dropped_client_is_told_in_its_message() -> None:
+    fed = _federation("fedavg", 10, **{"drop-rate": 0.5})
+    strategy = fed.strategy
+    sampled = strategy.sample(1)
+    contents = strategy.message_contents(1, sampled, "train")
+    flagged = {pid for pid, c in zip(sampled, contents) if c.config_records["config"].get("simulate-drop")}
+    assert flagged == strategy.simulated_drops(1, sampled) and len(flagged) == round(0.5 * len(sampled))
+
+
+def test_client_app_raises_on_a_simulated_drop() -> None:
+    from client_app.app import SimulatedDrop, train
+
+    class _Ctx:
+        run_config = {"dataset": "digits", "drop-rate": 0.5}
+        node_config = {"partition-id": 0, "num-partitions": 2}
+        state = RecordDict()
+
+    class _Msg:
+        content = RecordDict({"config": ConfigRecord({"server-round": 1, "simulate-drop": True})})
+
+    with pytest.raises(SimulatedDrop, match="dropped"):
+        train(_Msg(), _Ctx())
