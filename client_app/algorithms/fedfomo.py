@@ -14,7 +14,6 @@ from common.seeding import derive_seed
 from common.train import train
 from common.validation import validate_arrays
 
-from .base import ClientAlgorithm
 from .local import PERSONAL, LocalClient
 
 MAX_PEERS = 64

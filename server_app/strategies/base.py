@@ -224,10 +224,8 @@ class PFLStrategy(Strategy):
             reply.arrays = validate_arrays(content.array_records.get("arrays"), self.specs)
         return reply
 
-    def aggregate_train(self, server_round: int,
-                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Validate replies, aggregate the accepted ones, record the counts."""
-        replies = list(replies)
+    def accept_train_replies(self, replies: list[Message], what: str = "training") -> tuple[list[TrainReply], int, int]:
+        """The validated training replies, and the counts of failed and rejected ones (each logged)."""
         good, failed = self._sort_replies(replies, "train_up")
         accepted: list[TrainReply] = []
         rejected = 0
@@ -236,7 +234,14 @@ class PFLStrategy(Strategy):
                 accepted.append(self.parse_train_reply(pid, msg.content))
             except PayloadError as exc:
                 rejected += 1
-                log(WARNING, "client %d: training reply rejected: %s", pid, exc)
+                log(WARNING, "client %d: %s reply rejected: %s", pid, what, exc)
+        return accepted, failed, rejected
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Validate replies, aggregate the accepted ones, record the counts."""
+        replies = list(replies)
+        accepted, failed, rejected = self.accept_train_replies(replies)
         if accepted:
             self.aggregate(server_round, accepted)
         flops = sum(_flops(r.content) for r in accepted)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
 from common.dmpfl import aggregate_round, phase_schedule

@@ -14,7 +14,7 @@ from common.attention import ModelMatrix, cloud_models, fedamp_weights_from_gram
 from common.config import ConfigError
 from common.evaluate import CLOUD_PREFIX, shift_key
 from common.records import flatten, to_record, unflatten
-from common.validation import PayloadError, read_fraction
+from common.validation import read_fraction
 
 from .base import PFLStrategy, TrainReply
 
@@ -117,19 +117,13 @@ class FedAMPStrategy(PFLStrategy):
         try:
             clients = sorted(self.clients)
             messages = self._messages(1, clients, MessageType.TRAIN, "train_down")
-            replies = grid.send_and_receive(messages, timeout=self.cfg.round_timeout)
-            good, failed = self._sort_replies(replies, "train_up")
-            accepted = []
-            for pid, msg in good:
-                try:
-                    accepted.append(self.parse_train_reply(pid, msg.content))
-                except PayloadError as exc:
-                    failed += 1
-                    log(WARNING, "client %d: pre-training reply rejected: %s", pid, exc)
+            replies = list(grid.send_and_receive(messages, timeout=self.cfg.round_timeout))
+            accepted, failed, rejected = self.accept_train_replies(replies, "pre-training")
             self.aggregate(0, accepted)
         finally:
             self._pretraining = False
-        self.round_log.train["pretrain"] = {"sent": len(clients), "used": len(accepted), "failed": failed}
+        self.round_log.train["pretrain"] = {"sent": len(clients), "used": len(accepted), "failed": failed,
+                                            "rejected": rejected}
         log(INFO, "pre-training: %d of %d clients trained %d local epoch(s) from the common initialization",
             len(accepted), len(clients), self.pretrain_epochs)
 
