@@ -3,12 +3,12 @@ Local, FedFomo, FLIU with the adaptive gamma (Eq. 4) and FLIU with a fixed gamma
 and K = 100 clients.
 
 The paper runs T = 100 rounds with every client, B = 50, E = 5, lr 0.01 (decay 0.99). On this CPU the default
-is a preset: a seeded 10,000-sample subset of MNIST (`max-samples`), 20 rounds, half of the clients per round
+is a preset: a seeded 10,000-sample subset of MNIST (`max-samples`), 10 rounds, half of the clients per round
 with K = 10 and 10% with K = 100, E = 2, Adam lr 1e-3 as SPEC 3.3 says for FLIU's local training, Dirichlet
 alpha = 1 for LSQS (the paper's figures). Acc(G) is
 measured on a seeded 2,000-sample subset of the pooled test set (`stage-test-size`).
 
-    python bench/fliu_mnist.py [--data-dir ../shared/data] [--rounds 20] [--settings path-10,lsqs-100]
+    python bench/fliu_mnist.py [--data-dir ../shared/data] [--rounds 10] [--settings path-10,lsqs-100]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def run() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--data-dir", default=str(Path(__file__).resolve().parent.parent.parent / "shared" / "data"))
-    parser.add_argument("--rounds", default="20")
+    parser.add_argument("--rounds", default="10")
     parser.add_argument("--max-samples", default="10000")
     args, rest = parser.parse_known_args()
     for name in args.settings.split(","):

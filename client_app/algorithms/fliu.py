@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from flwr.app import RecordDict
 
 from common.fliu import adaptive_gamma, individualized_update
 from common.models import SplitModel, get_arrays, set_arrays
-from common.train import train
+from common.train import TrainSettings, train
 from common.validation import PayloadError, read_count
 
 from .base import ClientAlgorithm
@@ -17,6 +19,10 @@ class FLIUClient(ClientAlgorithm):
     """Keeps its last locally trained model theta_k; stages: G = Theta, L1 = individualized, L2 = trained."""
 
     name = "fliu"
+
+    def settings(self, server_round: int) -> TrainSettings:
+        """FLIU trains locally with Adam (papers/003 Sec. IV) at the configured lr and its per-round decay."""
+        return replace(super().settings(server_round), optimizer="adam")
 
     def gamma(self, content: RecordDict) -> float:
         """The fixed `fliu-gamma`, or gamma_k(n_k) of Eq. 4 from the n and K the server sent."""
