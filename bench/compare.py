@@ -104,6 +104,28 @@ def parse_algorithms(spec: str) -> list[tuple[str, str, str]]:
     return out
 
 
+def finished_with_config(run_dir: Path, config: str) -> bool:
+    """True when run_dir holds a finished run (summary.json) whose config.json equals `config` as parsed
+    (results-dir and run-name aside; keys the older run did not record must have their default value)."""
+    if not (run_dir / "summary.json").is_file() or not (run_dir / "config.json").is_file():
+        return False
+    from common.config import parse_run_config
+    from server_app.strategies import algorithm_config_keys
+
+    raw = {key: value.strip("'") for key, value in re.findall(r"([\w-]+)=('[^']*'|\S+)", config)}
+    typed = {k: (json.loads(v) if re.fullmatch(r"-?[\d.eE+-]+|true|false", v) else v) for k, v in raw.items()}
+    wanted = parse_run_config(typed, extra_keys=algorithm_config_keys()).to_dict()
+    defaults = parse_run_config({}, extra_keys=algorithm_config_keys()).to_dict()
+    recorded = json.loads((run_dir / "config.json").read_text())
+    ignore = {"results-dir", "run-name"}
+    for key, value in wanted.items():
+        if key in ignore:
+            continue
+        if recorded.get(key, defaults.get(key)) != value:
+            return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the algorithms one after another and print the tables."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -123,9 +145,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--extra", default="", help="more run-config overrides, e.g. \"proximal-mu=0.01\"")
     parser.add_argument("--results-dir", default=str(REPO / "results"))
+    parser.add_argument("--resume", default="", help="an earlier compare-* folder: algorithms it finished with "
+                        "the same run config are read from it, the others run and are added to it")
     args = parser.parse_args(argv)
     data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else ""
-    results = Path(args.results_dir).resolve() / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    results = (Path(args.resume).resolve() if args.resume
+               else Path(args.results_dir).resolve() / f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
     base = (f"dataset='{args.dataset}' data-dir='{data_dir}' partition='{args.partition}' "
             f"dirichlet-alpha={args.alpha} num-rounds={args.rounds} fraction-train={args.fraction} "
             f"local-epochs={args.epochs} batch-size={args.batch_size} lr={args.lr} eval-every={args.eval_every} "
@@ -135,6 +160,10 @@ def main(argv: list[str] | None = None) -> None:
         for name, algorithm, extra in parse_algorithms(args.algorithms):
             started = time.monotonic()
             config = merge_config(f"{base} algorithm='{algorithm}' run-name='{name}'", extra)
+            if args.resume and finished_with_config(results / name, config):
+                summaries[name] = json.loads((results / name / "summary.json").read_text())
+                print(f"{name}: finished earlier with the same run config, read from {results / name}", flush=True)
+                continue
             outcome = link.run(REPO, config, num_supernodes=args.clients, timeout=24 * 3600)
             if outcome.status != "finished:completed":
                 sys.exit(f"{name} failed ({outcome.status}):\n{outcome.output[-3000:]}")
