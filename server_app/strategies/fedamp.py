@@ -46,6 +46,7 @@ class FedAMPStrategy(PFLStrategy):
         self.rows: dict[int, int] = {}
         self._pretraining = False
         self._guard = False
+        self._self_weight: float | None = None
 
     # ----- the model matrix ------------------------------------------------------------------------
     def ensure_matrix(self) -> ModelMatrix:
@@ -91,8 +92,10 @@ class FedAMPStrategy(PFLStrategy):
             matrix = self.ensure_matrix()
             wanted = sorted(set(self.sample(server_round)) | {partition_id})
             rows = [self.rows[pid] for pid in wanted]
-            U = cloud_models(self.attention(server_round), matrix.W, rows)
-            shared["cloud"] = dict(zip(wanted, U))
+            xi = self.attention(server_round)
+            # how much of u_i is w_i itself: ~1 means local training, ~1/m uniform averaging (tune sigma by it)
+            self._self_weight = float(np.median(np.diag(xi)[rows]))
+            shared["cloud"] = dict(zip(wanted, cloud_models(xi, matrix.W, rows)))
         u = shared["cloud"].get(partition_id)
         if u is None:
             row = self.rows[partition_id]
@@ -136,7 +139,7 @@ class FedAMPStrategy(PFLStrategy):
         """alpha_k, whether the guard fired, and how many rows are stale or never updated."""
         matrix = self.ensure_matrix()
         used = len(self.round_log.train.get("clients", []))
-        return {"alpha_k": self.alpha_k(server_round), "guard": self._guard,
+        return {"alpha_k": self.alpha_k(server_round), "guard": self._guard, "self_weight_median": self._self_weight,
                 "stale_rows": matrix.num_clients - used, "never_heard": int((~matrix.heard).sum())}
 
 
