@@ -83,6 +83,8 @@ def test_fedamp_stores_uploads_as_rows_and_keeps_stale_ones() -> None:
     np.testing.assert_allclose(matrix.G, _gram(matrix.W), rtol=1e-12, atol=1e-6)
     record = fed.strategy.extra_round_record(1)
     assert record["stale_rows"] == 4 - len(replies) and record["never_heard"] == 4 - len(replies)
+    # rows all equal before the first upload: distance 0, so xi_ij = alpha/sigma for each of the 3 others
+    assert record["self_weight_median"] == pytest.approx(1 - 3 * fed.strategy.alpha_k(1) / 100.0)
 
 
 def test_alpha_schedule_decays_every_period() -> None:
