@@ -134,6 +134,19 @@ def test_fedamp_pretraining_message_trains_from_the_common_initialization() -> N
     assert fed.client(0).env.state.load_arrays(CLOUD) is None, "pre-training receives no cloud model"
 
 
+def test_pretraining_flops_count_in_round_one() -> None:
+    fed = _federation("fedamp", 2)
+    strategy = fed.strategy
+    strategy.round_log.train["pretrain"] = {"flops": 1234.0}
+    replies = fed.train_round(1)
+    trained = sum(r.metric_records["metrics"]["train-flops"] for r in replies.values())
+    assert trained > 0 and strategy.round_log.train["flops"] == pytest.approx(trained + 1234.0)
+    strategy.round_log = type(strategy.round_log)()
+    replies = fed.train_round(2)
+    assert strategy.round_log.train["flops"] == pytest.approx(
+        sum(r.metric_records["metrics"]["train-flops"] for r in replies.values()))
+
+
 def test_bad_fedamp_config_is_one_clear_error() -> None:
     with pytest.raises(ConfigError, match="fedamp-alpha"):
         _federation("fedamp", 2, **{"fedamp-alpha": 0.0})

@@ -16,7 +16,7 @@ from common.evaluate import CLOUD_PREFIX, shift_key
 from common.records import flatten, to_record, unflatten
 from common.validation import read_fraction
 
-from .base import PFLStrategy, TrainReply
+from .base import PFLStrategy, TrainReply, _flops
 
 
 class FedAMPStrategy(PFLStrategy):
@@ -126,9 +126,15 @@ class FedAMPStrategy(PFLStrategy):
         finally:
             self._pretraining = False
         self.round_log.train["pretrain"] = {"sent": len(clients), "used": len(accepted), "failed": failed,
-                                            "rejected": rejected}
+                                            "rejected": rejected, "flops": sum(_flops(r.content) for r in accepted)}
         log(INFO, "pre-training: %d of %d clients trained %d local epoch(s) from the common initialization",
             len(accepted), len(clients), self.pretrain_epochs)
+
+    def aggregate_train(self, server_round: int, replies):  # type: ignore[override]
+        """As the base; round 1's training FLOPs include the pre-training."""
+        out = super().aggregate_train(server_round, replies)
+        self.round_log.train["flops"] += self.round_log.train.get("pretrain", {}).get("flops", 0.0)
+        return out
 
     def extra_eval_metrics(self, metrics) -> dict[str, float]:
         """Accuracy of each client's last received cloud model u_i at every shift degree (when it has one)."""
