@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import json
 import math
 import sys
@@ -156,6 +157,8 @@ def main(argv: list[str] | None = None) -> None:
             f"local-epochs={args.epochs} batch-size={args.batch_size} lr={args.lr} eval-every={args.eval_every} "
             f"seed={args.seed} results-dir='{results}' {args.extra}")
     summaries: dict[str, dict] = {}
+    # a SIGTERM (e.g. `kill`) unwinds like Ctrl+C, so the SuperLink below is stopped, not orphaned
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with LocalSuperLink(results / "flwr-home") as link:
         for name, algorithm, extra in parse_algorithms(args.algorithms):
             started = time.monotonic()
