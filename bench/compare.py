@@ -10,10 +10,10 @@ and rounds; the table is read from each run's summary.json.
 from __future__ import annotations
 
 import argparse
-import re
-import signal
 import json
 import math
+import re
+import signal
 import sys
 import time
 from pathlib import Path
