@@ -86,12 +86,14 @@ def cost_table(summaries: dict[str, dict], reference: str = "fedavg") -> str:
     return "\n".join(lines)
 
 
+def parse_overrides(text: str) -> dict[str, str]:
+    """"k=v k2='s'" run-config text -> {key: raw value text} (later keys win)."""
+    return dict(re.findall(r"([\w-]+)=('[^']*'|\S+)", text))
+
+
 def merge_config(base: str, overrides: str) -> str:
     """'k=v ...' run-config strings merged, the later value winning (flwr rejects a key given twice)."""
-    merged: dict[str, str] = {}
-    for text in (base, overrides):
-        for key, value in re.findall(r"([\w-]+)=('[^']*'|\S+)", text):
-            merged[key] = value
+    merged = {**parse_overrides(base), **parse_overrides(overrides)}
     return " ".join(f"{k}={v}" for k, v in merged.items())
 
 
@@ -113,7 +115,7 @@ def finished_with_config(run_dir: Path, config: str) -> bool:
     from common.config import parse_run_config
     from server_app.strategies import algorithm_config_keys
 
-    raw = {key: value.strip("'") for key, value in re.findall(r"([\w-]+)=('[^']*'|\S+)", config)}
+    raw = {key: value.strip("'") for key, value in parse_overrides(config).items()}
     typed = {k: (json.loads(v) if re.fullmatch(r"-?[\d.eE+-]+|true|false", v) else v) for k, v in raw.items()}
     wanted = parse_run_config(typed, extra_keys=algorithm_config_keys()).to_dict()
     defaults = parse_run_config({}, extra_keys=algorithm_config_keys()).to_dict()

@@ -33,12 +33,15 @@ def stage_metrics(models: Mapping[str, nn.Module | None], own: tuple[torch.Tenso
                   pooled: tuple[torch.Tensor, torch.Tensor], device: torch.device | str = "cpu") -> dict[str, float]:
     """Acc(L) and Acc(G) of each stage's model (stages whose model is None are skipped)."""
     out: dict[str, float] = {}
+    done: dict[int, tuple[float, float]] = {}  # one evaluation per model object (FedAvg's G and L1 are one)
     for stage, model in models.items():
         if stage not in STAGES:
             raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
-        if model is not None:
-            out[stage_key(stage, "local")] = accuracy(model, *own, device=device)
-            out[stage_key(stage, "global")] = accuracy(model, *pooled, device=device)
+        if model is None:
+            continue
+        if id(model) not in done:
+            done[id(model)] = (accuracy(model, *own, device=device), accuracy(model, *pooled, device=device))
+        out[stage_key(stage, "local")], out[stage_key(stage, "global")] = done[id(model)]
     return out
 
 

@@ -94,9 +94,9 @@ def test_qs_balanced_labels_skewed_sizes() -> None:
     assert _size_ratio(parts) > 10
 
 
-def test_qs_sizes_follow_the_dirichlet_draw() -> None:
-    K, alpha, seed = 20, 0.5, 3
-    parts = quantity_skew_qs(LABELS, K, alpha=alpha, seed=seed)
+@pytest.mark.parametrize(("split", "K", "alpha", "seed"), [(quantity_skew_qs, 20, 0.5, 3), (lsqs, 15, 1.0, 6)])
+def test_sizes_follow_the_dirichlet_draw(split, K: int, alpha: float, seed: int) -> None:
+    parts = split(LABELS, K, alpha=alpha, seed=seed)
     share = np.random.default_rng(seed).dirichlet([alpha] * K)
     expected = 2 + share * (len(LABELS) - 2 * K)
     assert np.abs(np.array([len(p) for p in parts]) - expected).max() < 1
@@ -119,14 +119,6 @@ def test_lsqs_has_both_skews() -> None:
     assert _mean_dominant_share(LABELS, big) > 0.5
     qs_share = _mean_dominant_share(LABELS, [p for p in quantity_skew_qs(LABELS, 20, 0.3, 5) if len(p) >= 100])
     assert qs_share < 0.15
-
-
-def test_lsqs_sizes_follow_the_dirichlet_draw() -> None:
-    K, alpha, seed = 15, 1.0, 6
-    parts = lsqs(LABELS, K, alpha=alpha, seed=seed)
-    share = np.random.default_rng(seed).dirichlet([alpha] * K)
-    expected = 2 + share * (len(LABELS) - 2 * K)
-    assert np.abs(np.array([len(p) for p in parts]) - expected).max() < 1
 
 
 @pytest.mark.parametrize("scheme", ["ls", "qs", "lsqs", "grouped"])

@@ -244,7 +244,7 @@ class PFLStrategy(Strategy):
         accepted, failed, rejected = self.accept_train_replies(replies)
         if accepted:
             self.aggregate(server_round, accepted)
-        flops = sum(_flops(r.content) for r in accepted)
+        flops = sum(reply_flops(r.content) for r in accepted)
         total = sum(r.num_examples for r in accepted)
         loss = sum(r.loss * r.num_examples for r in accepted) / total if total else float("nan")
         self.round_log.train.update(received=len(replies), failed=failed, rejected=rejected, used=len(accepted),
@@ -386,7 +386,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def _flops(content: RecordDict) -> float:
+def reply_flops(content: RecordDict) -> float:
     """A reply's reported training FLOPs (0 when absent or malformed: a cost figure, never used in math)."""
     value = content.metric_records.get("metrics", {}).get("train-flops", 0.0)
     return float(value) if isinstance(value, (int, float)) and np.isfinite(value) and value >= 0 else 0.0

@@ -10,16 +10,16 @@ from flwr.app import ConfigRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from common.attention import ModelMatrix, cloud_models, fedamp_weights_from_gram, heurfedamp_weights_from_gram
+from common.attention import cloud_models, fedamp_weights_from_gram, heurfedamp_weights_from_gram
 from common.config import ConfigError
 from common.evaluate import CLOUD_PREFIX, shift_key
-from common.records import flatten, to_record, unflatten
 from common.validation import read_fraction
 
-from .base import PFLStrategy, TrainReply, _flops
+from .base import TrainReply, reply_flops
+from .client_models import ClientModelsStrategy
 
 
-class FedAMPStrategy(PFLStrategy):
+class FedAMPStrategy(ClientModelsStrategy):
     """Keeps every client's latest model as a row of one float32 matrix; sends client i its own
     u_i = sum_j xi_ij w_j with FedAMP's exp-distance attention; clients train toward u_i with a proximal term.
 
@@ -42,20 +42,11 @@ class FedAMPStrategy(PFLStrategy):
         if self.alpha <= 0 or self.lam <= 0:
             raise ConfigError(f"run-config 'fedamp-alpha' = {self.alpha} and 'fedamp-lambda' = {self.lam} "
                               "must both be positive")
-        self.matrix: ModelMatrix | None = None
-        self.rows: dict[int, int] = {}
         self._pretraining = False
         self._guard = False
         self._self_weight: float | None = None
 
-    # ----- the model matrix ------------------------------------------------------------------------
-    def ensure_matrix(self) -> ModelMatrix:
-        """The (clients x params) matrix, built on first use with every row at the common initialization."""
-        if self.matrix is None:
-            self.rows = {pid: row for row, pid in enumerate(sorted(self.clients))}
-            self.matrix = ModelMatrix(len(self.rows), flatten(self.global_arrays))
-        return self.matrix
-
+    # ----- attention -------------------------------------------------------------------------------
     def alpha_k(self, server_round: int) -> float:
         """alpha_k: the initial alpha times `fedamp-decay` every `fedamp-decay-every` rounds."""
         return self.alpha * self.decay ** ((server_round - 1) // self.decay_every)
@@ -100,16 +91,11 @@ class FedAMPStrategy(PFLStrategy):
         if u is None:
             row = self.rows[partition_id]
             u = cloud_models(self.attention(server_round), self.ensure_matrix().W, [row])[0]
-        names = [name for name, _ in self.specs]
-        arrays = unflatten(u, [shape for _, shape in self.specs])
-        return RecordDict({"arrays": to_record(names, arrays), "config": config})
+        return RecordDict({"arrays": self.model_record(u), "config": config})
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Store each reply as its client's new row (and the Gram matrix's row/column)."""
-        matrix = self.ensure_matrix()
-        known = [r for r in replies if r.partition_id in self.rows]
-        if known:
-            matrix.set_rows([self.rows[r.partition_id] for r in known], np.stack([flatten(r.arrays) for r in known]))
+        self.store_replies(replies)
 
     def before_first_round(self, grid: Grid) -> None:
         """Every client trains `pretrain-epochs` locally from the common initialization; that becomes its row."""
@@ -126,7 +112,7 @@ class FedAMPStrategy(PFLStrategy):
         finally:
             self._pretraining = False
         self.round_log.train["pretrain"] = {"sent": len(clients), "used": len(accepted), "failed": failed,
-                                            "rejected": rejected, "flops": sum(_flops(r.content) for r in accepted)}
+                                            "rejected": rejected, "flops": sum(reply_flops(r.content) for r in accepted)}
         log(INFO, "pre-training: %d of %d clients trained %d local epoch(s) from the common initialization",
             len(accepted), len(clients), self.pretrain_epochs)
 

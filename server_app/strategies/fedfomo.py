@@ -10,17 +10,18 @@ from flwr.app import ConfigRecord, RecordDict
 from common.attention import ModelMatrix
 from common.config import ConfigError
 from common.fomo import WEIGHT_KEY, choose_peers
-from common.records import flatten, to_record, unflatten
 from common.seeding import derive_seed
 from common.validation import PayloadError
 
-from .base import PFLStrategy, TrainReply
+from .base import TrainReply
+from .client_models import ClientModelsStrategy
 
-class FedFomoStrategy(PFLStrategy):
+class FedFomoStrategy(ClientModelsStrategy):
     """Keeps the clients' latest models and an affinity matrix P; P[i, j] grows by the weight client i gave j."""
 
     name = "fedfomo"
     sends_weights_for_eval = False
+    track_gram = False
     extra_config = {"fomo-models": 5, "fomo-epsilon": 0.3, "fomo-epsilon-decay": 0.95, "fomo-val-fraction": 0.2}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -33,18 +34,15 @@ class FedFomoStrategy(PFLStrategy):
         if self.num_peers < 1 or not 0 <= self.epsilon <= 1 or not 0 < self.epsilon_decay <= 1 or not 0 < val < 1:
             raise ConfigError("run-config FedFomo keys out of range: need fomo-models >= 1, fomo-epsilon in [0, 1], "
                               "fomo-epsilon-decay in (0, 1], fomo-val-fraction in (0, 1)")
-        self.matrix: ModelMatrix | None = None
-        self.rows: dict[int, int] = {}
         self.affinity = np.zeros((0, 0))
         self.sent_peers: dict[int, list[int]] = {}
 
     def ensure_matrix(self) -> ModelMatrix:
         """Model rows (no Gram matrix needed) and the affinity matrix, built on first use."""
-        if self.matrix is None:
-            self.rows = {pid: row for row, pid in enumerate(sorted(self.clients))}
-            self.matrix = ModelMatrix(len(self.rows), flatten(self.global_arrays), track_gram=False)
-            self.affinity = np.zeros((len(self.rows), len(self.rows)))
-        return self.matrix
+        matrix = super().ensure_matrix()
+        if self.affinity.shape[0] != matrix.num_clients:
+            self.affinity = np.zeros((matrix.num_clients, matrix.num_clients))
+        return matrix
 
     def peers_for(self, server_round: int, partition_id: int) -> list[int]:
         """Partition ids of the peers whose models this client receives (only clients heard from)."""
@@ -54,8 +52,7 @@ class FedFomoStrategy(PFLStrategy):
         candidates = candidates[candidates != row]
         rng = np.random.default_rng(derive_seed(self.cfg.seed, "fomo-peers", server_round, partition_id))
         epsilon = self.epsilon * self.epsilon_decay ** (server_round - 1)
-        by_row = {row: pid for pid, row in self.rows.items()}
-        return [by_row[r] for r in choose_peers(self.affinity[row], candidates, self.num_peers, epsilon, rng)]
+        return [self.pids[r] for r in choose_peers(self.affinity[row], candidates, self.num_peers, epsilon, rng)]
 
     def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
         """Adds the ids of the peers sent."""
@@ -73,10 +70,8 @@ class FedFomoStrategy(PFLStrategy):
         peers = self.peers_for(server_round, partition_id)
         self.sent_peers[partition_id] = peers
         content = RecordDict({"config": self.round_config(server_round, partition_id)})
-        names = [name for name, _ in self.specs]
-        shapes = [shape for _, shape in self.specs]
         for k, peer in enumerate(peers):
-            content[f"peer-{k}"] = to_record(names, unflatten(self.matrix.W[self.rows[peer]], shapes))
+            content[f"peer-{k}"] = self.model_record(self.matrix.W[self.rows[peer]])
         return content
 
     def parse_train_reply(self, partition_id: int, content: RecordDict) -> TrainReply:
@@ -94,10 +89,9 @@ class FedFomoStrategy(PFLStrategy):
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Store the new models; add each client's peer weights to its affinity row."""
-        matrix = self.ensure_matrix()
+        self.ensure_matrix()
         for reply in replies:
             row = self.rows[reply.partition_id]
             for peer, weight in zip(self.sent_peers.get(reply.partition_id, []), reply.payload or []):
                 self.affinity[row, self.rows[peer]] += weight
-        if replies:
-            matrix.set_rows([self.rows[r.partition_id] for r in replies], np.stack([flatten(r.arrays) for r in replies]))
+        self.store_replies(replies)

@@ -1,0 +1,45 @@
+"""Base of strategies that keep every client's latest model on the server, one float32 row per client."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+from flwr.app import ArrayRecord
+
+from common.attention import ModelMatrix
+from common.records import flatten, to_record, unflatten
+
+from .base import PFLStrategy, TrainReply
+
+
+class ClientModelsStrategy(PFLStrategy):
+    """Rows of a ModelMatrix (all at the common initialization until a client uploads), indexed by partition."""
+
+    track_gram: ClassVar[bool] = True  # keep W W^T current (FedAMP's attention needs it)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.matrix: ModelMatrix | None = None
+        self.rows: dict[int, int] = {}  # partition id -> row
+        self.pids: list[int] = []       # row -> partition id
+
+    def ensure_matrix(self) -> ModelMatrix:
+        """The (clients x params) matrix, built on first use (after the handshake)."""
+        if self.matrix is None:
+            self.pids = sorted(self.clients)
+            self.rows = {pid: row for row, pid in enumerate(self.pids)}
+            self.matrix = ModelMatrix(len(self.pids), flatten(self.global_arrays), track_gram=self.track_gram)
+        return self.matrix
+
+    def model_record(self, vector: np.ndarray) -> ArrayRecord:
+        """One flat model vector as an ArrayRecord named like the model's state dict."""
+        arrays = unflatten(vector, [shape for _, shape in self.specs])
+        return to_record([name for name, _ in self.specs], arrays)
+
+    def store_replies(self, replies: list[TrainReply]) -> None:
+        """Each reply's model becomes its client's row (one Gram update for all of them)."""
+        matrix = self.ensure_matrix()
+        known = [r for r in replies if r.partition_id in self.rows]
+        if known:
+            matrix.set_rows([self.rows[r.partition_id] for r in known], np.stack([flatten(r.arrays) for r in known]))
