@@ -129,8 +129,8 @@ def finished_with_config(run_dir: Path, config: str) -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the algorithms one after another and print the tables."""
+def main(argv: list[str] | None = None) -> dict[str, dict]:
+    """Run the algorithms one after another, print the tables and return each run's summary by label."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algorithms", default="fedavg,local",
                         help="comma-separated; per-algorithm overrides in brackets: fedavg-ft[eval-every=30]")
@@ -186,6 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         print("\nStages (papers/003 Table I) of the clients trained in the last round, %:")
         print(stages)
     print(f"\nresults: {results}")
+    return summaries
 
 
 if __name__ == "__main__":
