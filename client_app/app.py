@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
@@ -12,7 +14,7 @@ from common.config import RunConfig, parse_run_config
 from common.data.federated import client_data
 
 from .algorithms import ALGORITHMS, ClientEnv
-from .state import ClientState
+from .state import ClientState, StateDir, restored_log
 
 app = ClientApp()
 
@@ -45,13 +47,44 @@ def resolve_device(name: str) -> torch.device:
     return torch.device("cpu")
 
 
-def _env(context: Context) -> ClientEnv:
+_restored: set[Path] = set()  # state dirs this process has restored from, so the restore is logged once
+
+
+def state_dir(context: Context, msg: Message, cfg: RunConfig) -> StateDir | None:
+    """This client's state dir for the run: node config 'state-dir' (a device), else run config
+    'client-state-dir' (a simulation), under the run's state key and the partition; None when neither is set."""
+    root = context.node_config.get("state-dir") or cfg.client_state_dir
+    key = msg.content.config_records["config"].get("state-key") if "config" in msg.content.config_records else None
+    if not root or not key:
+        return None
+    partition_id, _ = _partition(context)
+    return StateDir(Path(str(root)).expanduser() / str(key) / f"partition-{partition_id}")
+
+
+def _env(context: Context, msg: Message, training: bool = False) -> tuple[ClientEnv, StateDir | None]:
+    """The client's config, data, state (restored from its state dir when it has one) and device."""
     cfg = _config(tuple(sorted(context.run_config.items())))
     if torch.get_num_threads() != cfg.client_threads:
         torch.set_num_threads(cfg.client_threads)
     partition_id, num_partitions = _partition(context)
     data = client_data(cfg, partition_id, num_partitions)
-    return ClientEnv(cfg, data, ClientState(context.state), resolve_device(cfg.device))
+    store = state_dir(context, msg, cfg)
+    record = context.state
+    if store is not None:
+        loaded = store.load(_round(msg), training)
+        record = loaded[1] if loaded else RecordDict()
+        if loaded and store.path not in _restored:
+            _restored.add(store.path)
+            restored_log(store.path, loaded[0])
+    return ClientEnv(cfg, data, ClientState(record), resolve_device(cfg.device)), store
+
+
+def _persist(env: ClientEnv, store: StateDir | None, msg: Message) -> None:
+    """Write the state to the state dir (atomically) when the message changed it."""
+    if store is not None and env.state.dirty:
+        config = msg.content.config_records["config"]
+        checkpoint = config.get("checkpoint-round")
+        store.save(_round(msg), env.state.record, None if checkpoint is None else int(checkpoint))
 
 
 def _round(msg: Message) -> int:
@@ -61,7 +94,7 @@ def _round(msg: Message) -> int:
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Handshake: tell the server which partition this node holds and how much data."""
-    env = _env(context)
+    env, _ = _env(context, msg)
     partition_id, num_partitions = _partition(context)
     metrics = MetricRecord({"partition-id": partition_id, "num-partitions": num_partitions,
                             "num-train": env.data.num_train, "num-test": len(env.data.test_y)})
@@ -71,17 +104,26 @@ def query(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """One round of local training by the configured algorithm."""
-    env = _env(context)
-    if msg.content.config_records["config"].get("simulate-drop", False):
+    env, store = _env(context, msg, training=True)
+    config = msg.content.config_records["config"]
+    if config.get("simulate-drop", False):
         # drop-rate: the server picked this client to fail this round; the error reply exercises the real path.
         raise SimulatedDrop(f"client {env.partition_id} dropped this round (simulated, drop-rate {env.cfg.drop_rate:g})")
+    if config.get("simulate-delay", 0.0):
+        # straggler-rate: answer only after the server's round timeout, so the server goes on without this reply.
+        time.sleep(float(config["simulate-delay"]))
+        raise SimulatedDrop(f"client {env.partition_id} answered after the round timeout (simulated straggler)")
     algorithm = ALGORITHMS[env.cfg.algorithm](env)
-    return Message(algorithm.fit(_round(msg), msg.content), reply_to=msg)
+    reply = Message(algorithm.fit(_round(msg), msg.content), reply_to=msg)
+    _persist(env, store, msg)
+    return reply
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Evaluation at every shift degree by the configured algorithm."""
-    env = _env(context)
+    env, store = _env(context, msg)
     algorithm = ALGORITHMS[env.cfg.algorithm](env)
-    return Message(algorithm.evaluate(_round(msg), msg.content), reply_to=msg)
+    reply = Message(algorithm.evaluate(_round(msg), msg.content), reply_to=msg)
+    _persist(env, store, msg)
+    return reply

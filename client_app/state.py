@@ -1,16 +1,24 @@
-"""Client state kept across rounds (personal weights, algorithm state) in the SuperNode's context.state."""
+"""Client state kept across rounds (personal weights, masks, algorithm state): in memory, or in a state dir on disk."""
 
 from __future__ import annotations
 
+import re
+from logging import INFO, WARNING
+from pathlib import Path
+
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.supercore import log
+
+from common.persist import StateFileError, load_tree, save_tree
 
 
 class ClientState:
-    """Named lists of arrays stored in a Flower RecordDict that stays on the device."""
+    """Named lists of arrays stored in a Flower RecordDict that stays on the device; `dirty` once changed."""
 
     def __init__(self, record: RecordDict) -> None:
         self.record = record
+        self.dirty = False
 
     def load_arrays(self, key: str) -> list[np.ndarray] | None:
         """The arrays saved under `key`, or None if never saved."""
@@ -20,6 +28,7 @@ class ClientState:
     def save_arrays(self, key: str, arrays: list[np.ndarray]) -> None:
         """Replace the arrays saved under `key`."""
         self.record[key] = ArrayRecord([np.ascontiguousarray(a) for a in arrays])
+        self.dirty = True
 
     def load_named(self, key: str) -> dict[str, np.ndarray] | None:
         """The named arrays saved under `key`, or None if never saved."""
@@ -29,3 +38,64 @@ class ClientState:
     def save_named(self, key: str, arrays: dict[str, np.ndarray]) -> None:
         """Replace the named arrays saved under `key` (any dtype: weights, bool masks, counters)."""
         self.record[key] = ArrayRecord({name: Array(np.ascontiguousarray(a)) for name, a in arrays.items()})
+        self.dirty = True
+
+
+_VERSION = re.compile(r"round-(\d{6})\.npz")
+
+
+class StateDir:
+    """One client's state on disk, one file per round it changed (`round-000007.npz`), each written atomically.
+
+    A message of round r reads the newest version of an earlier round (a training message) or of round r at
+    most (an evaluation, which follows training). Versions of later rounds belong to a future the server rolled
+    back from (it resumed from a checkpoint), so they are deleted. Saving keeps what a resume could need: the
+    newest version at or before the server's last checkpoint and every later one.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def versions(self) -> list[int]:
+        """Rounds with a stored version, oldest first."""
+        if not self.path.is_dir():
+            return []
+        return sorted(int(m.group(1)) for f in self.path.iterdir() if (m := _VERSION.fullmatch(f.name)))
+
+    def _file(self, server_round: int) -> Path:
+        return self.path / f"round-{server_round:06d}.npz"
+
+    def load(self, server_round: int, training: bool) -> tuple[int, RecordDict] | None:
+        """(round, state) of the newest usable version for a message of `server_round`; None if there is none."""
+        limit = server_round if training else server_round + 1
+        for stale in [v for v in self.versions() if v >= limit]:
+            self._file(stale).unlink(missing_ok=True)
+        for version in reversed(self.versions()):
+            try:
+                tree = load_tree(self._file(version))
+                return version, RecordDict({key: ArrayRecord({name: Array(np.asarray(a)) for name, a in arrays.items()})
+                                            for key, arrays in tree.items()})
+            except (StateFileError, AttributeError, TypeError) as exc:
+                log(WARNING, "client state %s unreadable, skipped: %s", self._file(version), exc)
+        return None
+
+    def save(self, server_round: int, record: RecordDict, checkpoint_round: int | None) -> None:
+        """Write the state of `server_round` atomically and drop versions no resume can need."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        tree = {key: {name: array.numpy() for name, array in arrays.items()}
+                for key, arrays in record.array_records.items()}
+        save_tree(self._file(server_round), tree)
+        older = [v for v in self.versions() if v < server_round]
+        if checkpoint_round is None:
+            keep = set()
+        else:
+            at_or_before = [v for v in older if v <= checkpoint_round]
+            keep = {v for v in older if v > checkpoint_round} | set(at_or_before[-1:])
+        for version in older:
+            if version not in keep:
+                self._file(version).unlink(missing_ok=True)
+
+
+def restored_log(path: Path, version: int) -> None:
+    """One line when a process first restores a client's state from disk."""
+    log(INFO, "client state restored from %s (round %d)", path, version)

@@ -52,6 +52,20 @@ class ModelMatrix:
         self.G = np.full((num_clients, num_clients) if track_gram else (0, 0), norm2, dtype=np.float64)
         self.heard = np.zeros(num_clients, dtype=bool)  # rows replaced by an upload at least once
 
+    @classmethod
+    def from_state(cls, W: np.ndarray, G: np.ndarray, heard: np.ndarray, track_gram: bool) -> ModelMatrix:
+        """A matrix restored from a checkpoint (rows, Gram matrix, which rows were ever uploaded)."""
+        matrix = cls.__new__(cls)
+        matrix.W = np.ascontiguousarray(W, dtype=np.float32)
+        matrix.G = np.ascontiguousarray(G, dtype=np.float64)
+        matrix.heard = np.asarray(heard, dtype=bool)
+        matrix.track_gram = track_gram
+        m = matrix.W.shape[0]
+        if matrix.heard.shape != (m,) or matrix.G.shape != ((m, m) if track_gram else (0, 0)):
+            raise ValueError(f"inconsistent model matrix state: W {matrix.W.shape}, G {matrix.G.shape}, "
+                             f"heard {matrix.heard.shape}")
+        return matrix
+
     @property
     def num_clients(self) -> int:
         """Rows (clients) held."""

@@ -52,6 +52,7 @@ class RunConfig:
     client_threads: int = 1
     round_timeout: float = 600.0
     drop_rate: float = 0.0
+    straggler_rate: float = 0.0
     dirty_clients: float = 0.0
     dirty_fraction: float = 0.0
     stages: bool = False
@@ -59,6 +60,9 @@ class RunConfig:
     rho_eps: tuple[float, ...] = (0.9, 0.95)
     results_dir: str = ""
     run_name: str = ""
+    checkpoint_every: int = 1
+    resume: str = ""
+    client_state_dir: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -159,6 +163,7 @@ _PARSERS = {
     "client-threads": lambda k, v: _number(k, v, int, 1, 256),
     "round-timeout": lambda k, v: _number(k, v, float, 0.0, None, low_open=True),
     "drop-rate": lambda k, v: _number(k, v, float, 0.0, 0.95),
+    "straggler-rate": lambda k, v: _number(k, v, float, 0.0, 0.95),
     "dirty-clients": lambda k, v: _number(k, v, float, 0.0, 1.0),
     "dirty-fraction": lambda k, v: _number(k, v, float, 0.0, 1.0),
     "stages": _flag,
@@ -166,6 +171,9 @@ _PARSERS = {
     "rho-eps": parse_degrees,
     "results-dir": lambda k, v: str(v),
     "run-name": lambda k, v: str(v),
+    "checkpoint-every": lambda k, v: _number(k, v, int, 0, None),
+    "resume": lambda k, v: str(v),
+    "client-state-dir": lambda k, v: str(v),
 }
 
 

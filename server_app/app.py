@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from logging import ERROR, INFO
+from pathlib import Path
 from typing import Any
 
 from flwr.app import Context
@@ -15,8 +17,10 @@ from common.data.datasets import DataError
 from common.data.federated import dataset_for
 from common.masks import prunable_names
 from common.models import array_specs, build_model, get_arrays
+from common.persist import StateFileError
 from common.seeding import derive_seed
 
+from .checkpoint import Checkpoint, config_differences, load_checkpoint
 from .results import ResultsWriter, make_run_dir
 from .strategies import STRATEGIES, algorithm_config_keys
 from .strategies.base import RunAborted
@@ -51,6 +55,34 @@ def load_config(raw: dict[str, Any]) -> RunConfig:
         raise RunFailed(str(exc)) from None
 
 
+def _fail(message: str) -> RunFailed:
+    log(ERROR, "%s", message)
+    return RunFailed(message)
+
+
+def open_run_dir(cfg: RunConfig) -> tuple[Path, Checkpoint | None]:
+    """A new results folder, or with `resume` the given run folder and its checkpoint (checked against cfg)."""
+    if not cfg.resume:
+        return make_run_dir(cfg.resolved_results_dir, cfg.algorithm, cfg.dataset, cfg.run_name), None
+    run_dir = Path(cfg.resume).expanduser().resolve()
+    if not (run_dir / "config.json").is_file():
+        raise _fail(f"resume: {run_dir} is not a run folder (it has no config.json)")
+    recorded = json.loads((run_dir / "config.json").read_text())
+    differ = config_differences(recorded, cfg.to_dict())
+    if differ:
+        details = ", ".join(f"{k} (run: {recorded.get(k)!r}, now: {cfg.to_dict().get(k)!r})" for k in differ[:5])
+        raise _fail(f"resume: the run config differs from the run's in {details}; give the original run config "
+                    "plus resume=... (num-rounds may grow)")
+    try:
+        checkpoint = load_checkpoint(run_dir)
+    except StateFileError as exc:
+        raise _fail(f"resume: {exc}") from None
+    if checkpoint.round >= cfg.num_rounds:
+        raise _fail(f"resume: the run already finished round {checkpoint.round} of num-rounds={cfg.num_rounds}; "
+                    "raise num-rounds to train on")
+    return run_dir, checkpoint
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Build the configured strategy, run it, write the results folder and name its summary last."""
@@ -67,8 +99,10 @@ def main(grid: Grid, context: Context) -> None:
     except ConfigError as exc:
         log(ERROR, "%s", exc)
         raise RunFailed(str(exc)) from None
-    run_dir = make_run_dir(cfg.resolved_results_dir, cfg.algorithm, cfg.dataset, cfg.run_name)
-    writer = strategy.writer = ResultsWriter(run_dir, cfg.to_dict())
+    run_dir, checkpoint = open_run_dir(cfg)
+    writer = strategy.writer = ResultsWriter(run_dir, cfg.to_dict(), resume=checkpoint is not None)
+    strategy.state_key = run_dir.name
+    strategy.resume_from = checkpoint
     log(INFO, "results folder: %s", run_dir)
     try:
         strategy.run(grid)
@@ -76,7 +110,8 @@ def main(grid: Grid, context: Context) -> None:
         log(ERROR, "run aborted: %s", exc)
         raise RunFailed(str(exc)) from None
     info = {"algorithm": cfg.algorithm, "dataset": cfg.dataset, "partition": cfg.partition, "seed": cfg.seed,
-            "num_clients": len(strategy.clients), "shift_degrees": list(cfg.shift_degrees)}
+            "num_clients": len(strategy.clients), "shift_degrees": list(cfg.shift_degrees),
+            "resumed_after_rounds": strategy.resumes}
     summary_path = writer.finish(info)
     for line in summary_path.read_text().splitlines():
         if line.strip():

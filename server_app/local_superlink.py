@@ -23,6 +23,31 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children, grandchildren, ...), read from /proc; [] where there is no /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 @dataclass
 class RunOutcome:
     """What `flwr run` printed, the run's id and its final status as the SuperLink reports it."""
@@ -78,9 +103,11 @@ class LocalSuperLink:
         raise RuntimeError(f"flower-superlink did not become healthy in {timeout:.0f}s; see {log_file}")
 
     def stop(self) -> None:
-        """Stop the SuperLink and everything it started (its process group)."""
+        """Stop the SuperLink and everything it started (its process group, and processes that left it,
+        such as a simulation's Ray workers)."""
         if self.process is None:
             return
+        below = descendants(self.process.pid)
         try:
             os.killpg(self.process.pid, signal.SIGTERM)
             self.process.wait(timeout=15)
@@ -89,7 +116,26 @@ class LocalSuperLink:
                 os.killpg(self.process.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        _kill_all(below)
         self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL the SuperLink and every process below it at once, as a crash of the server machine would."""
+        if self.process is None:
+            return
+        _kill_all([self.process.pid, *descendants(self.process.pid)])
+        self.process.wait(timeout=15)
+        self.process = None
+
+    def start_run(self, app_dir: Path, run_config: str, num_supernodes: int = 0,
+                  cpus_per_client: int = 1) -> subprocess.Popen:
+        """`flwr run APP --stream` in the background (output to FLWR_HOME/run-<n>.log); returns the process."""
+        command = ["flwr", "run", str(app_dir), "--stream", "--run-config", run_config,
+                   *self.federation_args(num_supernodes, cpus_per_client)]
+        log_file = self.home / f"run-{len(list(self.home.glob('run-*.log')))}.log"
+        with open(log_file, "ab") as log:
+            return subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
 
     def __enter__(self) -> LocalSuperLink:
         return self.start()

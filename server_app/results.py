@@ -4,18 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 from common.evaluate import ACCURACY_ROWS, shift_key
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+from common.persist import atomic_write_text
 
 
 def make_run_dir(base: Path, algorithm: str, dataset: str, run_name: str) -> Path:
@@ -43,12 +37,18 @@ def _fmt(value: float, pct: bool = True) -> str:
 class ResultsWriter:
     """Writes one run's results as the run goes, so a crash loses at most the round in progress."""
 
-    def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, config: dict[str, Any], resume: bool = False) -> None:
         self.run_dir = run_dir
         self.records: list[dict[str, Any]] = []
-        _atomic_write(run_dir / "config.json", json.dumps(config, indent=2, sort_keys=True))
+        atomic_write_text(run_dir / "config.json", json.dumps(config, indent=2, sort_keys=True))
         self._metrics = run_dir / "metrics.jsonl"
-        self._metrics.write_text("")
+        if not resume:
+            self._metrics.write_text("")
+
+    def restart_from(self, records: list[dict[str, Any]]) -> None:
+        """Continue after the given rounds (a checkpoint's): metrics.jsonl is rewritten to hold just them."""
+        self.records = list(records)
+        atomic_write_text(self._metrics, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
 
     def add_round(self, record: dict[str, Any]) -> None:
         """Append one round's record to metrics.jsonl (flushed)."""
@@ -59,9 +59,9 @@ class ResultsWriter:
     def finish(self, info: dict[str, Any]) -> Path:
         """Write summary.md and the plots; return the summary's absolute path."""
         summary = summarize(self.records, info)
-        _atomic_write(self.run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True))
+        atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True))
         path = self.run_dir / "summary.md"
-        _atomic_write(path, render_markdown(summary))
+        atomic_write_text(path, render_markdown(summary))
         plot_run(self.records, summary, self.run_dir)
         return path.resolve()
 

@@ -271,9 +271,24 @@ def test_fedfomo_sends_heard_peers_and_learns_affinity(caplog) -> None:
 def test_simulated_drops_are_exact_and_seeded() -> None:
     strategy = _federation("fedavg", 10, **{"drop-rate": 0.3}).strategy
     sampled = list(range(10))
-    drops = strategy.simulated_drops(2, sampled)
-    assert len(drops) == 3 and drops == strategy.simulated_drops(2, sampled)
-    assert _federation("fedavg", 10).strategy.simulated_drops(2, sampled) == set()
+    drops = strategy.simulated_faults(2, sampled, 3, "drop")
+    assert len(drops) == 3 and drops == strategy.simulated_faults(2, sampled, 3, "drop")
+    assert drops != strategy.simulated_faults(3, sampled, 3, "drop") or drops != strategy.simulated_faults(4, sampled, 3, "drop")
+    assert strategy.simulated_faults(2, sampled, 0, "drop") == set()
+
+
+def test_stragglers_are_other_clients_told_to_answer_after_the_timeout() -> None:
+    fed = _federation("fedavg", 10, **{"drop-rate": 0.2, "straggler-rate": 0.3, "round-timeout": 7.0})
+    strategy = fed.strategy
+    sampled = list(range(10))
+    contents = dict(zip(sampled, strategy.message_contents(1, sampled, "train")))
+    dropped = {pid for pid, c in contents.items() if c.config_records["config"].get("simulate-drop")}
+    late = {pid for pid, c in contents.items() if "simulate-delay" in c.config_records["config"]}
+    assert len(dropped) == 2 and len(late) == 3 and not dropped & late
+    assert all(contents[pid].config_records["config"]["simulate-delay"] == 8.0 for pid in late)
+    assert strategy.round_log.train["dropped"] == sorted(dropped) and strategy.round_log.train["stragglers"] == sorted(late)
+    evaluation = strategy.message_contents(1, sampled, "evaluate")
+    assert not any("simulate-delay" in c.config_records["config"] for c in evaluation)
 
 
 def test_dropped_client_is_told_in_its_message() -> None:
@@ -282,7 +297,7 @@ def test_dropped_client_is_told_in_its_message() -> None:
     sampled = strategy.sample(1)
     contents = strategy.message_contents(1, sampled, "train")
     flagged = {pid for pid, c in zip(sampled, contents) if c.config_records["config"].get("simulate-drop")}
-    assert flagged == strategy.simulated_drops(1, sampled) and len(flagged) == round(0.5 * len(sampled))
+    assert flagged == strategy.simulated_faults(1, sampled, len(flagged), "drop") and len(flagged) == round(0.5 * len(sampled))
 
 
 def test_client_app_raises_on_a_simulated_drop() -> None:

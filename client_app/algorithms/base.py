@@ -68,7 +68,7 @@ class ClientAlgorithm(ABC):
         """Local training settings of this round (lr decayed per round)."""
         cfg = self.cfg
         return TrainSettings(epochs=cfg.local_epochs, batch_size=cfg.batch_size, optimizer=cfg.optimizer,
-                             lr=cfg.lr * cfg.lr_decay ** (server_round - 1), momentum=cfg.momentum,
+                             lr=cfg.lr * cfg.lr_decay ** max(server_round - 1, 0), momentum=cfg.momentum,
                              weight_decay=cfg.weight_decay)
 
     def generator(self, server_round: int, purpose: str = "train") -> torch.Generator:

@@ -21,8 +21,10 @@ from common.records import to_record
 from common.seeding import derive_seed
 from common.stages import STAGE_KEYS, summarize_stages
 
-from ..results import ResultsWriter
 from common.validation import PayloadError, read_count, read_finite, read_fraction, validate_arrays
+
+from ..checkpoint import Checkpoint, save_checkpoint
+from ..results import ResultsWriter
 from ..wire import wire_bytes
 
 
@@ -92,11 +94,20 @@ class PFLStrategy(Strategy):
         self.node_to_partition: dict[int, int] = {}
         self.round_log = RoundLog()
         self._size_cache: dict[str, int] = {}
+        self.state_key = ""  # names the clients' state dirs for this run (the run folder's name)
+        self.checkpoint_round = 0  # last round whose checkpoint was written
+        self.resume_from: Checkpoint | None = None
+        self.resumes: list[int] = []  # rounds after which earlier runs of this folder stopped and were resumed
 
     # ----- hooks ---------------------------------------------------------------------------------
     def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
-        """Instructions sent with every message of a round."""
-        return ConfigRecord({"server-round": server_round, "partition-id": partition_id})
+        """Instructions sent with every message of a round (and what clients need to keep their state on disk)."""
+        config = ConfigRecord({"server-round": server_round, "partition-id": partition_id})
+        if self.state_key:
+            config["state-key"] = self.state_key
+        if self.cfg.checkpoint_every > 0:
+            config["checkpoint-round"] = self.checkpoint_round
+        return config
 
     def global_record(self) -> ArrayRecord:
         """The current global model as one ArrayRecord (named like the model's state dict)."""
@@ -120,6 +131,20 @@ class PFLStrategy(Strategy):
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Fold validated replies into the server state (default: sample-weighted average, FedAvg)."""
         self.global_arrays = weighted_average([r.arrays for r in replies], [r.num_examples for r in replies])
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs to go on exactly as this one would (arrays and JSON values)."""
+        return {"global": list(self.global_arrays)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned (shapes checked against the model)."""
+        arrays = [np.asarray(a, dtype=np.float32) for a in state["global"]]
+        if [a.shape for a in arrays] != [tuple(shape) for _, shape in self.specs]:
+            raise ValueError("checkpoint's global model does not match the configured model")
+        self.global_arrays = arrays
+
+    def on_client_replaced(self, partition_id: int) -> None:
+        """A new node took over a partition (e.g. a restarted SuperNode); default: nothing to forget."""
 
     # ----- Flower Strategy interface ---------------------------------------------------------------
     def summary(self) -> None:
@@ -145,27 +170,37 @@ class PFLStrategy(Strategy):
         rng = np.random.default_rng(derive_seed(self.cfg.seed, "eval-sample", server_round))
         return sorted(rng.choice(available, size=k, replace=False).tolist())
 
-    def simulated_drops(self, server_round: int, partition_ids: list[int]) -> set[int]:
-        """A seeded round(drop-rate * k) of this round's k training clients, told to fail (simulation only)."""
-        count = int(round(self.cfg.drop_rate * len(partition_ids)))
-        if count == 0:
+    def simulated_faults(self, server_round: int, candidates: list[int], count: int, purpose: str) -> set[int]:
+        """A seeded choice of `count` of the candidate training clients (simulated drops or stragglers)."""
+        if count <= 0 or not candidates:
             return set()
-        rng = np.random.default_rng(derive_seed(self.cfg.seed, "drop", server_round))
-        return {int(pid) for pid in rng.choice(partition_ids, size=count, replace=False)}
+        rng = np.random.default_rng(derive_seed(self.cfg.seed, purpose, server_round))
+        return {int(pid) for pid in rng.choice(sorted(candidates), size=min(count, len(candidates)), replace=False)}
 
     def message_contents(self, server_round: int, partition_ids: list[int], message_type: str) -> list[RecordDict]:
-        """Each client's message content; training clients picked by `simulated_drops` are told to fail."""
+        """Each client's message content. Of a round's k training clients, round(drop-rate * k) are told to fail
+        and round(straggler-rate * k) others to answer only after the round timeout (simulation only)."""
         shared = self.shared_payload(server_round)
         is_train = message_type == MessageType.TRAIN
         build = self.train_content if is_train else self.eval_content
-        drops = self.simulated_drops(server_round, partition_ids) if is_train else set()
+        drops: set[int] = set()
+        late: set[int] = set()
+        if is_train:
+            k = len(partition_ids)
+            drops = self.simulated_faults(server_round, partition_ids, int(round(self.cfg.drop_rate * k)), "drop")
+            late = self.simulated_faults(server_round, [p for p in partition_ids if p not in drops],
+                                         int(round(self.cfg.straggler_rate * k)), "straggler")
         if drops:
             self.round_log.train["dropped"] = sorted(drops)
+        if late:
+            self.round_log.train["stragglers"] = sorted(late)
         contents = []
         for pid in partition_ids:
             content = build(server_round, pid, shared)
             if pid in drops:
                 content.config_records["config"]["simulate-drop"] = True
+            elif pid in late:
+                content.config_records["config"]["simulate-delay"] = self.cfg.round_timeout + 1.0
             contents.append(content)
         return contents
 
@@ -289,9 +324,14 @@ class PFLStrategy(Strategy):
         return {}
 
     # ----- the run ---------------------------------------------------------------------------------
-    def handshake(self, grid: Grid) -> None:
-        """Ask every connected node for its partition and data sizes; keep the consistent answers."""
-        node_ids = sorted(grid.get_node_ids())
+    def handshake(self, grid: Grid, node_ids: list[int] | None = None) -> None:
+        """Ask connected nodes (all, or `node_ids`) for their partition and data sizes; keep consistent answers.
+
+        A node that joins later and claims a partition already held takes it over (a restarted SuperNode
+        comes back under a new node id); in the first handshake the first claimant keeps it.
+        """
+        joining = node_ids is not None
+        node_ids = sorted(grid.get_node_ids()) if node_ids is None else sorted(node_ids)
         if not node_ids:
             raise RunAborted("no SuperNode is connected")
         messages = [Message(content=RecordDict({"config": ConfigRecord({"server-round": 0})}), dst_node_id=node,
@@ -311,12 +351,21 @@ class PFLStrategy(Strategy):
             except PayloadError as exc:
                 log(WARNING, "node %s: handshake rejected: %s", node, exc)
                 continue
-            if pid in self.clients:
+            if pid in self.clients and not joining:
                 log(WARNING, "node %s claims partition %d, already held by node %s: ignored",
                     node, pid, self.clients[pid].node_id)
                 continue
+            if pid in self.clients:
+                old = self.clients[pid].node_id
+                self.node_to_partition.pop(old, None)
+                self.on_client_replaced(pid)
+                log(INFO, "node %s took over partition %d from node %s", node, pid, old)
+            elif joining:
+                log(INFO, "node %s joined with partition %d", node, pid)
             self.clients[pid] = info
             self.node_to_partition[node] = pid
+        if joining:
+            return
         if not self.clients:
             raise RunAborted("no client answered the handshake (see the warnings above)")
         if len(sizes) > 1:
@@ -329,16 +378,51 @@ class PFLStrategy(Strategy):
         every = self.cfg.eval_every
         return every > 0 and (server_round % every == 0 or server_round == self.cfg.num_rounds)
 
+    def refresh_nodes(self, grid: Grid) -> None:
+        """Handshake nodes that connected since the last round (new or restarted SuperNodes)."""
+        new = sorted(set(grid.get_node_ids()) - set(self.node_to_partition))
+        if new:
+            self.handshake(grid, new)
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        """Take the state and records of a checkpoint; the run goes on after its round."""
+        try:
+            self.load_state_dict(checkpoint.state)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RunAborted(f"cannot resume from the checkpoint: {exc}") from None
+        self.checkpoint_round = checkpoint.round
+        self.resumes = [*checkpoint.resumes, checkpoint.round]
+        if self.writer is not None:
+            self.writer.restart_from(checkpoint.records)
+        log(INFO, "resumed after round %d of %d (checkpoint of %s)", checkpoint.round, self.cfg.num_rounds,
+            self.writer.run_dir if self.writer else "?")
+
+    def write_checkpoint(self, server_round: int, elapsed: float) -> None:
+        """After every `checkpoint-every` rounds and the last one: the state needed to resume, atomically."""
+        every = self.cfg.checkpoint_every
+        if self.writer is None or every <= 0 or (server_round % every and server_round != self.cfg.num_rounds):
+            return
+        save_checkpoint(self.writer.run_dir, Checkpoint(server_round, self.state_dict(), self.writer.records,
+                                                        elapsed, self.resumes))
+        self.checkpoint_round = server_round
+
     def run(self, grid: Grid) -> None:
-        """Handshake, then the rounds: train, aggregate, evaluate, record, log progress with ETA."""
+        """Handshake, then the rounds: train, aggregate, evaluate, record, checkpoint, log progress with ETA."""
         self.handshake(grid)
+        first = 1
+        elapsed_before = 0.0
+        if self.resume_from is not None:
+            self.restore(self.resume_from)
+            first, elapsed_before = self.resume_from.round + 1, self.resume_from.elapsed_s
         self.summary()
-        start = time.monotonic()
+        start = time.monotonic() - elapsed_before
         empty_arrays, empty_config = ArrayRecord(), ConfigRecord()
-        for rnd in range(1, self.cfg.num_rounds + 1):
+        for rnd in range(first, self.cfg.num_rounds + 1):
             t0 = time.monotonic()
             self.round_log = RoundLog()
             self._size_cache = {}
+            if rnd > first:
+                self.refresh_nodes(grid)
             if rnd == 1:
                 self.before_first_round(grid)
             messages = list(self.configure_train(rnd, empty_arrays, empty_config, grid))
@@ -357,6 +441,7 @@ class PFLStrategy(Strategy):
             record.update(self.extra_round_record(rnd))
             if self.writer is not None:
                 self.writer.add_round(record)
+            self.write_checkpoint(rnd, elapsed)
             self._log_progress(rnd, record, elapsed)
 
     def before_first_round(self, grid: Grid) -> None:

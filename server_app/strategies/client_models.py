@@ -32,6 +32,27 @@ class ClientModelsStrategy(PFLStrategy):
             self.matrix = ModelMatrix(len(self.pids), flatten(self.global_arrays), track_gram=self.track_gram)
         return self.matrix
 
+    def state_dict(self) -> dict[str, Any]:
+        """The model rows (and Gram matrix), which rows were uploaded, and the row order."""
+        state = super().state_dict()
+        if self.matrix is not None:
+            state["matrix"] = {"W": self.matrix.W, "G": self.matrix.G, "heard": self.matrix.heard,
+                               "pids": np.asarray(self.pids, dtype=np.int64)}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the rows; clients the checkpoint does not know are not given a row (and warned about)."""
+        super().load_state_dict(state)
+        saved = state.get("matrix")
+        if saved is None:
+            return
+        self.pids = [int(p) for p in saved["pids"]]
+        self.rows = {pid: row for row, pid in enumerate(self.pids)}
+        self.matrix = ModelMatrix.from_state(saved["W"], saved["G"], saved["heard"], self.track_gram)
+        unknown = sorted(set(self.clients) - set(self.rows))
+        if unknown:
+            raise ValueError(f"partitions {unknown[:5]} are not in the checkpoint's client models")
+
     def model_record(self, vector: np.ndarray) -> ArrayRecord:
         """One flat model vector as an ArrayRecord named like the model's state dict."""
         arrays = unflatten(vector, [shape for _, shape in self.specs])

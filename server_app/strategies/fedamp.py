@@ -105,7 +105,8 @@ class FedAMPStrategy(ClientModelsStrategy):
         self._pretraining = True
         try:
             clients = sorted(self.clients)
-            messages = self._messages(1, clients, MessageType.TRAIN, "train_down")
+            # round 0: the clients' state of the pre-training precedes round 1's (see client_app.state.StateDir)
+            messages = self._messages(0, clients, MessageType.TRAIN, "train_down")
             replies = list(grid.send_and_receive(messages, timeout=self.cfg.round_timeout))
             accepted, failed, rejected = self.accept_train_replies(replies, "pre-training")
             self.aggregate(0, accepted)

@@ -44,6 +44,15 @@ class FedFomoStrategy(ClientModelsStrategy):
             self.affinity = np.zeros((matrix.num_clients, matrix.num_clients))
         return matrix
 
+    def state_dict(self) -> dict[str, Any]:
+        """The client models and the affinity matrix."""
+        return {**super().state_dict(), "affinity": self.affinity}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the client models and the affinity matrix."""
+        super().load_state_dict(state)
+        self.affinity = np.asarray(state["affinity"], dtype=np.float64)
+
     def peers_for(self, server_round: int, partition_id: int) -> list[int]:
         """Partition ids of the peers whose models this client receives (only clients heard from)."""
         matrix = self.ensure_matrix()

@@ -61,6 +61,27 @@ class SparseGlobalStrategy(PFLStrategy):
             self.global_masks = masks
         self.version += 1
 
+    def state_dict(self) -> dict[str, Any]:
+        """w_g, m_g, the version, and which version each client holds."""
+        return {**super().state_dict(), "masks": dict(self.global_masks), "version": self.version,
+                "delivered": {str(pid): v for pid, v in self.delivered.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore w_g, m_g and the version. What clients hold is kept only when they keep their state on disk
+        in this simulation (client-state-dir); otherwise every client is sent the model again."""
+        super().load_state_dict(state)
+        masks = {name: np.asarray(m, dtype=bool) for name, m in state["masks"].items()}
+        if set(masks) != set(self.prunable) or any(masks[n].shape != self.shapes[n] for n in masks):
+            raise ValueError("checkpoint's global masks do not match the configured model")
+        self.global_masks = masks
+        self.version = int(state["version"])
+        self.delivered = ({int(pid): int(v) for pid, v in state["delivered"].items()}
+                          if self.cfg.client_state_dir else {})
+
+    def on_client_replaced(self, partition_id: int) -> None:
+        """A restarted client may hold an older copy: send it the model again."""
+        self.delivered.pop(partition_id, None)
+
     # ----- messages ------------------------------------------------------------------------------------
     def shared_payload(self, server_round: int) -> dict[str, Any]:
         """The sparse global model, encoded once per round."""

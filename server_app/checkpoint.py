@@ -1,0 +1,55 @@
+"""Server checkpoints: after each round the strategy's state, the round records and the resume history, in one
+atomically written .npz (no pickle); `resume` continues a run folder from its checkpoint."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.persist import StateFileError, load_tree, save_tree
+
+CHECKPOINT_FILE = "checkpoint.npz"
+FORMAT = 1
+# keys that may differ between a run and its resumption (the rest must match: clients read the same config)
+RESUMABLE_CHANGES = frozenset({"resume", "num-rounds", "round-timeout", "data-dir", "results-dir", "run-name",
+                               "checkpoint-every"})
+
+
+@dataclass
+class Checkpoint:
+    """A run's state after `round` (records are the metrics.jsonl lines so far)."""
+
+    round: int
+    state: dict[str, Any]
+    records: list[dict[str, Any]]
+    elapsed_s: float = 0.0
+    resumes: list[int] = field(default_factory=list)  # rounds earlier resumptions started after
+
+
+def save_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> int:
+    """Write run_dir/checkpoint.npz atomically; returns its size in bytes."""
+    tree = {"format": FORMAT, "round": checkpoint.round, "state": checkpoint.state,
+            "records": json.dumps(checkpoint.records, sort_keys=True), "elapsed_s": checkpoint.elapsed_s,
+            "resumes": list(checkpoint.resumes)}
+    return save_tree(Path(run_dir) / CHECKPOINT_FILE, tree)
+
+
+def load_checkpoint(run_dir: Path) -> Checkpoint:
+    """The checkpoint of a run folder; StateFileError naming the file if it is missing or unreadable."""
+    path = Path(run_dir) / CHECKPOINT_FILE
+    if not path.is_file():
+        raise StateFileError(f"{path} does not exist: the run wrote no checkpoint (checkpoint-every=0, or it "
+                             "stopped before its first round ended)")
+    tree = load_tree(path)
+    if not isinstance(tree, dict) or tree.get("format") != FORMAT:
+        raise StateFileError(f"{path}: unknown checkpoint format")
+    return Checkpoint(int(tree["round"]), tree["state"], json.loads(tree["records"]), float(tree["elapsed_s"]),
+                      [int(r) for r in tree["resumes"]])
+
+
+def config_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Run-config keys whose values differ, other than those a resumption may change."""
+    keys = (set(recorded) | set(current)) - RESUMABLE_CHANGES
+    return sorted(k for k in keys if recorded.get(k) != current.get(k))

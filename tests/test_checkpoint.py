@@ -1,0 +1,99 @@
+"""Server checkpoints: every algorithm, restored from its checkpoint, goes on exactly as the uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from flwr.app import RecordDict
+
+from client_app.state import StateDir
+from common.config import parse_run_config
+from common.persist import StateFileError
+from server_app.checkpoint import Checkpoint, config_differences, load_checkpoint, save_checkpoint
+from server_app.strategies import STRATEGIES, algorithm_config_keys
+
+from .inprocess import InProcessFederation
+
+CLIENTS = 4
+
+
+def _federation(algorithm: str, state_dir: str) -> InProcessFederation:
+    raw = {"algorithm": algorithm, "dataset": "digits", "num-rounds": 4, "fraction-train": 0.5, "local-epochs": 1,
+           "lr": 0.1, "iterations": 1, "client-state-dir": state_dir, "readjust-interval": 2}
+    return InProcessFederation(parse_run_config(raw, extra_keys=algorithm_config_keys()), CLIENTS)
+
+
+def _flat(content: RecordDict) -> dict:
+    out = {f"m:{k}": v for rec in content.metric_records.values() for k, v in rec.items()}
+    for key, record in content.array_records.items():
+        out.update({f"a:{key}:{name}": array.numpy().tobytes() for name, array in record.items()})
+    return out
+
+
+def _state_bytes(state: dict) -> str:
+    def walk(node):
+        if isinstance(node, np.ndarray):
+            return node.tobytes().hex()
+        if isinstance(node, dict):
+            return {k: walk(v) for k, v in sorted(node.items())}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+    return json.dumps(walk(state), sort_keys=True)
+
+
+@pytest.mark.parametrize("algorithm", sorted(STRATEGIES))
+def test_resumed_run_continues_exactly(algorithm: str, tmp_path) -> None:
+    fed = _federation(algorithm, str(tmp_path / "clients"))
+    for rnd in (1, 2):
+        fed.train_round(rnd)
+    save_checkpoint(tmp_path, Checkpoint(2, fed.strategy.state_dict(), [{"round": 1}, {"round": 2}], 1.5, []))
+    for pid, record in fed.states.items():  # what each client wrote to its state dir after round 2
+        StateDir(tmp_path / "clients" / f"partition-{pid}").save(2, record, checkpoint_round=2)
+    uninterrupted = [fed.train_round(rnd) for rnd in (3, 4)] + [fed.evaluate(4)]
+
+    resumed = _federation(algorithm, str(tmp_path / "clients"))
+    checkpoint = load_checkpoint(tmp_path)
+    assert checkpoint.round == 2 and checkpoint.records == [{"round": 1}, {"round": 2}]
+    resumed.strategy.load_state_dict(checkpoint.state)
+    for pid in resumed.states:
+        loaded = StateDir(tmp_path / "clients" / f"partition-{pid}").load(3, training=True)
+        resumed.states[pid] = loaded[1] if loaded else RecordDict()
+    again = [resumed.train_round(rnd) for rnd in (3, 4)] + [resumed.evaluate(4)]
+
+    for first, second in zip(uninterrupted, again):
+        assert sorted(first) == sorted(second)
+        for pid in first:
+            assert _flat(first[pid]) == _flat(second[pid]), f"client {pid} differs after resuming"
+    assert _state_bytes(fed.strategy.state_dict()) == _state_bytes(resumed.strategy.state_dict())
+
+
+def test_checkpoint_of_a_client_models_strategy_holds_the_matrix(tmp_path) -> None:
+    fed = _federation("fedamp", "")
+    fed.train_round(1)
+    save_checkpoint(tmp_path, Checkpoint(1, fed.strategy.state_dict(), [], 0.0, [1]))
+    state = load_checkpoint(tmp_path).state
+    matrix = fed.strategy.matrix
+    assert np.array_equal(state["matrix"]["W"], matrix.W) and np.array_equal(state["matrix"]["G"], matrix.G)
+    assert state["matrix"]["heard"].tolist() == matrix.heard.tolist() and load_checkpoint(tmp_path).resumes == [1]
+
+
+def test_checkpoint_for_another_model_is_refused(tmp_path) -> None:
+    fed = _federation("fedavg", "")
+    state = fed.strategy.state_dict()
+    state["global"] = state["global"][:-1]
+    with pytest.raises(ValueError, match="does not match"):
+        _federation("fedavg", "").strategy.load_state_dict(state)
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(StateFileError, match="wrote no checkpoint"):
+        load_checkpoint(tmp_path)
+
+
+def test_resume_may_change_rounds_but_not_what_clients_compute() -> None:
+    recorded = {"num-rounds": 10, "lr": 0.05, "results-dir": "/a", "resume": ""}
+    assert config_differences(recorded, {**recorded, "num-rounds": 20, "resume": "/a/run"}) == []
+    assert config_differences(recorded, {**recorded, "lr": 0.1}) == ["lr"]

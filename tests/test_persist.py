@@ -1,0 +1,121 @@
+"""Crash-safe state files: pack/unpack, pickle refused, atomic replace, the client's state-dir versions."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, RecordDict
+
+from client_app.state import ClientState, StateDir
+from common.persist import StateFileError, atomic_write_bytes, load_tree, pack, save_tree, unpack
+
+
+def test_nested_state_round_trips_exactly(tmp_path) -> None:
+    tree = {"global": [np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(2, np.float64)],
+            "masks": {"conv.weight": np.array([True, False, True])}, "version": 7, "name": "x", "none": None,
+            "ratio": 0.25, "ids": [1, 2, 3]}
+    save_tree(tmp_path / "s.npz", tree)
+    back = load_tree(tmp_path / "s.npz")
+    assert back["version"] == 7 and back["name"] == "x" and back["none"] is None and back["ids"] == [1, 2, 3]
+    assert back["global"][0].dtype == np.float32 and np.array_equal(back["global"][0], tree["global"][0])
+    assert back["masks"]["conv.weight"].dtype == bool and back["masks"]["conv.weight"].tolist() == [True, False, True]
+    assert unpack(pack(tree))["ratio"] == 0.25
+
+
+def test_object_arrays_are_neither_stored_nor_loaded(tmp_path) -> None:
+    with pytest.raises(TypeError):
+        pack({"bad": np.array([object()], dtype=object)})
+    buffer = io.BytesIO()
+    np.savez(buffer, __meta__=np.frombuffer(b'{"__array__": "a0"}', np.uint8),
+             a0=np.array([{"x": 1}], dtype=object))
+    (tmp_path / "evil.npz").write_bytes(buffer.getvalue())
+    with pytest.raises(StateFileError, match="evil.npz"):
+        load_tree(tmp_path / "evil.npz")
+
+
+def test_truncated_or_garbage_file_is_a_clear_error(tmp_path) -> None:
+    save_tree(tmp_path / "s.npz", {"a": np.zeros(100)})
+    data = (tmp_path / "s.npz").read_bytes()
+    (tmp_path / "s.npz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(StateFileError, match="not a readable state file"):
+        load_tree(tmp_path / "s.npz")
+    (tmp_path / "p.npz").write_bytes(pickle.dumps({"a": 1}))
+    with pytest.raises(StateFileError):
+        load_tree(tmp_path / "p.npz")
+
+
+def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch) -> None:
+    target = tmp_path / "state.npz"
+    atomic_write_bytes(target, b"old")
+
+    def crash(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        atomic_write_bytes(target, b"new")
+    assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["state.npz"]
+
+
+def _record(value: float) -> RecordDict:
+    state = ClientState(RecordDict())
+    state.save_arrays("personal", [np.full(3, value, np.float32)])
+    state.save_named("mask", {"w": np.array([True, False])})
+    return state.record
+
+
+def _value(record: RecordDict) -> float:
+    return float(ClientState(record).load_arrays("personal")[0][0])
+
+
+def test_state_dir_reads_the_version_a_message_needs(tmp_path) -> None:
+    store = StateDir(tmp_path / "p0")
+    assert store.load(1, training=True) is None
+    for rnd in (1, 3):
+        store.save(rnd, _record(rnd), checkpoint_round=rnd - 1)
+    version, record = store.load(3, training=True)  # training in round 3 starts from what round 1 left
+    assert version == 1 and _value(record) == 1.0
+    assert ClientState(record).load_named("mask")["w"].tolist() == [True, False]
+    store.save(3, _record(3), checkpoint_round=2)
+    assert store.load(3, training=False)[0] == 3  # evaluation after training in round 3 sees it
+
+
+def test_versions_from_a_rolled_back_future_are_dropped(tmp_path) -> None:
+    store = StateDir(tmp_path / "p0")
+    for rnd in (2, 5, 6):
+        store.save(rnd, _record(rnd), checkpoint_round=rnd - 1)
+    # the server crashed in round 6 and resumed after round 5: round 6 runs again from round 5's state
+    version, record = store.load(6, training=True)
+    assert version == 5 and _value(record) == 5.0 and store.versions() == [5]
+
+
+def test_rollback_over_several_rounds_finds_the_state_at_the_checkpoint(tmp_path) -> None:
+    store = StateDir(tmp_path / "p0")
+    for rnd in (2, 5, 6):
+        store.save(rnd, _record(rnd), checkpoint_round=4 if rnd > 4 else 0)  # checkpoint-every 4
+    assert store.versions() == [2, 5, 6]
+    version, record = store.load(5, training=True)  # resumed after round 4
+    assert version == 2 and _value(record) == 2.0 and store.versions() == [2]
+    assert store.load(4, training=False)[0] == 2
+
+
+def test_saving_keeps_only_what_a_resume_can_need(tmp_path) -> None:
+    store = StateDir(tmp_path / "p0")
+    for rnd in (1, 2, 3, 4):
+        store.save(rnd, _record(rnd), checkpoint_round=2)
+    assert store.versions() == [2, 3, 4]  # newest at or before the checkpoint, and everything after it
+    store.save(5, _record(5), checkpoint_round=None)
+    assert store.versions() == [5]  # no checkpoints: the newest is all a restart needs
+
+
+def test_unreadable_newest_version_falls_back_to_an_older_one(tmp_path) -> None:
+    store = StateDir(tmp_path / "p0")
+    store.save(1, _record(1), checkpoint_round=0)
+    store.save(2, _record(2), checkpoint_round=0)
+    (tmp_path / "p0" / "round-000002.npz").write_bytes(b"torn")
+    version, record = store.load(3, training=True)
+    assert version == 1 and _value(record) == 1.0
