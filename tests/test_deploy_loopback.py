@@ -1,9 +1,13 @@
 """A real deployment on loopback: TLS SuperLink with SuperNode authentication, two SuperNodes with their own
-partitions, DM-PFL through `flwr run`, an unregistered SuperNode refused; every process stopped."""
+partitions and state dirs, DM-PFL through `flwr run`, an unregistered SuperNode refused, one SuperNode killed
+with SIGKILL mid-run and restarted (it goes on from its state dir); every process stopped."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -11,6 +15,7 @@ import time
 import pytest
 
 from server_app.deployment import TLSSuperLink
+from server_app.local_superlink import descendants
 
 from .conftest import REPO
 
@@ -26,30 +31,60 @@ def certs(tmp_path_factory):
     return out
 
 
+def restart_until_admitted(link: TLSSuperLink, key, node_config: str, patience: float = 240.0):
+    """Start a SuperNode again, as systemd's Restart= would, until the SuperLink admits it: the SuperLink
+    refuses the key while the killed process still counts as online (2 missed 30 s heartbeats)."""
+    deadline = time.monotonic() + patience
+    while True:
+        process, log = link.start_supernode(key, node_config)
+        time.sleep(10)
+        if process.poll() is None:
+            return process, log
+        assert time.monotonic() < deadline, f"the restarted SuperNode was never admitted; see {log}"
+
+
 def test_tls_deployment_with_authenticated_supernodes(certs, tmp_path) -> None:
     link = TLSSuperLink(tmp_path / "flwr-home", certs).start()
     try:
         for name in ("node-0", "node-1"):
             registered = link.register(certs / "nodes" / f"{name}.pub")
             assert registered.returncode == 0 and "registered successfully" in registered.stdout, registered.stdout
-        nodes = [link.start_supernode(certs / "nodes" / f"node-{i}", f"partition-id={i} num-partitions=2")
-                 for i in range(2)]
+        node_config = [f"partition-id={i} num-partitions=2 state-dir='{tmp_path / f'state-{i}'}'" for i in range(2)]
+        nodes = [link.start_supernode(certs / "nodes" / f"node-{i}", node_config[i]) for i in range(2)]
         intruder, intruder_log = link.start_supernode(certs / "nodes" / "intruder", "partition-id=0 num-partitions=2")
         assert intruder.wait(timeout=120) != 0, "a SuperNode whose key is not registered must be refused"
         assert "Failed to activate SuperNode" in intruder_log.read_text()
         assert all(process.poll() is None for process, _ in nodes)
 
         results = tmp_path / "results"
-        outcome = link.run(REPO, f"algorithm='dmpfl' iterations=1 num-rounds=3 fraction-train=1.0 local-epochs=1 "
-                                 f"results-dir='{results}' run-name='deployed'", timeout=600)
-        assert outcome.status == "finished:completed", outcome.output[-3000:]
+        runner = link.start_run(REPO, f"algorithm='dmpfl' iterations=1 num-rounds=6 fraction-train=1.0 "
+                                      f"local-epochs=1 round-timeout=30 results-dir='{results}' run-name='deployed'")
+        # kill -9 SuperNode 1 (and its ClientApp process) once it has saved its state of round 2, then restart it
+        saved = tmp_path / "state-1" / "deployed" / "partition-1"
+        deadline = time.monotonic() + 300
+        while not list(saved.glob("round-00000[2-9].npz")) and time.monotonic() < deadline and runner.poll() is None:
+            time.sleep(0.05)
+        assert list(saved.glob("round-*.npz")), "SuperNode 1 never wrote its state"
+        victim = nodes[1][0]
+        for pid in [victim.pid, *descendants(victim.pid)]:
+            os.kill(pid, signal.SIGKILL)
+        victim.wait(timeout=30)
+        restarted = restart_until_admitted(link, certs / "nodes" / "node-1", node_config[1])
+        runner.wait(timeout=900)
+        outcome_log = "\n".join(path.read_text() for path in link.home.glob("run-*.log"))
+        run_id = re.search(r"Successfully started run (\d+)", outcome_log).group(1)
+        assert link.status(run_id) == "finished:completed", outcome_log[-3000:]
+
         rounds = [json.loads(line) for line in (results / "deployed" / "metrics.jsonl").read_text().splitlines()]
-        assert [r["phase"] for r in rounds] == [1, 2, 3]
-        assert all(r["train"]["used"] == 2 for r in rounds)
+        assert [r["phase"] for r in rounds] == [1, 1, 2, 2, 3, 3]
+        assert rounds[-1]["train"]["used"] == 2, "the restarted SuperNode trains again"
         assert rounds[-1]["eval"]["num_clients"] == 2 and rounds[-1]["eval"]["mean"]["acc-shift-0"] > 0.5
+        restored = re.findall(r"client state restored from \S+partition-1 \(round (\d+)\)", restarted[1].read_text())
+        assert restored and int(restored[0]) >= 2, "the restarted SuperNode went on from the state it saved"
         assert "Uvicorn running on https://127.0.0.1" in (link.home / "superlink.log").read_text(), "TLS"
         for _, log in nodes:
             assert "SuperNode ID:" in log.read_text(), "authenticated SuperNode"
+        nodes.append(restarted)
         print(f"TLS SuperLink log: {link.home / 'superlink.log'}; SuperNode logs: {[str(log) for _, log in nodes]}")
     finally:
         link.stop()

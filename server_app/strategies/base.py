@@ -229,7 +229,10 @@ class PFLStrategy(Strategy):
             node = msg.metadata.src_node_id
             pid = self.node_to_partition.get(node)
             if pid is None:
-                log(WARNING, "reply from unknown node %s ignored", node)
+                if msg.has_error():  # the SuperLink answers for a node it could not reach
+                    log(WARNING, "a message was not answered: %s", msg.error.reason)
+                else:
+                    log(WARNING, "reply from unknown node %s ignored", node)
                 failed += 1
                 continue
             self.on_client_reply(pid, not msg.has_error())
