@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -109,10 +108,6 @@ def train(msg: Message, context: Context) -> Message:
     if config.get("simulate-drop", False):
         # drop-rate: the server picked this client to fail this round; the error reply exercises the real path.
         raise SimulatedDrop(f"client {env.partition_id} dropped this round (simulated, drop-rate {env.cfg.drop_rate:g})")
-    if config.get("simulate-delay", 0.0):
-        # straggler-rate: answer only after the server's round timeout, so the server goes on without this reply.
-        time.sleep(float(config["simulate-delay"]))
-        raise SimulatedDrop(f"client {env.partition_id} answered after the round timeout (simulated straggler)")
     algorithm = ALGORITHMS[env.cfg.algorithm](env)
     reply = Message(algorithm.fit(_round(msg), msg.content), reply_to=msg)
     _persist(env, store, msg)

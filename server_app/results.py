@@ -87,6 +87,9 @@ def summarize(records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, 
         "train_flops_per_client": sum(r["train"].get("flops", 0) for r in records) / num_clients,
         "replies_used": [r["train"]["used"] for r in records],
         "replies_sent": [r["train"]["sent"] for r in records],
+        "replies_failed": [r["train"].get("failed", 0) for r in records],
+        "replies_late": [r["train"].get("late", 0) for r in records],
+        "replies_rejected": [r["train"].get("rejected", 0) for r in records],
         "wall_seconds": sum(r["wall_s"] for r in records),
         "shift_degrees": degrees,
         **_last_stages(records),
@@ -154,6 +157,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines.append(f"| wall time (s) | {summary['wall_seconds']:.1f} |")
     used, sent = summary["replies_used"], summary["replies_sent"]
     lines.append(f"| training replies used / sent | {sum(used)} / {sum(sent)} (per round min {min(used, default=0)}) |")
+    lines.append(f"| not used: failed / late / rejected | {sum(summary.get('replies_failed', []))} / "
+                 f"{sum(summary.get('replies_late', []))} / {sum(summary.get('replies_rejected', []))} |")
     lines.append("")
     return "\n".join(lines)
 

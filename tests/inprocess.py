@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flwr.app import RecordDict
+from flwr.app import MessageType, RecordDict
 
 from client_app.algorithms import ALGORITHMS, ClientEnv
 from client_app.state import ClientState
@@ -12,7 +12,7 @@ from common.masks import prunable_names
 from common.models import array_specs, build_model, get_arrays
 from common.seeding import derive_seed
 from server_app.strategies import STRATEGIES
-from server_app.strategies.base import ClientInfo
+from server_app.strategies.base import ClientInfo, RoundLog
 
 from .fakes import FakeReply
 
@@ -37,14 +37,26 @@ class InProcessFederation:
         env = ClientEnv(self.cfg, self.data[pid], ClientState(self.states[pid]), "cpu")
         return ALGORITHMS[self.cfg.algorithm](env)
 
-    def train_round(self, rnd: int) -> dict[int, RecordDict]:
-        """configure -> client fit -> aggregate, as the base strategy's round loop does; returns the replies."""
+    def train_round(self, rnd: int, fresh_log: bool = True) -> dict[int, RecordDict]:
+        """configure -> client fit -> aggregate, as the base strategy's round loop does; returns the replies.
+
+        A client told to fail (drop-rate) answers with an error.
+        """
         strategy = self.strategy
         strategy._round = rnd
-        shared = strategy.shared_payload(rnd)
-        replies = {pid: self.client(pid).fit(rnd, strategy.train_content(rnd, pid, shared))
-                   for pid in strategy.sample(rnd)}
-        strategy.aggregate_train(rnd, [FakeReply(1000 + pid, content) for pid, content in replies.items()])
+        if fresh_log:
+            strategy.round_log = RoundLog()
+        sampled = strategy.sample(rnd)
+        replies, messages = {}, []
+        for pid, content in zip(sampled, strategy.message_contents(rnd, sampled, MessageType.TRAIN)):
+            config = content.config_records["config"]
+            if config.get("simulate-drop"):
+                messages.append(FakeReply(1000 + pid, error="dropped"))
+            else:
+                replies[pid] = self.client(pid).fit(rnd, content)
+                messages.append(FakeReply(1000 + pid, replies[pid]))
+        strategy.aggregate_train(rnd, messages)
+        strategy.round_log.train["sent"] = len(sampled)
         return replies
 
     def evaluate(self, rnd: int) -> dict[int, RecordDict]:

@@ -110,15 +110,16 @@ def test_missing_data_fails_naming_the_files(superlink, tmp_path) -> None:
     assert "Traceback" not in outcome.output
 
 
-def test_fedamp_pretrains_survives_dropped_clients_and_keeps_stale_rows(superlink, tmp_path) -> None:
-    outcome = _run(superlink, tmp_path, "fedamp", "algorithm='fedamp' drop-rate=0.34")
+def test_fedamp_pretrains_survives_dropped_and_late_clients_and_keeps_stale_rows(superlink, tmp_path) -> None:
+    outcome = _run(superlink, tmp_path, "fedamp", "algorithm='fedamp' drop-rate=0.34 straggler-rate=0.34")
     _outcome_ok(outcome)
     rounds = _rounds(tmp_path / "fedamp")
-    assert rounds[0]["train"]["pretrain"]["used"] + len(rounds[0]["train"].get("dropped", [])) >= NUM_NODES - 2
+    assert rounds[0]["train"]["pretrain"]["used"] == NUM_NODES - 4  # 2 of 6 dropped, 2 late
     for r in rounds:
-        assert r["train"]["sent"] == 3 and len(r["train"]["dropped"]) == 1
-        assert r["train"]["used"] == 2 and r["train"]["failed"] == 1, "the dropped client's error reply is counted"
-        assert r["stale_rows"] == NUM_NODES - 2
+        assert r["train"]["sent"] == 3 and len(r["train"]["dropped"]) == 1 and len(r["train"]["stragglers"]) == 1
+        assert r["train"]["used"] == 1 and r["train"]["failed"] == 1, "the dropped client's error reply is counted"
+        assert r["train"]["late"] == 1 and r["train"]["clients"] != r["train"]["stragglers"]
+        assert r["stale_rows"] == NUM_NODES - 1
     assert "simulated" in outcome.output
     last = rounds[-1]["eval"]["mean"]
     assert last["acc-shift-0"] > 0.3 and "cloud-acc-shift-0" in last

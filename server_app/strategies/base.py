@@ -98,6 +98,7 @@ class PFLStrategy(Strategy):
         self.checkpoint_round = 0  # last round whose checkpoint was written
         self.resume_from: Checkpoint | None = None
         self.resumes: list[int] = []  # rounds after which earlier runs of this folder stopped and were resumed
+        self._late: set[int] = set()  # simulated stragglers of the training round in progress
 
     # ----- hooks ---------------------------------------------------------------------------------
     def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
@@ -178,8 +179,13 @@ class PFLStrategy(Strategy):
         return {int(pid) for pid in rng.choice(sorted(candidates), size=min(count, len(candidates)), replace=False)}
 
     def message_contents(self, server_round: int, partition_ids: list[int], message_type: str) -> list[RecordDict]:
-        """Each client's message content. Of a round's k training clients, round(drop-rate * k) are told to fail
-        and round(straggler-rate * k) others to answer only after the round timeout (simulation only)."""
+        """Each client's message content. Of a round's k training clients, round(drop-rate * k) are told to fail,
+        and the replies of round(straggler-rate * k) others will count as late (simulation only).
+
+        A simulated straggler trains as usual (its local state moves on, as a real one's does) and its reply is
+        set aside as if it came after the round timeout; simulated clients never sleep, since a sleeping client
+        would hold one of the simulation's few workers and delay the others.
+        """
         shared = self.shared_payload(server_round)
         is_train = message_type == MessageType.TRAIN
         build = self.train_content if is_train else self.eval_content
@@ -194,13 +200,13 @@ class PFLStrategy(Strategy):
             self.round_log.train["dropped"] = sorted(drops)
         if late:
             self.round_log.train["stragglers"] = sorted(late)
+        if is_train:
+            self._late = late
         contents = []
         for pid in partition_ids:
             content = build(server_round, pid, shared)
             if pid in drops:
                 content.config_records["config"]["simulate-drop"] = True
-            elif pid in late:
-                content.config_records["config"]["simulate-delay"] = self.cfg.round_timeout + 1.0
             contents.append(content)
         return contents
 
@@ -234,6 +240,10 @@ class PFLStrategy(Strategy):
                 else:
                     log(WARNING, "reply from unknown node %s ignored", node)
                 failed += 1
+                continue
+            if kind == "train_up" and pid in self._late and not msg.has_error():
+                log(INFO, "client %d: reply came after the round timeout (simulated straggler), not used", pid)
+                self.round_log.train["late"] = self.round_log.train.get("late", 0) + 1
                 continue
             self.on_client_reply(pid, not msg.has_error())
             if msg.has_error():

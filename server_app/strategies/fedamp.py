@@ -113,6 +113,7 @@ class FedAMPStrategy(ClientModelsStrategy):
         finally:
             self._pretraining = False
         self.round_log.train["pretrain"] = {"sent": len(clients), "used": len(accepted), "failed": failed,
+                                            "late": self.round_log.train.pop("late", 0),
                                             "rejected": rejected, "flops": sum(reply_flops(r.content) for r in accepted)}
         log(INFO, "pre-training: %d of %d clients trained %d local epoch(s) from the common initialization",
             len(accepted), len(clients), self.pretrain_epochs)
