@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -18,13 +19,15 @@ class StateFileError(ValueError):
     """A state or checkpoint file that cannot be read back; the message names the file and the reason."""
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that a crash leaves either the old file or the new one, never a torn one."""
+@contextmanager
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A file handle whose content replaces `path` only once it is complete and on disk: a crash leaves
+    either the old file or the new one, never a torn one."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as fh:
-            fh.write(data)
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -41,6 +44,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         pass
     finally:
         os.close(dir_fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` atomically (see atomic_file)."""
+    with atomic_file(path) as fh:
+        fh.write(data)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -93,12 +102,11 @@ def unpack(arrays: dict[str, np.ndarray]) -> Any:
 
 
 def save_tree(path: Path, tree: Any) -> int:
-    """Pack `tree` into an .npz written atomically; returns its size in bytes."""
-    buffer = io.BytesIO()
-    np.savez(buffer, **pack(tree))
-    data = buffer.getvalue()
-    atomic_write_bytes(path, data)
-    return len(data)
+    """Pack `tree` into an .npz written atomically (streamed to disk, no copy in memory); returns its size."""
+    with atomic_file(path) as fh:
+        np.savez(fh, **pack(tree))
+        size = fh.tell()
+    return size
 
 
 def load_tree(path: Path) -> Any:
