@@ -67,7 +67,8 @@ def open_run_dir(cfg: RunConfig) -> tuple[Path, Checkpoint | None]:
     run_dir = Path(cfg.resume).expanduser().resolve()
     if not (run_dir / "config.json").is_file():
         raise _fail(f"resume: {run_dir} is not a run folder (it has no config.json)")
-    recorded = json.loads((run_dir / "config.json").read_text())
+    defaults = parse_run_config({}, extra_keys=algorithm_config_keys()).to_dict()
+    recorded = {**defaults, **json.loads((run_dir / "config.json").read_text())}  # keys added since: defaults
     differ = config_differences(recorded, cfg.to_dict())
     if differ:
         details = ", ".join(f"{k} (run: {recorded.get(k)!r}, now: {cfg.to_dict().get(k)!r})" for k in differ[:5])

@@ -126,6 +126,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines = [f"# {summary.get('algorithm', '?')} on {summary.get('dataset', '?')}", ""]
     lines.append(f"{summary.get('num_clients')} clients, partition {summary.get('partition')}, "
                  f"{summary['rounds_completed']} rounds, seed {summary.get('seed')}.")
+    if summary.get("resumed_after_rounds"):
+        lines.append(f"Stopped and resumed from its checkpoint after round(s) "
+                     f"{', '.join(map(str, summary['resumed_after_rounds']))}.")
     lines.append("")
     final = summary.get("final")
     if final:

@@ -71,6 +71,7 @@ def test_killed_run_resumes_to_identical_metrics(tmp_path) -> None:
         assert all(abs(ours[kind] - theirs[kind]) <= 16 * NODES for kind in theirs), (ours, theirs)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_after_rounds"] == [stopped_after] and summary["rounds_completed"] == 6
+    assert f"resumed from its checkpoint after round(s) {stopped_after}." in (run_dir / "summary.md").read_text()
 
 
 def test_resume_with_another_config_is_refused_in_one_line(tmp_path) -> None:
