@@ -68,10 +68,11 @@ def stage_table(summaries: dict[str, dict]) -> str:
 
 
 def cost_table(summaries: dict[str, dict], reference: str = "fedavg") -> str:
-    """Markdown: measured training MB per client (down, up, total), training FLOPs per client, ratios."""
+    """Markdown: measured training MB per client (down, up, total), training FLOPs per client, ratios to the
+    reference run (the first FedAvg run)."""
     ref = summaries.get(reference)
-    lines = ["| algorithm | MB down / client | MB up / client | MB total / client | bytes vs fedavg "
-             "| training FLOPs / client | FLOPs vs fedavg | wall (s) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [f"| algorithm | MB down / client | MB up / client | MB total / client | bytes vs {reference} "
+             f"| training FLOPs / client | FLOPs vs {reference} | wall (s) |", "|---|---|---|---|---|---|---|---|"]
     for name, s in summaries.items():
         mb = s["mb_per_client"]
         total = mb["train_down"] + mb["train_up"]
@@ -180,7 +181,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
           f"clients at the last evaluated round")
     print(accuracy_table(summaries))
     print()
-    print(cost_table(summaries))
+    fedavg_runs = [name for name, algorithm, _ in parse_algorithms(args.algorithms) if algorithm == "fedavg"]
+    print(cost_table(summaries, reference=fedavg_runs[0] if fedavg_runs else "fedavg"))
     stages = stage_table(summaries)
     if stages:
         print("\nStages (papers/003 Table I) of the clients trained in the last round, %:")

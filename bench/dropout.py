@@ -19,6 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from compare import main  # noqa: E402
 
+from common.evaluate import CLOUD_PREFIX  # noqa: E402
+
 ALGORITHMS = {"fedavg": "FedAvg", "dmpfl": "DM-PFL", "fedamp": "FedAMP"}
 RATES = (0.0, 0.1, 0.3, 0.5)
 DEFAULTS = ["--algorithms", ",".join(f"{algo}-drop{int(100 * rate)}:{algo}[drop-rate={rate}]"
@@ -34,17 +36,19 @@ def dropout_table(summaries: dict[str, dict]) -> str:
     lines = ["| algorithm | " + " | ".join(f"drop {100 * r:g}%" for r in RATES) + " |",
              "|---|" + "---|" * len(RATES)]
     for algo, title in ALGORITHMS.items():
-        cells = []
-        for rate in RATES:
-            s = summaries.get(f"{algo}-drop{int(100 * rate)}")
-            if s is None:
-                cells.append("-")
-                continue
-            acc = f"{100 * s['final']['mean']['acc-shift-0']:.2f} +/- {100 * s['final']['std']['acc-shift-0']:.2f}"
-            used, sent = sum(s["replies_used"]), sum(s["replies_sent"])
-            per_round = sorted(set(s["replies_used"]))
-            cells.append(f"{acc} ({used}/{sent} replies used; per round {'/'.join(map(str, per_round))})")
-        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+        for key, suffix in (("acc-shift-0", ""), (f"{CLOUD_PREFIX}acc-shift-0", " (cloud model u_i)")):
+            cells = []
+            for rate in RATES:
+                s = summaries.get(f"{algo}-drop{int(100 * rate)}")
+                if s is None or key not in s["final"]["mean"]:
+                    cells.append("-")
+                    continue
+                acc = f"{100 * s['final']['mean'][key]:.2f} +/- {100 * s['final']['std'][key]:.2f}"
+                used, sent = sum(s["replies_used"]), sum(s["replies_sent"])
+                per_round = "/".join(map(str, sorted(set(s["replies_used"]))))
+                cells.append(acc if suffix else f"{acc} ({used}/{sent} replies used; per round {per_round})")
+            if any(cell != "-" for cell in cells):
+                lines.append(f"| {title}{suffix} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
