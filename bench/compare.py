@@ -114,20 +114,14 @@ def finished_with_config(run_dir: Path, config: str) -> bool:
     if not (run_dir / "summary.json").is_file() or not (run_dir / "config.json").is_file():
         return False
     from common.config import parse_run_config
+    from server_app.results import read_run_config
     from server_app.strategies import algorithm_config_keys
 
     raw = {key: value.strip("'") for key, value in parse_overrides(config).items()}
     typed = {k: (json.loads(v) if re.fullmatch(r"-?[\d.eE+-]+|true|false", v) else v) for k, v in raw.items()}
     wanted = parse_run_config(typed, extra_keys=algorithm_config_keys()).to_dict()
-    defaults = parse_run_config({}, extra_keys=algorithm_config_keys()).to_dict()
-    recorded = json.loads((run_dir / "config.json").read_text())
-    ignore = {"results-dir", "run-name"}
-    for key, value in wanted.items():
-        if key in ignore:
-            continue
-        if recorded.get(key, defaults.get(key)) != value:
-            return False
-    return True
+    recorded = read_run_config(run_dir)
+    return all(recorded.get(key) == value for key, value in wanted.items() if key not in {"results-dir", "run-name"})
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict]:

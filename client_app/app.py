@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from logging import INFO
 from pathlib import Path
 
 import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.supercore import log
 
 from common.config import RunConfig, parse_run_config
 from common.data.federated import client_data
 
 from .algorithms import ALGORITHMS, ClientEnv
-from .state import ClientState, StateDir, restored_log
+from .state import ClientState, StateDir
 
 app = ClientApp()
 
@@ -74,7 +76,7 @@ def _env(context: Context, msg: Message, training: bool = False) -> tuple[Client
         record = loaded[1] if loaded else RecordDict()
         if loaded and store.path not in _restored:
             _restored.add(store.path)
-            restored_log(store.path, loaded[0])
+            log(INFO, "client state restored from %s (round %d)", store.path, loaded[0])
     return ClientEnv(cfg, data, ClientState(record), resolve_device(cfg.device)), store
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from logging import INFO, WARNING
+from logging import WARNING
 from pathlib import Path
 
 import numpy as np
@@ -95,7 +95,3 @@ class StateDir:
             if version not in keep:
                 self._file(version).unlink(missing_ok=True)
 
-
-def restored_log(path: Path, version: int) -> None:
-    """One line when a process first restores a client's state from disk."""
-    log(INFO, "client state restored from %s (round %d)", path, version)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from logging import ERROR, INFO
 from pathlib import Path
@@ -21,7 +20,7 @@ from common.persist import StateFileError
 from common.seeding import derive_seed
 
 from .checkpoint import Checkpoint, config_differences, load_checkpoint
-from .results import ResultsWriter, make_run_dir
+from .results import ResultsWriter, make_run_dir, read_run_config
 from .strategies import STRATEGIES, algorithm_config_keys
 from .strategies.base import RunAborted
 
@@ -67,8 +66,7 @@ def open_run_dir(cfg: RunConfig) -> tuple[Path, Checkpoint | None]:
     run_dir = Path(cfg.resume).expanduser().resolve()
     if not (run_dir / "config.json").is_file():
         raise _fail(f"resume: {run_dir} is not a run folder (it has no config.json)")
-    defaults = parse_run_config({}, extra_keys=algorithm_config_keys()).to_dict()
-    recorded = {**defaults, **json.loads((run_dir / "config.json").read_text())}  # keys added since: defaults
+    recorded = read_run_config(run_dir)
     differ = config_differences(recorded, cfg.to_dict())
     if differ:
         details = ", ".join(f"{k} (run: {recorded.get(k)!r}, now: {cfg.to_dict().get(k)!r})" for k in differ[:5])

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import ssl
 import subprocess
 import time
@@ -12,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from .local_superlink import LocalSuperLink, free_port
+from .local_superlink import LocalSuperLink, free_port, stop_process_tree
 
 CONNECTION = "deploy"  # name of the SuperLink connection written to FLWR_HOME/config.toml
 
@@ -85,17 +83,7 @@ class TLSSuperLink(LocalSuperLink):
     def stop(self) -> None:
         """Stop every SuperNode, then the SuperLink (each with its process group)."""
         for process, _ in self.supernodes:
-            _kill_group(process)
+            stop_process_tree(process)
         self.supernodes = []
         super().stop()
 
-
-def _kill_group(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=15)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass

@@ -48,6 +48,25 @@ def _kill_all(pids: list[int]) -> None:
             pass
 
 
+def stop_process_tree(process: subprocess.Popen, graceful: bool = True) -> None:
+    """Stop a process started with start_new_session=True, its process group and every process below it
+    (also those that left the group, such as Ray workers). graceful: SIGTERM first, SIGKILL after 15 s;
+    otherwise SIGKILL at once, as a crash would."""
+    below = descendants(process.pid)
+    if graceful:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    _kill_all([process.pid, *below])
+    process.wait(timeout=15)
+
+
 @dataclass
 class RunOutcome:
     """What `flwr run` printed, the run's id and its final status as the SuperLink reports it."""
@@ -107,24 +126,14 @@ class LocalSuperLink:
         such as a simulation's Ray workers)."""
         if self.process is None:
             return
-        below = descendants(self.process.pid)
-        try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout=15)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        _kill_all(below)
+        stop_process_tree(self.process)
         self.process = None
 
     def kill(self) -> None:
         """SIGKILL the SuperLink and every process below it at once, as a crash of the server machine would."""
         if self.process is None:
             return
-        _kill_all([self.process.pid, *descendants(self.process.pid)])
-        self.process.wait(timeout=15)
+        stop_process_tree(self.process, graceful=False)
         self.process = None
 
     def start_run(self, app_dir: Path, run_config: str, num_supernodes: int = 0,

@@ -12,6 +12,15 @@ from common.evaluate import ACCURACY_ROWS, shift_key
 from common.persist import atomic_write_text
 
 
+def read_run_config(run_dir: Path) -> dict[str, Any]:
+    """A run folder's config.json, with the default of every key added since that run was made."""
+    from common.config import parse_run_config
+    from .strategies import algorithm_config_keys  # here: the strategies import this module
+
+    defaults = parse_run_config({}, extra_keys=algorithm_config_keys()).to_dict()
+    return {**defaults, **json.loads((Path(run_dir) / "config.json").read_text())}
+
+
 def make_run_dir(base: Path, algorithm: str, dataset: str, run_name: str) -> Path:
     """A new folder under `base` named after the run (or algorithm-dataset-timestamp); never reuses one."""
     stem = run_name or f"{algorithm}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -5,9 +5,7 @@ with SIGKILL mid-run and restarted (it goes on from its state dir); every proces
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -15,7 +13,7 @@ import time
 import pytest
 
 from server_app.deployment import TLSSuperLink
-from server_app.local_superlink import descendants
+from server_app.local_superlink import stop_process_tree
 
 from .conftest import REPO
 
@@ -68,10 +66,7 @@ def test_tls_deployment_with_authenticated_supernodes(certs, tmp_path) -> None:
             time.sleep(0.05)
         assert list(saved.glob("round-*.npz")), "SuperNode 1 never wrote its state"
         killed_in_round = len((results / "deployed" / "metrics.jsonl").read_text().splitlines()) + 1
-        victim = nodes[1][0]
-        for pid in [victim.pid, *descendants(victim.pid)]:
-            os.kill(pid, signal.SIGKILL)
-        victim.wait(timeout=30)
+        stop_process_tree(nodes[1][0], graceful=False)
         restarted = restart_until_admitted(link, certs / "nodes" / "node-1", node_config[1])
         runner.wait(timeout=900)
         outcome_log = "\n".join(path.read_text() for path in link.home.glob("run-*.log"))

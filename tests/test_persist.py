@@ -8,7 +8,7 @@ import pickle
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import RecordDict
 
 from client_app.state import ClientState, StateDir
 from common.persist import StateFileError, atomic_write_bytes, load_tree, pack, save_tree, unpack

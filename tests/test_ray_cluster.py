@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from server_app.local_superlink import LocalSuperLink, descendants, free_port
+from server_app.local_superlink import LocalSuperLink, free_port, stop_process_tree
 
 from .conftest import REPO
 
@@ -23,20 +22,6 @@ pytestmark = pytest.mark.e2e
 
 JOBS = ("import json, ray, ray._private.state as s; ray.init(address='{address}', logging_level='ERROR'); "
         "print(json.dumps([j.get('Entrypoint', '') for j in s.jobs()]))")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    below = descendants(process.pid)
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        pass
-    for pid in [process.pid, *below]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def test_simulation_runs_on_an_existing_ray_cluster(tmp_path) -> None:
@@ -68,7 +53,7 @@ def test_simulation_runs_on_an_existing_ray_cluster(tmp_path) -> None:
         assert any("flwr-simulation" in e for e in entrypoints), f"the run did not use the cluster: {entrypoints}"
     finally:
         link.stop()
-        _stop(head)
+        stop_process_tree(head)
         shutil.rmtree(temp, ignore_errors=True)
     time.sleep(1)
     assert head.poll() is not None

@@ -4,7 +4,6 @@ folder on a new SuperLink, ends with exactly the metrics of an uninterrupted run
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from pathlib import Path
 

@@ -196,12 +196,11 @@ class PFLStrategy(Strategy):
             drops = self.simulated_faults(server_round, partition_ids, int(round(self.cfg.drop_rate * k)), "drop")
             late = self.simulated_faults(server_round, [p for p in partition_ids if p not in drops],
                                          int(round(self.cfg.straggler_rate * k)), "straggler")
+            self._late = late
         if drops:
             self.round_log.train["dropped"] = sorted(drops)
         if late:
             self.round_log.train["stragglers"] = sorted(late)
-        if is_train:
-            self._late = late
         contents = []
         for pid in partition_ids:
             content = build(server_round, pid, shared)
@@ -340,8 +339,8 @@ class PFLStrategy(Strategy):
     def handshake(self, grid: Grid, node_ids: list[int] | None = None) -> None:
         """Ask connected nodes (all, or `node_ids`) for their partition and data sizes; keep consistent answers.
 
-        A node that joins later and claims a partition already held takes it over (a restarted SuperNode
-        comes back under a new node id); in the first handshake the first claimant keeps it.
+        A node that joins later and claims a partition already held takes it over (a device replaced, or a
+        SuperNode started with another key); in the first handshake the first claimant keeps it.
         """
         joining = node_ids is not None
         node_ids = sorted(grid.get_node_ids()) if node_ids is None else sorted(node_ids)

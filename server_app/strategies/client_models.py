@@ -41,7 +41,7 @@ class ClientModelsStrategy(PFLStrategy):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the rows; clients the checkpoint does not know are not given a row (and warned about)."""
+        """Restore the rows; a client the checkpoint has no row for is refused (ValueError)."""
         super().load_state_dict(state)
         saved = state.get("matrix")
         if saved is None:
