@@ -21,15 +21,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from common.evaluate import CLOUD_PREFIX, GLOBAL_PREFIX, PLUS_PREFIX  # noqa: E402
-from server_app.local_superlink import LocalSuperLink  # noqa: E402
+from common.algorithms import eval_rows  # noqa: E402
+from tests.harness.local_superlink import LocalSuperLink  # noqa: E402
 
 
 def _pct(mean: float, std: float) -> str:
     return "n/a" if math.isnan(mean) else f"{100 * mean:.2f} +/- {100 * std:.2f}"
 
 
-VARIANTS = {PLUS_PREFIX: "+", GLOBAL_PREFIX: " (global model)", CLOUD_PREFIX: " (cloud model)"}  # extra accuracies
+VARIANTS = {row.prefix: row.suffix for row in eval_rows()}  # extra accuracies some algorithms report
 
 
 def accuracy_table(summaries: dict[str, dict]) -> str:
@@ -115,11 +115,10 @@ def finished_with_config(run_dir: Path, config: str) -> bool:
         return False
     from common.config import parse_run_config
     from server_app.results import read_run_config
-    from server_app.strategies import algorithm_config_keys
 
     raw = {key: value.strip("'") for key, value in parse_overrides(config).items()}
     typed = {k: (json.loads(v) if re.fullmatch(r"-?[\d.eE+-]+|true|false", v) else v) for k, v in raw.items()}
-    wanted = parse_run_config(typed, extra_keys=algorithm_config_keys()).to_dict()
+    wanted = parse_run_config(typed).to_dict()
     recorded = read_run_config(run_dir)
     return all(recorded.get(key) == value for key, value in wanted.items() if key not in {"results-dir", "run-name"})
 

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from compare import main  # noqa: E402
 
-from common.evaluate import CLOUD_PREFIX  # noqa: E402
+from common.algorithms import CLOUD  # noqa: E402
 
 ALGORITHMS = {"fedavg": "FedAvg", "dmpfl": "DM-PFL", "fedamp": "FedAMP"}
 RATES = (0.0, 0.1, 0.3, 0.5)
@@ -36,7 +36,7 @@ def dropout_table(summaries: dict[str, dict]) -> str:
     lines = ["| algorithm | " + " | ".join(f"drop {100 * r:g}%" for r in RATES) + " |",
              "|---|" + "---|" * len(RATES)]
     for algo, title in ALGORITHMS.items():
-        for key, suffix in (("acc-shift-0", ""), (f"{CLOUD_PREFIX}acc-shift-0", " (cloud model u_i)")):
+        for key, suffix in (("acc-shift-0", ""), (f"{CLOUD.prefix}acc-shift-0", f" ({CLOUD.label})")):
             cells = []
             for rate in RATES:
                 s = summaries.get(f"{algo}-drop{int(100 * rate)}")

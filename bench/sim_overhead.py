@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from server_app.local_superlink import LocalSuperLink  # noqa: E402
+from tests.harness.local_superlink import LocalSuperLink  # noqa: E402
 
 
 def elapsed(link: LocalSuperLink, run_id: str) -> float:

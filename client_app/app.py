@@ -14,7 +14,9 @@ from flwr.supercore import log
 from common.config import RunConfig, parse_run_config
 from common.data.federated import client_data
 
-from .algorithms import ALGORITHMS, ClientEnv
+from common.validation import read_count
+
+from .algorithms import ClientEnv, client_class
 from .state import ClientState, StateDir
 
 app = ClientApp()
@@ -26,9 +28,7 @@ class SimulatedDrop(RuntimeError):
 
 @lru_cache(maxsize=8)
 def _config(items: tuple) -> RunConfig:
-    from server_app.strategies import algorithm_config_keys
-
-    return parse_run_config(dict(items), algorithms=ALGORITHMS, extra_keys=algorithm_config_keys())
+    return parse_run_config(dict(items))
 
 
 def _partition(context: Context) -> tuple[int, int]:
@@ -84,12 +84,12 @@ def _persist(env: ClientEnv, store: StateDir | None, msg: Message) -> None:
     """Write the state to the state dir (atomically) when the message changed it."""
     if store is not None and env.state.dirty:
         config = msg.content.config_records["config"]
-        checkpoint = config.get("checkpoint-round")
-        store.save(_round(msg), env.state.record, None if checkpoint is None else int(checkpoint))
+        checkpoint = read_count(config, "checkpoint-round", allow_zero=True) if "checkpoint-round" in config else None
+        store.save(_round(msg), env.state.record, checkpoint)
 
 
 def _round(msg: Message) -> int:
-    return int(msg.content.config_records["config"]["server-round"])
+    return read_count(msg.content.config_records.get("config"), "server-round", allow_zero=True)
 
 
 @app.query()
@@ -110,7 +110,7 @@ def train(msg: Message, context: Context) -> Message:
     if config.get("simulate-drop", False):
         # drop-rate: the server picked this client to fail this round; the error reply exercises the real path.
         raise SimulatedDrop(f"client {env.partition_id} dropped this round (simulated, drop-rate {env.cfg.drop_rate:g})")
-    algorithm = ALGORITHMS[env.cfg.algorithm](env)
+    algorithm = client_class(env.cfg.algorithm)(env)
     reply = Message(algorithm.fit(_round(msg), msg.content), reply_to=msg)
     _persist(env, store, msg)
     return reply
@@ -120,7 +120,7 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Evaluation at every shift degree by the configured algorithm."""
     env, store = _env(context, msg)
-    algorithm = ALGORITHMS[env.cfg.algorithm](env)
+    algorithm = client_class(env.cfg.algorithm)(env)
     reply = Message(algorithm.evaluate(_round(msg), msg.content), reply_to=msg)
     _persist(env, store, msg)
     return reply

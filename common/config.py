@@ -1,13 +1,16 @@
-"""Typed run configuration: parse Flower's run config, validate it, explain bad values in one line."""
+"""Typed run configuration: every general key declared once (default, range, help), the algorithm's keys from
+its spec; one parse of Flower's run config with one-line errors for bad values."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from .algorithms import SPECS, param_classes
+from .hparams import ConfigError, as_dict, choice, describe, hp, parse_fields
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10")
 PARTITIONS = ("iid", "dirichlet", "pathological", "ls", "qs", "lsqs", "grouped")
@@ -15,111 +18,9 @@ MODELS = ("auto", "mlp", "cnn-mnist", "cnn-cifar")
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 
+P = TypeVar("P")
 
-class ConfigError(ValueError):
-    """A run-config key or value a user got wrong; the message is one line naming it."""
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """Every run-config key, with its default (the same defaults as pyproject.toml)."""
-
-    algorithm: str = "fedavg"
-    dataset: str = "digits"
-    data_dir: str = ""
-    allow_download: bool = False
-    partition: str = "dirichlet"
-    dirichlet_alpha: float = 0.3
-    test_fraction: float = 0.25
-    max_samples: int = 0
-    model: str = "auto"
-    num_rounds: int = 20
-    fraction_train: float = 0.5
-    min_train_clients: int = 2
-    fraction_evaluate: float = 1.0
-    eval_every: int = 1
-    local_epochs: int = 2
-    batch_size: int = 32
-    optimizer: str = "sgd"
-    lr: float = 0.05
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    lr_decay: float = 1.0
-    proximal_mu: float = 0.05
-    shift_degrees: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
-    seed: int = 0
-    device: str = "auto"
-    client_threads: int = 1
-    round_timeout: float = 600.0
-    drop_rate: float = 0.0
-    straggler_rate: float = 0.0
-    dirty_clients: float = 0.0
-    dirty_fraction: float = 0.0
-    stages: bool = False
-    stage_test_size: int = 2000
-    rho_eps: tuple[float, ...] = (0.9, 0.95)
-    results_dir: str = ""
-    run_name: str = ""
-    checkpoint_every: int = 1
-    resume: str = ""
-    client_state_dir: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def resolved_data_dir(self) -> Path:
-        """Data folder: the config value, else $PFL_DATA_DIR, else ~/.cache/pflower/data."""
-        raw = self.data_dir or os.environ.get("PFL_DATA_DIR", "")
-        return Path(raw).expanduser() if raw else Path.home() / ".cache" / "pflower" / "data"
-
-    @property
-    def resolved_results_dir(self) -> Path:
-        """Results folder: the config value, else $PFL_RESULTS_DIR, else ~/pflower-results."""
-        raw = self.results_dir or os.environ.get("PFL_RESULTS_DIR", "")
-        return (Path(raw).expanduser() if raw else Path.home() / "pflower-results").resolve()
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict with run-config (dashed) key names, for config.json."""
-        out = {_dashed(f.name): getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
-        out["shift-degrees"] = list(self.shift_degrees)
-        out["rho-eps"] = list(self.rho_eps)
-        out.update(self.extra)
-        return out
-
-
-def _dashed(name: str) -> str:
-    return name.replace("_", "-")
-
-
-def _choice(key: str, value: Any, allowed: Iterable[str]) -> str:
-    allowed = tuple(allowed)
-    if not isinstance(value, str) or value.lower() not in allowed:
-        raise ConfigError(f"run-config '{key}' = {value!r} is not valid; allowed values: {', '.join(allowed)}")
-    return value.lower()
-
-
-def _number(key: str, value: Any, kind: type, low: float | None = None, high: float | None = None,
-            low_open: bool = False) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"run-config '{key}' = {value!r} must be a number ({kind.__name__})")
-    if kind is int and float(value) != int(value):
-        raise ConfigError(f"run-config '{key}' = {value!r} must be a whole number")
-    value = kind(value)
-    too_low = low is not None and (value <= low if low_open else value < low)
-    too_high = high is not None and value > high
-    if too_low or too_high:
-        lo = "-inf" if low is None else low
-        hi = "inf" if high is None else high
-        bracket = "(" if low_open else "["
-        raise ConfigError(f"run-config '{key}' = {value!r} is out of range; allowed: {bracket}{lo}, {hi}]")
-    return value
-
-
-def _flag(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    raise ConfigError(f"run-config '{key}' = {value!r} must be true or false")
+__all__ = ["ConfigError", "RunConfig", "parse_degrees", "parse_run_config"]
 
 
 def parse_degrees(key: str, value: Any) -> tuple[float, ...]:
@@ -134,73 +35,121 @@ def parse_degrees(key: str, value: Any) -> tuple[float, ...]:
     return tuple(degrees)
 
 
-_PARSERS = {
-    "algorithm": lambda k, v: v,  # checked against the strategy registry by the caller
-    "dataset": lambda k, v: _choice(k, v, DATASETS),
-    "data-dir": lambda k, v: str(v),
-    "allow-download": _flag,
-    "partition": lambda k, v: _choice(k, v, PARTITIONS),
-    "dirichlet-alpha": lambda k, v: _number(k, v, float, 0.0, None, low_open=True),
-    "test-fraction": lambda k, v: _number(k, v, float, 0.0, 0.9, low_open=True),
-    "max-samples": lambda k, v: _number(k, v, int, 0, None),
-    "model": lambda k, v: _choice(k, v, MODELS),
-    "num-rounds": lambda k, v: _number(k, v, int, 1, 100_000),
-    "fraction-train": lambda k, v: _number(k, v, float, 0.0, 1.0, low_open=True),
-    "min-train-clients": lambda k, v: _number(k, v, int, 1, None),
-    "fraction-evaluate": lambda k, v: _number(k, v, float, 0.0, 1.0),
-    "eval-every": lambda k, v: _number(k, v, int, 0, None),
-    "local-epochs": lambda k, v: _number(k, v, int, 0, 10_000),
-    "batch-size": lambda k, v: _number(k, v, int, 1, None),
-    "optimizer": lambda k, v: _choice(k, v, OPTIMIZERS),
-    "lr": lambda k, v: _number(k, v, float, 0.0, 10.0, low_open=True),
-    "momentum": lambda k, v: _number(k, v, float, 0.0, 0.999),
-    "weight-decay": lambda k, v: _number(k, v, float, 0.0, 1.0),
-    "lr-decay": lambda k, v: _number(k, v, float, 0.0, 1.0, low_open=True),
-    "proximal-mu": lambda k, v: _number(k, v, float, 0.0, None),
-    "shift-degrees": parse_degrees,
-    "seed": lambda k, v: _number(k, v, int, 0, 2**31 - 1),
-    "device": lambda k, v: _choice(k, v, DEVICES),
-    "client-threads": lambda k, v: _number(k, v, int, 1, 256),
-    "round-timeout": lambda k, v: _number(k, v, float, 0.0, None, low_open=True),
-    "drop-rate": lambda k, v: _number(k, v, float, 0.0, 0.95),
-    "straggler-rate": lambda k, v: _number(k, v, float, 0.0, 0.95),
-    "dirty-clients": lambda k, v: _number(k, v, float, 0.0, 1.0),
-    "dirty-fraction": lambda k, v: _number(k, v, float, 0.0, 1.0),
-    "stages": _flag,
-    "stage-test-size": lambda k, v: _number(k, v, int, 0, None),
-    "rho-eps": parse_degrees,
-    "results-dir": lambda k, v: str(v),
-    "run-name": lambda k, v: str(v),
-    "checkpoint-every": lambda k, v: _number(k, v, int, 0, None),
-    "resume": lambda k, v: str(v),
-    "client-state-dir": lambda k, v: str(v),
-}
+@dataclass(frozen=True)
+class RunConfig:
+    """Every general run-config key with its default; `params` holds the chosen algorithm's keys (its spec's
+    dataclass) and `algorithm_keys` every registered algorithm's keys, validated (for config.json)."""
+
+    algorithm: str = hp("fedavg", "the algorithm", choices=tuple(sorted(SPECS)), allowed="see the next table")
+    dataset: str = hp("digits", "the data set; `digits` (scikit-learn's 8x8 digits) is embedded: no download",
+                      choices=DATASETS)
+    data_dir: str = hp("", "folder with `MNIST/raw`, `FashionMNIST/raw`, `cifar-10-batches-py` (torchvision "
+                       "layout); empty: `$PFL_DATA_DIR`, else `~/.cache/pflower/data`. Use an absolute path.")
+    allow_download: bool = hp(False, "let torchvision download a missing dataset (needs internet)")
+    partition: str = hp("dirichlet", "`iid`; `dirichlet` (per class, a Dir(alpha) vector over clients splits its "
+                        "samples: label and quantity skew); `pathological` (2 classes per client; 10% of the "
+                        "clients hold half of the samples); FLIU's `ls` (Dirichlet label rows balanced by "
+                        "Sinkhorn-Knopp: equal client sizes, every sample used), `qs` (Dirichlet client sizes, "
+                        "balanced labels), `lsqs` (both); FedAMP's `grouped` (5 groups of clients, 80% of each "
+                        "client's data from its group's 2 classes, 500/400/300/200/100 samples per client)",
+                        choices=PARTITIONS)
+    dirichlet_alpha: float = hp(0.3, "alpha of every Dirichlet draw of the partition", low=0.0, low_open=True)
+    test_fraction: float = hp(0.25, "each client's samples are split into train and test sets by this fraction",
+                              low=0.0, high=0.9, low_open=True)
+    max_samples: int = hp(0, "partition a seeded subset of this many samples of the dataset (0: all); for quick "
+                          "CPU runs", low=0)
+    model: str = hp("auto", "`mlp` (digits), `cnn-mnist` (McMahan et al. CNN, 1.66M parameters), `cnn-cifar`; "
+                    "`auto` picks by dataset", choices=MODELS)
+    num_rounds: int = hp(20, "federated rounds", low=1, high=100_000)
+    fraction_train: float = hp(0.5, "fraction of clients sampled per round (seeded, at least `min-train-clients`)",
+                               low=0.0, high=1.0, low_open=True)
+    min_train_clients: int = hp(2, "lower bound on clients per round", low=1)
+    fraction_evaluate: float = hp(1.0, "fraction of clients evaluated (all by default)", low=0.0, high=1.0)
+    eval_every: int = hp(1, "evaluate every N rounds and after the last one (0: never)", low=0)
+    local_epochs: int = hp(2, "local training epochs per round", low=0, high=10_000)
+    batch_size: int = hp(32, "local training batch size", low=1)
+    optimizer: str = hp("sgd", "local optimizer", choices=OPTIMIZERS)
+    lr: float = hp(0.05, "local learning rate", low=0.0, high=10.0, low_open=True)
+    momentum: float = hp(0.0, "SGD momentum", low=0.0, high=0.999)
+    weight_decay: float = hp(0.0, "weight decay of the local optimizer", low=0.0, high=1.0)
+    lr_decay: float = hp(1.0, "lr is multiplied by this every round", low=0.0, high=1.0, low_open=True)
+    shift_degrees: tuple[float, ...] = hp((0.0, 0.2, 0.4, 0.6, 0.8, 1.0), "test-time shift degrees evaluated "
+                                          "every time", parse=parse_degrees,
+                                          allowed="comma-separated numbers in [0, 1]")
+    seed: int = hp(0, "one seed for partition, sampling, init and training: same seed, same metrics",
+                   low=0, high=2**31 - 1)
+    device: str = hp("auto", "where clients train; `auto`: CUDA when present", choices=DEVICES)
+    client_threads: int = hp(1, "torch threads per simulated client", low=1, high=256)
+    round_timeout: float = hp(600.0, "seconds to wait for replies; a round goes on with those that arrived",
+                              low=0.0, low_open=True)
+    drop_rate: float = hp(0.0, "simulation: this fraction of each round's training clients fails (seeded); the "
+                          "round goes on without them", low=0.0, high=0.95)
+    straggler_rate: float = hp(0.0, "simulation: this fraction of each round's training clients (others than the "
+                               "dropped ones) trains but answers after the round timeout; their replies are not "
+                               "used", low=0.0, high=0.95)
+    dirty_clients: float = hp(0.0, "this fraction of the clients (seeded) has `dirty-fraction` of its training "
+                              "labels flipped to another class", low=0.0, high=1.0)
+    dirty_fraction: float = hp(0.0, "fraction of a dirty client's training labels flipped", low=0.0, high=1.0)
+    stages: bool = hp(False, "FLIU's stage metrics (G, L1, L2) for the clients of each round")
+    stage_test_size: int = hp(2000, "size of the seeded pooled-test subset for the stages' Acc(G) (0: all)", low=0)
+    rho_eps: tuple[float, ...] = hp((0.9, 0.95), "thresholds eps of the stages' rho_eps", parse=parse_degrees,
+                                    allowed="comma-separated numbers in [0, 1]")
+    results_dir: str = hp("", "where results go (empty: `$PFL_RESULTS_DIR`, else `~/pflower-results`)")
+    run_name: str = hp("", "the run folder's name (default `algorithm-dataset-timestamp`)")
+    checkpoint_every: int = hp(1, "write the server checkpoint every N rounds (and after the last); 0: never. "
+                               "FedAMP/FedFomo checkpoints hold every client's model (100 clients x the MNIST CNN: "
+                               "0.67 GB, about 5 s to write on a 2-core machine): raise N for such runs", low=0)
+    resume: str = hp("", "a run folder to continue from its checkpoint (same run config; `num-rounds` may grow)")
+    client_state_dir: str = hp("", "simulation: clients keep their state (personal weights, masks, algorithm "
+                               "state) in files under this folder, so a resumed run continues them; on a device "
+                               "the node config's `state-dir` does this")
+    params: Any = None
+    algorithm_keys: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def resolved_data_dir(self) -> Path:
+        """Data folder: the config value, else $PFL_DATA_DIR, else ~/.cache/pflower/data."""
+        raw = self.data_dir or os.environ.get("PFL_DATA_DIR", "")
+        return Path(raw).expanduser() if raw else Path.home() / ".cache" / "pflower" / "data"
+
+    @property
+    def resolved_results_dir(self) -> Path:
+        """Results folder: the config value, else $PFL_RESULTS_DIR, else ~/pflower-results."""
+        raw = self.results_dir or os.environ.get("PFL_RESULTS_DIR", "")
+        return (Path(raw).expanduser() if raw else Path.home() / "pflower-results").resolve()
+
+    def params_as(self, kind: type[P]) -> P:
+        """The algorithm's hyperparameters, checked to be of the dataclass `kind` (a typed view for its halves)."""
+        if not isinstance(self.params, kind):
+            raise TypeError(f"algorithm {self.algorithm!r} has parameters {type(self.params).__name__}, "
+                            f"not {kind.__name__}")
+        return self.params
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict with run-config (dashed) key names, for config.json."""
+        return {**as_dict(self), **self.algorithm_keys}
 
 
-def parse_run_config(raw: Mapping[str, Any], algorithms: Iterable[str] | None = None,
-                     extra_keys: Mapping[str, Any] | None = None) -> RunConfig:
-    """Validate a Flower run config into a RunConfig; raise ConfigError naming the first bad key.
+def known_keys() -> dict[str, Any]:
+    """Every run-config key (general and algorithm keys) with its default."""
+    keys = {info.key: info.default for info in describe(RunConfig)}
+    for cls in param_classes():
+        keys.update({info.key: info.default for info in describe(cls)})
+    return keys
 
-    `algorithms` are the registered names; `extra_keys` are algorithm-specific keys with defaults
-    (kept, type-checked against the default's type, in `RunConfig.extra`).
-    """
-    extra_keys = dict(extra_keys or {})
-    known = set(_PARSERS) | set(extra_keys)
+
+def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
+    """Validate a Flower run config into a RunConfig; raise ConfigError naming the first bad key."""
+    known = known_keys()
     for key in raw:
         if key not in known:
             raise ConfigError(f"unknown run-config key '{key}'; known keys: {', '.join(sorted(known))}")
-    values: dict[str, Any] = {}
-    for key, parser in _PARSERS.items():
-        if key in raw:
-            values[key.replace("-", "_")] = parser(key, raw[key])
-    if algorithms is not None and "algorithm" in values:
-        values["algorithm"] = _choice("algorithm", values["algorithm"], sorted(algorithms))
-    extra: dict[str, Any] = {}
-    for key, default in extra_keys.items():
-        value = raw.get(key, default)
-        if isinstance(default, bool):
-            value = _flag(key, value)
-        elif isinstance(default, (int, float)):
-            value = _number(key, value, type(default))
-        extra[key] = value
-    return RunConfig(**values, extra=extra)
+    algorithm = choice("algorithm", raw.get("algorithm", "fedavg"), sorted(SPECS))
+    algorithm_keys: dict[str, Any] = {}
+    params: Any = None
+    for cls in param_classes():
+        parsed = parse_fields(cls, raw)
+        algorithm_keys.update(as_dict(parsed))
+        if cls is SPECS[algorithm].params:
+            params = parsed
+    return parse_fields(RunConfig, raw, params=params, algorithm_keys=algorithm_keys)

@@ -39,14 +39,6 @@ class EvalResult:
     shift_accuracy: dict[float, float]
 
 
-# Prefixes of the extra accuracies some algorithms report beside their main model, with table labels.
-PLUS_PREFIX = "plus-"      # DM-PFL+ adaptive inference
-GLOBAL_PREFIX = "global-"  # a shared global model next to the personal one
-CLOUD_PREFIX = "cloud-"    # FedAMP's personalized cloud model u_i next to the local model w_i
-ACCURACY_ROWS = (("", "accuracy"), (PLUS_PREFIX, "adaptive inference (+)"), (GLOBAL_PREFIX, "global model"),
-                 (CLOUD_PREFIX, "cloud model u_i"))
-
-
 def shift_key(degree: float) -> str:
     """Metric name of the accuracy at a shift degree, e.g. 'acc-shift-0.4'."""
     return f"acc-shift-{degree:g}"

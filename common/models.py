@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import nn
 
 from .config import ConfigError
+from .masks import prunable_names
 
 AUTO_MODEL = {"digits": "mlp", "mnist": "cnn-mnist", "fashion-mnist": "cnn-mnist", "cifar10": "cnn-cifar"}
 
@@ -95,3 +98,17 @@ def set_arrays(model: nn.Module, arrays: list[np.ndarray]) -> None:
 def array_specs(model: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of every state-dict entry, in order: what a valid payload must match."""
     return [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    """What the server holds of the model: its initial arrays, (name, shape) specs and prunable layer names."""
+
+    initial: list[np.ndarray]
+    specs: list[tuple[str, tuple[int, ...]]]
+    prunable: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, model: nn.Module) -> ModelLayout:
+        """The layout of a built model (its current weights as the initial arrays)."""
+        return cls(get_arrays(model), array_specs(model), tuple(prunable_names(model)))

@@ -14,15 +14,15 @@ from flwr.supercore import log
 from common.config import ConfigError, RunConfig, parse_run_config
 from common.data.datasets import DataError
 from common.data.federated import dataset_for
-from common.masks import prunable_names
-from common.models import array_specs, build_model, get_arrays
+from common.models import ModelLayout, build_model
 from common.persist import StateFileError
 from common.seeding import derive_seed
 
 from .checkpoint import Checkpoint, config_differences, load_checkpoint
+from .clients import ClientRegistry, RunAborted
 from .results import ResultsWriter, make_run_dir, read_run_config
-from .strategies import STRATEGIES, algorithm_config_keys
-from .strategies.base import RunAborted
+from .runner import RoundRunner
+from .strategies import strategy_class
 
 app = ServerApp()
 
@@ -48,7 +48,7 @@ logging.getLogger("flwr").addFilter(_NoTracebackForRunFailed())
 def load_config(raw: dict[str, Any]) -> RunConfig:
     """Validated run config; a bad key or value is logged as one line and aborts the run."""
     try:
-        return parse_run_config(raw, algorithms=STRATEGIES, extra_keys=algorithm_config_keys())
+        return parse_run_config(raw)
     except ConfigError as exc:
         log(ERROR, "%s", exc)
         raise RunFailed(str(exc)) from None
@@ -93,24 +93,24 @@ def main(grid: Grid, context: Context) -> None:
     except (DataError, ConfigError) as exc:
         log(ERROR, "%s", exc)
         raise RunFailed(str(exc)) from None
+    clients = ClientRegistry()
     try:
-        strategy = STRATEGIES[cfg.algorithm](cfg, get_arrays(model), array_specs(model), None, prunable_names(model))
-    except ConfigError as exc:
+        strategy = strategy_class(cfg.algorithm)(cfg, ModelLayout.of(model), clients)
+    except (ConfigError, ValueError) as exc:
         log(ERROR, "%s", exc)
         raise RunFailed(str(exc)) from None
     run_dir, checkpoint = open_run_dir(cfg)
-    writer = strategy.writer = ResultsWriter(run_dir, cfg.to_dict(), resume=checkpoint is not None)
-    strategy.state_key = run_dir.name
-    strategy.resume_from = checkpoint
+    writer = ResultsWriter(run_dir, cfg.to_dict(), resume=checkpoint is not None)
+    runner = RoundRunner(cfg, strategy, clients, writer=writer, state_key=run_dir.name, resume_from=checkpoint)
     log(INFO, "results folder: %s", run_dir)
     try:
-        strategy.run(grid)
+        runner.run(grid)
     except RunAborted as exc:
         log(ERROR, "run aborted: %s", exc)
         raise RunFailed(str(exc)) from None
     info = {"algorithm": cfg.algorithm, "dataset": cfg.dataset, "partition": cfg.partition, "seed": cfg.seed,
-            "num_clients": len(strategy.clients), "shift_degrees": list(cfg.shift_degrees),
-            "resumed_after_rounds": strategy.resumes}
+            "num_clients": len(clients), "shift_degrees": list(cfg.shift_degrees),
+            "resumed_after_rounds": runner.resumes}
     summary_path = writer.finish(info)
     for line in summary_path.read_text().splitlines():
         if line.strip():

@@ -8,17 +8,32 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.evaluate import ACCURACY_ROWS, shift_key
+from common.algorithms import eval_rows
+from common.config import parse_run_config
+from common.evaluate import shift_key
 from common.persist import atomic_write_text
 
 
 def read_run_config(run_dir: Path) -> dict[str, Any]:
     """A run folder's config.json, with the default of every key added since that run was made."""
-    from common.config import parse_run_config
-    from .strategies import algorithm_config_keys  # here: the strategies import this module
-
-    defaults = parse_run_config({}, extra_keys=algorithm_config_keys()).to_dict()
+    defaults = parse_run_config({}).to_dict()
     return {**defaults, **json.loads((Path(run_dir) / "config.json").read_text())}
+
+
+def progress_text(record: dict[str, Any], num_rounds: int, degrees: tuple[float, ...], elapsed: float) -> str:
+    """The progress log line of a finished round: replies, loss, traffic, accuracy, time and ETA."""
+    rnd = record["round"]
+    eta = elapsed / rnd * (num_rounds - rnd)
+    train = record["train"]
+    text = (f"[round {rnd}/{num_rounds}] train {train['used']}/{train['sent']} used, loss {train['loss']:.4f}"
+            f" | down {record['bytes']['train_down'] / 1e6:.2f} MB up {record['bytes']['train_up'] / 1e6:.2f} MB")
+    if record["eval"]:
+        mean, std = record["eval"]["mean"], record["eval"]["std"]
+        k0, k1 = shift_key(min(degrees)), shift_key(max(degrees))
+        text += (f" | acc {100 * mean[k0]:.2f}+/-{100 * std[k0]:.2f}%"
+                 f" (shift {100 * max(degrees):g}%: {100 * mean[k1]:.2f}%)")
+    seconds = int(round(eta))
+    return text + f" | {record['wall_s']:.1f}s, ETA {seconds // 60}m{seconds % 60:02d}s"
 
 
 def make_run_dir(base: Path, algorithm: str, dataset: str, run_name: str) -> Path:
@@ -147,7 +162,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         lines.append("")
         lines.append("| shift | " + " | ".join(f"{100 * d:g}%" for d in degrees) + " |")
         lines.append("|---|" + "---|" * len(degrees))
-        for prefix, label in ACCURACY_ROWS:
+        for prefix, label in [("", "accuracy")] + [(row.prefix, row.label) for row in eval_rows()]:
             if prefix + shift_key(degrees[0]) not in final["mean"]:
                 continue
             cells = [f"{_fmt(final['mean'][prefix + shift_key(d)])} +/- {_fmt(final['std'][prefix + shift_key(d)])}"

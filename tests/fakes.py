@@ -50,4 +50,19 @@ def metrics_only(**metrics) -> RecordDict:
     return RecordDict({"metrics": MetricRecord(metrics)})
 
 
-__all__ = ["FakeReply", "train_content", "metrics_only", "ArrayRecord"]
+__all__ = ["ArrayRecord", "FakeReply", "hand_made_runner", "metrics_only", "train_content"]
+
+
+def hand_made_runner(cfg, specs, initial, sizes: dict[int, int], node_base: int = 100):
+    """A RoundRunner for `cfg.algorithm` on a hand-made model layout, with clients pid -> num_train registered as
+    nodes node_base + pid."""
+    from common.models import ModelLayout
+    from server_app.clients import ClientInfo, ClientRegistry
+    from server_app.runner import RoundRunner
+    from server_app.strategies import strategy_class
+
+    clients = ClientRegistry()
+    for pid, num_train in sizes.items():
+        clients.add(ClientInfo(pid, node_base + pid, num_train, 5))
+    strategy = strategy_class(cfg.algorithm)(cfg, ModelLayout(list(initial), list(specs)), clients)
+    return RoundRunner(cfg, strategy, clients)

@@ -12,7 +12,7 @@ from client_app.state import StateDir
 from common.config import parse_run_config
 from common.persist import StateFileError
 from server_app.checkpoint import Checkpoint, config_differences, load_checkpoint, save_checkpoint
-from server_app.strategies import STRATEGIES, algorithm_config_keys
+from common.algorithms import SPECS
 
 from .inprocess import InProcessFederation
 
@@ -22,7 +22,7 @@ CLIENTS = 4
 def _federation(algorithm: str, state_dir: str) -> InProcessFederation:
     raw = {"algorithm": algorithm, "dataset": "digits", "num-rounds": 4, "fraction-train": 0.5, "local-epochs": 1,
            "lr": 0.1, "iterations": 1, "client-state-dir": state_dir, "readjust-interval": 2}
-    return InProcessFederation(parse_run_config(raw, extra_keys=algorithm_config_keys()), CLIENTS)
+    return InProcessFederation(parse_run_config(raw), CLIENTS)
 
 
 def _flat(content: RecordDict) -> dict:
@@ -44,7 +44,7 @@ def _state_bytes(state: dict) -> str:
     return json.dumps(walk(state), sort_keys=True)
 
 
-@pytest.mark.parametrize("algorithm", sorted(STRATEGIES))
+@pytest.mark.parametrize("algorithm", sorted(SPECS))
 def test_resumed_run_continues_exactly(algorithm: str, tmp_path) -> None:
     fed = _federation(algorithm, str(tmp_path / "clients"))
     for rnd in (1, 2):

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from flwr.app import ConfigRecord, RecordDict
 
-from client_app.algorithms import ALGORITHMS, ClientEnv
+from client_app.algorithms import ClientEnv, client_class
 from client_app.algorithms.local import PERSONAL
 from client_app.state import ClientState
 from common.config import parse_run_config
@@ -19,7 +20,7 @@ from common.validation import validate_arrays
 def _client(name: str, state: RecordDict | None = None, **overrides):
     cfg = parse_run_config({"algorithm": name, "dataset": "digits", "local-epochs": 2, "lr": 0.1, **overrides})
     env = ClientEnv(cfg, client_data(cfg, 1, 4), ClientState(state if state is not None else RecordDict()), "cpu")
-    return ALGORITHMS[name](env)
+    return client_class(name)(env)
 
 
 def _global_content(client, server_round: int = 1) -> RecordDict:
@@ -49,9 +50,32 @@ def test_fedprox_stays_closer_to_the_global_model() -> None:
     start = get_arrays(_client("fedavg").new_model())
     specs = array_specs(_client("fedavg").new_model())
     plain = validate_arrays(_client("fedavg").fit(1, _global_content(_client("fedavg"))).array_records["arrays"], specs)
-    prox_client = _client("fedprox", **{"proximal-mu": 10.0})
-    prox = validate_arrays(prox_client.fit(1, _global_content(prox_client)).array_records["arrays"], specs)
+    prox_client = _client("fedprox", **{"proximal-mu": 0.0})  # the client uses the mu the server sends
+    content = _global_content(prox_client)
+    content.config_records["config"]["prox-mu"] = 10.0
+    prox = validate_arrays(prox_client.fit(1, content).array_records["arrays"], specs)
     assert _distance(prox, start) < 0.5 * _distance(plain, start)
+
+
+def test_fedprox_server_sends_its_mu_and_a_bad_mu_fails_the_client() -> None:
+    from common.validation import PayloadError
+    from server_app.clients import ClientRegistry
+    from server_app.strategies import strategy_class
+
+    cfg = parse_run_config({"algorithm": "fedprox", "proximal-mu": 0.25})
+    model = _client("fedprox").new_model()
+    from common.models import ModelLayout
+
+    strategy = strategy_class("fedprox")(cfg, ModelLayout.of(model), ClientRegistry())
+    assert strategy.round_config(3, 1)["prox-mu"] == 0.25
+    client = _client("fedprox")
+    for bad in (-1.0, float("nan"), float("inf")):
+        content = _global_content(client)
+        content.config_records["config"]["prox-mu"] = bad
+        with pytest.raises(PayloadError, match="prox-mu"):
+            client.fit(1, content)
+    with pytest.raises(PayloadError, match="prox-mu"):
+        client.fit(1, _global_content(client))  # missing
 
 
 def test_local_keeps_its_model_on_the_device_and_uploads_none() -> None:

@@ -7,7 +7,7 @@ import tomllib
 import pytest
 
 from common.config import ConfigError, RunConfig, parse_run_config
-from server_app.strategies import STRATEGIES, algorithm_config_keys
+from common.algorithms import SPECS
 
 from .conftest import REPO
 
@@ -17,7 +17,7 @@ def _defaults() -> dict:
 
 
 def test_pyproject_defaults_equal_dataclass_defaults() -> None:
-    cfg = parse_run_config(_defaults(), algorithms=STRATEGIES, extra_keys=algorithm_config_keys())
+    cfg = parse_run_config(_defaults())
     reference = RunConfig()
     for key, value in reference.to_dict().items():
         assert cfg.to_dict()[key] == value, key
@@ -39,7 +39,7 @@ def test_pyproject_defaults_equal_dataclass_defaults() -> None:
 def test_bad_values_name_key_and_allowed_values(key: str, value, message: str) -> None:
     raw = {**_defaults(), key: value}
     with pytest.raises(ConfigError) as info:
-        parse_run_config(raw, algorithms=STRATEGIES, extra_keys=algorithm_config_keys())
+        parse_run_config(raw)
     assert message in str(info.value)
     assert "\n" not in str(info.value)
 

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from server_app.deployment import TLSSuperLink
-from server_app.local_superlink import stop_process_tree
+from .harness.deployment import TLSSuperLink
+from .harness.local_superlink import stop_process_tree
 
 from .conftest import REPO
 

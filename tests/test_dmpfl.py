@@ -11,7 +11,6 @@ from client_app.algorithms.sparse import StaleGlobalModel
 from client_app.state import ClientState
 from common.config import parse_run_config
 from common.records import to_record
-from server_app.strategies import algorithm_config_keys
 from server_app.strategies.dmpfl import DMPFLStrategy
 from server_app.wire import wire_bytes
 
@@ -22,7 +21,7 @@ from .inprocess import InProcessFederation
 def _federation(algorithm: str, num_clients: int = 4, **overrides) -> InProcessFederation:
     raw = {"algorithm": algorithm, "dataset": "digits", "num-rounds": 6, "iterations": 1, "fraction-train": 0.5,
            "local-epochs": 1, "lr": 0.1, "readjust-ratio": 0.2, **overrides}
-    return InProcessFederation(parse_run_config(raw, extra_keys=algorithm_config_keys()), num_clients)
+    return InProcessFederation(parse_run_config(raw), num_clients)
 
 
 def _keys(reply: RecordDict) -> set[str]:
@@ -44,7 +43,7 @@ def test_phases_and_what_each_uploads() -> None:
             assert keys and not any(k.endswith("/bits") for k in keys), "phase 2 uploads values on m_g only"
         else:
             assert keys == set() and len(replies) == 2, "phase 3: sampled clients, no weights"
-        assert strategy.round_log.train["used"] == len(replies)
+        assert fed.round_log.train["used"] == len(replies)
     assert versions == [1, 2, 3, 4, 4, 4]
 
 
@@ -117,7 +116,7 @@ def test_global_model_sent_only_when_stale_and_resent_after_a_failure() -> None:
     fed.states[holder] = RecordDict()  # the device lost its state
     with pytest.raises(StaleGlobalModel):
         fed.client(holder).fit(2, content)
-    strategy.aggregate_train(2, [FakeReply(1000 + holder, error="StaleGlobalModel")])
+    fed.runner.aggregate_train(2, [FakeReply(1000 + holder, error="StaleGlobalModel")])
     assert "global" in strategy.train_content(2, holder, strategy.shared_payload(2)).array_records
 
 
@@ -129,7 +128,7 @@ def test_evaluation_reports_dmpfl_plus_and_global() -> None:
     metrics = next(iter(replies.values())).metric_records["metrics"]
     for prefix in ("", "plus-", "global-"):
         assert 0.0 <= metrics[f"{prefix}acc-shift-1"] <= 1.0
-    ev = fed.strategy.round_log.eval
+    ev = fed.round_log.eval
     assert ev["num_clients"] == 4 and "plus-acc-shift-0" in ev["mean"] and "global-acc-shift-1" in ev["mean"]
 
 
@@ -156,12 +155,11 @@ def test_feddst_readjusts_only_on_schedule() -> None:
 def test_bad_sparse_upload_is_rejected(caplog) -> None:
     fed = _federation("dmpfl")
     strategy = fed.strategy
-    strategy._round = 1
     bad = RecordDict({"arrays": to_record(["x/dense"], [np.zeros(3, np.float32)]),
                       "metrics": MetricRecord({"num-examples": 5, "train-loss": 0.1})})
     with caplog.at_level("WARNING"):
-        strategy.aggregate_train(1, [FakeReply(1000, bad)])
-    assert strategy.round_log.train["rejected"] == 1
+        fed.runner.aggregate_train(1, [FakeReply(1000, bad)])
+    assert fed.round_log.train["rejected"] == 1
     assert "client 0: training reply rejected: tensor names differ from the model's" in caplog.text
     assert strategy.version == 0, "nothing was aggregated"
 
@@ -172,10 +170,9 @@ def test_denser_mask_than_allowed_is_rejected(caplog) -> None:
 
     fed = _federation("dmpfl")
     strategy = fed.strategy
-    strategy._round = 1
     dense_masks = {n: np.ones(strategy.shapes[n], bool) for n in strategy.prunable}
     upload = to_plain_record(encode_model(strategy.global_named, dense_masks))
     bad = RecordDict({"arrays": upload, "metrics": MetricRecord({"num-examples": 5, "train-loss": 0.1})})
     with caplog.at_level("WARNING"):
-        strategy.aggregate_train(1, [FakeReply(1000, bad)])
-    assert strategy.round_log.train["rejected"] == 1 and "than the" in caplog.text and "its density allows" in caplog.text
+        fed.runner.aggregate_train(1, [FakeReply(1000, bad)])
+    assert fed.round_log.train["rejected"] == 1 and "than the" in caplog.text and "its density allows" in caplog.text

@@ -18,10 +18,8 @@ from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 from common.codec import encode_sparse, to_arrays
 from common.config import parse_run_config
 from common.records import to_plain_record
-from server_app.strategies import STRATEGIES, algorithm_config_keys
-from server_app.strategies.base import ClientInfo
 
-from .fakes import FakeReply, train_content
+from .fakes import FakeReply, hand_made_runner, train_content
 from .inprocess import InProcessFederation
 
 SPECS = [("body.w", (3, 4)), ("head.b", (5,))]
@@ -84,18 +82,14 @@ def _dense_mutations(rng: np.random.Generator, arrays: list[np.ndarray]) -> tupl
     return str(kind), content
 
 
-def _dense_strategy():
+def _dense_runner():
     cfg = parse_run_config({"fraction-train": 1.0})
-    strategy = STRATEGIES["fedavg"](cfg, [np.zeros(s, np.float32) for _, s in SPECS], SPECS)
-    for pid in range(4):
-        strategy.clients[pid] = ClientInfo(pid, 100 + pid, 10, 5)
-        strategy.node_to_partition[100 + pid] = pid
-    return strategy
+    return hand_made_runner(cfg, SPECS, [np.zeros(s, np.float32) for _, s in SPECS], dict.fromkeys(range(4), 10))
 
 
 def test_dense_reply_fuzz(caplog) -> None:
     rng = np.random.default_rng(0)
-    strategy = _dense_strategy()
+    runner = _dense_runner()
     kinds: dict[str, int] = {}
     for case in range(CASES_PER_FAMILY):
         models = [[rng.normal(size=s).astype(np.float32) for _, s in SPECS] for _ in range(4)]
@@ -107,14 +101,14 @@ def test_dense_reply_fuzz(caplog) -> None:
                    for pid in range(4)]
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="flwr"):
-            strategy.aggregate_train(1, replies)
-        assert strategy.round_log.train["rejected"] == 1 and strategy.round_log.train["used"] == 3, (case, kind)
+            runner.aggregate_train(1, replies)
+        assert runner.round_log.train["rejected"] == 1 and runner.round_log.train["used"] == 3, (case, kind)
         assert f"client {bad_pid}: training reply rejected:" in caplog.text, (case, kind)
         valid = [pid for pid in range(4) if pid != bad_pid]
         total = sum(counts[p] for p in valid)
         for i in range(len(SPECS)):
             expected = sum(counts[p] * models[p][i].astype(np.float64) for p in valid) / total
-            np.testing.assert_allclose(strategy.global_arrays[i], expected, rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(runner.strategy.global_arrays[i], expected, rtol=1e-6, atol=1e-6)
     assert len(kinds) == 16, kinds
 
 
@@ -171,16 +165,15 @@ def _sparse_mutations(rng: np.random.Generator, arrays: dict[str, np.ndarray]) -
 def test_sparse_reply_fuzz(caplog) -> None:
     raw = {"algorithm": "feddst", "dataset": "digits", "num-rounds": 2, "fraction-train": 1.0, "local-epochs": 1,
            "sparsity": 0.8, "readjust-interval": 1}  # round 1 readjusts: full bitmask uploads
-    fed = InProcessFederation(parse_run_config(raw, extra_keys=algorithm_config_keys()), 4)
+    fed = InProcessFederation(parse_run_config(raw), 4)
     strategy = fed.strategy
-    strategy._round = 1
     shared = strategy.shared_payload(1)
     valid = {pid: fed.client(pid).fit(1, strategy.train_content(1, pid, shared)) for pid in range(4)}
     state = copy.deepcopy((strategy.global_arrays, strategy.global_masks, strategy.version))
 
     def aggregate(contents: dict[int, RecordDict]) -> list[np.ndarray]:
         strategy.global_arrays, strategy.global_masks, strategy.version = copy.deepcopy(state)
-        strategy.aggregate_train(1, [FakeReply(1000 + pid, c) for pid, c in contents.items()])
+        fed.runner.aggregate_train(1, [FakeReply(1000 + pid, c) for pid, c in contents.items()])
         return [a.copy() for a in strategy.global_arrays]
 
     rng = np.random.default_rng(1)
@@ -197,7 +190,7 @@ def test_sparse_reply_fuzz(caplog) -> None:
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="flwr"):
             got = aggregate({p: (bad if p == bad_pid else c) for p, c in valid.items()})
-        assert strategy.round_log.train["rejected"] == 1 and strategy.round_log.train["used"] == 3, (case, kind)
+        assert fed.round_log.train["rejected"] == 1 and fed.round_log.train["used"] == 3, (case, kind)
         assert f"client {bad_pid}: training reply rejected:" in caplog.text, (case, kind)
         for a, b in zip(got, expected_by_bad[bad_pid]):
             np.testing.assert_array_equal(a, b)
@@ -207,7 +200,7 @@ def test_sparse_reply_fuzz(caplog) -> None:
 @pytest.mark.parametrize("algorithm", ["fedamp", "fliu", "fedfomo"])
 def test_personalization_strategies_reject_a_pickled_array(algorithm: str, caplog) -> None:
     raw = {"algorithm": algorithm, "dataset": "digits", "fraction-train": 1.0, "local-epochs": 1}
-    fed = InProcessFederation(parse_run_config(raw, extra_keys=algorithm_config_keys()), 2)
+    fed = InProcessFederation(parse_run_config(raw), 2)
     replies = fed.train_round(1)
     content = replies[0]
     name = next(iter(content.array_records["arrays"].keys()))
@@ -216,6 +209,6 @@ def test_personalization_strategies_reject_a_pickled_array(algorithm: str, caplo
         "float32", shape, _npy(np.array([object()] * int(np.prod(shape)), dtype=object).reshape(shape),
                                allow_pickle=True))
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        fed.strategy.aggregate_train(2, [FakeReply(1000, content)])
-    assert fed.strategy.round_log.train["rejected"] == 1
+        fed.runner.aggregate_train(2, [FakeReply(1000, content)])
+    assert fed.round_log.train["rejected"] == 1
     assert "client 0: training reply rejected" in caplog.text and "pickle" in caplog.text.lower()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, RecordDict
 
-from client_app.algorithms.fedamp import CLOUD
+from client_app.algorithms.fedamp import CLOUD_MODEL as CLOUD
 from client_app.algorithms.local import PERSONAL
 from common.attention import ModelMatrix, _gram, fedamp_weights, heurfedamp_weights
 from common.config import ConfigError, parse_run_config
@@ -17,17 +17,17 @@ from common.fomo import choose_peers, fomo_combine, fomo_weights
 from common.models import get_arrays
 from common.records import flatten, to_record
 from common.stages import STAGE_KEYS, stage_key, summarize_stages
-from server_app.strategies import STRATEGIES, algorithm_config_keys
-from server_app.strategies.base import ClientInfo
+from common.algorithms import SPECS
+from server_app.faults import choose_faulty
 
-from .fakes import FakeReply, train_content
+from .fakes import FakeReply, hand_made_runner, train_content
 from .inprocess import InProcessFederation
 
 
 def _federation(algorithm: str, num_clients: int = 4, **overrides) -> InProcessFederation:
     raw = {"algorithm": algorithm, "dataset": "digits", "num-rounds": 4, "fraction-train": 0.5, "local-epochs": 1,
            "lr": 0.1, **overrides}
-    return InProcessFederation(parse_run_config(raw, extra_keys=algorithm_config_keys()), num_clients)
+    return InProcessFederation(parse_run_config(raw), num_clients)
 
 
 def _arrays(content: RecordDict, key: str = "arrays") -> list[np.ndarray]:
@@ -66,7 +66,7 @@ def test_each_client_receives_exactly_its_weighted_combination(algorithm: str) -
         np.testing.assert_allclose(u, expected, rtol=0, atol=1e-6)
     assert not np.array_equal(payloads[0], payloads[1]), "a different cloud model per client"
     config = strategy.train_content(1, 0, shared).config_records["config"]
-    assert config["prox-mu"] == pytest.approx(strategy.lam / strategy.alpha_k(1))
+    assert config["prox-mu"] == pytest.approx(strategy.amp.fedamp_lambda / strategy.alpha_k(1))
 
 
 def test_fedamp_stores_uploads_as_rows_and_keeps_stale_ones() -> None:
@@ -81,7 +81,7 @@ def test_fedamp_stores_uploads_as_rows_and_keeps_stale_ones() -> None:
         else:
             np.testing.assert_array_equal(matrix.W[row], before[row])
     np.testing.assert_allclose(matrix.G, _gram(matrix.W), rtol=1e-12, atol=1e-6)
-    record = fed.strategy.extra_round_record(1)
+    record = fed.strategy.round_record(1)
     assert record["stale_rows"] == 4 - len(replies) and record["never_heard"] == 4 - len(replies)
     # rows all equal before the first upload: distance 0, so xi_ij = alpha/sigma for each of the 3 others
     assert record["self_weight_median"] == pytest.approx(1 - 3 * fed.strategy.alpha_k(1) / 100.0)
@@ -96,7 +96,7 @@ def test_fedamp_guard_is_reported(caplog) -> None:
     fed = _federation("fedamp", 3, **{"fedamp-alpha": 1e6, "fedamp-sigma": 1.0})
     with caplog.at_level(logging.WARNING, logger="flwr"):
         xi = fed.strategy.attention(1)
-    assert fed.strategy.extra_round_record(1)["guard"] is True
+    assert fed.strategy.round_record(1)["guard"] is True
     np.testing.assert_allclose(xi.sum(axis=1), 1.0)
     assert np.all(np.diag(xi) == 0.0)
 
@@ -124,26 +124,24 @@ def test_fedamp_client_pulls_toward_its_cloud_model_and_keeps_it() -> None:
 def test_fedamp_pretraining_message_trains_from_the_common_initialization() -> None:
     fed = _federation("fedamp", 2, **{"pretrain-epochs": 2})
     strategy = fed.strategy
-    strategy._pretraining = True
-    content = strategy.train_content(1, 0, strategy.shared_payload(1))
-    strategy._pretraining = False
+    assert strategy.warmup_round(), "pre-training is round 0"
+    content = strategy.train_content(0, 0, strategy.shared_payload(0))
     assert content.config_records["config"]["pretrain"] is True
     np.testing.assert_array_equal(flatten(_arrays(content)), flatten(strategy.global_arrays))
-    reply = fed.client(0).fit(1, content)
+    reply = fed.client(0).fit(0, content)
     assert reply.metric_records["metrics"]["steps"] > 0
     assert fed.client(0).env.state.load_arrays(CLOUD) is None, "pre-training receives no cloud model"
+    assert not _federation("fedamp", 2, **{"pretrain-epochs": 0}).strategy.warmup_round()
 
 
 def test_pretraining_flops_count_in_round_one() -> None:
     fed = _federation("fedamp", 2)
-    strategy = fed.strategy
-    strategy.round_log.train["pretrain"] = {"flops": 1234.0}
+    fed.round_log.train["pretrain"] = {"flops": 1234.0}
     replies = fed.train_round(1, fresh_log=False)
     trained = sum(r.metric_records["metrics"]["train-flops"] for r in replies.values())
-    assert trained > 0 and strategy.round_log.train["flops"] == pytest.approx(trained + 1234.0)
-    strategy.round_log = type(strategy.round_log)()
+    assert trained > 0 and fed.round_log.train["flops"] == pytest.approx(trained + 1234.0)
     replies = fed.train_round(2)
-    assert strategy.round_log.train["flops"] == pytest.approx(
+    assert fed.round_log.train["flops"] == pytest.approx(
         sum(r.metric_records["metrics"]["train-flops"] for r in replies.values()))
 
 
@@ -155,18 +153,14 @@ def test_bad_fedamp_config_is_one_clear_error() -> None:
 # ----- FLIU ------------------------------------------------------------------------------------------
 def test_fliu_server_averages_uniformly_or_by_samples() -> None:
     specs = [("body.w", (2,))]
-    cfg = parse_run_config({"algorithm": "fliu"}, extra_keys=algorithm_config_keys())
     for weighting, expected in (("uniform", 2.0), ("samples", 2.5)):
-        strategy = STRATEGIES["fliu"](cfg.__class__(**{**cfg.__dict__, "extra": {**cfg.extra, "fliu-weighting": weighting}}),
-                                      [np.zeros(2, np.float32)], specs)
-        for pid in range(2):
-            strategy.clients[pid] = ClientInfo(pid, 10 + pid, 10, 5)
-            strategy.node_to_partition[10 + pid] = pid
+        cfg = parse_run_config({"algorithm": "fliu", "fliu-weighting": weighting})
+        runner = hand_made_runner(cfg, specs, [np.zeros(2, np.float32)], {0: 10, 1: 10}, node_base=10)
         replies = [FakeReply(10, train_content(["body.w"], [np.full(2, 1.0, np.float32)], 10)),
                    FakeReply(11, train_content(["body.w"], [np.full(2, 3.0, np.float32)], 30))]
-        strategy.aggregate_train(1, replies)
-        np.testing.assert_allclose(strategy.global_arrays[0], expected)
-        config = strategy.round_config(1, 0)
+        runner.aggregate_train(1, replies)
+        np.testing.assert_allclose(runner.strategy.global_arrays[0], expected)
+        config = runner.strategy.round_config(1, 0)
         assert config["total-samples"] == 20 and config["num-clients"] == 2
 
 
@@ -176,7 +170,7 @@ def test_fliu_client_individualizes_with_the_adaptive_gamma() -> None:
     theta_k = [a + 0.5 for a in fed.strategy.global_arrays]
     client.env.state.save_arrays(PERSONAL, theta_k)
     content = fed.strategy.train_content(1, 2, fed.strategy.shared_payload(1))
-    n_total = sum(c.num_train for c in fed.strategy.clients.values())
+    n_total = fed.clients.total_train()
     gamma = adaptive_gamma(client.env.data.num_train, n_total, 4)
     mixed = individualized_update(theta_k, fed.strategy.global_arrays, gamma)
     individualized = client.individualized(client.received_model(content), content)
@@ -213,12 +207,12 @@ def test_stage_summary_means_sums_and_strict_rho() -> None:
 def test_stages_are_aggregated_per_round_only_when_enabled() -> None:
     on = _federation("fedavg", 4, stages=True)
     on.train_round(1)
-    stages = on.strategy.round_log.train["stages"]
+    stages = on.round_log.train["stages"]
     assert set(stages) == {"G", "L1", "L2"}
     assert stages["G"]["acc_local"] == stages["L1"]["acc_local"], "FedAvg's L1 is the received global model"
     off = _federation("fedavg", 4)
     off.train_round(1)
-    assert "stages" not in off.strategy.round_log.train
+    assert "stages" not in off.round_log.train
 
 
 # ----- FedFomo --------------------------------------------------------------------------------------
@@ -255,7 +249,7 @@ def test_fedfomo_sends_heard_peers_and_learns_affinity(caplog) -> None:
     assert {"fomo-weight-0", "fomo-weight-1"} <= set(metrics)
     metrics["fomo-weight-0"], metrics["fomo-weight-1"] = 0.7, 0.3
     before = fed.strategy.affinity.copy()
-    fed.strategy.aggregate_train(3, [FakeReply(1000, reply)])
+    fed.runner.aggregate_train(3, [FakeReply(1000, reply)])
     delta = fed.strategy.affinity - before
     assert delta[0, peers[0]] == pytest.approx(0.7) and delta[0, peers[1]] == pytest.approx(0.3)
     assert np.count_nonzero(delta) == 2
@@ -263,43 +257,42 @@ def test_fedfomo_sends_heard_peers_and_learns_affinity(caplog) -> None:
     fed.strategy.train_content(3, 0, {})
     metrics["fomo-weight-0"] = -1.0
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        fed.strategy.aggregate_train(3, [FakeReply(1000, reply)])
-    assert fed.strategy.round_log.train["rejected"] == 1 and "fomo-weight-0" in caplog.text
+        fed.runner.aggregate_train(3, [FakeReply(1000, reply)])
+    assert fed.round_log.train["rejected"] == 1 and "fomo-weight-0" in caplog.text
 
 
 # ----- simulated faults -----------------------------------------------------------------------------
 def test_simulated_drops_are_exact_and_seeded() -> None:
-    strategy = _federation("fedavg", 10, **{"drop-rate": 0.3}).strategy
     sampled = list(range(10))
-    drops = strategy.simulated_faults(2, sampled, 3, "drop")
-    assert len(drops) == 3 and drops == strategy.simulated_faults(2, sampled, 3, "drop")
-    assert drops != strategy.simulated_faults(3, sampled, 3, "drop") or drops != strategy.simulated_faults(4, sampled, 3, "drop")
-    assert strategy.simulated_faults(2, sampled, 0, "drop") == set()
+    drops = choose_faulty(0, 2, sampled, 3, "drop")
+    assert len(drops) == 3 and drops == choose_faulty(0, 2, sampled, 3, "drop")
+    assert drops != choose_faulty(0, 3, sampled, 3, "drop") or drops != choose_faulty(0, 4, sampled, 3, "drop")
+    assert choose_faulty(0, 2, sampled, 0, "drop") == set()
 
 
 def test_stragglers_are_other_clients_whose_replies_are_set_aside() -> None:
     fed = _federation("fedavg", 10, **{"drop-rate": 0.2, "straggler-rate": 0.3})
-    strategy = fed.strategy
+    runner = fed.runner
     sampled = list(range(10))
-    contents = dict(zip(sampled, strategy.message_contents(1, sampled, "train")))
+    contents = dict(zip(sampled, runner.message_contents(1, sampled, "train")))
     dropped = {pid for pid, c in contents.items() if c.config_records["config"].get("simulate-drop")}
-    late = set(strategy.round_log.train["stragglers"])
-    assert len(dropped) == 2 and len(late) == 3 and not dropped & late and strategy._late == late
-    assert strategy.round_log.train["dropped"] == sorted(dropped)
-    before = [a.copy() for a in strategy.global_arrays]
+    late = set(fed.round_log.train["stragglers"])
+    assert len(dropped) == 2 and len(late) == 3 and not dropped & late
+    assert fed.round_log.train["dropped"] == sorted(dropped)
+    before = [a.copy() for a in fed.strategy.global_arrays]
     replies = [FakeReply(1000 + pid, fed.client(pid).fit(1, contents[pid])) for pid in sorted(late)]
-    strategy.aggregate_train(1, replies)
-    assert strategy.round_log.train["used"] == 0 and strategy.round_log.train["late"] == 3
-    assert all(np.array_equal(a, b) for a, b in zip(before, strategy.global_arrays)), "late replies change nothing"
+    runner.aggregate_train(1, replies)
+    assert fed.round_log.train["used"] == 0 and fed.round_log.train["late"] == 3
+    assert all(np.array_equal(a, b) for a, b in zip(before, fed.strategy.global_arrays)), "late replies change nothing"
 
 
 def test_dropped_client_is_told_in_its_message() -> None:
     fed = _federation("fedavg", 10, **{"drop-rate": 0.5})
-    strategy = fed.strategy
-    sampled = strategy.sample(1)
-    contents = strategy.message_contents(1, sampled, "train")
+    sampled = fed.strategy.sample(1)
+    contents = fed.runner.message_contents(1, sampled, "train")
     flagged = {pid for pid, c in zip(sampled, contents) if c.config_records["config"].get("simulate-drop")}
-    assert flagged == strategy.simulated_faults(1, sampled, len(flagged), "drop") and len(flagged) == round(0.5 * len(sampled))
+    assert flagged == choose_faulty(fed.cfg.seed, 1, sampled, len(flagged), "drop")
+    assert len(flagged) == round(0.5 * len(sampled))
 
 
 def test_client_app_raises_on_a_simulated_drop() -> None:
@@ -318,7 +311,7 @@ def test_client_app_raises_on_a_simulated_drop() -> None:
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.3, 0.5])
-@pytest.mark.parametrize("algorithm", sorted(STRATEGIES))
+@pytest.mark.parametrize("algorithm", sorted(SPECS))
 def test_every_algorithm_completes_with_failing_and_late_clients(algorithm: str, rate: float) -> None:
     # of the 10 clients sampled per round, 60% of `rate` fail and 40% answer after the timeout (1; 2+1; 3+2)
     fed = _federation(algorithm, 10, **{"fraction-train": 1.0, "num-rounds": 2, "iterations": 1,
@@ -327,11 +320,11 @@ def test_every_algorithm_completes_with_failing_and_late_clients(algorithm: str,
     assert dropped + late == round(10 * rate)
     for rnd in (1, 2):
         replies = fed.train_round(rnd)
-        train = fed.strategy.round_log.train
+        train = fed.round_log.train
         assert train["sent"] == 10 and len(replies) == 10 - dropped and train["used"] == 10 - dropped - late
         assert train["failed"] == dropped and len(train.get("stragglers", [])) == train.get("late", 0) == late
         assert not set(train.get("stragglers", [])) & set(train["clients"]), "late replies are not used"
     fed.evaluate(2)
-    result = fed.strategy.round_log.eval
+    result = fed.round_log.eval
     assert result["num_clients"] == 10 and np.isfinite(result["mean"]["acc-shift-0"])
     assert all(np.all(np.isfinite(a)) for a in fed.strategy.global_arrays)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from server_app.local_superlink import LocalSuperLink, free_port, stop_process_tree
+from .harness.local_superlink import LocalSuperLink, free_port, stop_process_tree
 
 from .conftest import REPO
 

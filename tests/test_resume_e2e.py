@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from server_app.checkpoint import load_checkpoint
-from server_app.local_superlink import LocalSuperLink
+from .harness.local_superlink import LocalSuperLink
 
 from .conftest import REPO
 

@@ -1,19 +1,21 @@
-"""Registry of client halves by algorithm name: adding an algorithm is one line here."""
+"""Client halves by algorithm name, as the specs in common/algorithms.py name them ("module:Class")."""
 
 from __future__ import annotations
 
+from importlib import import_module
+
+from common.algorithms import SPECS
+
 from .base import ClientAlgorithm, ClientEnv
-from .fedavg import FedAvgClient, FedAvgFTClient, FedProxClient
-from .dmpfl import DMPFLClient
-from .fedamp import FedAMPClient, HeurFedAMPClient
-from .feddst import FedDSTClient
-from .fedfomo import FedFomoClient
-from .fliu import FLIUClient
-from .local import LocalClient
 
-ALGORITHMS: dict[str, type[ClientAlgorithm]] = {
-    cls.name: cls for cls in (FedAvgClient, FedProxClient, FedAvgFTClient, LocalClient, FedDSTClient, DMPFLClient,
-                              FedAMPClient, HeurFedAMPClient, FLIUClient, FedFomoClient)
-}
 
-__all__ = ["ALGORITHMS", "ClientAlgorithm", "ClientEnv"]
+def client_class(algorithm: str) -> type[ClientAlgorithm]:
+    """The client half of a registered algorithm (only its module is imported: a device loads one algorithm)."""
+    module, _, name = SPECS[algorithm].client.partition(":")
+    cls = getattr(import_module(f"{__name__}.{module}"), name)
+    if not (isinstance(cls, type) and issubclass(cls, ClientAlgorithm)):
+        raise TypeError(f"{SPECS[algorithm].client} is not a ClientAlgorithm")
+    return cls
+
+
+__all__ = ["ClientAlgorithm", "ClientEnv", "client_class"]

@@ -7,11 +7,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import ClassVar
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from common.config import RunConfig
 from common.data.federated import ClientData, pooled_test
@@ -22,7 +21,7 @@ from common.models import SplitModel, array_specs, build_model, get_arrays, set_
 from common.seeding import derive_seed
 from common.stages import stage_metrics
 from common.train import TrainSettings, TrainStats
-from common.validation import validate_arrays
+from common.validation import PayloadError, read_finite, validate_arrays
 
 from ..state import ClientState
 
@@ -45,8 +44,6 @@ class ClientEnv:
 class ClientAlgorithm(ABC):
     """Client half of an algorithm: `fit` answers a train message, `evaluate` an evaluate message."""
 
-    name: ClassVar[str] = "base"
-
     def __init__(self, env: ClientEnv) -> None:
         self.env = env
         self.cfg = env.cfg
@@ -57,6 +54,20 @@ class ClientAlgorithm(ABC):
         data = self.env.data
         return build_model(self.cfg.model, self.cfg.dataset, data.input_shape, data.num_classes,
                            derive_seed(self.cfg.seed, "model"))
+
+    @staticmethod
+    def instructions(content: RecordDict) -> ConfigRecord:
+        """The round's instructions the server sent (its 'config' record)."""
+        if "config" not in content.config_records:
+            raise PayloadError("message has no 'config' record")
+        return content.config_records["config"]
+
+    def proximal_mu(self, content: RecordDict) -> float:
+        """The proximal coefficient the server sent ('prox-mu'): finite and >= 0."""
+        mu = read_finite(self.instructions(content), "prox-mu")
+        if mu < 0.0:
+            raise PayloadError(f"prox-mu must be a finite non-negative number, got {mu}")
+        return mu
 
     def received_model(self, content: RecordDict, key: str = "arrays") -> SplitModel:
         """A model holding the arrays the server sent (validated like any received payload)."""

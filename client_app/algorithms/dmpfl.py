@@ -7,9 +7,11 @@ import torch
 from flwr.app import RecordDict
 
 from common.dmpfl import adaptive_predict, compose_personal
-from common.evaluate import GLOBAL_PREFIX, PLUS_PREFIX, entropy, predict_logits, shift_accuracy, shift_key
+from common.algorithms import GLOBAL, PLUS
+from common.evaluate import entropy, predict_logits, shift_accuracy, shift_key
 from common.masks import prune_and_regrow
 from common.train import train
+from common.validation import PayloadError, read_count, read_fraction
 
 from .sparse import Named, SparseGlobalClient
 
@@ -20,7 +22,6 @@ class DMPFLClient(SparseGlobalClient):
     """Phase 1: train theta_c under m_c, readjust m_c, upload w_c*m_c and m_c. Phase 2: train theta_g under m_g,
     upload values on m_g. Phase 3: train only m_c AND NOT m_g (shared weights frozen), upload nothing."""
 
-    name = "dmpfl"
 
     def personal(self, w_g: Named, m_g: Named) -> tuple[Named, Named]:
         """(w_c, m_c) from client state; on first contact w_c = w_g and m_c = m_g."""
@@ -35,7 +36,9 @@ class DMPFLClient(SparseGlobalClient):
 
     def fit(self, server_round: int, content: RecordDict) -> RecordDict:
         """One round of the phase the server asks for."""
-        phase = int(content.config_records["config"]["phase"])
+        phase = read_count(self.instructions(content), "phase")
+        if phase not in (1, 2, 3):
+            raise PayloadError(f"phase {phase} is not 1, 2 or 3")
         w_g, m_g = self.refresh_global(content)
         if phase == 1:
             return self._train_dual_masks(server_round, content, w_g, m_g)
@@ -55,7 +58,7 @@ class DMPFLClient(SparseGlobalClient):
         collector = self.gradient_collector()
         model, stats = self._train(server_round, self.theta_c(w_g, m_g, w_c, m_c), m_c, on_gradients=collector)
         trained = self.named(model)
-        fraction = float(content.config_records["config"].get("readjust-ratio", 0.0))
+        fraction = read_fraction(self.instructions(content), "readjust-ratio")
         grads = collector.mean()
         if fraction > 0 and set(grads) == set(m_c):
             weights = {n: torch.from_numpy(trained[n]) for n in m_c}
@@ -108,6 +111,6 @@ class DMPFLClient(SparseGlobalClient):
         degrees = self.cfg.shift_degrees
         plus = shift_accuracy(adaptive, self.env.data, degrees)
         result_g = self.evaluate_model(model_g)
-        extra = {PLUS_PREFIX + shift_key(d): plus[d] for d in degrees}
-        extra.update({GLOBAL_PREFIX + shift_key(d): result_g.shift_accuracy[d] for d in degrees})
+        extra = {PLUS.prefix + shift_key(d): plus[d] for d in degrees}
+        extra.update({GLOBAL.prefix + shift_key(d): result_g.shift_accuracy[d] for d in degrees})
         return self.eval_reply(self.evaluate_model(model_c), extra)

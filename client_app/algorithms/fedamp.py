@@ -6,15 +6,15 @@ from dataclasses import replace
 
 from flwr.app import RecordDict
 
-from common.evaluate import CLOUD_PREFIX, shift_key
+from common.algorithms import CLOUD, AMPParams
+from common.evaluate import shift_key
 from common.models import get_arrays, set_arrays
-from common.train import proximal_loss, train
-from common.validation import PayloadError
+from common.train import ExtraLoss, proximal_loss, train
 
 from .base import ClientAlgorithm
 from .local import PERSONAL
 
-CLOUD = "cloud"
+CLOUD_MODEL = "cloud"
 
 
 class FedAMPClient(ClientAlgorithm):
@@ -23,21 +23,17 @@ class FedAMPClient(ClientAlgorithm):
     A pre-training message (config 'pretrain') trains `pretrain-epochs` from the common initialization.
     """
 
-    name = "fedamp"
 
     def fit(self, server_round: int, content: RecordDict) -> RecordDict:
         """Pre-train, or train from u_i with the proximal pull toward it; upload w_i."""
-        config = content.config_records["config"]
         model = self.received_model(content)
         settings = self.settings(server_round)
-        if config.get("pretrain", False):
-            settings = replace(settings, epochs=int(self.cfg.extra.get("pretrain-epochs", 1)))
-            extra = []
+        extra: list[ExtraLoss] = []
+        if self.instructions(content).get("pretrain", False) is True:
+            settings = replace(settings, epochs=self.cfg.params_as(AMPParams).pretrain_epochs)
         else:
-            mu = float(config.get("prox-mu", 0.0))
-            if not mu >= 0.0 or mu == float("inf"):
-                raise PayloadError(f"prox-mu must be a finite non-negative number, got {mu}")
-            self.env.state.save_arrays(CLOUD, get_arrays(model))
+            mu = self.proximal_mu(content)
+            self.env.state.save_arrays(CLOUD_MODEL, get_arrays(model))
             extra = [proximal_loss(dict(model.named_parameters()), mu)]
         cloud = self.snapshot(model)
         stats = train(model, self.env.data.train_x, self.env.data.train_y, settings,
@@ -52,17 +48,12 @@ class FedAMPClient(ClientAlgorithm):
         saved = self.env.state.load_arrays(PERSONAL)
         if saved is not None:
             set_arrays(personal, saved)
-        extra: dict[str, float] = {}
-        cloud_arrays = self.env.state.load_arrays(CLOUD)
+        rows: dict[str, float] = {}
+        cloud_arrays = self.env.state.load_arrays(CLOUD_MODEL)
         if cloud_arrays is not None:
             cloud = self.new_model()
             set_arrays(cloud, cloud_arrays)
             result = self.evaluate_model(cloud)
-            extra = {CLOUD_PREFIX + shift_key(d): acc for d, acc in result.shift_accuracy.items()}
-        return self.eval_reply(self.evaluate_model(personal), extra)
+            rows = {CLOUD.prefix + shift_key(d): acc for d, acc in result.shift_accuracy.items()}
+        return self.eval_reply(self.evaluate_model(personal), rows)
 
-
-class HeurFedAMPClient(FedAMPClient):
-    """HeurFedAMP's client step is FedAMP's; only the server's attention differs."""
-
-    name = "heurfedamp"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from flwr.app import RecordDict
 
-from common.train import proximal_loss, train
+from common.models import SplitModel
+from common.train import ExtraLoss, proximal_loss, train
 
 from .base import ClientAlgorithm
 
@@ -12,9 +13,8 @@ from .base import ClientAlgorithm
 class FedAvgClient(ClientAlgorithm):
     """Local SGD on the received global model; uploads the full model."""
 
-    name = "fedavg"
 
-    def extra_losses(self, model) -> list:
+    def extra_losses(self, model: SplitModel, content: RecordDict) -> list[ExtraLoss]:
         """Additional loss terms (none for FedAvg)."""
         return []
 
@@ -23,18 +23,17 @@ class FedAvgClient(ClientAlgorithm):
         model = self.received_model(content)
         received = self.snapshot(model)
         stats = train(model, self.env.data.train_x, self.env.data.train_y, self.settings(server_round),
-                      self.generator(server_round), extra_losses=self.extra_losses(model), device=self.env.device)
+                      self.generator(server_round), extra_losses=self.extra_losses(model, content), device=self.env.device)
         return self.train_reply(stats, model, stages={"G": received, "L1": received, "L2": model})
 
 
 class FedProxClient(FedAvgClient):
     """FedAvg plus the proximal term (mu/2)||w - w_global||^2 toward the received model."""
 
-    name = "fedprox"
 
-    def extra_losses(self, model) -> list:
-        """The proximal term, anchored at the received global weights."""
-        return [proximal_loss(dict(model.named_parameters()), self.cfg.proximal_mu)]
+    def extra_losses(self, model: SplitModel, content: RecordDict) -> list[ExtraLoss]:
+        """The proximal term with the mu the server sent, anchored at the received global weights."""
+        return [proximal_loss(dict(model.named_parameters()), self.proximal_mu(content))]
 
 
 class FedAvgFTClient(FedAvgClient):
@@ -43,7 +42,6 @@ class FedAvgFTClient(FedAvgClient):
     The fine-tuned copy is thrown away after evaluation (no extra communication, no state).
     """
 
-    name = "fedavg-ft"
 
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
         """Fine-tune the received global model on the local training data, then evaluate it."""

@@ -7,6 +7,7 @@ from flwr.app import RecordDict
 
 from common.masks import prune_and_regrow
 from common.train import train
+from common.validation import read_fraction
 
 from .sparse import SparseGlobalClient
 
@@ -14,12 +15,11 @@ from .sparse import SparseGlobalClient
 class FedDSTClient(SparseGlobalClient):
     """Uploads values on m_g, or (readjustment rounds) its readjusted mask with the weights on it."""
 
-    name = "feddst"
 
     def fit(self, server_round: int, content: RecordDict) -> RecordDict:
         """Train theta_g under m_g; readjust the mask when the server says so."""
         w_g, m_g = self.refresh_global(content)
-        fraction = float(content.config_records["config"].get("readjust-ratio", 0.0))
+        fraction = read_fraction(self.instructions(content), "readjust-ratio")
         model = self.to_model(self.theta_g(w_g, m_g))
         collector = self.gradient_collector() if fraction > 0 else None
         stats = train(model, self.env.data.train_x, self.env.data.train_y, self.settings(server_round),

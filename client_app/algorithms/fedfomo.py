@@ -7,6 +7,7 @@ import torch
 from flwr.app import RecordDict
 from torch.nn import functional as F
 
+from common.algorithms import FedFomoParams
 from common.evaluate import predict_logits
 from common.fomo import WEIGHT_KEY, fomo_combine, fomo_weights
 from common.models import array_specs, get_arrays, set_arrays
@@ -22,14 +23,13 @@ MAX_PEERS = 64
 class FedFomoClient(LocalClient):
     """Holds out `fomo-val-fraction` of its training data to score peers; keeps its personal model."""
 
-    name = "fedfomo"
 
     def split(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Seeded (train, validation) index split of this client's training data."""
         n = self.env.data.num_train
         order = torch.randperm(n, generator=torch.Generator().manual_seed(
             derive_seed(self.cfg.seed, "fomo-val", self.env.partition_id)))
-        n_val = max(1, int(round(float(self.cfg.extra.get("fomo-val-fraction", 0.2)) * n))) if n > 1 else 0
+        n_val = max(1, int(round(self.cfg.params_as(FedFomoParams).fomo_val_fraction * n))) if n > 1 else 0
         return order[n_val:], order[:n_val]
 
     def val_loss(self, model: torch.nn.Module, val: torch.Tensor) -> float:

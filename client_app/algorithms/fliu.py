@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from flwr.app import RecordDict
 
+from common.algorithms import FLIUParams
 from common.fliu import adaptive_gamma, individualized_update
 from common.models import SplitModel, get_arrays, set_arrays
 from common.train import TrainSettings, train
@@ -18,7 +19,6 @@ from .local import PERSONAL
 class FLIUClient(ClientAlgorithm):
     """Keeps its last locally trained model theta_k; stages: G = Theta, L1 = individualized, L2 = trained."""
 
-    name = "fliu"
 
     def settings(self, server_round: int) -> TrainSettings:
         """FLIU trains locally with Adam (papers/003 Sec. IV) at the configured lr and its per-round decay."""
@@ -26,10 +26,10 @@ class FLIUClient(ClientAlgorithm):
 
     def gamma(self, content: RecordDict) -> float:
         """The fixed `fliu-gamma`, or gamma_k(n_k) of Eq. 4 from the n and K the server sent."""
-        fixed = float(self.cfg.extra.get("fliu-gamma", -1.0))
+        fixed = self.cfg.params_as(FLIUParams).fliu_gamma
         if fixed >= 0.0:
             return fixed
-        config = content.config_records["config"]
+        config = self.instructions(content)
         try:
             n_total = read_count(config, "total-samples")
             num_clients = read_count(config, "num-clients")

@@ -15,7 +15,6 @@ PERSONAL = "personal"
 class LocalClient(ClientAlgorithm):
     """Trains its own model from the common initialization; only metrics are sent."""
 
-    name = "local"
 
     def personal_model(self) -> SplitModel:
         """The stored personal model, or the common initialization on first use."""

@@ -14,7 +14,7 @@ from common.masks import prunable_names
 from common.models import SplitModel, array_specs, get_arrays, set_arrays
 from common.records import to_plain_record
 from common.train import MeanGradient
-from common.validation import PayloadError, record_to_numpy
+from common.validation import PayloadError, read_count, record_to_numpy
 
 from .base import ClientAlgorithm, ClientEnv
 
@@ -37,7 +37,7 @@ class SparseGlobalClient(ClientAlgorithm):
 
     def refresh_global(self, content: RecordDict) -> tuple[Named, Named]:
         """(w_g, m_g): from the message when sent (validated, then stored), else the stored copy of this version."""
-        version = int(content.config_records["config"]["global-version"])
+        version = read_count(self.instructions(content), "global-version", allow_zero=True)
         state = self.env.state
         if "global" in content.array_records:
             weights, masks = decode_model(record_to_numpy(content.array_records["global"]), self.shapes)
@@ -51,7 +51,10 @@ class SparseGlobalClient(ClientAlgorithm):
         have = int(held["version"][0]) if held else None
         if have != version:
             raise StaleGlobalModel(f"client holds global version {have}, the server expects {version}")
-        return state.load_named("global/w"), state.load_named("global/m")
+        weights, masks = state.load_named("global/w"), state.load_named("global/m")
+        if weights is None or masks is None:
+            raise StaleGlobalModel(f"client state lacks the global model of version {version}")
+        return weights, masks
 
     def theta_g(self, w_g: Named, m_g: Named) -> Named:
         """w_g * m_g on the masked layers, w_g elsewhere."""

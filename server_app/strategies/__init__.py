@@ -1,27 +1,21 @@
-"""Registry of server strategies by algorithm name: adding an algorithm is one line here."""
+"""Server halves by algorithm name, as the specs in common/algorithms.py name them ("module:Class")."""
 
 from __future__ import annotations
 
-from typing import Any
+from importlib import import_module
+
+from common.algorithms import SPECS
 
 from .base import PFLStrategy
-from .fedavg import FedAvgFTStrategy, FedAvgStrategy, FedProxStrategy
-from .dmpfl import DMPFLStrategy
-from .fedamp import FedAMPStrategy, HeurFedAMPStrategy
-from .feddst import FedDSTStrategy
-from .fedfomo import FedFomoStrategy
-from .fliu import FLIUStrategy
-from .local import LocalStrategy
-
-STRATEGIES: dict[str, type[PFLStrategy]] = {
-    cls.name: cls for cls in (FedAvgStrategy, FedProxStrategy, FedAvgFTStrategy, LocalStrategy, FedDSTStrategy,
-                              DMPFLStrategy, FedAMPStrategy, HeurFedAMPStrategy, FLIUStrategy, FedFomoStrategy)
-}
 
 
-def algorithm_config_keys() -> dict[str, Any]:
-    """Algorithm-specific run-config keys (with defaults) of every registered strategy."""
-    keys: dict[str, Any] = {}
-    for cls in STRATEGIES.values():
-        keys.update(cls.extra_config)
-    return keys
+def strategy_class(algorithm: str) -> type[PFLStrategy]:
+    """The server half of a registered algorithm (its module is imported on first use)."""
+    module, _, name = SPECS[algorithm].server.partition(":")
+    cls = getattr(import_module(f"{__name__}.{module}"), name)
+    if not (isinstance(cls, type) and issubclass(cls, PFLStrategy)):
+        raise TypeError(f"{SPECS[algorithm].server} is not a PFLStrategy")
+    return cls
+
+
+__all__ = ["PFLStrategy", "strategy_class"]

@@ -8,9 +8,13 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from common.attention import ModelMatrix
+from common.config import RunConfig
+from common.models import ModelLayout
 from common.records import flatten, to_record, unflatten
 
-from .base import PFLStrategy, TrainReply
+from ..clients import ClientRegistry
+from ..replies import TrainReply
+from .base import PFLStrategy, uploaded
 
 
 class ClientModelsStrategy(PFLStrategy):
@@ -18,8 +22,8 @@ class ClientModelsStrategy(PFLStrategy):
 
     track_gram: ClassVar[bool] = True  # keep W W^T current (FedAMP's attention needs it)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, cfg: RunConfig, model: ModelLayout, clients: ClientRegistry) -> None:
+        super().__init__(cfg, model, clients)
         self.matrix: ModelMatrix | None = None
         self.rows: dict[int, int] = {}  # partition id -> row
         self.pids: list[int] = []       # row -> partition id
@@ -27,7 +31,7 @@ class ClientModelsStrategy(PFLStrategy):
     def ensure_matrix(self) -> ModelMatrix:
         """The (clients x params) matrix, built on first use (after the handshake)."""
         if self.matrix is None:
-            self.pids = sorted(self.clients)
+            self.pids = self.clients.ids()
             self.rows = {pid: row for row, pid in enumerate(self.pids)}
             self.matrix = ModelMatrix(len(self.pids), flatten(self.global_arrays), track_gram=self.track_gram)
         return self.matrix
@@ -49,7 +53,7 @@ class ClientModelsStrategy(PFLStrategy):
         self.pids = [int(p) for p in saved["pids"]]
         self.rows = {pid: row for row, pid in enumerate(self.pids)}
         self.matrix = ModelMatrix.from_state(saved["W"], saved["G"], saved["heard"], self.track_gram)
-        unknown = sorted(set(self.clients) - set(self.rows))
+        unknown = sorted(set(self.clients.ids()) - set(self.rows))
         if unknown:
             raise ValueError(f"partitions {unknown[:5]} are not in the checkpoint's client models")
 
@@ -63,4 +67,4 @@ class ClientModelsStrategy(PFLStrategy):
         matrix = self.ensure_matrix()
         known = [r for r in replies if r.partition_id in self.rows]
         if known:
-            matrix.set_rows([self.rows[r.partition_id] for r in known], np.stack([flatten(r.arrays) for r in known]))
+            matrix.set_rows([self.rows[r.partition_id] for r in known], np.stack([flatten(uploaded(r)) for r in known]))

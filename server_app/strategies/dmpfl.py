@@ -4,37 +4,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from flwr.app import ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ConfigRecord
 
+from common.algorithms import DMPFLParams
+from common.config import RunConfig
 from common.dmpfl import aggregate_round, phase_schedule
-from common.evaluate import GLOBAL_PREFIX, PLUS_PREFIX, shift_key
 from common.masks import cosine_decay
-from common.validation import read_fraction
+from common.models import ModelLayout
 
-from .base import TrainReply
+from ..clients import ClientRegistry
+from ..replies import TrainReply
 from .sparse import SparseGlobalStrategy
-
 
 
 class DMPFLStrategy(SparseGlobalStrategy):
     """Phase 1 trains dual masks (Eq. 5 + vote-filtered global mask), phase 2 refines w_g under m_g (masked
     FedAvg, values-only uploads), phase 3 refines every client's personal weights (no weight upload).
 
-    Evaluation reports theta_c (DM-PFL) as the main accuracy, and DM-PFL+ and theta_g alongside.
+    Evaluation reports theta_c (DM-PFL) as the main accuracy, and DM-PFL+ and theta_g alongside (its spec's rows).
     """
 
-    name = "dmpfl"
-    extra_config = {"sparsity": 0.5, "iterations": 3, "readjust-ratio": 0.05, "min-vote-fraction": 0.3,
-                    "phase3-all-clients": False}
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        extra = self.cfg.extra
-        self.phases = phase_schedule(self.cfg.num_rounds, int(extra.get("iterations", 3)))
+    def __init__(self, cfg: RunConfig, model: ModelLayout, clients: ClientRegistry) -> None:
+        super().__init__(cfg, model, clients)
+        self.params = cfg.params_as(DMPFLParams)
+        self.phases = phase_schedule(cfg.num_rounds, self.params.iterations)
         self.phase1_rounds = [r for r, p in enumerate(self.phases, start=1) if p == 1]
-        self.readjust_ratio = float(extra.get("readjust-ratio", 0.05))
-        self.min_vote_fraction = float(extra.get("min-vote-fraction", 0.3))
-        self.phase3_all = bool(extra.get("phase3-all-clients", False))
 
     def phase(self, server_round: int) -> int:
         """Phase of a round (1, 2 or 3)."""
@@ -46,8 +40,8 @@ class DMPFLStrategy(SparseGlobalStrategy):
         Sampling in phase 3 is what keeps DM-PFL's training FLOPs below FedAvg's, as the paper reports; with
         every client in phase 3 each phase-3 round costs 1/fraction-train ordinary rounds.
         """
-        if self.phase3_all and self.phase(server_round) == 3:
-            return sorted(self.clients)
+        if self.params.phase3_all_clients and self.phase(server_round) == 3:
+            return self.clients.ids()
         return super().sample(server_round)
 
     def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
@@ -56,34 +50,30 @@ class DMPFLStrategy(SparseGlobalStrategy):
         config["phase"] = self.phase(server_round)
         if self.phase(server_round) == 1:
             step = self.phase1_rounds.index(server_round)
-            config["readjust-ratio"] = cosine_decay(self.readjust_ratio, step, len(self.phase1_rounds))
+            config["readjust-ratio"] = cosine_decay(self.params.readjust_ratio, step, len(self.phase1_rounds))
         return config
 
-    def parse_train_reply(self, partition_id: int, content: RecordDict) -> TrainReply:
-        """Decode by the phase of the round in progress (the reply's own claim is not trusted)."""
-        reply = self._parse_metrics(partition_id, content)
-        phase = self.phase(self._round)
-        if phase != 3:
-            reply.payload = self.decode_upload(content, values_only=phase == 2)
-        return reply
+    def uploads_in_round(self, server_round: int) -> bool:
+        """Phase 3 uploads no weights (the reply's own claim is not trusted: the round decides)."""
+        return self.phase(server_round) != 3
+
+    def values_only_round(self, server_round: int) -> bool:
+        """Phase 2 uploads the values on m_g; phase 1 weights with the client's mask."""
+        return self.phase(server_round) == 2
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Phase 1: Eq. 5 and the new m_g; phase 2: masked FedAvg; phase 3: nothing on the server."""
         phase = self.phase(server_round)
         if phase == 1:
             uploads = [(r.payload[0], r.payload[1], float(r.num_examples)) for r in replies]
-            weights, masks = aggregate_round(self.global_named, uploads, self.densities, self.min_vote_fraction)
+            weights, masks = aggregate_round(self.global_named, uploads, self.densities,
+                                             self.params.min_vote_fraction)
             self.set_global(weights, masks)
             self.log_masks()
         elif phase == 2:
             self.set_global(self.masked_average(replies))
 
-    def extra_eval_metrics(self, metrics: MetricRecord | None) -> dict[str, float]:
-        """DM-PFL+ and theta_g accuracies at every shift degree."""
-        return {prefix + shift_key(d): read_fraction(metrics, prefix + shift_key(d))
-                for prefix in (PLUS_PREFIX, GLOBAL_PREFIX) for d in self.cfg.shift_degrees}
-
-    def extra_round_record(self, server_round: int) -> dict[str, Any]:
+    def round_record(self, server_round: int) -> dict[str, Any]:
         """Phase and global-mask density of the round."""
         kept = sum(int(m.sum()) for m in self.global_masks.values())
         total = sum(m.size for m in self.global_masks.values())

@@ -1,23 +1,24 @@
-"""FedAvg and FedProx on the server: sample-weighted averaging of full models (FedProx differs on clients)."""
+"""FedAvg, FedProx and FedAvg+FT on the server: sample-weighted averaging of full models."""
 
 from __future__ import annotations
+
+from flwr.app import ConfigRecord
+
+from common.algorithms import FedProxParams
 
 from .base import PFLStrategy
 
 
 class FedAvgStrategy(PFLStrategy):
-    """FedAvg (McMahan et al., 2017): w <- sum_k n_k w_k / sum_k n_k over the round's replies."""
-
-    name = "fedavg"
+    """FedAvg (McMahan et al., 2017): w <- sum_k n_k w_k / sum_k n_k over the round's replies. FedAvg+FT runs
+    it too: its clients fine-tune before evaluating."""
 
 
 class FedProxStrategy(FedAvgStrategy):
-    """FedProx (Li et al., 2020): FedAvg aggregation; clients add (mu/2)||w - w_global||^2 (run-config proximal-mu)."""
+    """FedProx (Li et al., 2020): FedAvg aggregation; clients add (mu/2)||w - w_global||^2, mu sent with each round."""
 
-    name = "fedprox"
-
-
-class FedAvgFTStrategy(FedAvgStrategy):
-    """FedAvg+FT: FedAvg training; each client fine-tunes the global model locally before every evaluation."""
-
-    name = "fedavg-ft"
+    def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
+        """Adds the proximal coefficient `prox-mu`."""
+        config = super().round_config(server_round, partition_id)
+        config["prox-mu"] = self.cfg.params_as(FedProxParams).proximal_mu
+        return config

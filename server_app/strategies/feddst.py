@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from flwr.app import ConfigRecord
 
-from flwr.app import ConfigRecord, RecordDict
-
+from common.algorithms import FedDSTParams
 from common.dmpfl import aggregate_round
 
-from .base import TrainReply
+from ..replies import TrainReply
 from .sparse import SparseGlobalStrategy
 
 
@@ -19,17 +18,10 @@ class FedDSTStrategy(SparseGlobalStrategy):
     layer, the ERK-density share of the largest |w_g| among positions any client kept.
     """
 
-    name = "feddst"
-    extra_config = {"sparsity": 0.5, "readjust-interval": 10, "dst-readjust-ratio": 0.01}
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.interval = max(1, int(self.cfg.extra.get("readjust-interval", 10)))
-        self.ratio = float(self.cfg.extra.get("dst-readjust-ratio", 0.01))
-
     def readjust_ratio(self, server_round: int) -> float:
         """alpha_s in readjustment rounds (every `readjust-interval`), else 0."""
-        return self.ratio if server_round % self.interval == 0 else 0.0
+        params = self.cfg.params_as(FedDSTParams)
+        return params.dst_readjust_ratio if server_round % params.readjust_interval == 0 else 0.0
 
     def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
         """Tells clients whether this is a readjustment round and by how much."""
@@ -37,9 +29,9 @@ class FedDSTStrategy(SparseGlobalStrategy):
         config["readjust-ratio"] = self.readjust_ratio(server_round)
         return config
 
-    def decode_round_upload(self, content: RecordDict) -> Any:
+    def values_only_round(self, server_round: int) -> bool:
         """A readjustment round uploads weights and masks; the others only the values on m_g."""
-        return self.decode_upload(content, values_only=self.readjust_ratio(self._round) == 0.0)
+        return self.readjust_ratio(server_round) == 0.0
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Eq. 5 over the union of client masks; new m_g by magnitude among positions any client kept."""

@@ -7,33 +7,28 @@ from typing import Any
 import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
+from common.algorithms import FedFomoParams
 from common.attention import ModelMatrix
-from common.config import ConfigError
+from common.config import RunConfig
 from common.fomo import WEIGHT_KEY, choose_peers
+from common.models import ModelLayout
 from common.seeding import derive_seed
 from common.validation import PayloadError
 
-from .base import TrainReply
+from ..clients import ClientRegistry
+from ..replies import TrainReply
 from .client_models import ClientModelsStrategy
+
 
 class FedFomoStrategy(ClientModelsStrategy):
     """Keeps the clients' latest models and an affinity matrix P; P[i, j] grows by the weight client i gave j."""
 
-    name = "fedfomo"
     sends_weights_for_eval = False
     track_gram = False
-    extra_config = {"fomo-models": 5, "fomo-epsilon": 0.3, "fomo-epsilon-decay": 0.95, "fomo-val-fraction": 0.2}
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        extra = self.cfg.extra
-        self.num_peers = int(extra.get("fomo-models", 5))
-        self.epsilon = float(extra.get("fomo-epsilon", 0.3))
-        self.epsilon_decay = float(extra.get("fomo-epsilon-decay", 0.95))
-        val = float(extra.get("fomo-val-fraction", 0.2))
-        if self.num_peers < 1 or not 0 <= self.epsilon <= 1 or not 0 < self.epsilon_decay <= 1 or not 0 < val < 1:
-            raise ConfigError("run-config FedFomo keys out of range: need fomo-models >= 1, fomo-epsilon in [0, 1], "
-                              "fomo-epsilon-decay in (0, 1], fomo-val-fraction in (0, 1)")
+    def __init__(self, cfg: RunConfig, model: ModelLayout, clients: ClientRegistry) -> None:
+        super().__init__(cfg, model, clients)
+        self.params = cfg.params_as(FedFomoParams)
         self.affinity = np.zeros((0, 0))
         self.sent_peers: dict[int, list[int]] = {}
 
@@ -60,8 +55,9 @@ class FedFomoStrategy(ClientModelsStrategy):
         candidates = np.flatnonzero(matrix.heard)
         candidates = candidates[candidates != row]
         rng = np.random.default_rng(derive_seed(self.cfg.seed, "fomo-peers", server_round, partition_id))
-        epsilon = self.epsilon * self.epsilon_decay ** (server_round - 1)
-        return [self.pids[r] for r in choose_peers(self.affinity[row], candidates, self.num_peers, epsilon, rng)]
+        epsilon = self.params.fomo_epsilon * self.params.fomo_epsilon_decay ** (server_round - 1)
+        chosen = choose_peers(self.affinity[row], candidates, self.params.fomo_models, epsilon, rng)
+        return [self.pids[r] for r in chosen]
 
     def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
         """Adds the ids of the peers sent."""
@@ -78,23 +74,23 @@ class FedFomoStrategy(ClientModelsStrategy):
         """The chosen peers' models as records 'peer-0' ... 'peer-{M-1}'."""
         peers = self.peers_for(server_round, partition_id)
         self.sent_peers[partition_id] = peers
+        matrix = self.ensure_matrix()
         content = RecordDict({"config": self.round_config(server_round, partition_id)})
         for k, peer in enumerate(peers):
-            content[f"peer-{k}"] = self.model_record(self.matrix.W[self.rows[peer]])
+            content[f"peer-{k}"] = self.model_record(matrix.W[self.rows[peer]])
         return content
 
-    def parse_train_reply(self, partition_id: int, content: RecordDict) -> TrainReply:
+    def decode_train_reply(self, server_round: int, reply: TrainReply) -> None:
         """The model, plus one finite non-negative weight per peer sent this round."""
-        reply = super().parse_train_reply(partition_id, content)
-        metrics = content.metric_records.get("metrics")
+        super().decode_train_reply(server_round, reply)
+        metrics = reply.content.metric_records.get("metrics")
         weights = []
-        for k in range(len(self.sent_peers.get(partition_id, []))):
+        for k in range(len(self.sent_peers.get(reply.partition_id, []))):
             value = metrics.get(WEIGHT_KEY.format(k)) if metrics is not None else None
             if not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
                 raise PayloadError(f"metric '{WEIGHT_KEY.format(k)}' = {value!r} must be a finite weight >= 0")
             weights.append(float(value))
         reply.payload = weights
-        return reply
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Store the new models; add each client's peer weights to its affinity row."""

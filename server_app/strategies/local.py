@@ -6,13 +6,13 @@ from typing import Any
 
 from flwr.app import RecordDict
 
-from .base import PFLStrategy, TrainReply
+from ..replies import TrainReply
+from .base import PFLStrategy
 
 
 class LocalStrategy(PFLStrategy):
     """Each client keeps and trains its own model ('CLT'); the server only schedules and collects metrics."""
 
-    name = "local"
     uploads_weights = False
     sends_weights_for_eval = False
 

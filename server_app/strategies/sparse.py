@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from logging import INFO
 from typing import Any
 
 import numpy as np
@@ -9,15 +10,18 @@ import torch
 from flwr.app import ConfigRecord, RecordDict
 from flwr.supercore import log
 
+from common.algorithms import SparseParams
 from common.codec import decode_model, encode_model
-from common.config import ConfigError, RunConfig
+from common.config import RunConfig
 from common.masks import erk_densities, random_masks
+from common.models import ModelLayout
 from common.records import to_plain_record
 from common.seeding import derive_seed
 from common.validation import PayloadError, record_to_numpy
 
-from ..results import ResultsWriter
-from .base import PFLStrategy, TrainReply
+from ..clients import ClientRegistry
+from ..replies import TrainReply
+from .base import PFLStrategy
 
 
 class SparseGlobalStrategy(PFLStrategy):
@@ -28,23 +32,17 @@ class SparseGlobalStrategy(PFLStrategy):
     copy does not match fails the round and is sent the model next time.
     """
 
-    extra_config = {"sparsity": 0.5}
-
-    def __init__(self, cfg: RunConfig, initial_arrays: list[np.ndarray], specs: list[tuple[str, tuple[int, ...]]],
-                 writer: ResultsWriter | None = None, prunable: list[str] | tuple[str, ...] = ()) -> None:
-        super().__init__(cfg, initial_arrays, specs, writer, prunable)
+    def __init__(self, cfg: RunConfig, model: ModelLayout, clients: ClientRegistry) -> None:
+        super().__init__(cfg, model, clients)
         if not self.prunable:
-            raise ValueError(f"{self.name} needs a model with prunable (conv/linear) layers")
-        self.shapes = dict(specs)
-        sparsity = float(cfg.extra.get("sparsity", 0.5))
-        if not 0.0 <= sparsity < 1.0:
-            raise ConfigError(f"run-config 'sparsity' = {sparsity} is out of range; allowed: [0, 1)")
+            raise ValueError(f"{cfg.algorithm} needs a model with prunable (conv/linear) layers")
+        self.shapes = dict(self.specs)
+        sparsity = cfg.params_as(SparseParams).sparsity
         self.densities = erk_densities({n: self.shapes[n] for n in self.prunable}, 1.0 - sparsity)
         generator = torch.Generator().manual_seed(derive_seed(cfg.seed, "global-mask"))
         masks = random_masks({n: self.shapes[n] for n in self.prunable}, self.densities, generator)
         self.global_masks = {n: m.numpy() for n, m in masks.items()}
         self.version = 0
-        self._round = 1
         self.delivered: dict[int, int] = {}
         self._in_flight: dict[int, int] = {}
 
@@ -78,7 +76,7 @@ class SparseGlobalStrategy(PFLStrategy):
         self.delivered = ({int(pid): int(v) for pid, v in state["delivered"].items()}
                           if self.cfg.client_state_dir else {})
 
-    def on_client_replaced(self, partition_id: int) -> None:
+    def on_client_replaced(self, server_round: int, partition_id: int) -> None:
         """A restarted client may hold an older copy: send it the model again."""
         self.delivered.pop(partition_id, None)
 
@@ -108,18 +106,13 @@ class SparseGlobalStrategy(PFLStrategy):
         """Evaluation needs the current global model too (sent only if stale)."""
         return self.train_content(server_round, partition_id, shared)
 
-    def on_client_reply(self, partition_id: int, ok: bool) -> None:
+    def on_client_reply(self, server_round: int, partition_id: int, ok: bool) -> None:
         """A successful reply confirms the version in flight; a failure forgets what the client holds."""
         sent = self._in_flight.pop(partition_id, None)
         if not ok:
             self.delivered.pop(partition_id, None)
         elif sent is not None:
             self.delivered[partition_id] = sent
-
-    def configure_train(self, server_round, arrays, config, grid):  # type: ignore[override]
-        """Remember the round in progress, so its replies are decoded by what it asked for."""
-        self._round = server_round
-        return super().configure_train(server_round, arrays, config, grid)
 
     # ----- replies ---------------------------------------------------------------------------------------
     def decode_upload(self, content: RecordDict, values_only: bool) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -139,15 +132,18 @@ class SparseGlobalStrategy(PFLStrategy):
                                    "its density allows")
         return weights, masks
 
-    def parse_train_reply(self, partition_id: int, content: RecordDict) -> TrainReply:
-        """Metrics as usual; arrays decoded by the subclass's `decode_round_upload`."""
-        reply = self._parse_metrics(partition_id, content)
-        reply.payload = self.decode_round_upload(content)
-        return reply
+    def decode_train_reply(self, server_round: int, reply: TrainReply) -> None:
+        """The round's sparse upload: values on m_g only when `values_only_round` says so, else masks too."""
+        if self.uploads_in_round(server_round):
+            reply.payload = self.decode_upload(reply.content, values_only=self.values_only_round(server_round))
 
-    def decode_round_upload(self, content: RecordDict) -> Any:
-        """This round's upload, decoded and validated (subclasses pick the form)."""
-        return self.decode_upload(content, values_only=False)
+    def uploads_in_round(self, server_round: int) -> bool:
+        """Whether this round's training replies carry weights (all rounds by default)."""
+        return True
+
+    def values_only_round(self, server_round: int) -> bool:
+        """Whether this round's uploads are values on the known m_g (subclasses decide)."""
+        return False
 
     def masked_average(self, replies: list[TrainReply]) -> dict[str, np.ndarray]:
         """Sample-weighted average of the uploads on m_g (prunable layers) and everywhere on dense layers."""
@@ -163,4 +159,4 @@ class SparseGlobalStrategy(PFLStrategy):
         """Density of m_g after a change."""
         kept = sum(int(m.sum()) for m in self.global_masks.values())
         total = sum(m.size for m in self.global_masks.values())
-        log(20, "%s: global mask density %.3f (version %d)", self.name, kept / total, self.version)
+        log(INFO, "%s: global mask density %.3f (version %d)", self.cfg.algorithm, kept / total, self.version)

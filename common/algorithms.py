@@ -1,0 +1,176 @@
+"""One spec per algorithm: its name, its hyperparameters (typed, with defaults, ranges and help) and the extra
+evaluation rows it reports. Server and client registries, the run-config parser, pyproject.toml and the README's
+tables all read from here.
+
+Adding an algorithm: a hyperparameter dataclass (if it has keys of its own) and one `AlgorithmSpec` entry
+naming its server module:class (in server_app/strategies/) and client module:class (in client_app/algorithms/).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .hparams import ConfigError, hp, number
+
+
+@dataclass(frozen=True)
+class EvalRow:
+    """An accuracy an algorithm reports beside its main model, as metrics '<prefix>acc-shift-<d>'."""
+
+    prefix: str
+    label: str      # row label in summary.md
+    suffix: str     # appended to the algorithm's name in comparison tables
+    required: bool  # a reply without it is rejected (else the row is kept when present)
+
+
+PLUS = EvalRow("plus-", "adaptive inference (+)", "+", required=True)
+GLOBAL = EvalRow("global-", "global model", " (global model)", required=True)
+CLOUD = EvalRow("cloud-", "cloud model u_i", " (cloud model)", required=False)
+
+
+@dataclass(frozen=True)
+class NoParams:
+    """An algorithm without keys of its own."""
+
+
+@dataclass(frozen=True)
+class FedProxParams:
+    """FedProx's proximal coefficient (sent to clients in every training message)."""
+
+    proximal_mu: float = hp(0.05, "FedProx's mu: clients add (mu/2)||w - w_global||^2", low=0.0)
+
+
+@dataclass(frozen=True)
+class SparseParams:
+    """Keys of every algorithm with a sparse global model."""
+
+    sparsity: float = hp(0.5, "fraction of zeros S of the global model (ERK layer densities)", low=0.0, high=1.0,
+                         high_open=True)
+
+
+@dataclass(frozen=True)
+class DMPFLParams(SparseParams):
+    """DM-PFL's schedule and mask readjustment (SPEC 3.1)."""
+
+    iterations: int = hp(3, "cycles of the three phases (0: phase 1 only)", low=0, high=10_000)
+    readjust_ratio: float = hp(0.05, "initial prune/regrow fraction alpha_s of m_c (cosine decay over the "
+                               "phase-1 rounds)", low=0.0, high=1.0)
+    min_vote_fraction: float = hp(0.3, "a position enters m_g only if more than this fraction of the round's "
+                                  "clients kept it", low=0.0, high=1.0)
+    phase3_all_clients: bool = hp(False, "phase 3 with every client instead of the sampled ones")
+
+
+@dataclass(frozen=True)
+class FedDSTParams(SparseParams):
+    """FedDST's mask readjustment."""
+
+    readjust_interval: int = hp(10, "readjust the mask every N rounds", low=1)
+    dst_readjust_ratio: float = hp(0.01, "fraction of the mask pruned and regrown at a readjustment", low=0.0,
+                                   high=1.0)
+
+
+@dataclass(frozen=True)
+class AMPParams:
+    """Keys shared by FedAMP and HeurFedAMP (SPEC 3.2)."""
+
+    fedamp_alpha: float = hp(1.0, "alpha_0 of the attention step", low=0.0, low_open=True)
+    fedamp_lambda: float = hp(1e-4, "lambda: clients' proximal coefficient is lambda / alpha_k (the defaults give "
+                              "the paper's beta_0 = alpha/lambda = 1e4)", low=0.0, low_open=True)
+    fedamp_decay: float = hp(0.1, "alpha_k = alpha_0 * decay^floor((k-1)/decay-every)", low=0.0, high=1.0,
+                             low_open=True)
+    fedamp_decay_every: int = hp(30, "rounds between two decays of alpha_k", low=1)
+    pretrain_epochs: int = hp(1, "local epochs every client trains from the common initialization before round 1",
+                              low=0, high=10_000)
+
+
+@dataclass(frozen=True)
+class FedAMPParams(AMPParams):
+    """FedAMP's exp-distance attention."""
+
+    fedamp_sigma: float = hp(100.0, "sigma of FedAMP's attention A'(t) = exp(-t/sigma)/sigma", low=0.0,
+                             low_open=True)
+
+
+@dataclass(frozen=True)
+class HeurFedAMPParams(AMPParams):
+    """HeurFedAMP's cosine attention."""
+
+    heurfedamp_sigma: float = hp(25.0, "HeurFedAMP's cosine scale", low=0.0)
+    heurfedamp_tau: float = hp(0.95, "HeurFedAMP's weight tau of the other clients in u_i", low=0.0, high=1.0)
+
+
+def _fliu_gamma(key: str, value: object) -> float:
+    gamma = number(key, value, float)
+    if gamma != -1.0 and not 0.0 <= gamma <= 1.0:
+        raise ConfigError(f"run-config '{key}' = {gamma} must be -1 (adaptive, Eq. 4) or lie in [0, 1]")
+    return gamma
+
+
+@dataclass(frozen=True)
+class FLIUParams:
+    """FLIU's gamma and server weighting (SPEC 3.3)."""
+
+    fliu_gamma: float = hp(-1.0, "-1: adaptive gamma_k(n_k) (Eq. 4); else a fixed gamma in [0, 1]",
+                           parse=_fliu_gamma, allowed="-1 or [0.0, 1.0]")
+    fliu_weighting: str = hp("uniform", "server average of the round's models", choices=("uniform", "samples"))
+
+
+@dataclass(frozen=True)
+class FedFomoParams:
+    """FedFomo's peer download and exploration."""
+
+    fomo_models: int = hp(5, "peer models downloaded per client", low=1, high=64)
+    fomo_epsilon: float = hp(0.3, "epsilon-greedy exploration of peers", low=0.0, high=1.0)
+    fomo_epsilon_decay: float = hp(0.95, "per-round decay of epsilon", low=0.0, high=1.0, low_open=True)
+    fomo_val_fraction: float = hp(0.2, "share of the training data held out to score peers", low=0.0, high=1.0,
+                                  low_open=True, high_open=True)
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """An algorithm: name, one-line summary, hyperparameters, extra evaluation rows, and its two halves."""
+
+    name: str
+    summary: str
+    server: str  # "module:Class" in server_app.strategies
+    client: str  # "module:Class" in client_app.algorithms
+    params: type = NoParams
+    eval_rows: tuple[EvalRow, ...] = ()
+
+
+SPECS: dict[str, AlgorithmSpec] = {spec.name: spec for spec in (
+    AlgorithmSpec("fedavg", "FedAvg: sample-weighted average of the clients' models",
+                  "fedavg:FedAvgStrategy", "fedavg:FedAvgClient"),
+    AlgorithmSpec("fedprox", "FedProx: FedAvg with a proximal term toward the global model",
+                  "fedavg:FedProxStrategy", "fedavg:FedProxClient", FedProxParams),
+    AlgorithmSpec("fedavg-ft", "FedAvg+FT: FedAvg, then `local-epochs` of fine-tuning before each evaluation",
+                  "fedavg:FedAvgStrategy", "fedavg:FedAvgFTClient"),
+    AlgorithmSpec("local", "Local: every client trains alone; no weights travel",
+                  "local:LocalStrategy", "local:LocalClient"),
+    AlgorithmSpec("feddst", "FedDST: sparse global model with periodic prune/regrow",
+                  "feddst:FedDSTStrategy", "feddst:FedDSTClient", FedDSTParams),
+    AlgorithmSpec("dmpfl", "DM-PFL (and DM-PFL+ in the same run): dual global/personal masks",
+                  "dmpfl:DMPFLStrategy", "dmpfl:DMPFLClient", DMPFLParams, (PLUS, GLOBAL)),
+    AlgorithmSpec("fedamp", "FedAMP: attentive personalized cloud models held by the server",
+                  "fedamp:FedAMPStrategy", "fedamp:FedAMPClient", FedAMPParams, (CLOUD,)),
+    AlgorithmSpec("heurfedamp", "HeurFedAMP: FedAMP with cosine-similarity attention",
+                  "fedamp:HeurFedAMPStrategy", "fedamp:FedAMPClient", HeurFedAMPParams, (CLOUD,)),
+    AlgorithmSpec("fliu", "FLIU: individualized updates with adaptive gamma",
+                  "fliu:FLIUStrategy", "fliu:FLIUClient", FLIUParams),
+    AlgorithmSpec("fedfomo", "FedFomo: each client combines peers' models weighted by validation gain",
+                  "fedfomo:FedFomoStrategy", "fedfomo:FedFomoClient", FedFomoParams),
+)}
+
+
+def eval_rows() -> tuple[EvalRow, ...]:
+    """Every extra evaluation row any algorithm reports, once each, in registry order."""
+    rows: dict[str, EvalRow] = {}
+    for spec in SPECS.values():
+        for row in spec.eval_rows:
+            rows.setdefault(row.prefix, row)
+    return tuple(rows.values())
+
+
+def param_classes() -> list[type]:
+    """The distinct hyperparameter dataclasses of the registered algorithms, in registry order."""
+    return list(dict.fromkeys(spec.params for spec in SPECS.values()))

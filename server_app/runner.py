@@ -1,0 +1,265 @@
+"""The round runner, the project's Flower Strategy: handshake, the rounds (train, aggregate, evaluate), one message
+per client with its bytes counted, reply checks, simulated faults, checkpoints and the progress log. What an
+algorithm does lives in its hooks (server_app/strategies/)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from logging import INFO, WARNING
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+from flwr.supercore import log
+
+from common.config import RunConfig
+from common.evaluate import shift_key
+from common.stages import summarize_stages
+from common.validation import PayloadError, read_count, read_finite, read_fraction
+
+from .checkpoint import Checkpoint, save_checkpoint
+from .clients import ClientRegistry, RunAborted
+from .faults import plan_faults
+from .replies import RoundLog, TrainReply, eval_statistics, parse_train_metrics, reply_flops
+from .results import ResultsWriter, progress_text
+from .strategies.base import PFLStrategy
+from .wire import wire_bytes
+
+
+class RoundRunner(Strategy):
+    """Drives one algorithm's hooks through a run on Flower's Grid and records every round."""
+
+    def __init__(self, cfg: RunConfig, strategy: PFLStrategy, clients: ClientRegistry,
+                 writer: ResultsWriter | None = None, state_key: str = "", resume_from: Checkpoint | None = None) -> None:
+        self.cfg = cfg
+        self.strategy = strategy
+        self.clients = clients
+        self.writer = writer
+        self.state_key = state_key  # names the clients' state dirs for this run (the run folder's name)
+        self.resume_from = resume_from
+        self.checkpoint_round = 0  # last round whose checkpoint was written
+        self.resumes: list[int] = []  # rounds after which earlier runs of this folder stopped and were resumed
+        self.round_log = RoundLog()
+        self._size_cache: dict[str, int] = {}
+        self._late: set[int] = set()  # simulated stragglers of the training round in progress
+
+    # ----- messages --------------------------------------------------------------------------------------
+    def message_contents(self, server_round: int, partition_ids: list[int], message_type: str) -> list[RecordDict]:
+        """Each client's message content; training clients picked by drop-rate are told to fail and those picked
+        by straggler-rate will have their replies set aside as late (simulation only)."""
+        strategy, cfg = self.strategy, self.cfg
+        shared = strategy.shared_payload(server_round)
+        is_train = message_type == MessageType.TRAIN
+        build = strategy.train_content if is_train else strategy.eval_content
+        drops: set[int] = set()
+        if is_train:
+            drops, self._late = plan_faults(cfg.seed, server_round, partition_ids, cfg.drop_rate, cfg.straggler_rate)
+            if drops:
+                self.round_log.train["dropped"] = sorted(drops)
+            if self._late:
+                self.round_log.train["stragglers"] = sorted(self._late)
+        contents = []
+        for pid in partition_ids:
+            content = build(server_round, pid, shared)
+            config = content.config_records["config"]
+            if self.state_key:
+                config["state-key"] = self.state_key
+            if cfg.checkpoint_every > 0:
+                config["checkpoint-round"] = self.checkpoint_round
+            if pid in drops:
+                config["simulate-drop"] = True
+            contents.append(content)
+        return contents
+
+    def _messages(self, server_round: int, partition_ids: list[int], message_type: str, kind: str) -> list[Message]:
+        messages = []
+        for pid, content in zip(partition_ids, self.message_contents(server_round, partition_ids, message_type)):
+            msg = Message(content=content, dst_node_id=self.clients[pid].node_id, message_type=message_type)
+            self.round_log.add_bytes(kind, pid, wire_bytes(msg, self._size_cache))
+            messages.append(msg)
+        return messages
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """One training message per sampled client."""
+        return self._messages(server_round, self.strategy.sample(server_round), MessageType.TRAIN, "train_down")
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """One evaluation message per evaluated client."""
+        return self._messages(server_round, self.strategy.eval_clients(server_round), MessageType.EVALUATE,
+                              "eval_down")
+
+    # ----- replies ---------------------------------------------------------------------------------------
+    def _sort_replies(self, server_round: int, replies: Iterable[Message], kind: str) -> tuple[list[tuple[int, Message]], int]:
+        """Known, error-free replies in partition order, and the count of failed ones (each logged)."""
+        good, failed = [], 0
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            pid = self.clients.node_to_partition.get(node)
+            if pid is None:
+                if msg.has_error():  # the SuperLink answers for a node it could not reach
+                    log(WARNING, "a message was not answered: %s", msg.error.reason)
+                else:
+                    log(WARNING, "reply from unknown node %s ignored", node)
+                failed += 1
+                continue
+            if kind == "train_up" and pid in self._late and not msg.has_error():
+                log(INFO, "client %d: reply came after the round timeout (simulated straggler), not used", pid)
+                self.round_log.train["late"] = self.round_log.train.get("late", 0) + 1
+                continue
+            self.strategy.on_client_reply(server_round, pid, not msg.has_error())
+            if msg.has_error():
+                log(WARNING, "client %d (node %s) failed: %s", pid, node, msg.error.reason)
+                failed += 1
+                continue
+            self.round_log.add_bytes(kind, pid, wire_bytes(msg, self._size_cache))
+            good.append((pid, msg))
+        good.sort(key=lambda item: item[0])
+        return good, failed
+
+    def accept_train_replies(self, server_round: int, replies: Iterable[Message],
+                             what: str = "training") -> tuple[list[TrainReply], int, int]:
+        """The validated training replies, and the counts of failed and rejected ones (each logged)."""
+        good, failed = self._sort_replies(server_round, replies, "train_up")
+        accepted: list[TrainReply] = []
+        rejected = 0
+        for pid, msg in good:
+            try:
+                reply = parse_train_metrics(pid, msg.content)
+                self.strategy.decode_train_reply(server_round, reply)
+                accepted.append(reply)
+            except PayloadError as exc:
+                rejected += 1
+                log(WARNING, "client %d: %s reply rejected: %s", pid, what, exc)
+        return accepted, failed, rejected
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Validate replies, aggregate the accepted ones, record the counts."""
+        replies = list(replies)
+        accepted, failed, rejected = self.accept_train_replies(server_round, replies)
+        if accepted:
+            self.strategy.aggregate(server_round, accepted)
+        train = self.round_log.train
+        flops = sum(reply_flops(r.content) for r in accepted) + train.get("pretrain", {}).get("flops", 0.0)
+        total = sum(r.num_examples for r in accepted)
+        loss = sum(r.loss * r.num_examples for r in accepted) / total if total else float("nan")
+        train.update(received=len(replies), failed=failed, rejected=rejected, used=len(accepted), loss=loss,
+                     num_examples=total, flops=flops, clients=[r.partition_id for r in accepted])
+        stage_rows = [r.stages for r in accepted if r.stages]
+        if stage_rows:
+            train["stages"] = summarize_stages(stage_rows, self.cfg.rho_eps)
+        return None, MetricRecord({"train-loss": loss if accepted else 0.0, "used": len(accepted)})
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Per-client accuracies at every shift degree (and the algorithm's extra rows); mean and std."""
+        good, failed = self._sort_replies(server_round, replies, "eval_up")
+        keys = [shift_key(d) for d in self.cfg.shift_degrees]
+        per_client: dict[int, dict[str, float]] = {}
+        for pid, msg in good:
+            metrics = msg.content.metric_records.get("metrics")
+            try:
+                read_count(metrics, "num-test")
+                row = {key: read_fraction(metrics, key) for key in keys}
+                row["loss"] = read_finite(metrics, "loss")
+                row.update(self.strategy.eval_metrics(server_round, metrics))
+            except PayloadError as exc:
+                log(WARNING, "client %d: evaluation reply rejected: %s", pid, exc)
+                failed += 1
+                continue
+            per_client[pid] = row
+        self.round_log.eval = eval_statistics(per_client, failed) if per_client else None
+        if self.round_log.eval is None:
+            return None
+        return MetricRecord({k: v for k, v in self.round_log.eval["mean"].items() if math.isfinite(v)})
+
+    def summary(self) -> None:
+        """Log the run's settings."""
+        cfg = self.cfg
+        log(INFO, "%s: %d clients, %.0f%% per round, %d rounds, %d local epochs, lr %g",
+            cfg.algorithm, len(self.clients), 100 * cfg.fraction_train, cfg.num_rounds, cfg.local_epochs, cfg.lr)
+
+    # ----- the run ---------------------------------------------------------------------------------------
+    def should_evaluate(self, server_round: int) -> bool:
+        """Evaluate every `eval-every` rounds and after the last one."""
+        every = self.cfg.eval_every
+        return every > 0 and (server_round % every == 0 or server_round == self.cfg.num_rounds)
+
+    def warmup(self, grid: Grid) -> None:
+        """Round 0: every client trains once before round 1 (its traffic and FLOPs count in round 1)."""
+        clients = self.clients.ids()
+        messages = self._messages(0, clients, MessageType.TRAIN, "train_down")
+        replies = list(grid.send_and_receive(messages, timeout=self.cfg.round_timeout))
+        accepted, failed, rejected = self.accept_train_replies(0, replies, "pre-training")
+        self.strategy.aggregate(0, accepted)
+        train = self.round_log.train
+        train["pretrain"] = {"sent": len(clients), "used": len(accepted), "failed": failed, "late": train.pop("late", 0),
+                             "rejected": rejected, "flops": sum(reply_flops(r.content) for r in accepted)}
+        for key in ("dropped", "stragglers"):
+            if key in train:
+                train["pretrain"][key] = train.pop(key)
+        log(INFO, "pre-training: %d of %d clients trained from the common initialization", len(accepted), len(clients))
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        """Take the state and records of a checkpoint; the run goes on after its round."""
+        try:
+            self.strategy.load_state_dict(checkpoint.state)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RunAborted(f"cannot resume from the checkpoint: {exc}") from None
+        self.checkpoint_round = checkpoint.round
+        self.resumes = [*checkpoint.resumes, checkpoint.round]
+        if self.writer is not None:
+            self.writer.restart_from(checkpoint.records)
+        log(INFO, "resumed after round %d of %d (checkpoint of %s)", checkpoint.round, self.cfg.num_rounds,
+            self.writer.run_dir if self.writer else "?")
+
+    def write_checkpoint(self, server_round: int, elapsed: float) -> None:
+        """After every `checkpoint-every` rounds and the last one: the state needed to resume, atomically."""
+        every = self.cfg.checkpoint_every
+        if self.writer is None or every <= 0 or (server_round % every and server_round != self.cfg.num_rounds):
+            return
+        save_checkpoint(self.writer.run_dir, Checkpoint(server_round, self.strategy.state_dict(), self.writer.records,
+                                                        elapsed, self.resumes))
+        self.checkpoint_round = server_round
+
+    def run(self, grid: Grid) -> None:
+        """Handshake, then the rounds: train, aggregate, evaluate, record, checkpoint, log progress with ETA."""
+        timeout = self.cfg.round_timeout
+        self.clients.handshake(grid, timeout)
+        first, elapsed_before = 1, 0.0
+        if self.resume_from is not None:
+            self.restore(self.resume_from)
+            first, elapsed_before = self.resume_from.round + 1, self.resume_from.elapsed_s
+        self.summary()
+        start = time.monotonic() - elapsed_before
+        empty_arrays, empty_config = ArrayRecord(), ConfigRecord()
+        for rnd in range(first, self.cfg.num_rounds + 1):
+            t0 = time.monotonic()
+            self.round_log = RoundLog()
+            self._size_cache = {}
+            if rnd > first:
+                for pid in self.clients.refresh(grid, timeout):
+                    self.strategy.on_client_replaced(rnd, pid)
+            if rnd == 1 and self.strategy.warmup_round():
+                self.warmup(grid)
+            messages = list(self.configure_train(rnd, empty_arrays, empty_config, grid))
+            replies = grid.send_and_receive(messages, timeout=timeout) if messages else []
+            self.aggregate_train(rnd, replies)
+            self.round_log.train["sent"] = len(messages)
+            if self.should_evaluate(rnd):
+                eval_messages = list(self.configure_evaluate(rnd, empty_arrays, empty_config, grid))
+                self.aggregate_evaluate(rnd, grid.send_and_receive(eval_messages, timeout=timeout))
+            elapsed = time.monotonic() - start
+            record: dict[str, Any] = {
+                "round": rnd, "wall_s": time.monotonic() - t0, "elapsed_s": elapsed, "train": self.round_log.train,
+                "bytes": self.round_log.bytes, "eval": self.round_log.eval,
+                "bytes_per_client": {str(k): v for k, v in sorted(self.round_log.per_client_bytes.items())}}
+            record.update(self.strategy.round_record(rnd))
+            if self.writer is not None:
+                self.writer.add_round(record)
+            self.write_checkpoint(rnd, elapsed)
+            log(INFO, "%s", progress_text(record, self.cfg.num_rounds, self.cfg.shift_degrees, elapsed))
