@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import main  # noqa: E402
-from shift_mnist import DEFAULTS  # noqa: E402
+from compare import main
+from shift_mnist import DEFAULTS
 
 if __name__ == "__main__":
     args = list(DEFAULTS)

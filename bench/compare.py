@@ -53,7 +53,8 @@ def stage_table(summaries: dict[str, dict]) -> str:
     with_stages = {name: s for name, s in summaries.items() if s.get("stages")}
     if not with_stages:
         return ""
-    lines = ["| algorithm | L1 Acc(L) | L1 Acc(G) | L1 Acc | L2 Acc(L) | L2 Acc(G) | L2 Acc | G Acc(G) | rho_eps at L2 |",
+    lines = ["| algorithm | L1 Acc(L) | L1 Acc(G) | L1 Acc | L2 Acc(L) | L2 Acc(G) | L2 Acc | G Acc(G) "
+             "| rho_eps at L2 |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, s in with_stages.items():
         stages = s["stages"]

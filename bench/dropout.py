@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import main  # noqa: E402
+from compare import main
 
-from common.algorithms import CLOUD  # noqa: E402
+from common.algorithms import CLOUD
 
 ALGORITHMS = {"fedavg": "FedAvg", "dmpfl": "DM-PFL", "fedamp": "FedAMP"}
 RATES = (0.0, 0.1, 0.3, 0.5)

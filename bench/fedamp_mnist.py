@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import main  # noqa: E402
+from compare import main
 
 DROP = "drop-rate=0.3"
 DIRTY = "dirty-clients=0.4 dirty-fraction=0.4"
@@ -28,7 +28,8 @@ ALGORITHMS = ",".join([
     "fedavg", f"fedavg-ft[{FT}]", "local", "fedamp", "heurfedamp",
     f"fedavg-ft-drop30:fedavg-ft[{FT} {DROP}]", f"fedamp-drop30:fedamp[{DROP}]",
     f"heurfedamp-drop30:heurfedamp[{DROP}]",
-    f"fedavg-ft-dirty:fedavg-ft[{FT} {DIRTY}]", f"fedamp-dirty:fedamp[{DIRTY}]", f"heurfedamp-dirty:heurfedamp[{DIRTY}]",
+    f"fedavg-ft-dirty:fedavg-ft[{FT} {DIRTY}]", f"fedamp-dirty:fedamp[{DIRTY}]",
+    f"heurfedamp-dirty:heurfedamp[{DIRTY}]",
 ])
 DEFAULTS = ["--algorithms", ALGORITHMS, "--dataset", "mnist",
             "--data-dir", str(Path(__file__).resolve().parent.parent.parent / "shared" / "data"),

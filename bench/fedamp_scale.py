@@ -28,8 +28,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common.attention import (ModelMatrix, cloud_models, fedamp_weights_from_gram, gram_rows,  # noqa: E402
-                              heurfedamp_weights_from_gram)
+from common.attention import (
+    ModelMatrix,
+    cloud_models,
+    fedamp_weights_from_gram,
+    gram_rows,
+    heurfedamp_weights_from_gram,
+)
 
 
 def attention(G: np.ndarray, heur: bool) -> np.ndarray:
@@ -87,16 +92,16 @@ def run(m: int, d: int, fraction: float, loop_clients: int, heur: bool, repeats:
     matrix.G = gram_rows(matrix.W)
     incremental, full = [], []
     peak_inc = peak_full = 0.0
-    for rep in range(repeats):
+    for _ in range(repeats):
         uploaded = sorted(rng.choice(m, size=k, replace=False).tolist())
         sampled = sorted(rng.choice(m, size=k, replace=False).tolist())
         new_rows = matrix.W[uploaded] + 0.001 * rng.standard_normal((k, d), dtype=np.float32)
 
-        def step_incremental():
+        def step_incremental(uploaded=uploaded, new_rows=new_rows, sampled=sampled):
             matrix.set_rows(uploaded, new_rows)
             return cloud_models(attention(matrix.G, heur), matrix.W, sampled)
 
-        def step_full():
+        def step_full(sampled=sampled):
             return cloud_models(attention(gram_rows(matrix.W), heur), matrix.W, sampled)
 
         t, peak, U_inc = measured(step_incremental)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import main  # noqa: E402
+from compare import main
 
 ALGORITHMS = "fedavg,local,fedfomo,fliu,fliu-gamma0.5:fliu[fliu-gamma=0.5]"
 SETTINGS = {  # name: (partition, clients, fraction)
@@ -45,7 +45,8 @@ def run() -> None:
               "--partition", partition, "--alpha", "1.0", "--clients", str(clients), "--rounds", args.rounds,
               "--fraction", str(fraction), "--epochs", "2", "--batch-size", "50", "--lr", "0.001",
               "--eval-every", args.rounds,
-              "--extra", f"optimizer='adam' stages=true max-samples={args.max_samples} stage-test-size={args.stage_test_size}", *rest])
+              "--extra", f"optimizer='adam' stages=true max-samples={args.max_samples} "
+              f"stage-test-size={args.stage_test_size}", *rest])
 
 
 if __name__ == "__main__":

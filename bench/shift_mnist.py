@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import main  # noqa: E402
+from compare import main
 
 DEFAULTS = ["--algorithms", "fedavg,fedavg-ft,feddst,dmpfl", "--dataset", "mnist",
             "--data-dir", str(Path(__file__).resolve().parent.parent.parent / "shared" / "data"),

@@ -13,7 +13,6 @@ from flwr.supercore import log
 
 from common.config import RunConfig, parse_run_config
 from common.data.federated import client_data
-
 from common.validation import read_count
 
 from .algorithms import ClientEnv, client_class
@@ -109,7 +108,8 @@ def train(msg: Message, context: Context) -> Message:
     config = msg.content.config_records["config"]
     if config.get("simulate-drop", False):
         # drop-rate: the server picked this client to fail this round; the error reply exercises the real path.
-        raise SimulatedDrop(f"client {env.partition_id} dropped this round (simulated, drop-rate {env.cfg.drop_rate:g})")
+        raise SimulatedDrop(f"client {env.partition_id} dropped this round "
+                            f"(simulated, drop-rate {env.cfg.drop_rate:g})")
     algorithm = client_class(env.cfg.algorithm)(env)
     reply = Message(algorithm.fit(_round(msg), msg.content), reply_to=msg)
     _persist(env, store, msg)

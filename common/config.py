@@ -148,7 +148,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     algorithm_keys: dict[str, Any] = {}
     params: Any = None
     for cls in param_classes():
-        parsed = parse_fields(cls, raw)
+        parsed: Any = parse_fields(cls, raw)
         algorithm_keys.update(as_dict(parsed))
         if cls is SPECS[algorithm].params:
             params = parsed

@@ -82,7 +82,10 @@ def aggregate_round(w_g: Mapping[str, np.ndarray], replies: Sequence[tuple[Mappi
             new_m[name] = select_global_mask(new_w[name], votes, len(replies), densities[name], min_vote_fraction)
         else:
             total = float(sum(sizes))
-            new_w[name] = (sum(s * w.astype(np.float64) for s, w in zip(sizes, weights)) / total).astype(np.float32)
+            summed = np.zeros(old.shape, np.float64)
+            for size, weight in zip(sizes, weights):
+                summed += size * weight.astype(np.float64)
+            new_w[name] = (summed / total).astype(np.float32)
     return new_w, new_m
 
 

@@ -80,7 +80,8 @@ def number(key: str, value: Any, kind: type, low: float | None = None, high: flo
     too_low = low is not None and (value <= low if low_open else value < low)
     too_high = high is not None and (value >= high if high_open else value > high)
     if too_low or too_high:
-        raise ConfigError(f"run-config '{key}' = {value!r} is out of range; allowed: {range_text(low, high, low_open, high_open)}")
+        allowed = range_text(low, high, low_open, high_open)
+        raise ConfigError(f"run-config '{key}' = {value!r} is out of range; allowed: {allowed}")
     return value
 
 

@@ -104,7 +104,7 @@ def unpack(arrays: dict[str, np.ndarray]) -> Any:
 def save_tree(path: Path, tree: Any) -> int:
     """Pack `tree` into an .npz written atomically (streamed to disk, no copy in memory); returns its size."""
     with atomic_file(path) as fh:
-        np.savez(fh, **pack(tree))
+        np.savez(fh, allow_pickle=False, **pack(tree))
         size = fh.tell()
     return size
 

@@ -22,7 +22,9 @@ def to_plain_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
 
 def flatten(arrays: Sequence[np.ndarray]) -> np.ndarray:
     """All arrays as one float32 vector (state-dict order)."""
-    return np.concatenate([np.asarray(a, dtype=np.float32).ravel() for a in arrays]) if arrays else np.zeros(0, np.float32)
+    if not arrays:
+        return np.zeros(0, np.float32)
+    return np.concatenate([np.asarray(a, dtype=np.float32).ravel() for a in arrays])
 
 
 def unflatten(vector: np.ndarray, shapes: Sequence[tuple[int, ...]]) -> list[np.ndarray]:

@@ -42,7 +42,7 @@ def validate_arrays(arrays: Mapping[str, Any] | None, specs: Sequence[tuple[str,
             raise PayloadError(f"array '{name}' declares shape {tuple(getattr(item, 'shape', ()))}, expected {shape}")
         try:
             value = item.numpy()  # np.load(..., allow_pickle=False): object arrays are refused
-        except Exception as exc:  # noqa: BLE001 - any decoding failure means a bad payload
+        except Exception as exc:
             raise PayloadError(f"array '{name}' does not decode: {exc}") from None
         if value.dtype != np.float32 or value.shape != tuple(shape):
             raise PayloadError(f"array '{name}' decodes to {value.dtype} {value.shape}, expected float32 {shape}")
@@ -66,7 +66,7 @@ def record_to_numpy(arrays: Mapping[str, Any] | None, max_arrays: int = 10_000) 
             raise PayloadError(f"array '{name}' has serialization {getattr(item, 'stype', None)!r}, not numpy")
         try:
             out[name] = item.numpy()
-        except Exception as exc:  # noqa: BLE001 - any decoding failure means a bad payload
+        except Exception as exc:
             raise PayloadError(f"array '{name}' does not decode: {exc}") from None
     return out
 

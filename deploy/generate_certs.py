@@ -47,7 +47,7 @@ def make_ca(common_name: str = "pflower CA") -> tuple[rsa.RSAPrivateKey, x509.Ce
     """A self-signed CA key and certificate."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=4096)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + dt.timedelta(days=VALID_DAYS))
@@ -61,7 +61,7 @@ def make_server_cert(ca_key, ca_cert: x509.Certificate, hosts: list[str],
     """The SuperLink's key and certificate, valid for the given host names and IP addresses."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=4096)
     names = [x509.DNSName(h) for h in hosts] + [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0] if hosts else ips[0])]))
             .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,6 +10,7 @@ import numpy as np
 from flwr.app import RecordDict
 
 from common.aggregate import mean_std
+from common.evaluate import shift_key
 from common.stages import STAGE_KEYS
 from common.validation import read_count, read_finite, read_fraction
 
@@ -58,6 +60,17 @@ class RoundLog:
         self.bytes[kind] += num_bytes
         per = self.per_client_bytes.setdefault(partition_id, {"down": 0, "up": 0})
         per["down" if kind.endswith("down") else "up"] += num_bytes
+
+
+def parse_eval_metrics(metrics: Mapping[str, Any] | None, degrees: tuple[float, ...],
+                       extra: Callable[[Mapping[str, Any] | None], dict[str, float]]) -> dict[str, float]:
+    """One client's evaluation row: accuracy at every shift degree, loss, and the algorithm's `extra` rows
+    (PayloadError when any is missing or out of range)."""
+    read_count(metrics, "num-test")
+    row = {shift_key(d): read_fraction(metrics, shift_key(d)) for d in degrees}
+    row["loss"] = read_finite(metrics, "loss")
+    row.update(extra(metrics))
+    return row
 
 
 def eval_statistics(per_client: dict[int, dict[str, float]], failed: int) -> dict[str, Any]:

@@ -13,11 +13,21 @@ from common.config import parse_run_config
 from common.evaluate import shift_key
 from common.persist import atomic_write_text
 
+from .replies import RoundLog
+
 
 def read_run_config(run_dir: Path) -> dict[str, Any]:
     """A run folder's config.json, with the default of every key added since that run was made."""
     defaults = parse_run_config({}).to_dict()
     return {**defaults, **json.loads((Path(run_dir) / "config.json").read_text())}
+
+
+def round_record(server_round: int, wall: float, elapsed: float, log: RoundLog,
+                 extra: dict[str, Any]) -> dict[str, Any]:
+    """A round's line of metrics.jsonl, from its counters and the algorithm's own fields."""
+    return {"round": server_round, "wall_s": wall, "elapsed_s": elapsed, "train": log.train, "bytes": log.bytes,
+            "bytes_per_client": {str(k): v for k, v in sorted(log.per_client_bytes.items())}, "eval": log.eval,
+            **extra}
 
 
 def progress_text(record: dict[str, Any], num_rounds: int, degrees: tuple[float, ...], elapsed: float) -> str:

@@ -1,6 +1,5 @@
-"""The round runner, the project's Flower Strategy: handshake, the rounds (train, aggregate, evaluate), one message
-per client with its bytes counted, reply checks, simulated faults, checkpoints and the progress log. What an
-algorithm does lives in its hooks (server_app/strategies/)."""
+"""The round runner, the project's Flower Strategy: handshake, rounds, per-client messages and their bytes, reply
+checks, simulated faults, checkpoints, progress. What an algorithm does lives in its hooks (strategies/)."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ import math
 import time
 from collections.abc import Iterable
 from logging import INFO, WARNING
-from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -16,15 +14,14 @@ from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 
 from common.config import RunConfig
-from common.evaluate import shift_key
 from common.stages import summarize_stages
-from common.validation import PayloadError, read_count, read_finite, read_fraction
+from common.validation import PayloadError
 
 from .checkpoint import Checkpoint, save_checkpoint
 from .clients import ClientRegistry, RunAborted
 from .faults import plan_faults
-from .replies import RoundLog, TrainReply, eval_statistics, parse_train_metrics, reply_flops
-from .results import ResultsWriter, progress_text
+from .replies import RoundLog, TrainReply, eval_statistics, parse_eval_metrics, parse_train_metrics, reply_flops
+from .results import ResultsWriter, progress_text, round_record
 from .strategies.base import PFLStrategy
 from .wire import wire_bytes
 
@@ -33,7 +30,8 @@ class RoundRunner(Strategy):
     """Drives one algorithm's hooks through a run on Flower's Grid and records every round."""
 
     def __init__(self, cfg: RunConfig, strategy: PFLStrategy, clients: ClientRegistry,
-                 writer: ResultsWriter | None = None, state_key: str = "", resume_from: Checkpoint | None = None) -> None:
+                 writer: ResultsWriter | None = None, state_key: str = "",
+                 resume_from: Checkpoint | None = None) -> None:
         self.cfg = cfg
         self.strategy = strategy
         self.clients = clients
@@ -94,7 +92,8 @@ class RoundRunner(Strategy):
                               "eval_down")
 
     # ----- replies ---------------------------------------------------------------------------------------
-    def _sort_replies(self, server_round: int, replies: Iterable[Message], kind: str) -> tuple[list[tuple[int, Message]], int]:
+    def _sort_replies(self, server_round: int, replies: Iterable[Message],
+                      kind: str) -> tuple[list[tuple[int, Message]], int]:
         """Known, error-free replies in partition order, and the count of failed ones (each logged)."""
         good, failed = [], 0
         for msg in replies:
@@ -118,8 +117,7 @@ class RoundRunner(Strategy):
                 continue
             self.round_log.add_bytes(kind, pid, wire_bytes(msg, self._size_cache))
             good.append((pid, msg))
-        good.sort(key=lambda item: item[0])
-        return good, failed
+        return sorted(good, key=lambda item: item[0]), failed
 
     def accept_train_replies(self, server_round: int, replies: Iterable[Message],
                              what: str = "training") -> tuple[list[TrainReply], int, int]:
@@ -158,30 +156,22 @@ class RoundRunner(Strategy):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Per-client accuracies at every shift degree (and the algorithm's extra rows); mean and std."""
         good, failed = self._sort_replies(server_round, replies, "eval_up")
-        keys = [shift_key(d) for d in self.cfg.shift_degrees]
         per_client: dict[int, dict[str, float]] = {}
         for pid, msg in good:
-            metrics = msg.content.metric_records.get("metrics")
             try:
-                read_count(metrics, "num-test")
-                row = {key: read_fraction(metrics, key) for key in keys}
-                row["loss"] = read_finite(metrics, "loss")
-                row.update(self.strategy.eval_metrics(server_round, metrics))
+                per_client[pid] = parse_eval_metrics(msg.content.metric_records.get("metrics"), self.cfg.shift_degrees,
+                                                     lambda m: self.strategy.eval_metrics(server_round, m))
             except PayloadError as exc:
                 log(WARNING, "client %d: evaluation reply rejected: %s", pid, exc)
                 failed += 1
-                continue
-            per_client[pid] = row
         self.round_log.eval = eval_statistics(per_client, failed) if per_client else None
-        if self.round_log.eval is None:
-            return None
-        return MetricRecord({k: v for k, v in self.round_log.eval["mean"].items() if math.isfinite(v)})
+        means = self.round_log.eval["mean"] if self.round_log.eval else None
+        return None if means is None else MetricRecord({k: v for k, v in means.items() if math.isfinite(v)})
 
     def summary(self) -> None:
         """Log the run's settings."""
-        cfg = self.cfg
-        log(INFO, "%s: %d clients, %.0f%% per round, %d rounds, %d local epochs, lr %g",
-            cfg.algorithm, len(self.clients), 100 * cfg.fraction_train, cfg.num_rounds, cfg.local_epochs, cfg.lr)
+        log(INFO, "%s: %d clients, %.0f%% per round, %d rounds, %d local epochs, lr %g", self.cfg.algorithm,
+            len(self.clients), 100 * self.cfg.fraction_train, self.cfg.num_rounds, self.cfg.local_epochs, self.cfg.lr)
 
     # ----- the run ---------------------------------------------------------------------------------------
     def should_evaluate(self, server_round: int) -> bool:
@@ -197,11 +187,10 @@ class RoundRunner(Strategy):
         accepted, failed, rejected = self.accept_train_replies(0, replies, "pre-training")
         self.strategy.aggregate(0, accepted)
         train = self.round_log.train
-        train["pretrain"] = {"sent": len(clients), "used": len(accepted), "failed": failed, "late": train.pop("late", 0),
-                             "rejected": rejected, "flops": sum(reply_flops(r.content) for r in accepted)}
-        for key in ("dropped", "stragglers"):
-            if key in train:
-                train["pretrain"][key] = train.pop(key)
+        faults = {key: train.pop(key) for key in ("dropped", "stragglers") if key in train}
+        flops = sum(reply_flops(r.content) for r in accepted)
+        train["pretrain"] = {"sent": len(clients), "used": len(accepted), "failed": failed,
+                             "late": train.pop("late", 0), "rejected": rejected, "flops": flops, **faults}
         log(INFO, "pre-training: %d of %d clients trained from the common initialization", len(accepted), len(clients))
 
     def restore(self, checkpoint: Checkpoint) -> None:
@@ -214,8 +203,7 @@ class RoundRunner(Strategy):
         self.resumes = [*checkpoint.resumes, checkpoint.round]
         if self.writer is not None:
             self.writer.restart_from(checkpoint.records)
-        log(INFO, "resumed after round %d of %d (checkpoint of %s)", checkpoint.round, self.cfg.num_rounds,
-            self.writer.run_dir if self.writer else "?")
+        log(INFO, "resumed after round %d of %d from its checkpoint", checkpoint.round, self.cfg.num_rounds)
 
     def write_checkpoint(self, server_round: int, elapsed: float) -> None:
         """After every `checkpoint-every` rounds and the last one: the state needed to resume, atomically."""
@@ -254,11 +242,7 @@ class RoundRunner(Strategy):
                 eval_messages = list(self.configure_evaluate(rnd, empty_arrays, empty_config, grid))
                 self.aggregate_evaluate(rnd, grid.send_and_receive(eval_messages, timeout=timeout))
             elapsed = time.monotonic() - start
-            record: dict[str, Any] = {
-                "round": rnd, "wall_s": time.monotonic() - t0, "elapsed_s": elapsed, "train": self.round_log.train,
-                "bytes": self.round_log.bytes, "eval": self.round_log.eval,
-                "bytes_per_client": {str(k): v for k, v in sorted(self.round_log.per_client_bytes.items())}}
-            record.update(self.strategy.round_record(rnd))
+            record = round_record(rnd, time.monotonic() - t0, elapsed, self.round_log, self.strategy.round_record(rnd))
             if self.writer is not None:
                 self.writer.add_round(record)
             self.write_checkpoint(rnd, elapsed)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.attention import (cloud_models, fedamp_weights, heurfedamp_weights, pairwise_cosine,
-                              pairwise_sq_distances)
+from common.attention import cloud_models, fedamp_weights, heurfedamp_weights, pairwise_cosine, pairwise_sq_distances
 
 
 def _models(seed: int, m: int = 7, d: int = 50, spread: float = 0.3) -> np.ndarray:

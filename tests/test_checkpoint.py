@@ -9,10 +9,10 @@ import pytest
 from flwr.app import RecordDict
 
 from client_app.state import StateDir
+from common.algorithms import SPECS
 from common.config import parse_run_config
 from common.persist import StateFileError
 from server_app.checkpoint import Checkpoint, config_differences, load_checkpoint, save_checkpoint
-from common.algorithms import SPECS
 
 from .inprocess import InProcessFederation
 

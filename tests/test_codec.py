@@ -10,8 +10,20 @@ import sys
 import numpy as np
 import pytest
 
-from common.codec import (SparseTensor, decode_model, decode_sparse, encode_model, encode_sparse, encode_values,
-                          from_arrays, mask_digest, pack_mask, sparse_nbytes, to_arrays, unpack_mask)
+from common.codec import (
+    SparseTensor,
+    decode_model,
+    decode_sparse,
+    encode_model,
+    encode_sparse,
+    encode_values,
+    from_arrays,
+    mask_digest,
+    pack_mask,
+    sparse_nbytes,
+    to_arrays,
+    unpack_mask,
+)
 from common.validation import PayloadError
 
 SHAPES = [(1,), (7,), (8,), (9,), (1000,), (3, 3), (2, 4), (1, 1, 1), (3, 1, 3), (2, 3, 4, 5), (10, 10, 10)]
@@ -188,7 +200,7 @@ def test_huge_values_are_rejected() -> None:
     lambda v: v.reshape(1, -1),
     lambda v: v.astype(np.float16),  # float16 only when the switch asks for it
 ])
-def test_bad_value_dtype_or_dims_are_rejected(values) -> None:  # noqa: ANN001
+def test_bad_value_dtype_or_dims_are_rejected(values) -> None:
     _reject(_with(values=values(_good()[0].values)), "values must be")
 
 

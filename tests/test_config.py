@@ -6,8 +6,9 @@ import tomllib
 
 import pytest
 
-from common.config import ConfigError, RunConfig, parse_run_config
-from common.algorithms import SPECS
+from common import config_docs
+from common.algorithms import DMPFLParams, FLIUParams, NoParams
+from common.config import ConfigError, RunConfig, known_keys, parse_run_config
 
 from .conftest import REPO
 
@@ -16,16 +17,47 @@ def _defaults() -> dict:
     return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
 
 
-def test_pyproject_defaults_equal_dataclass_defaults() -> None:
-    cfg = parse_run_config(_defaults())
-    reference = RunConfig()
-    for key, value in reference.to_dict().items():
-        assert cfg.to_dict()[key] == value, key
+def test_pyproject_defaults_equal_declared_defaults() -> None:
+    assert set(_defaults()) == set(known_keys())
+    assert parse_run_config(_defaults()).to_dict() == parse_run_config({}).to_dict()
+    assert parse_run_config({}).to_dict()["shift-degrees"] == list(RunConfig().shift_degrees)
+
+
+def test_pyproject_and_readme_are_generated_from_the_specs() -> None:
+    assert config_docs.main(["--check"]) == 0, "run `python -m common.config_docs`"
+
+
+@pytest.mark.parametrize(("name", "old", "new"), [
+    ("pyproject.toml", "sparsity = 0.5", "sparsity = 0.6"),      # a default that drifted
+    ("pyproject.toml", "fomo-models = 5\n", ""),                 # a key missing
+    ("README.md", "| `heurfedamp-tau` | `0.95` |", "| `heurfedamp-tau` | `0.9` |"),
+])
+def test_a_drifted_pyproject_or_readme_fails_the_check(tmp_path, name: str, old: str, new: str) -> None:
+    for file in ("pyproject.toml", "README.md"):
+        (tmp_path / file).write_text((REPO / file).read_text())
+    text = (tmp_path / name).read_text()
+    assert old.replace("\\n", "\n") in text
+    (tmp_path / name).write_text(text.replace(old, new, 1))
+    assert config_docs.main(["--check", "--repo", str(tmp_path)]) == 1
+    assert config_docs.main(["--repo", str(tmp_path)]) == 0, "rewriting repairs it"
+    assert config_docs.main(["--check", "--repo", str(tmp_path)]) == 0
+
+
+def test_algorithm_keys_land_in_the_algorithms_dataclass() -> None:
+    cfg = parse_run_config({"algorithm": "dmpfl", "sparsity": 0.7, "iterations": 2, "fliu-gamma": 0.5})
+    params = cfg.params_as(DMPFLParams)
+    assert (params.sparsity, params.iterations, params.min_vote_fraction) == (0.7, 2, 0.3)
+    assert cfg.to_dict()["fliu-gamma"] == 0.5, "other algorithms' keys are validated and recorded too"
+    with pytest.raises(TypeError, match="DMPFLParams"):
+        cfg.params_as(FLIUParams)
+    assert isinstance(parse_run_config({"algorithm": "fedavg"}).params, NoParams)
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
-    ("algorithm", "fedsgd", "'algorithm' = 'fedsgd' is not valid; allowed values: dmpfl, fedamp, fedavg, fedavg-ft, feddst, fedfomo, fedprox, fliu, heurfedamp, local"),
-    ("partition", "random", "'partition' = 'random' is not valid; allowed values: iid, dirichlet, pathological, ls, qs, lsqs, grouped"),
+    ("algorithm", "fedsgd", "'algorithm' = 'fedsgd' is not valid; allowed values: dmpfl, fedamp, fedavg, fedavg-ft, "
+                            "feddst, fedfomo, fedprox, fliu, heurfedamp, local"),
+    ("partition", "random", "'partition' = 'random' is not valid; allowed values: iid, dirichlet, pathological, ls, "
+                            "qs, lsqs, grouped"),
     ("dataset", "svhn", "allowed values: digits, mnist, fashion-mnist, cifar10"),
     ("fraction-train", 1.5, "'fraction-train' = 1.5 is out of range; allowed: (0.0, 1.0]"),
     ("fraction-train", 0.0, "out of range"),
@@ -35,6 +67,13 @@ def test_pyproject_defaults_equal_dataclass_defaults() -> None:
     ("shift-degrees", "0,1.5", "'shift-degrees' = '0,1.5' must be comma-separated numbers in [0, 1]"),
     ("shift-degrees", "a,b", "must be comma-separated numbers"),
     ("device", "tpu", "allowed values: auto, cpu, cuda"),
+    ("sparsity", 1.0, "'sparsity' = 1.0 is out of range; allowed: [0.0, 1.0)"),
+    ("readjust-interval", 0, "'readjust-interval' = 0 is out of range; allowed: [1, inf]"),
+    ("fliu-gamma", 1.5, "'fliu-gamma' = 1.5 must be -1 (adaptive, Eq. 4) or lie in [0, 1]"),
+    ("fliu-weighting", "median", "allowed values: uniform, samples"),
+    ("fomo-val-fraction", 1.0, "'fomo-val-fraction' = 1.0 is out of range; allowed: (0.0, 1.0)"),
+    ("fedamp-lambda", 0.0, "'fedamp-lambda' = 0.0 is out of range"),
+    ("iterations", "three", "'iterations' = 'three' must be a number (int)"),
 ])
 def test_bad_values_name_key_and_allowed_values(key: str, value, message: str) -> None:
     raw = {**_defaults(), key: value}

@@ -9,7 +9,7 @@ import shlex
 import subprocess
 import sys
 import tomllib
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -23,7 +23,7 @@ COMPOSE = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _flags(program: str) -> set[str]:
     done = subprocess.run([program, "--help"], capture_output=True, text=True, timeout=120)
     return set(re.findall(r"(--[a-z][a-z0-9-]+)", done.stdout))
@@ -32,8 +32,9 @@ def _flags(program: str) -> set[str]:
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("certs")
-    command = re.search(r"python deploy/generate_certs\.py (.+?)\n#\s*then", (DEPLOY / "docker-compose.yml").read_text(),
-                        re.S).group(1).replace("\\\n#", " ")
+    compose = (DEPLOY / "docker-compose.yml").read_text()
+    found = re.search(r"python deploy/generate_certs\.py (.+?)\n#\s*then", compose, re.S)
+    command = found.group(1).replace("\\\n#", " ")
     args = shlex.split(command.replace("--out deploy/certs", f"--out {out}"))
     done = subprocess.run([sys.executable, str(DEPLOY / "generate_certs.py"), *args], capture_output=True, text=True,
                           timeout=120)

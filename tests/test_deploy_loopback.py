@@ -12,10 +12,9 @@ import time
 
 import pytest
 
+from .conftest import REPO
 from .harness.deployment import TLSSuperLink
 from .harness.local_superlink import stop_process_tree
-
-from .conftest import REPO
 
 pytestmark = pytest.mark.e2e
 

@@ -5,8 +5,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.dmpfl import (adaptive_predict, aggregate_masked, aggregate_round, compose_global, compose_personal,
-                          phase_schedule, select_global_mask)
+from common.dmpfl import (
+    adaptive_predict,
+    aggregate_masked,
+    aggregate_round,
+    compose_global,
+    compose_personal,
+    phase_schedule,
+    select_global_mask,
+)
 
 
 def test_phase_schedule_equal_thirds_per_cycle() -> None:

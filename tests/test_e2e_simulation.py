@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from .harness.local_superlink import LocalSuperLink
-
 from .conftest import REPO
+from .harness.local_superlink import LocalSuperLink
 
 pytestmark = pytest.mark.e2e
 NUM_NODES = 6
@@ -97,8 +96,8 @@ def test_sparse_algorithms_run_and_send_less(superlink, tmp_path, algorithm: str
 def test_bad_config_value_fails_with_one_clear_line(superlink, tmp_path) -> None:
     outcome = _run(superlink, tmp_path, "bad", "partition='random'")
     assert outcome.status == "finished:failed"
-    assert "run-config 'partition' = 'random' is not valid; allowed values: iid, dirichlet, pathological, ls, qs, lsqs, grouped" \
-        in outcome.output
+    assert ("run-config 'partition' = 'random' is not valid; allowed values: iid, dirichlet, pathological, ls, qs, "
+            "lsqs, grouped") in outcome.output
     assert "Traceback" not in outcome.output
 
 

@@ -10,6 +10,7 @@ from flwr.app import ConfigRecord, RecordDict
 
 from client_app.algorithms.fedamp import CLOUD_MODEL as CLOUD
 from client_app.algorithms.local import PERSONAL
+from common.algorithms import SPECS
 from common.attention import ModelMatrix, _gram, fedamp_weights, heurfedamp_weights
 from common.config import ConfigError, parse_run_config
 from common.fliu import adaptive_gamma, individualized_update
@@ -17,7 +18,6 @@ from common.fomo import choose_peers, fomo_combine, fomo_weights
 from common.models import get_arrays
 from common.records import flatten, to_record
 from common.stages import STAGE_KEYS, stage_key, summarize_stages
-from common.algorithms import SPECS
 from server_app.faults import choose_faulty
 
 from .fakes import FakeReply, hand_made_runner, train_content
@@ -117,7 +117,8 @@ def test_fedamp_client_pulls_toward_its_cloud_model_and_keeps_it() -> None:
     state = fed.client(1).env.state
     np.testing.assert_array_equal(flatten(state.load_arrays(CLOUD)), flatten(u))
     np.testing.assert_array_equal(flatten(state.load_arrays(PERSONAL)), flatten(pulled))
-    metrics = fed.client(1).evaluate(2, RecordDict({"config": ConfigRecord({"server-round": 2})})).metric_records["metrics"]
+    reply = fed.client(1).evaluate(2, RecordDict({"config": ConfigRecord({"server-round": 2})}))
+    metrics = reply.metric_records["metrics"]
     assert "cloud-acc-shift-0" in metrics and "acc-shift-0" in metrics
 
 

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from .harness.local_superlink import LocalSuperLink, free_port, stop_process_tree
-
 from .conftest import REPO
+from .harness.local_superlink import LocalSuperLink, free_port, stop_process_tree
 
 pytestmark = pytest.mark.e2e
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from server_app.checkpoint import load_checkpoint
-from .harness.local_superlink import LocalSuperLink
 
 from .conftest import REPO
+from .harness.local_superlink import LocalSuperLink
 
 pytestmark = pytest.mark.e2e
 NODES = 6

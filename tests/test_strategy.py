@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from common.config import parse_run_config
+
 from .fakes import FakeReply, hand_made_runner, metrics_only, train_content
 
 SPECS = [("body.w", (2, 2)), ("head.b", (3,))]

@@ -13,7 +13,8 @@ from common.data.federated import client_data, dataset_for
 from common.evaluate import predict_logits
 from common.models import build_model
 from common.seeding import derive_seed
-from common.train import TrainSettings, train as train_loop
+from common.train import TrainSettings
+from common.train import train as train_loop
 
 server = ServerApp()
 client = ClientApp()

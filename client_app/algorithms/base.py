@@ -14,16 +14,18 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from common.config import RunConfig
 from common.data.federated import ClientData, pooled_test
-from common.flops import flops_per_sample, training_flops
 from common.evaluate import EvalResult, evaluate_client, shift_key
-from common.records import to_record
+from common.flops import flops_per_sample, training_flops
 from common.models import SplitModel, array_specs, build_model, get_arrays, set_arrays
+from common.records import to_record
 from common.seeding import derive_seed
 from common.stages import stage_metrics
 from common.train import TrainSettings, TrainStats
 from common.validation import PayloadError, read_finite, validate_arrays
 
 from ..state import ClientState
+
+MetricValues = dict[str, int | float | list[int] | list[float]]  # what a MetricRecord holds
 
 
 @dataclass
@@ -118,7 +120,7 @@ class ClientAlgorithm(ABC):
                     densities: dict[str, float] | None = None,
                     stages: Mapping[str, torch.nn.Module | None] | None = None) -> RecordDict:
         """Reply content of a training round: metrics (with FLOPs and stage accuracies), plus the model if uploaded."""
-        metrics: dict[str, float | int] = {
+        metrics: MetricValues = {
             "num-examples": stats.num_samples, "train-loss": _finite(stats.mean_loss), "steps": stats.steps,
             "train-flops": self.train_flops(stats, densities)}
         metrics.update(self.stage_metrics(stages or {}))
@@ -129,7 +131,7 @@ class ClientAlgorithm(ABC):
 
     def eval_reply(self, result: EvalResult, extra: dict[str, float] | None = None) -> RecordDict:
         """Reply content of an evaluation: loss and accuracy at each shift degree."""
-        metrics: dict[str, float | int] = {"num-test": result.num_test, "loss": _finite(result.loss)}
+        metrics: MetricValues = {"num-test": result.num_test, "loss": _finite(result.loss)}
         metrics.update({shift_key(d): acc for d, acc in result.shift_accuracy.items()})
         metrics.update(extra or {})
         return RecordDict({"metrics": MetricRecord(metrics)})

@@ -6,8 +6,8 @@ import numpy as np
 import torch
 from flwr.app import RecordDict
 
-from common.dmpfl import adaptive_predict, compose_personal
 from common.algorithms import GLOBAL, PLUS
+from common.dmpfl import adaptive_predict, compose_personal
 from common.evaluate import entropy, predict_logits, shift_accuracy, shift_key
 from common.masks import prune_and_regrow
 from common.train import train
@@ -91,8 +91,11 @@ class DMPFLClient(SparseGlobalClient):
     def base_entropies(self, model_c: torch.nn.Module, model_g: torch.nn.Module) -> tuple[float, float]:
         """Mean prediction entropy of theta_c and theta_g on the client's own training data."""
         x = self.env.data.train_x
-        return tuple(float(entropy(torch.softmax(predict_logits(m, x, device=self.env.device), 1)).mean())
-                     for m in (model_c, model_g))
+
+        def mean_entropy(model: torch.nn.Module) -> float:
+            return float(entropy(torch.softmax(predict_logits(model, x, device=self.env.device), 1)).mean())
+
+        return mean_entropy(model_c), mean_entropy(model_g)
 
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
         """theta_c (DM-PFL), adaptive inference (DM-PFL+) and theta_g, at every shift degree."""

@@ -23,7 +23,8 @@ class FedAvgClient(ClientAlgorithm):
         model = self.received_model(content)
         received = self.snapshot(model)
         stats = train(model, self.env.data.train_x, self.env.data.train_y, self.settings(server_round),
-                      self.generator(server_round), extra_losses=self.extra_losses(model, content), device=self.env.device)
+                      self.generator(server_round), extra_losses=self.extra_losses(model, content),
+                      device=self.env.device)
         return self.train_reply(stats, model, stages={"G": received, "L1": received, "L2": model})
 
 

@@ -51,10 +51,10 @@ class SparseGlobalClient(ClientAlgorithm):
         have = int(held["version"][0]) if held else None
         if have != version:
             raise StaleGlobalModel(f"client holds global version {have}, the server expects {version}")
-        weights, masks = state.load_named("global/w"), state.load_named("global/m")
-        if weights is None or masks is None:
+        stored_w, stored_m = state.load_named("global/w"), state.load_named("global/m")
+        if stored_w is None or stored_m is None:
             raise StaleGlobalModel(f"client state lacks the global model of version {version}")
-        return weights, masks
+        return stored_w, stored_m
 
     def theta_g(self, w_g: Named, m_g: Named) -> Named:
         """w_g * m_g on the masked layers, w_g elsewhere."""

@@ -17,7 +17,8 @@ def _from_flwr_partitioner(partitioner, labels: np.ndarray, num_clients: int) ->
 
     disable_progress_bar()
     partitioner.dataset = Dataset.from_dict({"label": labels.astype(np.int64), "index": np.arange(len(labels))})
-    return [partitioner.load_partition(c).with_format("arrow")["index"].to_numpy().astype(np.int64) for c in range(num_clients)]
+    return [partitioner.load_partition(c).with_format("arrow")["index"].to_numpy().astype(np.int64)
+            for c in range(num_clients)]
 
 
 def iid(labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:

@@ -23,6 +23,8 @@ from ..clients import ClientRegistry
 from ..replies import TrainReply
 from .base import PFLStrategy
 
+Named = dict[str, np.ndarray]
+
 
 class SparseGlobalStrategy(PFLStrategy):
     """Holds w_g (dense values, kept everywhere) and m_g (bool masks of the prunable layers).
@@ -115,7 +117,7 @@ class SparseGlobalStrategy(PFLStrategy):
             self.delivered[partition_id] = sent
 
     # ----- replies ---------------------------------------------------------------------------------------
-    def decode_upload(self, content: RecordDict, values_only: bool) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    def decode_upload(self, content: RecordDict, values_only: bool) -> tuple[Named, Named]:
         """Validated (weights, masks) of a sparse upload: every prunable layer sparse, the rest dense."""
         arrays = record_to_numpy(content.array_records.get("arrays"))
         known = self.global_masks if values_only else None
