@@ -9,6 +9,7 @@ naming its server module:class (in server_app/strategies/) and client module:cla
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import import_module
 
 from .hparams import ConfigError, hp, number
 
@@ -174,3 +175,12 @@ def eval_rows() -> tuple[EvalRow, ...]:
 def param_classes() -> list[type]:
     """The distinct hyperparameter dataclasses of the registered algorithms, in registry order."""
     return list(dict.fromkeys(spec.params for spec in SPECS.values()))
+
+
+def resolve_half(package: str, ref: str, base: type) -> type:
+    """The class a spec names as "module:Class" inside `package` (imported on first use), checked to be a `base`."""
+    module, _, name = ref.partition(":")
+    cls = getattr(import_module(f"{package}.{module}"), name, None)
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise TypeError(f"{package}.{module}:{name} is not a {base.__name__}")
+    return cls

@@ -111,3 +111,13 @@ def test_every_spec_resolves_to_its_two_halves_and_declares_distinct_keys() -> N
 @pytest.mark.parametrize("relative", ["server_app/runner.py", "server_app/strategies/base.py"])
 def test_runner_and_hook_base_are_small(relative: str) -> None:
     assert len((REPO / relative).read_text().splitlines()) <= 250
+
+
+def test_a_spec_naming_a_wrong_class_is_refused() -> None:
+    from common.algorithms import resolve_half
+    from server_app.strategies import PFLStrategy
+
+    with pytest.raises(TypeError, match="server_app.strategies.fedavg:FedAvgClient is not a PFLStrategy"):
+        resolve_half("server_app.strategies", "fedavg:FedAvgClient", PFLStrategy)
+    with pytest.raises(ModuleNotFoundError):
+        resolve_half("server_app.strategies", "nosuchmodule:X", PFLStrategy)

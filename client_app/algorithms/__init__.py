@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-from importlib import import_module
+from typing import cast
 
-from common.algorithms import SPECS
+from common.algorithms import SPECS, resolve_half
 
 from .base import ClientAlgorithm, ClientEnv
 
 
 def client_class(algorithm: str) -> type[ClientAlgorithm]:
     """The client half of a registered algorithm (only its module is imported: a device loads one algorithm)."""
-    module, _, name = SPECS[algorithm].client.partition(":")
-    cls = getattr(import_module(f"{__name__}.{module}"), name)
-    if not (isinstance(cls, type) and issubclass(cls, ClientAlgorithm)):
-        raise TypeError(f"{SPECS[algorithm].client} is not a ClientAlgorithm")
-    return cls
+    # resolve_half checks the subclass at run time; the cast tells mypy (an abstract base is no concrete type[])
+    return cast("type[ClientAlgorithm]", resolve_half(__name__, SPECS[algorithm].client, ClientAlgorithm))
 
 
 __all__ = ["ClientAlgorithm", "ClientEnv", "client_class"]

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-from importlib import import_module
+from typing import cast
 
-from common.algorithms import SPECS
+from common.algorithms import SPECS, resolve_half
 
 from .base import PFLStrategy
 
 
 def strategy_class(algorithm: str) -> type[PFLStrategy]:
     """The server half of a registered algorithm (its module is imported on first use)."""
-    module, _, name = SPECS[algorithm].server.partition(":")
-    cls = getattr(import_module(f"{__name__}.{module}"), name)
-    if not (isinstance(cls, type) and issubclass(cls, PFLStrategy)):
-        raise TypeError(f"{SPECS[algorithm].server} is not a PFLStrategy")
-    return cls
+    return cast("type[PFLStrategy]", resolve_half(__name__, SPECS[algorithm].server, PFLStrategy))
 
 
 __all__ = ["PFLStrategy", "strategy_class"]

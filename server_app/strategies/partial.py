@@ -1,0 +1,61 @@
+"""Server half of the split methods (LG-FedAvg, FedPer, FedRep, FedBN): only the shared part of the model travels
+and is averaged; the rest stays on each device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flwr.app import ArrayRecord, RecordDict
+
+from common.aggregate import weighted_average
+from common.algorithms import SPECS
+from common.config import ConfigError, RunConfig
+from common.models import ModelLayout
+from common.personal import shared_names
+from common.records import to_record
+from common.validation import validate_arrays
+
+from ..clients import ClientRegistry
+from ..replies import TrainReply
+from .base import PFLStrategy, uploaded
+
+
+class PartialStrategy(PFLStrategy):
+    """Sends the shared entries of the global model (the spec's `shares` part) and averages the uploaded ones by
+    sample count; entries that are not shared stay at the common initialization on the server."""
+
+    def __init__(self, cfg: RunConfig, model: ModelLayout, clients: ClientRegistry) -> None:
+        super().__init__(cfg, model, clients)
+        part = SPECS[cfg.algorithm].shares
+        names = [name for name, _ in self.specs]
+        self.shared = shared_names(names, part, model.norm)
+        if part == "no-norm" and not model.norm:
+            raise ConfigError(f"{cfg.algorithm} keeps batch-norm layers local and needs a model with them: "
+                              "run-config 'model' = 'mlp-bn', 'cnn-mnist-bn' or 'cnn-cifar-bn'")
+        if not self.shared or len(self.shared) == len(names) and part != "all":
+            raise ConfigError(f"{cfg.algorithm} shares the model's {part}, which this model splits into "
+                              f"{len(self.shared)} of {len(names)} entries")
+        self.index = {name: i for i, name in enumerate(names)}
+        self.shared_specs = [(name, shape) for name, shape in self.specs if name in set(self.shared)]
+
+    def global_record(self) -> ArrayRecord:
+        """The shared entries of the global model."""
+        return to_record(self.shared, [self.global_arrays[self.index[name]] for name in self.shared])
+
+    def shared_payload(self, server_round: int) -> dict[str, Any]:
+        """The shared part, built once per round."""
+        return {"global": self.global_record()}
+
+    def decode_train_reply(self, server_round: int, reply: TrainReply) -> None:
+        """The upload must hold exactly the shared entries, float32, finite, of the model's shapes."""
+        reply.arrays = validate_arrays(reply.content.array_records.get("arrays"), self.shared_specs)
+
+    def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
+        """Sample-weighted average of the shared entries; the others keep their values."""
+        averaged = weighted_average([uploaded(r) for r in replies], [r.num_examples for r in replies])
+        for name, value in zip(self.shared, averaged):
+            self.global_arrays[self.index[name]] = value
+
+    def eval_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
+        """Clients evaluate their own model with the current shared part."""
+        return RecordDict({"arrays": shared["global"], "config": self.round_config(server_round, partition_id)})
