@@ -128,8 +128,24 @@ class FedFomoParams:
 
 
 @dataclass(frozen=True)
+class DittoParams:
+    """Ditto's pull of the personal model toward the global one."""
+
+    ditto_lambda: float = hp(0.1, "lambda of the personal model's term (lambda/2)||v - w||^2", low=0.0)
+
+
+@dataclass(frozen=True)
+class APFLParams:
+    """APFL's initial mixing weight."""
+
+    apfl_alpha: float = hp(0.5, "initial alpha of the personalized model alpha v + (1 - alpha) w (then learned)",
+                           low=0.0, high=1.0)
+
+
+@dataclass(frozen=True)
 class AlgorithmSpec:
-    """An algorithm: name, one-line summary, hyperparameters, extra evaluation rows, and its two halves."""
+    """An algorithm: name, one-line summary, its two halves, hyperparameters, extra evaluation rows, and which
+    part of the model travels (`shares`: all, head, body, or no-norm = all but normalization layers)."""
 
     name: str
     summary: str
@@ -137,6 +153,7 @@ class AlgorithmSpec:
     client: str  # "module:Class" in client_app.algorithms
     params: type = NoParams
     eval_rows: tuple[EvalRow, ...] = ()
+    shares: str = "all"
 
 
 SPECS: dict[str, AlgorithmSpec] = {spec.name: spec for spec in (
@@ -160,6 +177,18 @@ SPECS: dict[str, AlgorithmSpec] = {spec.name: spec for spec in (
                   "fliu:FLIUStrategy", "fliu:FLIUClient", FLIUParams),
     AlgorithmSpec("fedfomo", "FedFomo: each client combines peers' models weighted by validation gain",
                   "fedfomo:FedFomoStrategy", "fedfomo:FedFomoClient", FedFomoParams),
+    AlgorithmSpec("lg-fedavg", "LG-FedAvg: local body, global head; only the head travels",
+                  "partial:PartialStrategy", "partial:PartialClient", shares="head"),
+    AlgorithmSpec("fedper", "FedPer: global body, local head, trained together; only the body travels",
+                  "partial:PartialStrategy", "partial:PartialClient", shares="body"),
+    AlgorithmSpec("fedrep", "FedRep: global body, local head; head epochs, then body epochs; only the body travels",
+                  "partial:PartialStrategy", "partial:FedRepClient", shares="body"),
+    AlgorithmSpec("fedbn", "FedBN: FedAvg except batch-norm layers, which stay local (needs a `-bn` model)",
+                  "partial:PartialStrategy", "partial:PartialClient", shares="no-norm"),
+    AlgorithmSpec("ditto", "Ditto: FedAvg's global model plus a personal model pulled toward it",
+                  "fedavg:FedAvgStrategy", "ditto:DittoClient", DittoParams, (GLOBAL,)),
+    AlgorithmSpec("apfl", "APFL: personalized mixture alpha v + (1 - alpha) w with a learned alpha",
+                  "fedavg:FedAvgStrategy", "apfl:APFLClient", APFLParams, (GLOBAL,)),
 )}
 
 

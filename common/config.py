@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -14,7 +14,8 @@ from .hparams import ConfigError, as_dict, choice, describe, hp, parse_fields
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10")
 PARTITIONS = ("iid", "dirichlet", "pathological", "ls", "qs", "lsqs", "grouped")
-MODELS = ("auto", "mlp", "cnn-mnist", "cnn-cifar")
+MODELS = ("auto", "mlp", "cnn-mnist", "cnn-cifar", "mlp-bn", "cnn-mnist-bn", "cnn-cifar-bn")
+AUTO_MODEL = {"digits": "mlp", "mnist": "cnn-mnist", "fashion-mnist": "cnn-mnist", "cifar10": "cnn-cifar"}
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -59,7 +60,8 @@ class RunConfig:
     max_samples: int = hp(0, "partition a seeded subset of this many samples of the dataset (0: all); for quick "
                           "CPU runs", low=0)
     model: str = hp("auto", "`mlp` (digits), `cnn-mnist` (McMahan et al. CNN, 1.66M parameters), `cnn-cifar`; "
-                    "`auto` picks by dataset", choices=MODELS)
+                    "`-bn`: the same with batch normalization; `auto` picks by dataset (the `-bn` one for `fedbn`)",
+                    choices=MODELS)
     num_rounds: int = hp(20, "federated rounds", low=1, high=100_000)
     fraction_train: float = hp(0.5, "fraction of clients sampled per round (seeded, at least `min-train-clients`)",
                                low=0.0, high=1.0, low_open=True)
@@ -152,4 +154,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         algorithm_keys.update(as_dict(parsed))
         if cls is SPECS[algorithm].params:
             params = parsed
-    return parse_fields(RunConfig, raw, params=params, algorithm_keys=algorithm_keys)
+    cfg = parse_fields(RunConfig, raw, params=params, algorithm_keys=algorithm_keys)
+    if cfg.model == "auto" and SPECS[algorithm].shares == "no-norm":  # FedBN: the dataset's model with batch norm
+        cfg = replace(cfg, model=AUTO_MODEL[cfg.dataset] + "-bn")
+    return cfg

@@ -11,16 +11,29 @@ from torch.utils.flop_counter import FlopCounterMode
 
 
 def flops_per_sample(model: nn.Module, input_shape: tuple[int, ...], num_classes: int,
-                     densities: Mapping[str, float] | None = None, batch_size: int = 8) -> float:
+                     densities: Mapping[str, float] | None = None, batch_size: int = 8,
+                     trainable: set[str] | None = None) -> float:
     """Forward + backward FLOPs of one training sample; a layer whose weight has density d counts d of its FLOPs.
 
     densities: parameter name (e.g. 'body.3.weight') -> fraction of its weights that are active.
+    trainable: parameter names that get gradients (None: all); autograd skips the backward work of the rest
+    (FedRep's head epochs cost a forward pass and the head's backward).
     """
     model = model.to("cpu")
     x = torch.zeros(batch_size, *input_shape)
     y = torch.zeros(batch_size, dtype=torch.long) % num_classes
-    with FlopCounterMode(display=False) as counter:
-        F.cross_entropy(model(x), y).backward()
+    named = dict(model.named_parameters())
+    saved = {name: p.requires_grad for name, p in named.items()}
+    for name, p in named.items():
+        p.requires_grad_(trainable is None or name in trainable)
+    try:
+        with FlopCounterMode(display=False) as counter:
+            loss = F.cross_entropy(model(x), y)
+            if loss.requires_grad:
+                loss.backward()
+    finally:
+        for name, p in named.items():
+            p.requires_grad_(saved[name])
     model.zero_grad(set_to_none=True)
     counts = counter.get_flop_counts()
     total = float(counter.get_total_flops())

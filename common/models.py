@@ -8,10 +8,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import ConfigError
+from .config import AUTO_MODEL, ConfigError
 from .masks import prunable_names
-
-AUTO_MODEL = {"digits": "mlp", "mnist": "cnn-mnist", "fashion-mnist": "cnn-mnist", "cifar10": "cnn-cifar"}
+from .personal import norm_entries
 
 
 class SplitModel(nn.Module):
@@ -41,31 +40,46 @@ def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: int = 128) -> Sp
     return SplitModel(body, nn.Linear(hidden, num_classes))
 
 
-def cnn_mnist(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
-    """The MNIST CNN of McMahan et al. (2017): 2 x (5x5 conv, 2x2 max-pool), FC 512, softmax; 1.66M params."""
+def _norm(channels: int, kind: type[nn.Module] | None) -> list[nn.Module]:
+    return [kind(channels)] if kind is not None else []
+
+
+def mlp_bn(input_shape: tuple[int, ...], num_classes: int, hidden: int = 128) -> SplitModel:
+    """The MLP with batch normalization after its hidden layer (for FedBN)."""
+    body = nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(input_shape)), hidden), nn.BatchNorm1d(hidden), nn.ReLU())
+    return SplitModel(body, nn.Linear(hidden, num_classes))
+
+
+def cnn_mnist(input_shape: tuple[int, ...], num_classes: int, bn: bool = False) -> SplitModel:
+    """The MNIST CNN of McMahan et al. (2017): 2 x (5x5 conv, 2x2 max-pool), FC 512, softmax; 1.66M params.
+    With `bn`, batch normalization follows each convolution and the FC layer (for FedBN)."""
     channels, height, width = input_shape
+    norm2d, norm1d = (nn.BatchNorm2d, nn.BatchNorm1d) if bn else (None, None)
     body = nn.Sequential(
-        nn.Conv2d(channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(64 * (height // 4) * (width // 4), 512), nn.ReLU(),
+        nn.Conv2d(channels, 32, 5, padding=2), *_norm(32, norm2d), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2), *_norm(64, norm2d), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * (height // 4) * (width // 4), 512), *_norm(512, norm1d), nn.ReLU(),
     )
     return SplitModel(body, nn.Linear(512, num_classes))
 
 
-def cnn_cifar(input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
-    """The CIFAR-10 CNN common in PFL benchmarks: 2 x (5x5 conv, max-pool), FC 512, classifier."""
+def cnn_cifar(input_shape: tuple[int, ...], num_classes: int, bn: bool = False) -> SplitModel:
+    """The CIFAR-10 CNN common in PFL benchmarks: 2 x (5x5 conv, max-pool), FC 512, classifier (`bn`: as above)."""
     channels, height, width = input_shape
     out_h, out_w = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
+    norm2d, norm1d = (nn.BatchNorm2d, nn.BatchNorm1d) if bn else (None, None)
     body = nn.Sequential(
-        nn.Conv2d(channels, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(64 * out_h * out_w, 512), nn.ReLU(),
+        nn.Conv2d(channels, 32, 5), *_norm(32, norm2d), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5), *_norm(64, norm2d), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * out_h * out_w, 512), *_norm(512, norm1d), nn.ReLU(),
     )
     return SplitModel(body, nn.Linear(512, num_classes))
 
 
-_BUILDERS = {"mlp": mlp, "cnn-mnist": cnn_mnist, "cnn-cifar": cnn_cifar}
-_NEEDS = {"cnn-mnist": 3, "cnn-cifar": 3}
+_BUILDERS = {"mlp": mlp, "cnn-mnist": cnn_mnist, "cnn-cifar": cnn_cifar, "mlp-bn": mlp_bn,
+             "cnn-mnist-bn": lambda shape, classes: cnn_mnist(shape, classes, bn=True),
+             "cnn-cifar-bn": lambda shape, classes: cnn_cifar(shape, classes, bn=True)}
+_NEEDS = {"cnn-mnist": 3, "cnn-cifar": 3, "cnn-mnist-bn": 3, "cnn-cifar-bn": 3}
 
 
 def build_model(name: str, dataset: str, input_shape: tuple[int, ...], num_classes: int, seed: int) -> SplitModel:
@@ -75,7 +89,8 @@ def build_model(name: str, dataset: str, input_shape: tuple[int, ...], num_class
         raise ConfigError(f"run-config 'model' = {name!r} is not valid; allowed values: auto, {', '.join(_BUILDERS)}")
     if resolved in _NEEDS and len(input_shape) != _NEEDS[resolved]:
         raise ConfigError(f"model '{resolved}' needs image input (C, H, W); dataset '{dataset}' gives {input_shape}")
-    if resolved == "cnn-mnist" and min(input_shape[1:]) < 8 or resolved == "cnn-cifar" and min(input_shape[1:]) < 16:
+    minimum = 8 if resolved.startswith("cnn-mnist") else 16 if resolved.startswith("cnn-cifar") else 0
+    if minimum and min(input_shape[1:]) < minimum:
         raise ConfigError(f"model '{resolved}' needs larger images than {input_shape} of dataset '{dataset}'")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -107,8 +122,9 @@ class ModelLayout:
     initial: list[np.ndarray]
     specs: list[tuple[str, tuple[int, ...]]]
     prunable: tuple[str, ...] = ()
+    norm: tuple[str, ...] = ()  # entries of normalization layers (parameters and statistics)
 
     @classmethod
     def of(cls, model: nn.Module) -> ModelLayout:
         """The layout of a built model (its current weights as the initial arrays)."""
-        return cls(get_arrays(model), array_specs(model), tuple(prunable_names(model)))
+        return cls(get_arrays(model), array_specs(model), tuple(prunable_names(model)), tuple(norm_entries(model)))

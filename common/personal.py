@@ -9,16 +9,17 @@ import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call
-from torch.nn.modules.batchnorm import _NormBase
 
 PARTS = ("all", "head", "body", "no-norm")  # what an algorithm shares with the server
+NORM_LAYERS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.InstanceNorm1d,
+               nn.InstanceNorm2d, nn.InstanceNorm3d, nn.GroupNorm, nn.LayerNorm)
 
 
 def norm_entries(model: nn.Module) -> list[str]:
     """State-dict names of the normalization layers' parameters and statistics (what FedBN keeps local)."""
-    names = []
+    names: list[str] = []
     for prefix, module in model.named_modules():
-        if isinstance(module, _NormBase):
+        if isinstance(module, NORM_LAYERS):
             names.extend(f"{prefix}.{key}" for key in module.state_dict())
     return names
 

@@ -7,7 +7,7 @@ import tomllib
 import pytest
 
 from common import config_docs
-from common.algorithms import DMPFLParams, FLIUParams, NoParams
+from common.algorithms import SPECS, DMPFLParams, FLIUParams, NoParams
 from common.config import ConfigError, RunConfig, known_keys, parse_run_config
 
 from .conftest import REPO
@@ -54,8 +54,7 @@ def test_algorithm_keys_land_in_the_algorithms_dataclass() -> None:
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
-    ("algorithm", "fedsgd", "'algorithm' = 'fedsgd' is not valid; allowed values: dmpfl, fedamp, fedavg, fedavg-ft, "
-                            "feddst, fedfomo, fedprox, fliu, heurfedamp, local"),
+    ("algorithm", "fedsgd", f"'algorithm' = 'fedsgd' is not valid; allowed values: {', '.join(sorted(SPECS))}"),
     ("partition", "random", "'partition' = 'random' is not valid; allowed values: iid, dirichlet, pathological, ls, "
                             "qs, lsqs, grouped"),
     ("dataset", "svhn", "allowed values: digits, mnist, fashion-mnist, cifar10"),

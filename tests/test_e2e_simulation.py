@@ -21,8 +21,8 @@ def superlink(tmp_path_factory):
     link.stop()
 
 
-def _run(superlink: LocalSuperLink, results: Path, name: str, overrides: str = ""):
-    config = (f"results-dir='{results}' run-name='{name}' num-rounds=3 fraction-train=0.5 "
+def _run(superlink: LocalSuperLink, results: Path, name: str, overrides: str = "", rounds: int = 3):
+    config = (f"results-dir='{results}' run-name='{name}' num-rounds={rounds} fraction-train=0.5 "
               f"local-epochs=2 {overrides}")
     return superlink.run(REPO, config, num_supernodes=NUM_NODES)
 
@@ -131,3 +131,19 @@ def test_fliu_reports_its_stages(superlink, tmp_path) -> None:
     assert set(rounds[-1]["train"]["stages"]) == {"G", "L1", "L2"}
     summary = (tmp_path / "fliu" / "summary.md").read_text()
     assert "| L1 |" in summary and "rho_0.95" in summary
+
+
+@pytest.mark.parametrize(("algorithm", "shared_params"), [
+    ("lg-fedavg", 1290), ("fedper", 8320), ("fedrep", 8320), ("fedbn", 9610), ("ditto", 9610), ("apfl", 9610)])
+def test_split_and_personal_baselines_run_end_to_end(superlink, tmp_path, algorithm: str, shared_params: int) -> None:
+    outcome = _run(superlink, tmp_path, algorithm, f"algorithm='{algorithm}'", rounds=2)
+    _outcome_ok(outcome)
+    rounds = _rounds(tmp_path / algorithm)
+    assert [r["round"] for r in rounds] == [1, 2]
+    last = rounds[-1]
+    assert last["train"]["used"] == last["train"]["sent"] == 3 and len(last["eval"]["per_client"]) == NUM_NODES
+    assert last["eval"]["mean"]["acc-shift-0"] > 0.2
+    # only the shared part travels (MLP parameters: body 8,320, head 1,290; FedBN's mlp-bn shares 9,610 of 10,122)
+    assert 3 * shared_params * 4 < last["bytes"]["train_up"] < 3 * (shared_params * 4 + 4000)
+    if algorithm in ("ditto", "apfl"):
+        assert "global-acc-shift-0" in last["eval"]["mean"]

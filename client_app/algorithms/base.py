@@ -97,12 +97,27 @@ class ClientAlgorithm(ABC):
         """A model's state as an ArrayRecord keyed by state-dict names."""
         return to_record([name for name, _ in array_specs(model)], get_arrays(model))
 
-    def train_flops(self, stats: TrainStats, densities: dict[str, float] | None = None) -> float:
-        """FLOPs of the local training just done (torch FLOP counter, scaled by layer mask densities)."""
+    def train_flops(self, stats: TrainStats, densities: dict[str, float] | None = None,
+                    trainable: set[str] | None = None) -> float:
+        """FLOPs of the local training just done (torch FLOP counter with only `trainable` parameters updated,
+        scaled by layer mask densities)."""
         data = self.env.data
         key = tuple(sorted((densities or {}).items()))
-        per_sample = _flops_per_sample(self.cfg.model, self.cfg.dataset, data.input_shape, data.num_classes, key)
+        frozen = None if trainable is None else tuple(sorted(trainable))
+        per_sample = _flops_per_sample(self.cfg.model, self.cfg.dataset, data.input_shape, data.num_classes, key,
+                                       frozen)
         return training_flops(per_sample, stats.num_samples, self.cfg.local_epochs if stats.steps else 0)
+
+    def stored_model(self, key: str, default: list[np.ndarray] | None = None) -> SplitModel:
+        """A model holding the arrays kept in client state under `key`; on first use `default`, else the common
+        initialization."""
+        model = self.new_model()
+        saved = self.env.state.load_arrays(key)
+        if saved is None:
+            saved = default
+        if saved is not None:
+            set_arrays(model, saved)
+        return model
 
     def snapshot(self, model: torch.nn.Module) -> torch.nn.Module | None:
         """A copy of `model` for a later stage evaluation, when `stages` is on (None otherwise: no cost)."""
@@ -118,11 +133,13 @@ class ClientAlgorithm(ABC):
 
     def train_reply(self, stats: TrainStats, model: torch.nn.Module | None,
                     densities: dict[str, float] | None = None,
-                    stages: Mapping[str, torch.nn.Module | None] | None = None) -> RecordDict:
-        """Reply content of a training round: metrics (with FLOPs and stage accuracies), plus the model if uploaded."""
+                    stages: Mapping[str, torch.nn.Module | None] | None = None,
+                    flops: float | None = None) -> RecordDict:
+        """Reply content of a training round: metrics (with FLOPs and stage accuracies), plus the model if uploaded.
+        `flops` replaces the count of `stats` alone when the client trained more than one model."""
         metrics: MetricValues = {
             "num-examples": stats.num_samples, "train-loss": _finite(stats.mean_loss), "steps": stats.steps,
-            "train-flops": self.train_flops(stats, densities)}
+            "train-flops": self.train_flops(stats, densities) if flops is None else flops}
         metrics.update(self.stage_metrics(stages or {}))
         content = RecordDict({"metrics": MetricRecord(metrics)})
         if model is not None:
@@ -148,9 +165,10 @@ class ClientAlgorithm(ABC):
 
 @lru_cache(maxsize=32)
 def _flops_per_sample(model_name: str, dataset: str, input_shape: tuple[int, ...], num_classes: int,
-                      densities: tuple[tuple[str, float], ...]) -> float:
+                      densities: tuple[tuple[str, float], ...], trainable: tuple[str, ...] | None = None) -> float:
     model = build_model(model_name, dataset, input_shape, num_classes, seed=0)
-    return flops_per_sample(model, input_shape, num_classes, dict(densities))
+    return flops_per_sample(model, input_shape, num_classes, dict(densities),
+                            trainable=None if trainable is None else set(trainable))
 
 
 def _finite(value: float) -> float:

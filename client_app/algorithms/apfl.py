@@ -1,0 +1,65 @@
+"""APFL client half (Deng et al., 2020): a local copy of the global model w, a personal model v and a mixing weight
+alpha; the personalized model is alpha * v + (1 - alpha) * w. v and alpha stay on the device."""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import RecordDict
+
+from common.algorithms import GLOBAL, APFLParams
+from common.evaluate import shift_key
+from common.models import SplitModel, get_arrays, set_arrays
+from common.personal import Mixture, mixture_arrays
+from common.train import train
+
+from .base import ClientAlgorithm
+from .local import PERSONAL
+
+ALPHA = "apfl/alpha"
+
+
+class APFLClient(ClientAlgorithm):
+    """`local-epochs` on w (uploaded, as FedAvg), then as many on v and alpha through the mixture with the trained w
+    held fixed. APFL interleaves the two updates step by step; running them one after the other through the shared
+    training loop keeps one loop for every algorithm and the same number of steps (papers/001 A.1.4)."""
+
+    def alpha(self) -> float:
+        """The stored alpha, or `apfl-alpha` on first contact."""
+        saved = self.env.state.load_named(ALPHA)
+        return float(saved["alpha"][0]) if saved else self.cfg.params_as(APFLParams).apfl_alpha
+
+    def mixed(self, v: SplitModel, w: SplitModel, alpha: float) -> SplitModel:
+        """alpha * v + (1 - alpha) * w on the parameters, v's buffers (e.g. batch-norm statistics)."""
+        params = {name for name, _ in v.named_parameters()}
+        flags = [name in params for name in v.state_dict()]
+        model = self.new_model()
+        set_arrays(model, mixture_arrays(get_arrays(v), get_arrays(w), alpha, flags))
+        return model
+
+    def fit(self, server_round: int, content: RecordDict) -> RecordDict:
+        """Train w, then v and alpha on the mixture with that w; keep v and alpha, upload w."""
+        data, settings = self.env.data, self.settings(server_round)
+        w = self.received_model(content)
+        received = self.snapshot(w)
+        v = self.stored_model(PERSONAL, default=get_arrays(w))
+        alpha = self.alpha()
+        before = self.mixed(v, w, alpha) if self.cfg.stages else None
+        global_stats = train(w, data.train_x, data.train_y, settings, self.generator(server_round),
+                             device=self.env.device)
+        mixture = Mixture(v, dict(w.named_parameters()), alpha)
+        personal_stats = train(mixture, data.train_x, data.train_y, settings,
+                               self.generator(server_round, "personal"), device=self.env.device)
+        alpha = mixture.clamped_alpha()
+        self.env.state.save_arrays(PERSONAL, get_arrays(v))
+        self.env.state.save_named(ALPHA, {"alpha": np.array([alpha], np.float64)})
+        after = self.mixed(v, w, alpha) if self.cfg.stages else None
+        flops = self.train_flops(global_stats) + self.train_flops(personal_stats)
+        return self.train_reply(global_stats, w, stages={"G": received, "L1": before, "L2": after}, flops=flops)
+
+    def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
+        """The personalized mixture with the current global model (main accuracy) and that global model."""
+        w = self.received_model(content)
+        v = self.stored_model(PERSONAL, default=get_arrays(w))
+        result_w = self.evaluate_model(w)
+        rows = {GLOBAL.prefix + shift_key(d): acc for d, acc in result_w.shift_accuracy.items()}
+        return self.eval_reply(self.evaluate_model(self.mixed(v, w, self.alpha())), rows)

@@ -1,0 +1,42 @@
+"""Ditto client half (Li et al., 2021): the global model trained as in FedAvg, plus a personal model v trained
+with (lambda/2) ||v - w||^2 toward the received global model w; v stays on the device."""
+
+from __future__ import annotations
+
+from flwr.app import RecordDict
+
+from common.algorithms import GLOBAL, DittoParams
+from common.evaluate import shift_key
+from common.models import get_arrays
+from common.train import proximal_loss, train
+
+from .base import ClientAlgorithm
+from .local import PERSONAL
+
+
+class DittoClient(ClientAlgorithm):
+    """Uploads the trained global model; keeps v. Evaluation reports v, and the global model as its own row."""
+
+    def fit(self, server_round: int, content: RecordDict) -> RecordDict:
+        """`local-epochs` on w (uploaded), then as many on v with the proximal pull toward the received w."""
+        data, settings = self.env.data, self.settings(server_round)
+        w = self.received_model(content)
+        received = self.snapshot(w)
+        pull = proximal_loss(dict(w.named_parameters()), self.cfg.params_as(DittoParams).ditto_lambda)
+        v = self.stored_model(PERSONAL, default=get_arrays(w))
+        before = self.snapshot(v)
+        global_stats = train(w, data.train_x, data.train_y, settings, self.generator(server_round),
+                             device=self.env.device)
+        personal_stats = train(v, data.train_x, data.train_y, settings, self.generator(server_round, "personal"),
+                               extra_losses=[pull], device=self.env.device)
+        self.env.state.save_arrays(PERSONAL, get_arrays(v))
+        flops = self.train_flops(global_stats) + self.train_flops(personal_stats)
+        return self.train_reply(global_stats, w, stages={"G": received, "L1": before, "L2": v}, flops=flops)
+
+    def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
+        """The personal model v (main accuracy) and the received global model ('global-' row)."""
+        w = self.received_model(content)
+        v = self.stored_model(PERSONAL, default=get_arrays(w))
+        result_w = self.evaluate_model(w)
+        rows = {GLOBAL.prefix + shift_key(d): acc for d, acc in result_w.shift_accuracy.items()}
+        return self.eval_reply(self.evaluate_model(v), rows)
