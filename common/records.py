@@ -12,12 +12,13 @@ def to_record(names: Sequence[str], arrays: Sequence[np.ndarray]) -> ArrayRecord
     """An ArrayRecord of float32 arrays keyed by `names` (state-dict order is kept)."""
     if len(names) != len(arrays):
         raise ValueError(f"{len(names)} names for {len(arrays)} arrays")
-    return ArrayRecord({n: Array(np.ascontiguousarray(a, dtype=np.float32)) for n, a in zip(names, arrays)})
+    # np.require keeps 0-d entries (e.g. batch norm's num_batches_tracked) 0-d; ascontiguousarray would make them 1-d
+    return ArrayRecord({n: Array(np.require(a, dtype=np.float32, requirements="C")) for n, a in zip(names, arrays)})
 
 
 def to_plain_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     """An ArrayRecord of arrays kept in their own dtypes (packed masks, ids, values), keyed by name."""
-    return ArrayRecord({n: Array(np.ascontiguousarray(a)) for n, a in arrays.items()})
+    return ArrayRecord({n: Array(np.require(a, requirements="C")) for n, a in arrays.items()})
 
 
 def flatten(arrays: Sequence[np.ndarray]) -> np.ndarray:

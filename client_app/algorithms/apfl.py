@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 from flwr.app import RecordDict
+from torch import nn
 
 from common.algorithms import GLOBAL, APFLParams
 from common.evaluate import shift_key
@@ -19,16 +20,18 @@ ALPHA = "apfl/alpha"
 
 
 class APFLClient(ClientAlgorithm):
-    """`local-epochs` on w (uploaded, as FedAvg), then as many on v and alpha through the mixture with the trained w
-    held fixed. APFL interleaves the two updates step by step; running them one after the other through the shared
-    training loop keeps one loop for every algorithm and the same number of steps (papers/001 A.1.4)."""
+    """`local-epochs` on w (uploaded, as FedAvg), then as many on v and alpha through the mixture with the received
+    global model held fixed: the mixture a client evaluates. APFL interleaves the two updates step by step and mixes
+    with the local w as it trains; running them one after the other through the shared training loop keeps one loop
+    for every algorithm and the same number of steps (papers/001 A.1.4), and mixing with a w already fitted to the
+    local data would teach alpha to trust that w (it fell to 0 in a check), not the global model used at inference."""
 
     def alpha(self) -> float:
         """The stored alpha, or `apfl-alpha` on first contact."""
         saved = self.env.state.load_named(ALPHA)
         return float(saved["alpha"][0]) if saved else self.cfg.params_as(APFLParams).apfl_alpha
 
-    def mixed(self, v: SplitModel, w: SplitModel, alpha: float) -> SplitModel:
+    def mixed(self, v: nn.Module, w: nn.Module, alpha: float) -> SplitModel:
         """alpha * v + (1 - alpha) * w on the parameters, v's buffers (e.g. batch-norm statistics)."""
         params = {name for name, _ in v.named_parameters()}
         flags = [name in params for name in v.state_dict()]
@@ -44,15 +47,15 @@ class APFLClient(ClientAlgorithm):
         v = self.stored_model(PERSONAL, default=get_arrays(w))
         alpha = self.alpha()
         before = self.mixed(v, w, alpha) if self.cfg.stages else None
+        mixture = Mixture(v, dict(w.named_parameters()), alpha)  # holds a copy of the received w
         global_stats = train(w, data.train_x, data.train_y, settings, self.generator(server_round),
                              device=self.env.device)
-        mixture = Mixture(v, dict(w.named_parameters()), alpha)
         personal_stats = train(mixture, data.train_x, data.train_y, settings,
                                self.generator(server_round, "personal"), device=self.env.device)
         alpha = mixture.clamped_alpha()
         self.env.state.save_arrays(PERSONAL, get_arrays(v))
         self.env.state.save_named(ALPHA, {"alpha": np.array([alpha], np.float64)})
-        after = self.mixed(v, w, alpha) if self.cfg.stages else None
+        after = self.mixed(v, received, alpha) if received is not None else None
         flops = self.train_flops(global_stats) + self.train_flops(personal_stats)
         return self.train_reply(global_stats, w, stages={"G": received, "L1": before, "L2": after}, flops=flops)
 
