@@ -13,7 +13,7 @@ from flwr.supercore import log
 
 from common.config import RunConfig, parse_run_config
 from common.data.federated import client_data
-from common.validation import read_count
+from common.validation import PayloadError, is_folder_name, read_count
 
 from .algorithms import ClientEnv, client_class
 from .state import ClientState, StateDir
@@ -57,6 +57,8 @@ def state_dir(context: Context, msg: Message, cfg: RunConfig) -> StateDir | None
     key = msg.content.config_records["config"].get("state-key") if "config" in msg.content.config_records else None
     if not root or not key:
         return None
+    if not is_folder_name(key):  # the server names the run's folder; it must stay inside the state dir
+        raise PayloadError(f"state-key {key!r} is not a plain folder name; message refused")
     partition_id, _ = _partition(context)
     return StateDir(Path(str(root)).expanduser() / str(key) / f"partition-{partition_id}")
 

@@ -27,7 +27,7 @@ class ClientState:
 
     def save_arrays(self, key: str, arrays: list[np.ndarray]) -> None:
         """Replace the arrays saved under `key`."""
-        self.record[key] = ArrayRecord([np.ascontiguousarray(a) for a in arrays])
+        self.record[key] = ArrayRecord([np.require(a, requirements="C") for a in arrays])
         self.dirty = True
 
     def load_named(self, key: str) -> dict[str, np.ndarray] | None:
@@ -37,7 +37,7 @@ class ClientState:
 
     def save_named(self, key: str, arrays: dict[str, np.ndarray]) -> None:
         """Replace the named arrays saved under `key` (any dtype: weights, bool masks, counters)."""
-        self.record[key] = ArrayRecord({name: Array(np.ascontiguousarray(a)) for name, a in arrays.items()})
+        self.record[key] = ArrayRecord({name: Array(np.require(a, requirements="C")) for name, a in arrays.items()})
         self.dirty = True
 
 

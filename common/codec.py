@@ -178,7 +178,7 @@ def encode_model(dense: dict[str, np.ndarray], masks: dict[str, np.ndarray], val
             encode = encode_values if values_only else encode_sparse
             out.update(to_arrays(name, encode(tensor, masks[name], value_dtype)))
         else:
-            out[f"{name}/dense"] = np.ascontiguousarray(tensor, dtype=np.float32)
+            out[f"{name}/dense"] = np.require(tensor, dtype=np.float32, requirements="C")
     return out
 
 

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from .algorithms import SPECS, param_classes
 from .hparams import ConfigError, as_dict, choice, describe, hp, parse_fields
+from .validation import is_folder_name
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10")
 PARTITIONS = ("iid", "dirichlet", "pathological", "ls", "qs", "lsqs", "grouped")
@@ -34,6 +35,14 @@ def parse_degrees(key: str, value: Any) -> tuple[float, ...]:
     if not degrees or any(d < 0 or d > 1 for d in degrees):
         raise ConfigError(f"run-config '{key}' = {value!r} must be comma-separated numbers in [0, 1]")
     return tuple(degrees)
+
+
+def _folder_name(key: str, value: Any) -> str:
+    """A name that stays one folder inside results-dir (empty: the default name)."""
+    if value == "" or is_folder_name(value):
+        return str(value)
+    raise ConfigError(f"run-config '{key}' = {value!r} must be a folder name of letters, digits, '.', '_' and '-' "
+                      "(no path separators, not starting with '.', at most 100 characters)")
 
 
 @dataclass(frozen=True)
@@ -97,7 +106,8 @@ class RunConfig:
     rho_eps: tuple[float, ...] = hp((0.9, 0.95), "thresholds eps of the stages' rho_eps", parse=parse_degrees,
                                     allowed="comma-separated numbers in [0, 1]")
     results_dir: str = hp("", "where results go (empty: `$PFL_RESULTS_DIR`, else `~/pflower-results`)")
-    run_name: str = hp("", "the run folder's name (default `algorithm-dataset-timestamp`)")
+    run_name: str = hp("", "the run folder's name (default `algorithm-dataset-timestamp`)", parse=_folder_name,
+                       allowed="letters, digits, `.`, `_`, `-`")
     checkpoint_every: int = hp(1, "write the server checkpoint every N rounds (and after the last); 0: never. "
                                "FedAMP/FedFomo checkpoints hold every client's model (100 clients x the MNIST CNN: "
                                "0.67 GB, about 5 s to write on a 2-core machine): raise N for such runs", low=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -13,6 +14,13 @@ class PayloadError(ValueError):
 
 
 MAX_ABS_VALUE = 1e6  # a weight this large is corruption or an attack, not training
+_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+
+
+def is_folder_name(value: object) -> bool:
+    """True for one safe path component: letters, digits, '.', '_', '-', not starting with '.', at most 100
+    characters (no separators, no '..', nothing absolute)."""
+    return isinstance(value, str) and _NAME.fullmatch(value) is not None
 
 
 def validate_arrays(arrays: Mapping[str, Any] | None, specs: Sequence[tuple[str, tuple[int, ...]]],

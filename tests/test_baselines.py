@@ -219,9 +219,11 @@ def test_stages_reported_as_they_apply(algorithm: str, stages: set[str]) -> None
     assert set(fed.round_log.train["stages"]) == stages
 
 
-def test_full_models_with_batch_norm_travel_with_their_scalar_entries() -> None:
+@pytest.mark.parametrize("algorithm", ["fedavg", "dmpfl", "fedamp"])
+def test_full_models_with_batch_norm_travel_with_their_scalar_entries(algorithm: str) -> None:
     record = to_record(["n"], [np.array(3.0, np.float32)])
     assert record["n"].numpy().shape == (), "a 0-d entry (num_batches_tracked) stays 0-d on the wire"
-    fed = _federation("fedavg", model="mlp-bn")
-    fed.train_round(1)
-    assert fed.round_log.train["used"] == 4 and fed.round_log.train["rejected"] == 0
+    fed = _federation(algorithm, model="mlp-bn", iterations=1)
+    for rnd in (1, 2):
+        fed.train_round(rnd)
+        assert fed.round_log.train["used"] == 4 and fed.round_log.train["rejected"] == 0
