@@ -5,7 +5,8 @@
 
 Writes OUT/ca.crt, OUT/ca.key, OUT/server.pem, OUT/server.key (for flower-superlink --ssl-*), and per node
 OUT/nodes/NAME (ECDSA P-384 private key, OpenSSH format) and OUT/nodes/NAME.pub (OpenSSH public key, for
-`flwr supernode register`). Existing files are kept unless --force; private keys are written 0600.
+`flwr supernode register`). Existing files are kept unless --force; private keys are written 0600 and the
+folders 0700, whatever the umask or files left by an interrupted run.
 """
 
 from __future__ import annotations
@@ -25,14 +26,23 @@ from cryptography.x509.oid import NameOID
 VALID_DAYS = 825
 
 
+def _private_dir(path: Path) -> None:
+    """Create `path` (and parents) and make it 0700 whatever the umask or an earlier run left."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
 def _write(path: Path, data: bytes, private: bool, force: bool) -> None:
     if path.exists() and not force:
         print(f"kept {path} (exists; --force replaces it)")
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _private_dir(path.parent)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    with os.fdopen(os.open(tmp, flags, 0o600 if private else 0o644), "wb") as fh:
+    tmp.unlink(missing_ok=True)  # a stale temporary file would keep its own (possibly readable) mode
+    mode = 0o600 if private else 0o644
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "wb") as fh:
+        os.fchmod(fh.fileno(), mode)  # exact mode: os.open's mode is reduced by the umask, never raised
         fh.write(data)
     os.replace(tmp, path)
     print(f"wrote {path}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from dataclasses import dataclass
@@ -86,6 +87,34 @@ def _mnist_like(name: str, data_dir: Path, cache_dir: Path, allow_download: bool
     return DatasetArrays(name, x, y, 10, mean, std, 255.0)
 
 
+# CIFAR-10 arrives as pickles, and unpickling runs code: every file is checked before it is read. Accepted: the
+# official files (torchvision's md5 list, computed here) and the staged 30k-train subset (sha256 from its manifest).
+CIFAR_OFFICIAL_MD5 = {
+    "data_batch_1": "c99cafc152244af753f735de768cd75f", "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+    "data_batch_3": "54ebc095f3ab1f0389bbae665268c751", "data_batch_4": "634d18415352ddfa80567beed471001a",
+    "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb", "test_batch": "40351d587109b95175f43aff81a1287e",
+    "batches.meta": "5ff9c542aee3614f3951f8cda6e48888"}
+CIFAR_SUBSET_SHA256 = {
+    "batches.meta": "f962466ef690d46b226450fb9aadc74ba4bc64a76aa526b5827fe4bc5c7125cb",
+    "data_batch_1": "b4f4c8724d55deffc76c36261a4ae62699985e39f7c419fecf24b8038cee34f0",
+    "data_batch_2": "4b85fbb4b4c0a2ebc212aced2e75ec10cd540a0d37a1fae3dd65636074453008",
+    "data_batch_3": "08b2602136b8d3a35b2702051648fb2edbc1a635b9c6d4da6881814cc9bc0fab",
+    "test_batch": "27eb6e7e6a92c9dc24675b918bfe208b09e342e5e8a2e4d279509416399ff788"}
+
+
+def verify_cifar_file(path: Path) -> None:
+    """Refuse (DataError) a CIFAR-10 pickle that is neither an official file nor the known subset's."""
+    md5, sha256 = hashlib.md5(usedforsecurity=False), hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            md5.update(chunk)
+            sha256.update(chunk)
+    if md5.hexdigest() != CIFAR_OFFICIAL_MD5.get(path.name) and \
+            sha256.hexdigest() != CIFAR_SUBSET_SHA256.get(path.name):
+        raise DataError(f"cifar10: {path} is neither the official CIFAR-10 file nor the known subset's "
+                        f"(sha256 {sha256.hexdigest()}): refusing to unpickle it")
+
+
 def _cifar10(data_dir: Path, allow_download: bool) -> DatasetArrays:
     from torchvision import datasets
 
@@ -98,8 +127,11 @@ def _cifar10(data_dir: Path, allow_download: bool) -> DatasetArrays:
         datasets.CIFAR10(str(data_dir), train=True, download=True)
         batches = sorted(p.name for p in folder.glob("data_batch_*"))
 
+    for name in [*batches, "test_batch", "batches.meta"]:
+        verify_cifar_file(folder / name)
+
     class _Present(datasets.CIFAR10):
-        # Only the batches on disk; no md5 check, so partial or re-packed copies load too.
+        # Only the batches on disk, each verified above (torchvision's own md5 check would refuse the subset).
         train_list = [[b, None] for b in batches]
         test_list = [["test_batch", None]]
 
