@@ -93,7 +93,7 @@ def main(grid: Grid, context: Context) -> None:
     except (DataError, ConfigError) as exc:
         log(ERROR, "%s", exc)
         raise RunFailed(str(exc)) from None
-    clients = ClientRegistry()
+    clients = ClientRegistry(max_samples=cfg.max_client_samples)
     try:
         strategy = strategy_class(cfg.algorithm)(cfg, ModelLayout.of(model), clients)
     except (ConfigError, ValueError) as exc:

@@ -10,6 +10,10 @@ from typing import Any
 
 from common.persist import StateFileError, load_tree, save_tree
 
+from .clients import RunAborted
+from .results import ResultsWriter
+from .strategies.base import PFLStrategy
+
 CHECKPOINT_FILE = "checkpoint.npz"
 FORMAT = 1
 # keys that may differ between a run and its resumption (the rest must match: clients read the same config)
@@ -53,3 +57,21 @@ def config_differences(recorded: dict[str, Any], current: dict[str, Any]) -> lis
     """Run-config keys whose values differ, other than those a resumption may change."""
     keys = (set(recorded) | set(current)) - RESUMABLE_CHANGES
     return sorted(k for k in keys if recorded.get(k) != current.get(k))
+
+
+def due(server_round: int, every: int, num_rounds: int) -> bool:
+    """Whether a round-periodic task (checkpoint, evaluation) runs: every `every` rounds (0: never) and after the
+    last round."""
+    return every > 0 and (server_round % every == 0 or server_round == num_rounds)
+
+
+def restore(strategy: PFLStrategy, writer: ResultsWriter | None, checkpoint: Checkpoint) -> list[int]:
+    """Load a checkpoint's state into the strategy and its round records into the writer; returns the rounds after
+    which this run folder was resumed (RunAborted when the state does not fit the configured model)."""
+    try:
+        strategy.load_state_dict(checkpoint.state)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RunAborted(f"cannot resume from the checkpoint: {exc}") from None
+    if writer is not None:
+        writer.restart_from(checkpoint.records)
+    return [*checkpoint.resumes, checkpoint.round]

@@ -36,6 +36,7 @@ class ClientRegistry:
 
     by_partition: dict[int, ClientInfo] = field(default_factory=dict)
     node_to_partition: dict[int, int] = field(default_factory=dict)
+    max_samples: int = 100_000  # run-config max-client-samples: a larger declared count is refused
 
     def add(self, info: ClientInfo) -> None:
         """Register (or replace) the client of a partition."""
@@ -87,6 +88,9 @@ class ClientRegistry:
                 pid = read_count(metrics, "partition-id", allow_zero=True)
                 info = ClientInfo(pid, node, read_count(metrics, "num-train"), read_count(metrics, "num-test"))
                 sizes.add(read_count(metrics, "num-partitions"))
+                if max(info.num_train, info.num_test) > self.max_samples:
+                    raise PayloadError(f"declares {info.num_train} training and {info.num_test} test samples, above "
+                                       f"max-client-samples = {self.max_samples}")
             except PayloadError as exc:
                 log(WARNING, "node %s: handshake rejected: %s", node, exc)
                 continue

@@ -12,7 +12,7 @@ from flwr.app import RecordDict
 from common.aggregate import mean_std
 from common.evaluate import shift_key
 from common.stages import STAGE_KEYS
-from common.validation import read_count, read_finite, read_fraction
+from common.validation import PayloadError, read_count, read_finite, read_fraction
 
 ROUND_BYTES = ("train_down", "train_up", "eval_down", "eval_up")
 
@@ -30,13 +30,49 @@ class TrainReply:
     stages: dict[str, float] = field(default_factory=dict)  # FLIU stage accuracies, when reported
 
 
-def parse_train_metrics(partition_id: int, content: RecordDict) -> TrainReply:
-    """The metrics every training reply carries (PayloadError when they are missing or malformed)."""
+def parse_train_metrics(partition_id: int, content: RecordDict, declared: int) -> TrainReply:
+    """The metrics every training reply carries (PayloadError when they are missing or malformed, or when the
+    sample count exceeds the `declared` training samples of the client's handshake)."""
     metrics = content.metric_records.get("metrics")
     reply = TrainReply(partition_id, read_count(metrics, "num-examples"), read_finite(metrics, "train-loss"), content)
+    if reply.num_examples > declared:
+        raise PayloadError(f"num-examples = {reply.num_examples} exceeds the {declared} training samples the client "
+                           "declared at the handshake")
     if metrics is not None:
         reply.stages = {key: read_fraction(metrics, key) for key in STAGE_KEYS if key in metrics}
     return reply
+
+
+@dataclass(frozen=True)
+class ReplyLimits:
+    """The most a reply of this model may hold; checked before anything in it is decoded or re-serialized."""
+
+    arrays: int
+    array_bytes: int
+    metrics: int = 1_000
+    records: int = 4
+
+    @classmethod
+    def for_model(cls, specs: list[tuple[str, tuple[int, ...]]]) -> ReplyLimits:
+        """Room for the whole model sent dense or sparse (4 arrays a tensor), twice over, plus framing."""
+        values = sum(int(np.prod(shape)) for _, shape in specs)
+        return cls(arrays=4 * len(specs) + 16, array_bytes=2 * 4 * values + (1 << 16))
+
+    def check(self, content: RecordDict) -> None:
+        """PayloadError naming what is too large."""
+        records = len(content.array_records) + len(content.metric_records) + len(content.config_records)
+        if records > self.records:
+            raise PayloadError(f"{records} records, more than {self.records}")
+        arrays = [a for record in content.array_records.values() for a in record.values()]
+        if len(arrays) > self.arrays:
+            raise PayloadError(f"{len(arrays)} arrays, more than the {self.arrays} this model needs")
+        size = sum(len(a.data) for a in arrays)
+        if size > self.array_bytes:
+            raise PayloadError(f"{size} bytes of arrays, more than the {self.array_bytes} this model needs")
+        entries = sum(len(v) if isinstance(v, list) else 1 for record in content.metric_records.values()
+                      for v in record.values())
+        if entries > self.metrics:
+            raise PayloadError(f"{entries} metric values, more than {self.metrics}")
 
 
 def reply_flops(content: RecordDict) -> float:

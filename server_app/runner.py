@@ -17,10 +17,18 @@ from common.config import RunConfig
 from common.stages import summarize_stages
 from common.validation import PayloadError
 
-from .checkpoint import Checkpoint, save_checkpoint
-from .clients import ClientRegistry, RunAborted
+from .checkpoint import Checkpoint, due, restore, save_checkpoint
+from .clients import ClientRegistry
 from .faults import plan_faults
-from .replies import RoundLog, TrainReply, eval_statistics, parse_eval_metrics, parse_train_metrics, reply_flops
+from .replies import (
+    ReplyLimits,
+    RoundLog,
+    TrainReply,
+    eval_statistics,
+    parse_eval_metrics,
+    parse_train_metrics,
+    reply_flops,
+)
 from .results import ResultsWriter, progress_text, round_record
 from .strategies.base import PFLStrategy
 from .wire import wire_bytes
@@ -43,6 +51,7 @@ class RoundRunner(Strategy):
         self.round_log = RoundLog()
         self._size_cache: dict[str, int] = {}
         self._late: set[int] = set()  # simulated stragglers of the training round in progress
+        self._limits = ReplyLimits.for_model(strategy.specs)
 
     # ----- messages --------------------------------------------------------------------------------------
     def message_contents(self, server_round: int, partition_ids: list[int], message_type: str) -> list[RecordDict]:
@@ -55,10 +64,9 @@ class RoundRunner(Strategy):
         drops: set[int] = set()
         if is_train:
             drops, self._late = plan_faults(cfg.seed, server_round, partition_ids, cfg.drop_rate, cfg.straggler_rate)
-            if drops:
-                self.round_log.train["dropped"] = sorted(drops)
-            if self._late:
-                self.round_log.train["stragglers"] = sorted(self._late)
+            for key, chosen in (("dropped", drops), ("stragglers", self._late)):
+                if chosen:
+                    self.round_log.train[key] = sorted(chosen)
         contents = []
         for pid in partition_ids:
             content = build(server_round, pid, shared)
@@ -93,9 +101,9 @@ class RoundRunner(Strategy):
 
     # ----- replies ---------------------------------------------------------------------------------------
     def _sort_replies(self, server_round: int, replies: Iterable[Message],
-                      kind: str) -> tuple[list[tuple[int, Message]], int]:
-        """Known, error-free replies in partition order, and the count of failed ones (each logged)."""
-        good, failed = [], 0
+                      kind: str) -> tuple[list[tuple[int, Message]], int, int]:
+        """Known, error-free replies of sane size in partition order, and the counts of failed and oversized ones."""
+        good, failed, oversized = [], 0, 0
         for msg in replies:
             node = msg.metadata.src_node_id
             pid = self.clients.node_to_partition.get(node)
@@ -115,19 +123,24 @@ class RoundRunner(Strategy):
                 log(WARNING, "client %d (node %s) failed: %s", pid, node, msg.error.reason)
                 failed += 1
                 continue
+            try:
+                self._limits.check(msg.content)
+            except PayloadError as exc:  # before counting its bytes: that re-serializes it
+                log(WARNING, "client %d: reply refused before decoding: %s", pid, exc)
+                oversized += 1
+                continue
             self.round_log.add_bytes(kind, pid, wire_bytes(msg, self._size_cache))
             good.append((pid, msg))
-        return sorted(good, key=lambda item: item[0]), failed
+        return sorted(good, key=lambda item: item[0]), failed, oversized
 
     def accept_train_replies(self, server_round: int, replies: Iterable[Message],
                              what: str = "training") -> tuple[list[TrainReply], int, int]:
         """The validated training replies, and the counts of failed and rejected ones (each logged)."""
-        good, failed = self._sort_replies(server_round, replies, "train_up")
+        good, failed, rejected = self._sort_replies(server_round, replies, "train_up")
         accepted: list[TrainReply] = []
-        rejected = 0
         for pid, msg in good:
             try:
-                reply = parse_train_metrics(pid, msg.content)
+                reply = parse_train_metrics(pid, msg.content, self.clients[pid].num_train)
                 self.strategy.decode_train_reply(server_round, reply)
                 accepted.append(reply)
             except PayloadError as exc:
@@ -155,7 +168,8 @@ class RoundRunner(Strategy):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Per-client accuracies at every shift degree (and the algorithm's extra rows); mean and std."""
-        good, failed = self._sort_replies(server_round, replies, "eval_up")
+        good, failed, oversized = self._sort_replies(server_round, replies, "eval_up")
+        failed += oversized
         per_client: dict[int, dict[str, float]] = {}
         for pid, msg in good:
             try:
@@ -176,8 +190,7 @@ class RoundRunner(Strategy):
     # ----- the run ---------------------------------------------------------------------------------------
     def should_evaluate(self, server_round: int) -> bool:
         """Evaluate every `eval-every` rounds and after the last one."""
-        every = self.cfg.eval_every
-        return every > 0 and (server_round % every == 0 or server_round == self.cfg.num_rounds)
+        return due(server_round, self.cfg.eval_every, self.cfg.num_rounds)
 
     def warmup(self, grid: Grid) -> None:
         """Round 0: every client trains once before round 1 (its traffic and FLOPs count in round 1)."""
@@ -193,26 +206,12 @@ class RoundRunner(Strategy):
                              "late": train.pop("late", 0), "rejected": rejected, "flops": flops, **faults}
         log(INFO, "pre-training: %d of %d clients trained from the common initialization", len(accepted), len(clients))
 
-    def restore(self, checkpoint: Checkpoint) -> None:
-        """Take the state and records of a checkpoint; the run goes on after its round."""
-        try:
-            self.strategy.load_state_dict(checkpoint.state)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise RunAborted(f"cannot resume from the checkpoint: {exc}") from None
-        self.checkpoint_round = checkpoint.round
-        self.resumes = [*checkpoint.resumes, checkpoint.round]
-        if self.writer is not None:
-            self.writer.restart_from(checkpoint.records)
-        log(INFO, "resumed after round %d of %d from its checkpoint", checkpoint.round, self.cfg.num_rounds)
-
     def write_checkpoint(self, server_round: int, elapsed: float) -> None:
         """After every `checkpoint-every` rounds and the last one: the state needed to resume, atomically."""
-        every = self.cfg.checkpoint_every
-        if self.writer is None or every <= 0 or (server_round % every and server_round != self.cfg.num_rounds):
-            return
-        save_checkpoint(self.writer.run_dir, Checkpoint(server_round, self.strategy.state_dict(), self.writer.records,
-                                                        elapsed, self.resumes))
-        self.checkpoint_round = server_round
+        if self.writer is not None and due(server_round, self.cfg.checkpoint_every, self.cfg.num_rounds):
+            save_checkpoint(self.writer.run_dir, Checkpoint(server_round, self.strategy.state_dict(),
+                                                            self.writer.records, elapsed, self.resumes))
+            self.checkpoint_round = server_round
 
     def run(self, grid: Grid) -> None:
         """Handshake, then the rounds: train, aggregate, evaluate, record, checkpoint, log progress with ETA."""
@@ -220,7 +219,9 @@ class RoundRunner(Strategy):
         self.clients.handshake(grid, timeout)
         first, elapsed_before = 1, 0.0
         if self.resume_from is not None:
-            self.restore(self.resume_from)
+            self.resumes = restore(self.strategy, self.writer, self.resume_from)
+            self.checkpoint_round = self.resume_from.round
+            log(INFO, "resumed after round %d of %d from its checkpoint", self.checkpoint_round, self.cfg.num_rounds)
             first, elapsed_before = self.resume_from.round + 1, self.resume_from.elapsed_s
         self.summary()
         start = time.monotonic() - elapsed_before

@@ -90,7 +90,7 @@ def test_fedbn_never_sends_batch_norm_parameters_or_statistics() -> None:
 def test_partial_server_averages_only_the_shared_entries_and_rejects_the_rest() -> None:
     layout = ModelLayout.of(build_model("mlp", "digits", (64,), 10, seed=0))
     runner = hand_made_runner(parse_run_config({"algorithm": "lg-fedavg"}), layout.specs, layout.initial,
-                              {0: 10, 1: 10, 2: 10})
+                              {0: 10, 1: 30, 2: 30})
     strategy = runner.strategy
     shapes = dict(strategy.specs)
     heads = [[np.full(shapes["head.weight"], v, np.float32), np.full(shapes["head.bias"], -v, np.float32)]

@@ -84,7 +84,7 @@ def _dense_mutations(rng: np.random.Generator, arrays: list[np.ndarray]) -> tupl
 
 def _dense_runner():
     cfg = parse_run_config({"fraction-train": 1.0})
-    return hand_made_runner(cfg, SPECS, [np.zeros(s, np.float32) for _, s in SPECS], dict.fromkeys(range(4), 10))
+    return hand_made_runner(cfg, SPECS, [np.zeros(s, np.float32) for _, s in SPECS], dict.fromkeys(range(4), 50))
 
 
 def test_dense_reply_fuzz(caplog) -> None:

@@ -156,13 +156,13 @@ def test_fliu_server_averages_uniformly_or_by_samples() -> None:
     specs = [("body.w", (2,))]
     for weighting, expected in (("uniform", 2.0), ("samples", 2.5)):
         cfg = parse_run_config({"algorithm": "fliu", "fliu-weighting": weighting})
-        runner = hand_made_runner(cfg, specs, [np.zeros(2, np.float32)], {0: 10, 1: 10}, node_base=10)
+        runner = hand_made_runner(cfg, specs, [np.zeros(2, np.float32)], {0: 10, 1: 30}, node_base=10)
         replies = [FakeReply(10, train_content(["body.w"], [np.full(2, 1.0, np.float32)], 10)),
                    FakeReply(11, train_content(["body.w"], [np.full(2, 3.0, np.float32)], 30))]
         runner.aggregate_train(1, replies)
         np.testing.assert_allclose(runner.strategy.global_arrays[0], expected)
         config = runner.strategy.round_config(1, 0)
-        assert config["total-samples"] == 20 and config["num-clients"] == 2
+        assert config["total-samples"] == 40 and config["num-clients"] == 2
 
 
 def test_fliu_client_individualizes_with_the_adaptive_gamma() -> None:

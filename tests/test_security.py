@@ -97,3 +97,109 @@ def test_the_staged_cifar_subset_still_verifies(data_dir) -> None:
         pytest.skip("CIFAR-10 subset not staged")
     for path in sorted(folder.iterdir()):
         verify_cifar_file(path)
+
+
+# ----- declared sample counts ------------------------------------------------------------------------------
+def test_a_reply_cannot_count_more_samples_than_its_client_declared(caplog) -> None:
+    import logging
+
+    import numpy as np
+
+    from .fakes import FakeReply, hand_made_runner, train_content
+
+    specs = [("body.w", (2,))]
+    runner = hand_made_runner(parse_run_config({}), specs, [np.zeros(2, np.float32)], {0: 100, 1: 100})
+    honest = FakeReply(100, train_content(["body.w"], [np.full(2, 1.0, np.float32)], 100))
+    attacker = FakeReply(101, train_content(["body.w"], [np.full(2, 1e5, np.float32)], 10**9))
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        runner.aggregate_train(1, [honest, attacker])
+    assert runner.round_log.train["rejected"] == 1
+    assert "num-examples = 1000000000 exceeds the 100 training samples the client declared" in caplog.text
+    np.testing.assert_array_equal(runner.strategy.global_arrays[0], [1.0, 1.0])  # the attacker is not the model
+
+
+def test_the_handshake_refuses_counts_above_the_configured_bound(monkeypatch, caplog) -> None:
+    import logging
+
+    from flwr.app import MetricRecord
+
+    from server_app import clients as clients_module
+    from server_app.clients import ClientRegistry
+
+    from .fakes import FakeReply
+
+    class Grid:
+        def get_node_ids(self):
+            return [1, 2]
+
+        def send_and_receive(self, messages, timeout):
+            counts = {1: 500, 2: 10**8}
+            return [FakeReply(m.dst_node_id, RecordDict({"metrics": MetricRecord(
+                {"partition-id": m.dst_node_id - 1, "num-partitions": 2, "num-train": counts[m.dst_node_id],
+                 "num-test": 10})})) for m in messages]
+
+    class Message:  # a stand-in: Flower's Message needs a running app's identity
+        def __init__(self, content, dst_node_id, message_type):
+            self.dst_node_id = dst_node_id
+
+    monkeypatch.setattr(clients_module, "Message", Message)
+    registry = ClientRegistry(max_samples=100_000)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        registry.handshake(Grid(), timeout=5)
+    assert registry.ids() == [0] and registry.total_train() == 500
+    assert "node 2: handshake rejected: declares 100000000 training and 10 test samples, above max-client-samples" \
+        in caplog.text
+
+
+# ----- wrong-phase uploads ---------------------------------------------------------------------------------
+def test_a_phase_one_upload_is_refused_in_phase_two(caplog) -> None:
+    import logging
+
+    import numpy as np
+
+    from .fakes import FakeReply
+    from .inprocess import InProcessFederation
+
+    raw = {"algorithm": "dmpfl", "dataset": "digits", "num-rounds": 3, "iterations": 1, "fraction-train": 1.0,
+           "local-epochs": 1}
+    fed = InProcessFederation(parse_run_config(raw), 2)
+    phase_one = fed.train_round(1)  # uploads carry each client's own mask (bits + values)
+    assert fed.strategy.phase(2) == 2
+    before = [a.copy() for a in fed.strategy.global_arrays]
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        fed.runner.aggregate_train(2, [FakeReply(1000 + pid, reply) for pid, reply in phase_one.items()])
+    assert fed.round_log.train["rejected"] == 2 and fed.round_log.train["used"] == 0
+    assert "carries its own mask" in caplog.text
+    assert all(np.array_equal(a, b) for a, b in zip(before, fed.strategy.global_arrays))
+
+
+# ----- cost of a reply ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["metrics", "arrays", "bytes"])
+def test_oversized_replies_are_refused_before_decoding_or_counting(monkeypatch, caplog, kind: str) -> None:
+    import logging
+
+    import numpy as np
+    from flwr.app import Array, ArrayRecord, MetricRecord
+
+    from server_app import runner as runner_module
+
+    from .fakes import FakeReply, hand_made_runner, train_content
+
+    specs = [("body.w", (2,))]
+    runner = hand_made_runner(parse_run_config({}), specs, [np.zeros(2, np.float32)], {0: 10, 1: 10})
+    bad = train_content(["body.w"], [np.ones(2, np.float32)], 10)
+    if kind == "metrics":
+        bad["metrics"] = MetricRecord({f"m{i}": 0.0 for i in range(20_000)} | {"num-examples": 10, "train-loss": 0.1})
+    elif kind == "arrays":
+        bad["arrays"] = ArrayRecord({f"junk{i}": Array(np.zeros(1, np.float32)) for i in range(10_000)})
+    else:
+        bad["arrays"] = ArrayRecord({"body.w": Array(np.zeros(1_000_000, np.float32))})
+    counted = []
+    real = runner_module.wire_bytes
+    monkeypatch.setattr(runner_module, "wire_bytes", lambda msg, cache=None: counted.append(msg) or real(msg, cache))
+    good = FakeReply(100, train_content(["body.w"], [np.ones(2, np.float32)], 10))
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        runner.aggregate_train(1, [good, FakeReply(101, bad)])
+    assert runner.round_log.train["rejected"] == 1 and runner.round_log.train["used"] == 1
+    assert "client 1: reply refused before decoding" in caplog.text
+    assert len(counted) == 1, "the oversized reply was never re-serialized to count its bytes"

@@ -19,7 +19,7 @@ def _runner(name: str = "fedavg", **overrides):
     cfg = parse_run_config({"algorithm": name, "num-rounds": 5, "fraction-train": 0.3, "min-train-clients": 2,
                             **overrides})
     initial = [np.zeros((2, 2), np.float32), np.zeros(3, np.float32)]
-    return hand_made_runner(cfg, SPECS, initial, {pid: 10 * (pid + 1) for pid in range(10)})
+    return hand_made_runner(cfg, SPECS, initial, {pid: 50 for pid in range(10)})
 
 
 def _model(value: float):

@@ -120,6 +120,10 @@ class SparseGlobalStrategy(PFLStrategy):
     def decode_upload(self, content: RecordDict, values_only: bool) -> tuple[Named, Named]:
         """Validated (weights, masks) of a sparse upload: every prunable layer sparse, the rest dense."""
         arrays = record_to_numpy(content.array_records.get("arrays"))
+        carried = sorted(key.rsplit("/", 1)[0] for key in arrays if key.endswith("/bits"))
+        if values_only and carried:  # e.g. a phase-1 upload replayed in phase 2: it would average zeros into m_g
+            raise PayloadError(f"this round takes values on the global mask only, but the upload carries its own mask "
+                               f"for {carried[:3]}")
         known = self.global_masks if values_only else None
         try:
             weights, masks = decode_model(arrays, self.shapes, known_masks=known)
