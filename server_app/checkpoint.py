@@ -46,11 +46,22 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
     if not path.is_file():
         raise StateFileError(f"{path} does not exist: the run wrote no checkpoint (checkpoint-every=0, or it "
                              "stopped before its first round ended)")
-    tree = load_tree(path)
+    try:
+        tree = load_tree(path)
+    except RecursionError:
+        raise StateFileError(f"{path}: damaged checkpoint (nested too deeply)") from None
     if not isinstance(tree, dict) or tree.get("format") != FORMAT:
         raise StateFileError(f"{path}: unknown checkpoint format")
-    return Checkpoint(int(tree["round"]), tree["state"], json.loads(tree["records"]), float(tree["elapsed_s"]),
-                      [int(r) for r in tree["resumes"]])
+    try:
+        checkpoint = Checkpoint(int(tree["round"]), tree["state"], json.loads(str(tree["records"])),
+                                float(tree["elapsed_s"]), [int(r) for r in tree["resumes"]])
+        rounds = [int(record["round"]) for record in checkpoint.records]
+    except (KeyError, TypeError, ValueError, RecursionError) as exc:  # json's errors are ValueErrors
+        raise StateFileError(f"{path}: damaged checkpoint ({type(exc).__name__}: {exc})") from None
+    if checkpoint.round < 1 or rounds != list(range(1, checkpoint.round + 1)) or not isinstance(checkpoint.state, dict):
+        raise StateFileError(f"{path}: damaged checkpoint (round {checkpoint.round} with records of rounds "
+                             f"{rounds[:3]}{'...' if len(rounds) > 3 else ''})")
+    return checkpoint
 
 
 def config_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -70,7 +81,9 @@ def restore(strategy: PFLStrategy, writer: ResultsWriter | None, checkpoint: Che
     which this run folder was resumed (RunAborted when the state does not fit the configured model)."""
     try:
         strategy.load_state_dict(checkpoint.state)
-    except (ValueError, KeyError, TypeError) as exc:
+    except KeyError as exc:
+        raise RunAborted(f"cannot resume from the checkpoint: its state lacks {exc}") from None
+    except (ValueError, TypeError) as exc:
         raise RunAborted(f"cannot resume from the checkpoint: {exc}") from None
     if writer is not None:
         writer.restart_from(checkpoint.records)

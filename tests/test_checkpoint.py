@@ -73,7 +73,7 @@ def test_resumed_run_continues_exactly(algorithm: str, tmp_path) -> None:
 def test_checkpoint_of_a_client_models_strategy_holds_the_matrix(tmp_path) -> None:
     fed = _federation("fedamp", "")
     fed.train_round(1)
-    save_checkpoint(tmp_path, Checkpoint(1, fed.strategy.state_dict(), [], 0.0, [1]))
+    save_checkpoint(tmp_path, Checkpoint(1, fed.strategy.state_dict(), [{"round": 1}], 0.0, [1]))
     state = load_checkpoint(tmp_path).state
     matrix = fed.strategy.matrix
     assert np.array_equal(state["matrix"]["W"], matrix.W) and np.array_equal(state["matrix"]["G"], matrix.G)

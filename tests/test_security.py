@@ -203,3 +203,67 @@ def test_oversized_replies_are_refused_before_decoding_or_counting(monkeypatch, 
     assert runner.round_log.train["rejected"] == 1 and runner.round_log.train["used"] == 1
     assert "client 1: reply refused before decoding" in caplog.text
     assert len(counted) == 1, "the oversized reply was never re-serialized to count its bytes"
+
+
+# ----- checkpoints ------------------------------------------------------------------------------------------
+def _fedamp_checkpoint_state():
+    from .inprocess import InProcessFederation
+
+    raw = {"algorithm": "fedamp", "dataset": "digits", "fraction-train": 1.0, "local-epochs": 1}
+    fed = InProcessFederation(parse_run_config(raw), 3)
+    fed.train_round(1)
+    return fed, fed.strategy.state_dict()
+
+
+def _damage(state: dict, how: str) -> None:
+    import numpy as np
+
+    matrix = state["matrix"]
+    if how == "nan-model":
+        state["global"][0] = np.full_like(state["global"][0], np.nan)
+    elif how == "nan-row":
+        matrix["W"] = matrix["W"].copy()
+        matrix["W"][1, 0] = np.nan
+    elif how == "zeroed-gram":
+        matrix["G"] = np.zeros_like(matrix["G"])
+    elif how == "wrong-width":
+        matrix["W"] = matrix["W"][:, :-3]
+    elif how == "missing-key":
+        del state["matrix"]["heard"]
+
+
+@pytest.mark.parametrize("how", ["nan-model", "nan-row", "zeroed-gram", "wrong-width", "missing-key"])
+def test_a_well_formed_but_bad_checkpoint_is_refused_in_one_line(tmp_path, how: str) -> None:
+    from server_app.checkpoint import Checkpoint, load_checkpoint, restore, save_checkpoint
+    from server_app.clients import RunAborted
+
+    fed, state = _fedamp_checkpoint_state()
+    _damage(state, how)
+    save_checkpoint(tmp_path, Checkpoint(1, state, [{"round": 1}], 1.0, []))
+    fresh, _ = _fedamp_checkpoint_state()
+    with pytest.raises(RunAborted, match="cannot resume from the checkpoint") as info:
+        restore(fresh.strategy, None, load_checkpoint(tmp_path))
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("round_", "records"), [(-5, []), (0, []), (3, [{"round": 1}]), (1, [{"r": 1}])])
+def test_a_checkpoint_with_impossible_rounds_is_refused(tmp_path, round_: int, records: list) -> None:
+    from common.persist import StateFileError
+    from server_app.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+
+    save_checkpoint(tmp_path, Checkpoint(round_, {"global": []}, records, 1.0, []))
+    with pytest.raises(StateFileError, match="damaged checkpoint"):
+        load_checkpoint(tmp_path)
+
+
+def test_a_checkpoint_with_a_broken_record_list_is_refused(tmp_path) -> None:
+    from common.persist import StateFileError, save_tree
+    from server_app.checkpoint import CHECKPOINT_FILE, FORMAT, load_checkpoint
+
+    save_tree(tmp_path / CHECKPOINT_FILE, {"format": FORMAT, "round": 1, "state": {}, "records": "{not json",
+                                           "elapsed_s": 0.0, "resumes": []})
+    with pytest.raises(StateFileError, match="damaged checkpoint"):
+        load_checkpoint(tmp_path)
+    save_tree(tmp_path / CHECKPOINT_FILE, {"format": FORMAT, "state": {}})
+    with pytest.raises(StateFileError, match="damaged checkpoint .*KeyError"):
+        load_checkpoint(tmp_path)

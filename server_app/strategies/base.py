@@ -118,6 +118,8 @@ class PFLStrategy:
         arrays = [np.asarray(a, dtype=np.float32) for a in state["global"]]
         if [a.shape for a in arrays] != [tuple(shape) for _, shape in self.specs]:
             raise ValueError("checkpoint's global model does not match the configured model")
+        if not all(np.all(np.isfinite(a)) for a in arrays):
+            raise ValueError("checkpoint's global model has NaN or Inf values")
         self.global_arrays = arrays
 
 

@@ -53,6 +53,7 @@ class ClientModelsStrategy(PFLStrategy):
         self.pids = [int(p) for p in saved["pids"]]
         self.rows = {pid: row for row, pid in enumerate(self.pids)}
         self.matrix = ModelMatrix.from_state(saved["W"], saved["G"], saved["heard"], self.track_gram)
+        check_matrix(self.matrix, flatten(self.global_arrays).size)
         unknown = sorted(set(self.clients.ids()) - set(self.rows))
         if unknown:
             raise ValueError(f"partitions {unknown[:5]} are not in the checkpoint's client models")
@@ -68,3 +69,17 @@ class ClientModelsStrategy(PFLStrategy):
         known = [r for r in replies if r.partition_id in self.rows]
         if known:
             matrix.set_rows([self.rows[r.partition_id] for r in known], np.stack([flatten(uploaded(r)) for r in known]))
+
+
+def check_matrix(matrix: ModelMatrix, width: int) -> None:
+    """A restored model matrix must fit the model, hold finite rows, and its Gram matrix must be the rows' (symmetric,
+    diagonal = squared row norms): ValueError otherwise. Cost: one pass over the rows."""
+    if matrix.W.ndim != 2 or matrix.W.shape[1] != width:
+        raise ValueError(f"checkpoint's client models have shape {matrix.W.shape}, the model has {width} parameters")
+    if not np.all(np.isfinite(matrix.W)):
+        raise ValueError("checkpoint's client models have NaN or Inf values")
+    if matrix.track_gram:
+        norms = np.einsum("ij,ij->i", matrix.W, matrix.W, dtype=np.float64)
+        if not (np.all(np.isfinite(matrix.G)) and np.allclose(matrix.G, matrix.G.T)
+                and np.allclose(np.diag(matrix.G), norms, rtol=1e-4, atol=1e-6)):
+            raise ValueError("checkpoint's Gram matrix is not that of its client models")

@@ -46,7 +46,12 @@ class FedFomoStrategy(ClientModelsStrategy):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the client models and the affinity matrix."""
         super().load_state_dict(state)
-        self.affinity = np.asarray(state["affinity"], dtype=np.float64)
+        affinity = np.asarray(state["affinity"], dtype=np.float64)
+        rows = len(self.pids)
+        if affinity.shape != (rows, rows) or not np.all(np.isfinite(affinity)) or np.any(affinity < 0):
+            raise ValueError(f"checkpoint's affinity matrix {affinity.shape} is not a finite non-negative "
+                             f"{rows} x {rows} matrix")
+        self.affinity = affinity
 
     def peers_for(self, server_round: int, partition_id: int) -> list[int]:
         """Partition ids of the peers whose models this client receives (only clients heard from)."""
