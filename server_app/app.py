@@ -17,6 +17,7 @@ from common.data.federated import dataset_for
 from common.models import ModelLayout, build_model
 from common.persist import StateFileError
 from common.seeding import derive_seed
+from common.validation import is_folder_name
 
 from .checkpoint import Checkpoint, config_differences, load_checkpoint
 from .clients import ClientRegistry, RunAborted
@@ -64,6 +65,8 @@ def open_run_dir(cfg: RunConfig) -> tuple[Path, Checkpoint | None]:
     if not cfg.resume:
         return make_run_dir(cfg.resolved_results_dir, cfg.algorithm, cfg.dataset, cfg.run_name), None
     run_dir = Path(cfg.resume).expanduser().resolve()
+    if not is_folder_name(run_dir.name):  # the folder's name keys the clients' state dirs
+        raise _fail(f"resume: the run folder's name {run_dir.name!r} must be letters, digits, '.', '_' and '-'")
     if not (run_dir / "config.json").is_file():
         raise _fail(f"resume: {run_dir} is not a run folder (it has no config.json)")
     recorded = read_run_config(run_dir)
