@@ -8,7 +8,6 @@ from flwr.app import RecordDict
 from torch import nn
 
 from common.algorithms import GLOBAL, APFLParams
-from common.evaluate import shift_key
 from common.models import SplitModel, get_arrays, set_arrays
 from common.personal import Mixture, mixture_arrays
 from common.train import train
@@ -63,6 +62,4 @@ class APFLClient(ClientAlgorithm):
         """The personalized mixture with the current global model (main accuracy) and that global model."""
         w = self.received_model(content)
         v = self.stored_model(PERSONAL, default=get_arrays(w))
-        result_w = self.evaluate_model(w)
-        rows = {GLOBAL.prefix + shift_key(d): acc for d, acc in result_w.shift_accuracy.items()}
-        return self.eval_reply(self.evaluate_model(self.mixed(v, w, self.alpha())), rows)
+        return self.eval_reply(self.evaluate_model(self.mixed(v, w, self.alpha())), self.row(GLOBAL, w))

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from common.algorithms import EvalRow
 from common.config import RunConfig
 from common.data.federated import ClientData, pooled_test
 from common.evaluate import EvalResult, evaluate_client, shift_key
@@ -145,6 +146,10 @@ class ClientAlgorithm(ABC):
         if model is not None:
             content["arrays"] = self.model_record(model)
         return content
+
+    def row(self, row: EvalRow, model: torch.nn.Module) -> dict[str, float]:
+        """An extra evaluation row of the algorithm's spec: `model`'s accuracy at every shift degree."""
+        return {row.prefix + shift_key(d): acc for d, acc in self.evaluate_model(model).shift_accuracy.items()}
 
     def eval_reply(self, result: EvalResult, extra: dict[str, float] | None = None) -> RecordDict:
         """Reply content of an evaluation: loss and accuracy at each shift degree."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 from flwr.app import RecordDict
 
 from common.algorithms import GLOBAL, DittoParams
-from common.evaluate import shift_key
 from common.models import get_arrays
 from common.train import proximal_loss, train
 
@@ -37,6 +36,4 @@ class DittoClient(ClientAlgorithm):
         """The personal model v (main accuracy) and the received global model ('global-' row)."""
         w = self.received_model(content)
         v = self.stored_model(PERSONAL, default=get_arrays(w))
-        result_w = self.evaluate_model(w)
-        rows = {GLOBAL.prefix + shift_key(d): acc for d, acc in result_w.shift_accuracy.items()}
-        return self.eval_reply(self.evaluate_model(v), rows)
+        return self.eval_reply(self.evaluate_model(v), self.row(GLOBAL, w))

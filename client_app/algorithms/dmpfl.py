@@ -113,7 +113,6 @@ class DMPFLClient(SparseGlobalClient):
 
         degrees = self.cfg.shift_degrees
         plus = shift_accuracy(adaptive, self.env.data, degrees)
-        result_g = self.evaluate_model(model_g)
         extra = {PLUS.prefix + shift_key(d): plus[d] for d in degrees}
-        extra.update({GLOBAL.prefix + shift_key(d): result_g.shift_accuracy[d] for d in degrees})
+        extra.update(self.row(GLOBAL, model_g))
         return self.eval_reply(self.evaluate_model(model_c), extra)

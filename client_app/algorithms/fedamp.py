@@ -7,8 +7,7 @@ from dataclasses import replace
 from flwr.app import RecordDict
 
 from common.algorithms import CLOUD, AMPParams
-from common.evaluate import shift_key
-from common.models import get_arrays, set_arrays
+from common.models import get_arrays
 from common.train import ExtraLoss, proximal_loss, train
 
 from .base import ClientAlgorithm
@@ -44,16 +43,7 @@ class FedAMPClient(ClientAlgorithm):
 
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
         """The local model w_i (main accuracy) and the last received cloud model u_i ('cloud-' metrics)."""
-        personal = self.new_model()
-        saved = self.env.state.load_arrays(PERSONAL)
-        if saved is not None:
-            set_arrays(personal, saved)
-        rows: dict[str, float] = {}
-        cloud_arrays = self.env.state.load_arrays(CLOUD_MODEL)
-        if cloud_arrays is not None:
-            cloud = self.new_model()
-            set_arrays(cloud, cloud_arrays)
-            result = self.evaluate_model(cloud)
-            rows = {CLOUD.prefix + shift_key(d): acc for d, acc in result.shift_accuracy.items()}
-        return self.eval_reply(self.evaluate_model(personal), rows)
+        has_cloud = self.env.state.load_arrays(CLOUD_MODEL) is not None
+        rows = self.row(CLOUD, self.stored_model(CLOUD_MODEL)) if has_cloud else {}
+        return self.eval_reply(self.evaluate_model(self.stored_model(PERSONAL)), rows)
 
