@@ -36,11 +36,6 @@ def shared_names(names: Sequence[str], part: str, norm: Iterable[str] = ()) -> l
     raise ValueError(f"unknown shared part {part!r}; parts: {', '.join(PARTS)}")
 
 
-def compose(own: Mapping[str, np.ndarray], received: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A client's model: its own entries, with the received (shared) ones in their place."""
-    return {name: received.get(name, value) for name, value in own.items()}
-
-
 def mixture_arrays(v: Sequence[np.ndarray], w: Sequence[np.ndarray], alpha: float,
                    mixed: Sequence[bool]) -> list[np.ndarray]:
     """APFL's personalized model alpha * v + (1 - alpha) * w on the parameters (`mixed`), v's own buffers elsewhere."""

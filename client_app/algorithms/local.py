@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flwr.app import RecordDict
 
-from common.models import SplitModel, get_arrays, set_arrays
+from common.models import SplitModel, get_arrays
 from common.train import train
 
 from .base import ClientAlgorithm
@@ -18,11 +18,7 @@ class LocalClient(ClientAlgorithm):
 
     def personal_model(self) -> SplitModel:
         """The stored personal model, or the common initialization on first use."""
-        model = self.new_model()
-        saved = self.env.state.load_arrays(PERSONAL)
-        if saved is not None:
-            set_arrays(model, saved)
-        return model
+        return self.stored_model(PERSONAL)
 
     def fit(self, server_round: int, content: RecordDict) -> RecordDict:
         """Train the personal model and keep it."""

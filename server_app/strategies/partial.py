@@ -3,9 +3,7 @@ and is averaged; the rest stays on each device."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import ArrayRecord
 
 from common.aggregate import weighted_average
 from common.algorithms import SPECS
@@ -42,10 +40,6 @@ class PartialStrategy(PFLStrategy):
         """The shared entries of the global model."""
         return to_record(self.shared, [self.global_arrays[self.index[name]] for name in self.shared])
 
-    def shared_payload(self, server_round: int) -> dict[str, Any]:
-        """The shared part, built once per round."""
-        return {"global": self.global_record()}
-
     def decode_train_reply(self, server_round: int, reply: TrainReply) -> None:
         """The upload must hold exactly the shared entries, float32, finite, of the model's shapes."""
         reply.arrays = validate_arrays(reply.content.array_records.get("arrays"), self.shared_specs)
@@ -55,7 +49,3 @@ class PartialStrategy(PFLStrategy):
         averaged = weighted_average([uploaded(r) for r in replies], [r.num_examples for r in replies])
         for name, value in zip(self.shared, averaged):
             self.global_arrays[self.index[name]] = value
-
-    def eval_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
-        """Clients evaluate their own model with the current shared part."""
-        return RecordDict({"arrays": shared["global"], "config": self.round_config(server_round, partition_id)})
