@@ -7,7 +7,7 @@ from logging import INFO
 from pathlib import Path
 
 import torch
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.supercore import log
 
@@ -15,7 +15,7 @@ from common.config import RunConfig, parse_run_config
 from common.data.federated import client_data
 from common.validation import PayloadError, is_folder_name, read_count
 
-from .algorithms import ClientEnv, client_class
+from .algorithms import ClientEnv, answer, client_class
 from .state import ClientState, StateDir
 
 app = ClientApp()
@@ -113,7 +113,7 @@ def train(msg: Message, context: Context) -> Message:
         raise SimulatedDrop(f"client {env.partition_id} dropped this round "
                             f"(simulated, drop-rate {env.cfg.drop_rate:g})")
     algorithm = client_class(env.cfg.algorithm)(env)
-    reply = Message(algorithm.fit(_round(msg), msg.content), reply_to=msg)
+    reply = Message(answer(algorithm, MessageType.TRAIN, _round(msg), msg.content), reply_to=msg)
     _persist(env, store, msg)
     return reply
 
@@ -123,6 +123,6 @@ def evaluate(msg: Message, context: Context) -> Message:
     """Evaluation at every shift degree by the configured algorithm."""
     env, store = _env(context, msg)
     algorithm = client_class(env.cfg.algorithm)(env)
-    reply = Message(algorithm.evaluate(_round(msg), msg.content), reply_to=msg)
+    reply = Message(answer(algorithm, MessageType.EVALUATE, _round(msg), msg.content), reply_to=msg)
     _persist(env, store, msg)
     return reply

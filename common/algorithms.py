@@ -154,15 +154,16 @@ class AlgorithmSpec:
     params: type = NoParams
     eval_rows: tuple[EvalRow, ...] = ()
     shares: str = "all"
+    averages_models: bool = False  # the server averages uploaded weights: `robust-aggregation` and attacks apply
 
 
 SPECS: dict[str, AlgorithmSpec] = {spec.name: spec for spec in (
     AlgorithmSpec("fedavg", "FedAvg: sample-weighted average of the clients' models",
-                  "fedavg:FedAvgStrategy", "fedavg:FedAvgClient"),
+                  "fedavg:FedAvgStrategy", "fedavg:FedAvgClient", averages_models=True),
     AlgorithmSpec("fedprox", "FedProx: FedAvg with a proximal term toward the global model",
-                  "fedavg:FedProxStrategy", "fedavg:FedProxClient", FedProxParams),
+                  "fedavg:FedProxStrategy", "fedavg:FedProxClient", FedProxParams, averages_models=True),
     AlgorithmSpec("fedavg-ft", "FedAvg+FT: FedAvg, then `local-epochs` of fine-tuning before each evaluation",
-                  "fedavg:FedAvgStrategy", "fedavg:FedAvgFTClient"),
+                  "fedavg:FedAvgStrategy", "fedavg:FedAvgFTClient", averages_models=True),
     AlgorithmSpec("local", "Local: every client trains alone; no weights travel",
                   "local:LocalStrategy", "local:LocalClient"),
     AlgorithmSpec("feddst", "FedDST: sparse global model with periodic prune/regrow",
@@ -174,21 +175,21 @@ SPECS: dict[str, AlgorithmSpec] = {spec.name: spec for spec in (
     AlgorithmSpec("heurfedamp", "HeurFedAMP: FedAMP with cosine-similarity attention",
                   "fedamp:HeurFedAMPStrategy", "fedamp:FedAMPClient", HeurFedAMPParams, (CLOUD,)),
     AlgorithmSpec("fliu", "FLIU: individualized updates with adaptive gamma",
-                  "fliu:FLIUStrategy", "fliu:FLIUClient", FLIUParams),
+                  "fliu:FLIUStrategy", "fliu:FLIUClient", FLIUParams, averages_models=True),
     AlgorithmSpec("fedfomo", "FedFomo: each client combines peers' models weighted by validation gain",
                   "fedfomo:FedFomoStrategy", "fedfomo:FedFomoClient", FedFomoParams),
     AlgorithmSpec("lg-fedavg", "LG-FedAvg: local body, global head; only the head travels",
-                  "partial:PartialStrategy", "partial:PartialClient", shares="head"),
+                  "partial:PartialStrategy", "partial:PartialClient", shares="head", averages_models=True),
     AlgorithmSpec("fedper", "FedPer: global body, local head, trained together; only the body travels",
-                  "partial:PartialStrategy", "partial:PartialClient", shares="body"),
+                  "partial:PartialStrategy", "partial:PartialClient", shares="body", averages_models=True),
     AlgorithmSpec("fedrep", "FedRep: global body, local head; head epochs, then body epochs; only the body travels",
-                  "partial:PartialStrategy", "partial:FedRepClient", shares="body"),
+                  "partial:PartialStrategy", "partial:FedRepClient", shares="body", averages_models=True),
     AlgorithmSpec("fedbn", "FedBN: FedAvg except batch-norm layers, which stay local (needs a `-bn` model)",
-                  "partial:PartialStrategy", "partial:PartialClient", shares="no-norm"),
+                  "partial:PartialStrategy", "partial:PartialClient", shares="no-norm", averages_models=True),
     AlgorithmSpec("ditto", "Ditto: FedAvg's global model plus a personal model pulled toward it",
-                  "fedavg:FedAvgStrategy", "ditto:DittoClient", DittoParams, (GLOBAL,)),
+                  "fedavg:FedAvgStrategy", "ditto:DittoClient", DittoParams, (GLOBAL,), averages_models=True),
     AlgorithmSpec("apfl", "APFL: personalized mixture alpha v + (1 - alpha) w with a learned alpha",
-                  "fedavg:FedAvgStrategy", "apfl:APFLClient", APFLParams, (GLOBAL,)),
+                  "fedavg:FedAvgStrategy", "apfl:APFLClient", APFLParams, (GLOBAL,), averages_models=True),
 )}
 
 

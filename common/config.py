@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from .algorithms import SPECS, param_classes
 from .hparams import ConfigError, as_dict, choice, describe, hp, parse_fields
+from .robust import ROBUST_METHODS, RobustRule
 from .validation import is_folder_name
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10")
@@ -103,6 +104,19 @@ class RunConfig:
     dirty_clients: float = hp(0.0, "this fraction of the clients (seeded) has `dirty-fraction` of its training "
                               "labels flipped to another class", low=0.0, high=1.0)
     dirty_fraction: float = hp(0.0, "fraction of a dirty client's training labels flipped", low=0.0, high=1.0)
+    robust_aggregation: str = hp("none", "weight-averaging algorithms: `clip` (updates longer than "
+                                 "`robust-clip-norm` are shortened to it), `trimmed-mean` (coordinate-wise, "
+                                 "`robust-trim` of the values dropped at each end) or `median` (coordinate-wise) "
+                                 "instead of the sample-weighted average", choices=ROBUST_METHODS)
+    robust_clip_norm: float = hp(0.0, "`clip`'s bound on an update's L2 norm; 0: the median update norm of the "
+                                 "round", low=0.0)
+    robust_trim: float = hp(0.2, "`trimmed-mean`: fraction of each coordinate's values dropped at each end",
+                            low=0.0, high=0.5, high_open=True)
+    attack_clients: float = hp(0.0, "simulation: this fraction of the clients (seeded) attacks by model "
+                               "replacement: trains on labels shifted by one class and uploads "
+                               "w + `attack-boost` (w_local - w)", low=0.0, high=1.0)
+    attack_boost: float = hp(10.0, "the attackers' update scale (model replacement: about the number of clients "
+                             "averaged)", low=1.0, high=1e4)
     stages: bool = hp(False, "FLIU's stage metrics (G, L1, L2) for the clients of each round")
     stage_test_size: int = hp(2000, "size of the seeded pooled-test subset for the stages' Acc(G) (0: all)", low=0)
     rho_eps: tuple[float, ...] = hp((0.9, 0.95), "thresholds eps of the stages' rho_eps", parse=parse_degrees,
@@ -139,6 +153,11 @@ class RunConfig:
                             f"not {kind.__name__}")
         return self.params
 
+    @property
+    def robust_rule(self) -> RobustRule:
+        """The aggregation rule of `robust-aggregation` with its settings."""
+        return RobustRule(self.robust_aggregation, self.robust_clip_norm, self.robust_trim)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain dict with run-config (dashed) key names, for config.json."""
         return {**as_dict(self), **self.algorithm_keys}
@@ -167,6 +186,12 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         if cls is SPECS[algorithm].params:
             params = parsed
     cfg = parse_fields(RunConfig, raw, params=params, algorithm_keys=algorithm_keys)
+    averaging = sorted(name for name, spec in SPECS.items() if spec.averages_models)
+    for key, active in (("robust-aggregation", cfg.robust_aggregation != "none"),
+                        ("attack-clients", cfg.attack_clients > 0)):
+        if active and not SPECS[algorithm].averages_models:
+            raise ConfigError(f"run-config '{key}' applies to the weight-averaging algorithms "
+                              f"({', '.join(averaging)}), not to '{algorithm}'")
     if cfg.model == "auto" and SPECS[algorithm].shares == "no-norm":  # FedBN: the dataset's model with batch norm
         cfg = replace(cfg, model=AUTO_MODEL[cfg.dataset] + "-bn")
     return cfg

@@ -113,3 +113,19 @@ def read_finite(metrics: Mapping[str, Any] | None, key: str) -> float:
     if not np.isfinite(value):
         raise PayloadError(f"metric '{key}' = {value!r} is not a finite number")
     return float(value)
+
+
+ECHO_KEYS = ("server-round", "phase")  # instruction values every reply names back
+
+
+def echo_values(config: Mapping[str, Any]) -> dict[str, int]:
+    """What a reply must name back of its instructions: the round, and the phase where the algorithm has phases."""
+    return {key: int(config[key]) for key in ECHO_KEYS if key in config}
+
+
+def check_echo(metrics: Mapping[str, Any] | None, expected: Mapping[str, int]) -> None:
+    """PayloadError unless the reply names the round (and phase) of the message it answers."""
+    for key, value in expected.items():
+        got = metrics.get(key) if metrics is not None else None
+        if type(got) is not int or got != value:
+            raise PayloadError(f"it answers {key} {got!r}, but the message sent was for {key} {value}")

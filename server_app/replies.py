@@ -12,7 +12,7 @@ from flwr.app import RecordDict
 from common.aggregate import mean_std
 from common.evaluate import shift_key
 from common.stages import STAGE_KEYS
-from common.validation import PayloadError, read_count, read_finite, read_fraction
+from common.validation import PayloadError, check_echo, read_count, read_finite, read_fraction
 
 ROUND_BYTES = ("train_down", "train_up", "eval_down", "eval_up")
 
@@ -58,8 +58,8 @@ class ReplyLimits:
         values = sum(int(np.prod(shape)) for _, shape in specs)
         return cls(arrays=4 * len(specs) + 16, array_bytes=2 * 4 * values + (1 << 16))
 
-    def check(self, content: RecordDict) -> None:
-        """PayloadError naming what is too large."""
+    def check(self, content: RecordDict, expected: Mapping[str, int] | None = None) -> None:
+        """PayloadError naming what is too large, or (with `expected`) a round or phase the reply does not name."""
         records = len(content.array_records) + len(content.metric_records) + len(content.config_records)
         if records > self.records:
             raise PayloadError(f"{records} records, more than {self.records}")
@@ -73,6 +73,7 @@ class ReplyLimits:
                       for v in record.values())
         if entries > self.metrics:
             raise PayloadError(f"{entries} metric values, more than {self.metrics}")
+        check_echo(content.metric_records.get("metrics"), expected or {})
 
 
 def reply_flops(content: RecordDict) -> float:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from common.algorithms import eval_rows
-from common.config import parse_run_config
+from common.config import RunConfig, parse_run_config
 from common.evaluate import shift_key
 from common.persist import atomic_write_text
 
@@ -28,6 +28,13 @@ def round_record(server_round: int, wall: float, elapsed: float, log: RoundLog,
     return {"round": server_round, "wall_s": wall, "elapsed_s": elapsed, "train": log.train, "bytes": log.bytes,
             "bytes_per_client": {str(k): v for k, v in sorted(log.per_client_bytes.items())}, "eval": log.eval,
             **extra}
+
+
+def settings_text(cfg: RunConfig, num_clients: int) -> str:
+    """One log line with the run's main settings."""
+    text = (f"{cfg.algorithm}: {num_clients} clients, {100 * cfg.fraction_train:.0f}% per round, {cfg.num_rounds} "
+            f"rounds, {cfg.local_epochs} local epochs, lr {cfg.lr:g}")
+    return text + (f", robust aggregation {cfg.robust_aggregation}" if cfg.robust_aggregation != "none" else "")
 
 
 def progress_text(record: dict[str, Any], num_rounds: int, degrees: tuple[float, ...], elapsed: float) -> str:
@@ -125,9 +132,20 @@ def summarize(records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, 
         "replies_late": [r["train"].get("late", 0) for r in records],
         "replies_rejected": [r["train"].get("rejected", 0) for r in records],
         "wall_seconds": sum(r["wall_s"] for r in records),
+        **_aggregation_cost(records),
         "shift_degrees": degrees,
         **_last_stages(records),
     }
+
+
+def _aggregation_cost(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Server time spent aggregating (median per round) and, under a robust rule, how many updates it clipped."""
+    times = sorted(r["train"]["aggregate_s"] for r in records if "aggregate_s" in r["train"])
+    robust = [r["train"]["robust"] for r in records if r["train"].get("robust")]
+    out: dict[str, Any] = {"aggregate_s_median": times[len(times) // 2] if times else None}
+    if robust:
+        out["robust"] = {"method": robust[-1]["method"], "clipped": sum(r.get("clipped", 0) for r in robust)}
+    return out
 
 
 def _last_stages(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -192,6 +210,11 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines.append(f"| evaluation download per client (MB) | {mb['eval_down']:.3f} |")
     lines.append(f"| training FLOPs per client | {summary['train_flops_per_client']:.3e} |")
     lines.append(f"| wall time (s) | {summary['wall_seconds']:.1f} |")
+    if summary.get("aggregate_s_median") is not None:
+        robust = summary.get("robust")
+        clipped = f", {robust['clipped']} updates clipped" if robust and robust["method"] == "clip" else ""
+        rule = f" ({robust['method']}{clipped})" if robust else ""
+        lines.append(f"| server aggregation per round (ms, median){rule} | {1e3 * summary['aggregate_s_median']:.1f} |")
     used, sent = summary["replies_used"], summary["replies_sent"]
     lines.append(f"| training replies used / sent | {sum(used)} / {sum(sent)} (per round min {min(used, default=0)}) |")
     lines.append(f"| not used: failed / late / rejected | {sum(summary.get('replies_failed', []))} / "

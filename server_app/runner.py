@@ -15,7 +15,7 @@ from flwr.supercore import log
 
 from common.config import RunConfig
 from common.stages import summarize_stages
-from common.validation import PayloadError
+from common.validation import PayloadError, echo_values
 
 from .checkpoint import Checkpoint, due, restore, save_checkpoint
 from .clients import ClientRegistry
@@ -29,7 +29,7 @@ from .replies import (
     parse_train_metrics,
     reply_flops,
 )
-from .results import ResultsWriter, progress_text, round_record
+from .results import ResultsWriter, progress_text, round_record, settings_text
 from .strategies.base import PFLStrategy
 from .wire import wire_bytes
 
@@ -52,6 +52,7 @@ class RoundRunner(Strategy):
         self._size_cache: dict[str, int] = {}
         self._late: set[int] = set()  # simulated stragglers of the training round in progress
         self._limits = ReplyLimits.for_model(strategy.specs)
+        self._expected: dict[int, dict[str, int]] = {}  # per client: the round (and phase) its reply must name
 
     # ----- messages --------------------------------------------------------------------------------------
     def message_contents(self, server_round: int, partition_ids: list[int], message_type: str) -> list[RecordDict]:
@@ -77,6 +78,7 @@ class RoundRunner(Strategy):
                 config["checkpoint-round"] = self.checkpoint_round
             if pid in drops:
                 config["simulate-drop"] = True
+            self._expected[pid] = echo_values(config)
             contents.append(content)
         return contents
 
@@ -123,9 +125,9 @@ class RoundRunner(Strategy):
                 log(WARNING, "client %d (node %s) failed: %s", pid, node, msg.error.reason)
                 failed += 1
                 continue
-            try:
-                self._limits.check(msg.content)
-            except PayloadError as exc:  # before counting its bytes: that re-serializes it
+            try:  # before counting its bytes: that re-serializes it
+                self._limits.check(msg.content, self._expected.get(pid, {}))
+            except PayloadError as exc:
                 log(WARNING, "client %d: reply refused before decoding: %s", pid, exc)
                 oversized += 1
                 continue
@@ -153,9 +155,10 @@ class RoundRunner(Strategy):
         """Validate replies, aggregate the accepted ones, record the counts."""
         replies = list(replies)
         accepted, failed, rejected = self.accept_train_replies(server_round, replies)
+        train, started = self.round_log.train, time.perf_counter()
         if accepted:
             self.strategy.aggregate(server_round, accepted)
-        train = self.round_log.train
+            train.update(aggregate_s=time.perf_counter() - started, **self.strategy.aggregation_fields)
         flops = sum(reply_flops(r.content) for r in accepted) + train.get("pretrain", {}).get("flops", 0.0)
         total = sum(r.num_examples for r in accepted)
         loss = sum(r.loss * r.num_examples for r in accepted) / total if total else float("nan")
@@ -184,8 +187,7 @@ class RoundRunner(Strategy):
 
     def summary(self) -> None:
         """Log the run's settings."""
-        log(INFO, "%s: %d clients, %.0f%% per round, %d rounds, %d local epochs, lr %g", self.cfg.algorithm,
-            len(self.clients), 100 * self.cfg.fraction_train, self.cfg.num_rounds, self.cfg.local_epochs, self.cfg.lr)
+        log(INFO, "%s", settings_text(self.cfg, len(self.clients)))
 
     # ----- the run ---------------------------------------------------------------------------------------
     def should_evaluate(self, server_round: int) -> bool:
@@ -200,10 +202,9 @@ class RoundRunner(Strategy):
         accepted, failed, rejected = self.accept_train_replies(0, replies, "pre-training")
         self.strategy.aggregate(0, accepted)
         train = self.round_log.train
-        faults = {key: train.pop(key) for key in ("dropped", "stragglers") if key in train}
-        flops = sum(reply_flops(r.content) for r in accepted)
-        train["pretrain"] = {"sent": len(clients), "used": len(accepted), "failed": failed,
-                             "late": train.pop("late", 0), "rejected": rejected, "flops": flops, **faults}
+        faults = {"late": 0, **{key: train.pop(key) for key in ("dropped", "stragglers", "late") if key in train}}
+        train["pretrain"] = {"sent": len(clients), "used": len(accepted), "failed": failed, "rejected": rejected,
+                             "flops": sum(reply_flops(r.content) for r in accepted), **faults}
         log(INFO, "pre-training: %d of %d clients trained from the common initialization", len(accepted), len(clients))
 
     def write_checkpoint(self, server_round: int, elapsed: float) -> None:
@@ -225,7 +226,6 @@ class RoundRunner(Strategy):
             first, elapsed_before = self.resume_from.round + 1, self.resume_from.elapsed_s
         self.summary()
         start = time.monotonic() - elapsed_before
-        empty_arrays, empty_config = ArrayRecord(), ConfigRecord()
         for rnd in range(first, self.cfg.num_rounds + 1):
             t0 = time.monotonic()
             self.round_log = RoundLog()
@@ -235,12 +235,12 @@ class RoundRunner(Strategy):
                     self.strategy.on_client_replaced(rnd, pid)
             if rnd == 1 and self.strategy.warmup_round():
                 self.warmup(grid)
-            messages = list(self.configure_train(rnd, empty_arrays, empty_config, grid))
+            messages = list(self.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid))
             replies = grid.send_and_receive(messages, timeout=timeout) if messages else []
             self.aggregate_train(rnd, replies)
             self.round_log.train["sent"] = len(messages)
             if self.should_evaluate(rnd):
-                eval_messages = list(self.configure_evaluate(rnd, empty_arrays, empty_config, grid))
+                eval_messages = list(self.configure_evaluate(rnd, ArrayRecord(), ConfigRecord(), grid))
                 self.aggregate_evaluate(rnd, grid.send_and_receive(eval_messages, timeout=timeout))
             elapsed = time.monotonic() - start
             record = round_record(rnd, time.monotonic() - t0, elapsed, self.round_log, self.strategy.round_record(rnd))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flwr.app import MessageType, RecordDict
 
-from client_app.algorithms import ClientAlgorithm, ClientEnv, client_class
+from client_app.algorithms import ClientAlgorithm, ClientEnv, answer, client_class
 from client_app.state import ClientState
 from common.config import RunConfig
 from common.data.federated import client_data, dataset_for
@@ -51,7 +51,7 @@ class InProcessFederation:
             if content.config_records["config"].get("simulate-drop"):
                 messages.append(FakeReply(1000 + pid, error="dropped"))
             else:
-                replies[pid] = self.client(pid).fit(rnd, content)
+                replies[pid] = answer(self.client(pid), MessageType.TRAIN, rnd, content)
                 messages.append(FakeReply(1000 + pid, replies[pid]))
         return replies, messages
 
@@ -75,6 +75,7 @@ class InProcessFederation:
     def evaluate(self, rnd: int) -> dict[int, RecordDict]:
         """Every client's evaluation reply."""
         contents = self.runner.message_contents(rnd, self.clients.ids(), MessageType.EVALUATE)
-        replies = {pid: self.client(pid).evaluate(rnd, content) for pid, content in zip(self.clients.ids(), contents)}
+        replies = {pid: answer(self.client(pid), MessageType.EVALUATE, rnd, content)
+                   for pid, content in zip(self.clients.ids(), contents)}
         self.runner.aggregate_evaluate(rnd, [FakeReply(1000 + pid, content) for pid, content in replies.items()])
         return replies

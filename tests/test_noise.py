@@ -7,7 +7,7 @@ import pytest
 
 from common.config import ConfigError, parse_run_config
 from common.data.federated import client_data, federated_split
-from common.data.noise import dirty_client_ids, flip_labels
+from common.data.noise import flip_labels, seeded_client_ids
 
 
 def test_flip_labels_changes_exactly_the_fraction_to_other_classes() -> None:
@@ -20,10 +20,10 @@ def test_flip_labels_changes_exactly_the_fraction_to_other_classes() -> None:
     np.testing.assert_array_equal(labels, np.repeat(np.arange(10), 20)), "input untouched"
 
 
-def test_dirty_client_ids_count_and_seed() -> None:
-    ids = dirty_client_ids(5, 0.4, seed=1)
-    assert len(ids) == 2 and ids <= set(range(5)) and ids == dirty_client_ids(5, 0.4, seed=1)
-    assert dirty_client_ids(5, 0.0, seed=1) == frozenset()
+def test_seeded_client_ids_count_and_seed() -> None:
+    ids = seeded_client_ids(5, 0.4, seed=1)
+    assert len(ids) == 2 and ids <= set(range(5)) and ids == seeded_client_ids(5, 0.4, seed=1)
+    assert seeded_client_ids(5, 0.0, seed=1) == frozenset()
 
 
 def test_only_dirty_clients_train_on_flipped_labels_and_tests_stay_clean() -> None:

@@ -6,8 +6,9 @@ import logging
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ConfigRecord, MessageType, RecordDict
 
+from client_app.algorithms import answer
 from client_app.algorithms.fedamp import CLOUD_MODEL as CLOUD
 from client_app.algorithms.local import PERSONAL
 from common.algorithms import SPECS
@@ -243,9 +244,9 @@ def test_fedfomo_sends_heard_peers_and_learns_affinity(caplog) -> None:
     fed.train_round(2)
     assert all(len(peers) == 2 and pid not in peers for pid, peers in fed.strategy.sent_peers.items())
     # the affinity row of the client grows by exactly the weights it reports for the peers it was sent
-    content = fed.strategy.train_content(3, 0, {})
+    content = fed.runner.message_contents(3, [0], MessageType.TRAIN)[0]
     peers = fed.strategy.sent_peers[0]
-    reply = fed.client(0).fit(3, content)
+    reply = answer(fed.client(0), MessageType.TRAIN, 3, content)
     metrics = reply.metric_records["metrics"]
     assert {"fomo-weight-0", "fomo-weight-1"} <= set(metrics)
     metrics["fomo-weight-0"], metrics["fomo-weight-1"] = 0.7, 0.3

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import cast
 
+from flwr.app import MessageType, RecordDict
+
 from common.algorithms import SPECS, resolve_half
+from common.records import to_record
+from common.robust import boosted_upload
+from common.validation import echo_values, record_to_numpy
 
 from .base import ClientAlgorithm, ClientEnv
 
@@ -15,4 +20,20 @@ def client_class(algorithm: str) -> type[ClientAlgorithm]:
     return cast("type[ClientAlgorithm]", resolve_half(__name__, SPECS[algorithm].client, ClientAlgorithm))
 
 
-__all__ = ["ClientAlgorithm", "ClientEnv", "client_class"]
+def answer(algorithm: ClientAlgorithm, message_type: str, server_round: int, content: RecordDict) -> RecordDict:
+    """The algorithm's reply to a training or evaluation message, naming the round (and phase) it answers."""
+    if message_type == MessageType.TRAIN:
+        reply = algorithm.fit(server_round, content)
+        if algorithm.env.data.attacker and "arrays" in reply.array_records and "arrays" in content.array_records:
+            upload = boosted_upload(record_to_numpy(reply.array_records["arrays"]),
+                                    record_to_numpy(content.array_records["arrays"]), algorithm.cfg.attack_boost)
+            reply["arrays"] = to_record(list(upload), list(upload.values()))
+    else:
+        reply = algorithm.evaluate(server_round, content)
+    metrics = reply.metric_records["metrics"]
+    for key, value in echo_values(algorithm.instructions(content)).items():
+        metrics[key] = value
+    return reply
+
+
+__all__ = ["ClientAlgorithm", "ClientEnv", "answer", "client_class"]

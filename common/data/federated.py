@@ -11,7 +11,7 @@ import torch
 from ..config import RunConfig
 from ..seeding import derive_seed
 from .datasets import DataError, DatasetArrays, load_dataset, normalize
-from .noise import dirty_client_ids, flip_labels
+from .noise import flip_labels, seeded_client_ids, shift_labels
 from .partition import partition, train_test_split
 from .shift import ShiftPlan, make_shift_plan
 
@@ -45,6 +45,7 @@ class ClientData:
     shift_plan: ShiftPlan
     num_partitions: int = 0
     dirty: bool = False  # training labels partly flipped (dirty-clients / dirty-fraction)
+    attacker: bool = False  # simulated model-replacement attacker (attack-clients): labels shifted, upload boosted
 
     @property
     def num_train(self) -> int:
@@ -92,15 +93,18 @@ def client_data(cfg: RunConfig, partition_id: int, num_clients: int) -> ClientDa
     split = federated_split(cfg, num_clients)
     plan = make_shift_plan(split.test[partition_id], split.pool, derive_seed(cfg.seed, "shift", partition_id))
     train_x, train_y = _tensors(data, split.train[partition_id])
-    dirty = cfg.dirty_fraction > 0 and partition_id in dirty_client_ids(
+    dirty = cfg.dirty_fraction > 0 and partition_id in seeded_client_ids(
         num_clients, cfg.dirty_clients, derive_seed(cfg.seed, "dirty-clients"))
     if dirty:
         train_y = torch.from_numpy(flip_labels(train_y.numpy(), cfg.dirty_fraction, data.num_classes,
                                                derive_seed(cfg.seed, "dirty-labels", partition_id)))
+    attacker = partition_id in seeded_client_ids(num_clients, cfg.attack_clients, derive_seed(cfg.seed, "attackers"))
+    if attacker:
+        train_y = torch.from_numpy(shift_labels(train_y.numpy(), data.num_classes))
     test_x, test_y = _tensors(data, split.test[partition_id])
     shift_x, shift_y = _tensors(data, plan.draws)
     return ClientData(partition_id, data.num_classes, data.input_shape, train_x, train_y, test_x, test_y,
-                      shift_x, shift_y, plan, num_clients, dirty)
+                      shift_x, shift_y, plan, num_clients, dirty, attacker)
 
 
 _POOLED: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}

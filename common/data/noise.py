@@ -1,14 +1,15 @@
-"""Dirty labels for robustness studies: which clients are dirty and which of their training labels get flipped."""
+"""Label noise and attackers for robustness studies: which clients are dirty or attack (a seeded choice), which
+of their training labels get flipped or shifted."""
 
 from __future__ import annotations
 
 import numpy as np
 
 
-def dirty_client_ids(num_clients: int, fraction: float, seed: int) -> frozenset[int]:
-    """A seeded choice of round(fraction * num_clients) client ids whose training labels are dirty."""
+def seeded_client_ids(num_clients: int, fraction: float, seed: int) -> frozenset[int]:
+    """A seeded choice of round(fraction * num_clients) client ids (dirty clients, attackers)."""
     if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"dirty-clients must lie in [0, 1], got {fraction}")
+        raise ValueError(f"a fraction of the clients must lie in [0, 1], got {fraction}")
     count = int(round(fraction * num_clients))
     rng = np.random.default_rng(seed)
     return frozenset(int(i) for i in rng.choice(num_clients, size=count, replace=False))
@@ -27,3 +28,8 @@ def flip_labels(labels: np.ndarray, fraction: float, num_classes: int, seed: int
     offsets = rng.integers(1, num_classes, size=len(chosen))
     out[chosen] = (out[chosen] + offsets) % num_classes
     return out
+
+
+def shift_labels(labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """Every label moved to the next class (an attacker's target model learns y -> y + 1 mod C)."""
+    return (np.asarray(labels) + 1) % num_classes

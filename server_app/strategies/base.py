@@ -8,12 +8,12 @@ from typing import Any, ClassVar
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from common.aggregate import weighted_average
 from common.algorithms import SPECS
 from common.config import RunConfig
 from common.evaluate import shift_key
 from common.models import ModelLayout
 from common.records import to_record
+from common.robust import robust_average
 from common.validation import read_fraction, validate_arrays
 
 from ..clients import ClientRegistry, seeded_sample
@@ -37,6 +37,7 @@ class PFLStrategy:
         self.prunable = list(model.prunable)
         self.global_arrays = list(model.initial)
         self.clients = clients
+        self.aggregation_fields: dict[str, Any] = {}  # {"robust": what the rule did} after a robust aggregation
 
     # ----- who takes part ----------------------------------------------------------------------------
     def sample(self, server_round: int) -> list[int]:
@@ -86,7 +87,15 @@ class PFLStrategy:
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Fold validated replies into the server state (default: sample-weighted average, FedAvg)."""
-        self.global_arrays = weighted_average([uploaded(r) for r in replies], [r.num_examples for r in replies])
+        self.global_arrays = self.average(replies, [r.num_examples for r in replies], self.global_arrays)
+
+    def average(self, replies: list[TrainReply], weights: list[float] | list[int],
+                reference: list[np.ndarray]) -> list[np.ndarray]:
+        """The uploaded models' weighted average, or the run's `robust-aggregation` rule around `reference`
+        (the model the clients started from)."""
+        averaged, report = robust_average([uploaded(r) for r in replies], weights, reference, self.cfg.robust_rule)
+        self.aggregation_fields = {"robust": report} if report else {}
+        return averaged
 
     def eval_metrics(self, server_round: int, metrics: Mapping[str, Any] | None) -> dict[str, float]:
         """The extra accuracy rows of the algorithm's spec (a required row missing rejects the reply)."""

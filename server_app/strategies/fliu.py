@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from flwr.app import ConfigRecord
 
-from common.aggregate import weighted_average
 from common.algorithms import FLIUParams
 
 from ..replies import TrainReply
-from .base import PFLStrategy, uploaded
+from .base import PFLStrategy
 
 
 class FLIUStrategy(PFLStrategy):
@@ -25,4 +24,4 @@ class FLIUStrategy(PFLStrategy):
         """Uniform average of the round's models (Alg. 1), or weighted by sample counts."""
         uniform = self.cfg.params_as(FLIUParams).fliu_weighting == "uniform"
         weights = [1.0 if uniform else float(r.num_examples) for r in replies]
-        self.global_arrays = weighted_average([uploaded(r) for r in replies], weights)
+        self.global_arrays = self.average(replies, weights, self.global_arrays)

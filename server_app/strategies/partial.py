@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from flwr.app import ArrayRecord
 
-from common.aggregate import weighted_average
 from common.algorithms import SPECS
 from common.config import ConfigError, RunConfig
 from common.models import ModelLayout
@@ -15,7 +14,7 @@ from common.validation import validate_arrays
 
 from ..clients import ClientRegistry
 from ..replies import TrainReply
-from .base import PFLStrategy, uploaded
+from .base import PFLStrategy
 
 
 class PartialStrategy(PFLStrategy):
@@ -46,6 +45,7 @@ class PartialStrategy(PFLStrategy):
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Sample-weighted average of the shared entries; the others keep their values."""
-        averaged = weighted_average([uploaded(r) for r in replies], [r.num_examples for r in replies])
+        shared = [self.global_arrays[self.index[name]] for name in self.shared]
+        averaged = self.average(replies, [r.num_examples for r in replies], shared)
         for name, value in zip(self.shared, averaged):
             self.global_arrays[self.index[name]] = value

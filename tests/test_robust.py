@@ -1,0 +1,170 @@
+"""Robust aggregation (norm clipping, trimmed mean, median), the simulated model-replacement attacker, and replies
+that must name the round and phase they answer."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from flwr.app import MessageType
+
+from client_app.algorithms import answer
+from common.config import ConfigError, parse_run_config
+from common.data.noise import shift_labels
+from common.robust import (
+    RobustRule,
+    boosted_upload,
+    clip_updates,
+    coordinate_median,
+    robust_average,
+    trimmed_count,
+    trimmed_mean,
+    update_norms,
+)
+from server_app.results import render_markdown, summarize
+
+from .fakes import FakeReply
+from .inprocess import InProcessFederation
+
+ZERO = [np.zeros(2, np.float32)]
+
+
+def models(*rows: list[float]) -> list[list[np.ndarray]]:
+    return [[np.array(row, dtype=np.float32)] for row in rows]
+
+
+# ----- the rules on hand-made tensors ------------------------------------------------------------------------
+def test_clipping_shortens_only_the_long_updates() -> None:
+    clipped, count = clip_updates(models([3.0, 4.0], [0.6, 0.8]), ZERO, bound=2.5)
+    assert count == 1
+    np.testing.assert_allclose(clipped[0][0], [1.5, 2.0])
+    np.testing.assert_allclose(clipped[1][0], [0.6, 0.8])
+    # around a non-zero reference: the update, not the model, is clipped
+    clipped, _ = clip_updates(models([13.0, 14.0]), [np.array([10.0, 10.0], np.float32)], bound=2.5)
+    np.testing.assert_allclose(clipped[0][0], [11.5, 12.0])
+    with pytest.raises(ValueError, match="clip bound"):
+        clip_updates(models([1.0, 1.0]), ZERO, bound=float("nan"))
+
+
+def test_clip_with_bound_zero_uses_the_median_update_norm() -> None:
+    ups = models([1.0, 0.0], [0.0, 2.0], [100.0, 0.0])  # norms 1, 2, 100 -> bound 2
+    averaged, report = robust_average(ups, [1, 1, 2], ZERO, RobustRule("clip"))
+    assert report == {"method": "clip", "norm_bound": 2.0, "clipped": 1, "max_norm": 100.0}
+    np.testing.assert_allclose(averaged[0], [(1.0 + 2 * 2.0) / 4, 2.0 / 4])
+    _, fixed = robust_average(ups, [1, 1, 2], ZERO, RobustRule("clip", clip_norm=50.0))
+    assert fixed["clipped"] == 1 and fixed["norm_bound"] == 50.0
+
+
+def test_trimmed_mean_and_median_are_coordinate_wise() -> None:
+    ups = models([1.0, -100.0], [2.0, 0.0], [3.0, 1.0], [4.0, 2.0], [100.0, 3.0])
+    np.testing.assert_allclose(trimmed_mean(ups, 0.2)[0], [3.0, 1.0])  # drops one value at each end per coordinate
+    np.testing.assert_allclose(trimmed_mean(ups, 0.0)[0], [22.0, -94.0 / 5])
+    np.testing.assert_allclose(coordinate_median(ups)[0], [3.0, 1.0])
+    averaged, report = robust_average(ups, [1, 1, 1, 1, 10**6], ZERO, RobustRule("trimmed-mean", trim=0.2))
+    np.testing.assert_allclose(averaged[0], [3.0, 1.0])  # the sample counts are ignored
+    assert report == {"method": "trimmed-mean", "trimmed_each_end": 1}
+
+
+def test_trim_keeps_at_least_one_value_and_refuses_half() -> None:
+    assert [trimmed_count(n, 0.2) for n in (1, 2, 4, 5, 10, 20)] == [0, 0, 0, 1, 2, 4]
+    assert trimmed_count(3, 0.49) == 1 and trimmed_count(2, 0.49) == 0
+    with pytest.raises(ValueError, match="trim"):
+        trimmed_count(10, 0.5)
+
+
+def test_plain_averaging_reports_nothing_and_unknown_rules_fail() -> None:
+    averaged, report = robust_average(models([0.0, 0.0], [4.0, 8.0]), [3, 1], ZERO, RobustRule())
+    np.testing.assert_allclose(averaged[0], [1.0, 2.0])
+    assert report == {}
+    with pytest.raises(ValueError, match="unknown robust aggregation"):
+        robust_average(models([0.0, 0.0]), [1], ZERO, RobustRule("krum"))
+
+
+def test_model_replacement_upload_and_label_shift() -> None:
+    received = {"w": np.array([1.0, 1.0], np.float32), "b": np.zeros(1, np.float32)}
+    upload = {"w": np.array([1.5, 0.0], np.float32), "b": np.ones(1, np.float32), "extra": np.ones(2, np.float32)}
+    out = boosted_upload(upload, received, boost=10.0)
+    np.testing.assert_allclose(out["w"], [6.0, -9.0])
+    np.testing.assert_allclose(out["b"], [10.0])
+    np.testing.assert_allclose(out["extra"], [1.0, 1.0])  # not received: sent as trained
+    np.testing.assert_array_equal(shift_labels(np.array([0, 3, 9]), 10), [1, 4, 0])
+
+
+# ----- configuration -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("raw, message", [
+    ({"algorithm": "dmpfl", "robust-aggregation": "median"}, "'robust-aggregation' applies to the weight-averaging"),
+    ({"algorithm": "fedamp", "attack-clients": 0.1}, "'attack-clients' applies to the weight-averaging"),
+    ({"robust-aggregation": "krum"}, "robust-aggregation"),
+    ({"robust-trim": 0.5}, "robust-trim"),
+    ({"robust-clip-norm": -1}, "robust-clip-norm"),
+    ({"attack-boost": 0.5}, "attack-boost"),
+])
+def test_bad_robust_settings_are_one_line_errors(raw: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_run_config(raw)
+
+
+def test_robust_keys_apply_to_every_weight_averaging_algorithm() -> None:
+    for algorithm in ("fedavg", "fedprox", "fliu", "fedper", "ditto", "apfl"):
+        cfg = parse_run_config({"algorithm": algorithm, "robust-aggregation": "clip", "attack-clients": 0.2})
+        assert cfg.robust_rule == RobustRule("clip", 0.0, 0.2)
+
+
+# ----- through the round runner ------------------------------------------------------------------------------
+def _attacked(rule: str) -> tuple[InProcessFederation, float]:
+    raw = {"algorithm": "fedavg", "dataset": "digits", "num-rounds": 2, "fraction-train": 1.0, "local-epochs": 1,
+           "attack-clients": 0.2, "attack-boost": 10.0, "robust-aggregation": rule}
+    fed = InProcessFederation(parse_run_config(raw), 10)
+    before = [a.copy() for a in fed.strategy.global_arrays]
+    fed.train_round(1)
+    return fed, float(update_norms([fed.strategy.global_arrays], before)[0])
+
+
+def test_two_attackers_move_the_global_model_unless_their_updates_are_clipped() -> None:
+    plain, moved = _attacked("none")
+    clipped, bounded = _attacked("clip")
+    attackers = [pid for pid, data in clipped.data.items() if data.attacker]
+    assert len(attackers) == 2
+    report = clipped.round_log.train["robust"]
+    assert report["method"] == "clip" and report["clipped"] >= 2 and report["max_norm"] > 5 * report["norm_bound"]
+    assert bounded <= report["norm_bound"] * (1 + 1e-5), "a convex mix of clipped updates stays inside the bound"
+    assert moved > 3 * bounded, "without a defence the boosted updates dominate"
+    assert "robust" not in plain.round_log.train and plain.round_log.train["aggregate_s"] >= 0
+    trimmed, trimmed_move = _attacked("trimmed-mean")
+    assert trimmed.round_log.train["robust"] == {"method": "trimmed-mean", "trimmed_each_end": 2}
+    assert trimmed_move < moved / 2
+
+
+def test_the_summary_reports_the_aggregation_cost() -> None:
+    records = [{"round": r, "wall_s": 1.0, "bytes": dict.fromkeys(("train_down", "train_up", "eval_down",
+                                                                   "eval_up"), 0),
+                "train": {"used": 2, "sent": 2, "aggregate_s": t, "robust": {"method": "clip", "clipped": c}}}
+               for r, t, c in ((1, 0.004, 2), (2, 0.002, 1), (3, 0.010, 0))]
+    summary = summarize(records, {"algorithm": "fedavg", "num_clients": 2})
+    assert summary["aggregate_s_median"] == 0.004 and summary["robust"] == {"method": "clip", "clipped": 3}
+    assert "| server aggregation per round (ms, median) (clip, 3 updates clipped) | 4.0 |" in render_markdown(summary)
+
+
+# ----- replies name their round and phase --------------------------------------------------------------------
+def test_a_reply_must_name_the_round_and_phase_it_answers(caplog) -> None:
+    raw = {"algorithm": "dmpfl", "dataset": "digits", "num-rounds": 3, "iterations": 1, "fraction-train": 1.0,
+           "local-epochs": 1}
+    fed = InProcessFederation(parse_run_config(raw), 2)
+    fed.train_round(1)
+    contents = fed.runner.message_contents(2, [0, 1], MessageType.TRAIN)
+    replies = {pid: answer(fed.client(pid), MessageType.TRAIN, 2, c) for pid, c in zip((0, 1), contents)}
+    assert {k: replies[0].metric_records["metrics"][k] for k in ("server-round", "phase")} == {
+        "server-round": 2, "phase": 2}
+    replies[0].metric_records["metrics"]["server-round"] = 1
+    replies[1].metric_records["metrics"]["phase"] = 1
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        fed.runner.aggregate_train(2, [FakeReply(1000 + pid, r) for pid, r in replies.items()])
+    assert fed.round_log.train["used"] == 0
+    assert "it answers server-round 1, but the message sent was for server-round 2" in caplog.text
+    assert "it answers phase 1, but the message sent was for phase 2" in caplog.text
+    del replies[0].metric_records["metrics"]["server-round"]
+    fed.runner.round_log.train.clear()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        fed.runner.aggregate_train(2, [FakeReply(1000, replies[0])])
+    assert "it answers server-round None" in caplog.text and fed.round_log.train["used"] == 0
