@@ -94,6 +94,9 @@ class RunConfig:
     client_threads: int = hp(1, "torch threads per simulated client", low=1, high=256)
     max_client_samples: int = hp(100_000, "a client declaring more training or test samples at the handshake is "
                                  "refused; no reply may count more samples than its client declared", low=1)
+    takeover_after: float = hp(120.0, "deployment: seconds a partition's node must have been gone before another "
+                               "node may take the partition over (a replaced device); until then its claim is "
+                               "refused", low=0.0, high=1e7)
     round_timeout: float = hp(600.0, "seconds to wait for replies; a round goes on with those that arrived",
                               low=0.0, low_open=True)
     drop_rate: float = hp(0.0, "simulation: this fraction of each round's training clients fails (seeded); the "

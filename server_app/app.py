@@ -96,7 +96,7 @@ def main(grid: Grid, context: Context) -> None:
     except (DataError, ConfigError) as exc:
         log(ERROR, "%s", exc)
         raise RunFailed(str(exc)) from None
-    clients = ClientRegistry(max_samples=cfg.max_client_samples)
+    clients = ClientRegistry(max_samples=cfg.max_client_samples, takeover_after=cfg.takeover_after)
     try:
         strategy = strategy_class(cfg.algorithm)(cfg, ModelLayout.of(model), clients)
     except (ConfigError, ValueError) as exc:

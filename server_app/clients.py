@@ -3,9 +3,12 @@ sampling of partitions (independent of Flower's random node ids)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
@@ -32,16 +35,27 @@ class ClientInfo:
 
 @dataclass
 class ClientRegistry:
-    """Partition id -> client, and node id -> partition id."""
+    """Partition id -> client, and node id -> partition id.
+
+    The first handshake fixes the federation's partitions; each is bound to the node that claimed it first. A node
+    that connects later may take a partition over only when its holder has been gone (not among the connected nodes)
+    for `takeover_after` seconds; an unknown partition id, or one whose holder is still there, is refused with a
+    log line, and the node is asked again at most every `takeover_after` seconds.
+    """
 
     by_partition: dict[int, ClientInfo] = field(default_factory=dict)
     node_to_partition: dict[int, int] = field(default_factory=dict)
     max_samples: int = 100_000  # run-config max-client-samples: a larger declared count is refused
+    takeover_after: float = 120.0  # run-config takeover-after (seconds)
+    clock: Callable[[], float] = time.monotonic
+    last_seen: dict[int, float] = field(default_factory=dict)  # partition -> when its holder was last connected
+    refused: dict[int, float] = field(default_factory=dict)  # node -> when its claim was refused
 
     def add(self, info: ClientInfo) -> None:
         """Register (or replace) the client of a partition."""
         self.by_partition[info.partition_id] = info
         self.node_to_partition[info.node_id] = info.partition_id
+        self.last_seen[info.partition_id] = self.clock()
 
     def ids(self) -> list[int]:
         """Partition ids, sorted."""
@@ -64,14 +78,11 @@ class ClientRegistry:
         return sum(c.num_train for c in self.by_partition.values())
 
     def handshake(self, grid: Grid, timeout: float, node_ids: list[int] | None = None) -> list[int]:
-        """Ask connected nodes (all, or `node_ids`) for their partition and data sizes; keep consistent answers.
-
-        Returns the partitions a joining node took over. A node that joins later and claims a partition already
-        held takes it over (a device replaced, or a SuperNode started with another key); in the first handshake
-        the first claimant keeps it.
-        """
+        """Ask connected nodes (all, or the joining `node_ids`) for their partition and data sizes; keep consistent
+        answers. Returns the partitions a joining node took over."""
         joining = node_ids is not None
-        nodes = sorted(grid.get_node_ids()) if node_ids is None else sorted(node_ids)
+        connected = set(grid.get_node_ids())
+        nodes = sorted(connected) if node_ids is None else sorted(node_ids)
         if not nodes:
             raise RunAborted("no SuperNode is connected")
         messages = [Message(content=RecordDict({"config": ConfigRecord({"server-round": 0})}), dst_node_id=node,
@@ -83,29 +94,15 @@ class ClientRegistry:
             if msg.has_error():
                 log(WARNING, "node %s failed the handshake: %s", node, msg.error.reason)
                 continue
-            metrics = msg.content.metric_records.get("metrics")
             try:
-                pid = read_count(metrics, "partition-id", allow_zero=True)
-                info = ClientInfo(pid, node, read_count(metrics, "num-train"), read_count(metrics, "num-test"))
-                sizes.add(read_count(metrics, "num-partitions"))
-                if max(info.num_train, info.num_test) > self.max_samples:
-                    raise PayloadError(f"declares {info.num_train} training and {info.num_test} test samples, above "
-                                       f"max-client-samples = {self.max_samples}")
+                info, num_partitions = self._read_claim(node, msg.content.metric_records.get("metrics"))
+                sizes.add(num_partitions)
+                took_over = self._admit(info, connected, joining)
             except PayloadError as exc:
                 log(WARNING, "node %s: handshake rejected: %s", node, exc)
+                self.refused[node] = self.clock()
                 continue
-            if pid in self and not joining:
-                log(WARNING, "node %s claims partition %d, already held by node %s: ignored",
-                    node, pid, self[pid].node_id)
-                continue
-            if pid in self:
-                old = self[pid].node_id
-                self.node_to_partition.pop(old, None)
-                replaced.append(pid)
-                log(INFO, "node %s took over partition %d from node %s", node, pid, old)
-            elif joining:
-                log(INFO, "node %s joined with partition %d", node, pid)
-            self.add(info)
+            replaced.extend([info.partition_id] if took_over else [])
         if joining:
             return replaced
         if not self.by_partition:
@@ -116,9 +113,50 @@ class ClientRegistry:
             len(self), len(nodes), self.total_train())
         return replaced
 
+    def _read_claim(self, node: int, metrics: Any) -> tuple[ClientInfo, int]:
+        """The partition and sizes a node declares (PayloadError when malformed or out of bounds)."""
+        pid = read_count(metrics, "partition-id", allow_zero=True)
+        num_partitions = read_count(metrics, "num-partitions")
+        info = ClientInfo(pid, node, read_count(metrics, "num-train"), read_count(metrics, "num-test"))
+        if pid >= num_partitions:
+            raise PayloadError(f"claims partition {pid} of {num_partitions}")
+        if max(info.num_train, info.num_test) > self.max_samples:
+            raise PayloadError(f"declares {info.num_train} training and {info.num_test} test samples, above "
+                               f"max-client-samples = {self.max_samples}")
+        return info, num_partitions
+
+    def _admit(self, info: ClientInfo, connected: set[int], joining: bool) -> bool:
+        """Bind the claimed partition to the node, or raise PayloadError saying why not; True for a take-over."""
+        pid, node = info.partition_id, info.node_id
+        if pid not in self:
+            if joining:
+                raise PayloadError(f"claims partition {pid}, which is not one of the {len(self)} partitions of this "
+                                   "run (fixed by the first handshake)")
+            self.add(info)
+            return False
+        holder = self[pid].node_id
+        if holder == node:
+            return False
+        if not joining or holder in connected:
+            raise PayloadError(f"claims partition {pid}, held by node {holder}, which is connected")
+        gone = self.clock() - self.last_seen.get(pid, -math.inf)
+        if gone < self.takeover_after:
+            raise PayloadError(f"claims partition {pid}, held by node {holder}, which has been gone for {gone:.0f} s; "
+                               f"a take-over needs {self.takeover_after:g} s (run-config takeover-after)")
+        self.node_to_partition.pop(holder, None)
+        self.add(info)
+        log(WARNING, "node %s took over partition %d from node %s, gone for %.0f s", node, pid, holder, gone)
+        return True
+
     def refresh(self, grid: Grid, timeout: float) -> list[int]:
-        """Handshake nodes that connected since the last round (new or restarted SuperNodes); partitions taken over."""
-        new = sorted(set(grid.get_node_ids()) - set(self.node_to_partition))
+        """Note which holders are connected; handshake nodes that connected since the last round (new or restarted
+        SuperNodes; a refused one again after `takeover_after` s). Returns the partitions taken over."""
+        now, connected = self.clock(), set(grid.get_node_ids())
+        for pid, info in self.by_partition.items():
+            if info.node_id in connected:
+                self.last_seen[pid] = now
+        new = sorted(node for node in connected - set(self.node_to_partition)
+                     if now - self.refused.get(node, -math.inf) >= self.takeover_after)
         return self.handshake(grid, timeout, new) if new else []
 
 

@@ -1,0 +1,137 @@
+"""A partition is bound to the node that claimed it first: take-overs only after its holder has been gone for
+`takeover-after` seconds, duplicate and unknown claims refused with a log line (issue: client identity)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from flwr.app import MetricRecord, RecordDict
+
+from common.config import ConfigError, parse_run_config
+from server_app import clients as clients_module
+from server_app.clients import ClientRegistry
+
+from .fakes import FakeReply
+from .inprocess import InProcessFederation
+
+
+class ClaimGrid:
+    """Connected nodes and the partition each one claims in the handshake (num-partitions 8)."""
+
+    def __init__(self, claims: dict[int, int]) -> None:
+        self.claims = dict(claims)
+        self.asked: list[int] = []
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.claims)
+
+    def send_and_receive(self, messages, timeout):
+        self.asked += [m.dst_node_id for m in messages]
+        return [FakeReply(m.dst_node_id, RecordDict({"metrics": MetricRecord(
+            {"partition-id": self.claims[m.dst_node_id], "num-partitions": 8, "num-train": 100, "num-test": 10})}))
+            for m in messages]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(autouse=True)
+def message_stand_in(monkeypatch):
+    class Message:  # Flower's Message needs a running app's identity
+        def __init__(self, content, dst_node_id, message_type):
+            self.dst_node_id = dst_node_id
+
+    monkeypatch.setattr(clients_module, "Message", Message)
+
+
+def registry(claims: dict[int, int], clock: Clock, takeover_after: float = 120.0) -> ClientRegistry:
+    clients = ClientRegistry(takeover_after=takeover_after, clock=clock)
+    clients.handshake(ClaimGrid(claims), timeout=5)
+    return clients
+
+
+def test_a_node_cannot_take_a_partition_whose_holder_is_connected(caplog) -> None:
+    clock = Clock()
+    clients = registry({1: 0, 2: 1}, clock)
+    grid = ClaimGrid({1: 0, 2: 1, 99: 0})
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        for _ in range(4):  # round after round, with plenty of time passing: the holder stays
+            assert clients.refresh(grid, timeout=5) == []
+            clock.now += 300
+    assert clients[0].node_id == 1 and clients.node_to_partition == {1: 0, 2: 1}
+    assert "node 99: handshake rejected: claims partition 0, held by node 1, which is connected" in caplog.text
+
+
+def test_two_nodes_claiming_one_partition_do_not_swap_it() -> None:
+    clock = Clock()
+    clients = registry({1: 0, 2: 0, 3: 1}, clock)
+    assert clients[0].node_id == 1 and len(clients) == 2  # the first claimant keeps it
+    grid = ClaimGrid({1: 0, 2: 0, 3: 1})
+    holders = []
+    for _ in range(5):
+        clients.refresh(grid, timeout=5)
+        holders.append(clients[0].node_id)
+        clock.now += 50
+    assert holders == [1] * 5
+    assert grid.asked == [2], "a refused node is asked again only every takeover-after seconds (250 s passed)"
+
+
+def test_a_take_over_waits_until_the_holder_has_been_gone_long_enough(caplog) -> None:
+    clock = Clock()
+    clients = registry({1: 0, 2: 1}, clock)
+    grid = ClaimGrid({2: 1, 99: 0})  # node 1 is gone; node 99 claims its partition
+    clock.now += 10
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        assert clients.refresh(grid, timeout=5) == []
+        assert "held by node 1, which has been gone for 10 s; a take-over needs 120 s" in caplog.text
+        clock.now += 60
+        assert clients.refresh(grid, timeout=5) == [] and grid.asked == [99], "not asked again before 120 s"
+        clock.now += 70
+        assert clients.refresh(grid, timeout=5) == [0]
+    assert clients[0].node_id == 99 and clients.node_to_partition == {2: 1, 99: 0}
+    assert "node 99 took over partition 0 from node 1, gone for 140 s" in caplog.text
+    # the old holder comes back: the new one is connected, so it is refused
+    back = ClaimGrid({1: 0, 2: 1, 99: 0})
+    clock.now += 500
+    assert clients.refresh(back, timeout=5) == [] and clients[0].node_id == 99
+
+
+def test_with_takeover_after_zero_a_gone_holder_is_replaced_at_once() -> None:
+    clock = Clock()
+    clients = registry({1: 0}, clock, takeover_after=0.0)
+    assert clients.refresh(ClaimGrid({7: 0}), timeout=5) == [0] and clients[0].node_id == 7
+    with pytest.raises(ConfigError, match="takeover-after"):
+        parse_run_config({"takeover-after": -1})
+
+
+def test_claims_outside_the_declared_partitions_are_refused(caplog) -> None:
+    clock = Clock()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        clients = registry({1: 0, 2: 8}, clock)
+    assert clients.ids() == [0] and "node 2: handshake rejected: claims partition 8 of 8" in caplog.text
+
+
+@pytest.mark.parametrize("algorithm", ["fedamp", "fedfomo", "fedavg"])
+def test_a_late_node_with_an_unknown_partition_is_refused_and_the_run_goes_on(algorithm: str, caplog) -> None:
+    raw = {"algorithm": algorithm, "dataset": "digits", "num-rounds": 3, "fraction-train": 1.0, "local-epochs": 1,
+           "pretrain-epochs": 0} if algorithm == "fedamp" else {
+           "algorithm": algorithm, "dataset": "digits", "num-rounds": 3, "fraction-train": 1.0, "local-epochs": 1}
+    fed = InProcessFederation(parse_run_config(raw), 3)
+    fed.train_round(1)
+    grid = ClaimGrid({1000 + pid: pid for pid in range(3)} | {77: 5, 78: 3})  # 3 is in range but not in this run
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        assert fed.clients.refresh(grid, timeout=5) == []
+    assert fed.clients.ids() == [0, 1, 2]
+    assert "node 77: handshake rejected: claims partition 5, which is not one of the 3 partitions of this run" \
+        in caplog.text
+    assert "node 78: handshake rejected: claims partition 3" in caplog.text
+    fed.train_round(2)
+    assert fed.round_log.train["used"] == 3
+    fed.evaluate(2)
+    assert fed.round_log.eval["num_clients"] == 3
