@@ -101,8 +101,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nodes", default="", help="comma-separated SuperNode names")
     parser.add_argument("--force", action="store_true", help="replace existing files")
     args = parser.parse_args(argv)
-    hosts = args.host or ["localhost"]
-    ips = args.ip or ["127.0.0.1"]
+    # localhost and 127.0.0.1 always: the reverse proxy and the operator reach the SuperLink on loopback
+    hosts = list(dict.fromkeys([*args.host, "localhost"]))
+    ips = list(dict.fromkeys([*args.ip, "127.0.0.1"]))
     try:
         for ip in ips:
             ipaddress.ip_address(ip)

@@ -56,7 +56,7 @@ def _mounts(service: str) -> dict[str, str]:
 
 
 def test_compose_has_a_superlink_and_supernodes_with_their_own_partitions() -> None:
-    assert {"superlink", "supernode-0", "supernode-1", "flwr"} <= set(SERVICES)
+    assert {"superlink", "proxy", "supernode-0", "supernode-1", "flwr"} <= set(SERVICES)
     assert "9093:9093" in SERVICES["superlink"]["ports"]
     partitions = set()
     for name in ("supernode-0", "supernode-1"):
@@ -88,15 +88,50 @@ def test_compose_flags_exist_and_every_file_they_name_is_mounted(service: str, c
             assert "/state" in mounts
 
 
-def test_superlink_certificate_names_the_compose_service(certs: Path) -> None:
+def test_superlink_certificate_names_the_compose_service_and_loopback(certs: Path) -> None:
     cert = x509.load_pem_x509_certificate((certs / "server.pem").read_bytes())
-    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
-    assert "superlink" in names, "SuperNodes reach the SuperLink as 'superlink' inside compose"
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "superlink" in names.get_values_for_type(x509.DNSName), "SuperNodes reach the proxy as 'superlink'"
+    assert "localhost" in names.get_values_for_type(x509.DNSName), "nginx checks the SuperLink as localhost"
     config = tomllib.loads((DEPLOY / "flwr-config.toml").read_text())
     connection = config["superlink"][config["superlink"]["default"]]
-    assert connection["address"] == "superlink:9093" and connection["root-certificates"] == "/certs/ca.crt"
+    assert connection["address"] == "127.0.0.1:9092" and connection["root-certificates"] == "/certs/ca.crt"
     mounts = _mounts("flwr")
-    assert mounts["/certs"] == "./certs" and mounts["/flwr-home/config.toml"] == "./flwr-config.toml"
+    assert mounts["/certs/ca.crt"] == "./certs/ca.crt" and mounts["/flwr-home/config.toml"] == "./flwr-config.toml"
+
+
+def test_the_control_api_is_reachable_only_inside_the_superlink_host(certs: Path) -> None:
+    command = _command("superlink")
+    assert command[command.index("--host") + 1] == "127.0.0.1" and command[command.index("--port") + 1] == "9092"
+    for name in ("proxy", "flwr"):
+        assert SERVICES[name]["network_mode"] == "service:superlink", f"{name} must share the SuperLink's loopback"
+    published = [port for service in SERVICES.values() for port in service.get("ports", [])]
+    assert published == ["9093:9093"], "only the proxy's port is published"
+    unit = shlex.split(_unit("flower-superlink.service")["Service"]["ExecStart"])
+    assert unit[unit.index("--host") + 1] == "127.0.0.1" and unit[unit.index("--port") + 1] == "9092"
+
+
+def test_the_proxy_passes_on_the_fleet_api_only_with_the_files_compose_mounts(certs: Path) -> None:
+    conf = (DEPLOY / "nginx" / "pflower-fleet.conf").read_text()
+    locations = dict(re.findall(r"location (\S+) \{(.*?)\}", conf, re.S))
+    assert set(locations) == {"/v1/fleet/", "/"}
+    assert "proxy_pass https://127.0.0.1:9092/v1/fleet/;" in locations["/v1/fleet/"]
+    assert "proxy_ssl_verify on;" in locations["/v1/fleet/"] and "return 404;" in locations["/"]
+    mounts = _mounts("proxy")
+    assert mounts["/etc/nginx/conf.d/pflower-fleet.conf"] == "./nginx/pflower-fleet.conf"
+    for path in sorted(set(re.findall(r"/etc/pflower/certs/[\w.]+", conf))):
+        host = mounts[path]
+        assert host == "./certs/" + path.rsplit("/", 1)[1] and (certs / host.removeprefix("./certs/")).is_file()
+
+
+@pytest.mark.parametrize("service", ["proxy", "flwr", "supernode-0", "supernode-1"])
+def test_no_service_sees_keys_it_does_not_need(service: str) -> None:
+    hosts = set(_mounts(service).values())
+    assert "./certs" not in hosts and "./certs/ca.key" not in hosts, f"{service} must not see the CA key"
+    private = {h for h in hosts if h.startswith("./certs/nodes/") and not h.endswith(".pub")}
+    assert len(private) == (1 if service.startswith("supernode") else 0), f"{service}: {sorted(private)}"
+    if service != "proxy":
+        assert "./certs/server.key" not in hosts
 
 
 def _unit(name: str) -> configparser.ConfigParser:

@@ -1,11 +1,16 @@
-"""A real deployment on loopback: TLS SuperLink with SuperNode authentication, two SuperNodes with their own
-partitions and state dirs, DM-PFL through `flwr run`, an unregistered SuperNode refused, one SuperNode killed
-with SIGKILL mid-run and restarted (it goes on from its state dir); every process stopped."""
+"""A real deployment on loopback: TLS SuperLink with SuperNode authentication on 127.0.0.1 behind the shipped
+nginx proxy, which passes on the Fleet API only; an outsider holding ca.crt cannot list runs, register a key or
+start a run through it; two SuperNodes with their own partitions and state dirs run DM-PFL through the proxy, an
+unregistered SuperNode is refused, a SuperNode that verifies apps refuses the unsigned app, one SuperNode is
+killed with SIGKILL mid-run and restarted (it goes on from its state dir); every process stopped."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
 import re
+import ssl
 import subprocess
 import sys
 import time
@@ -13,17 +18,19 @@ import time
 import pytest
 
 from .conftest import REPO
-from .harness.deployment import TLSSuperLink
+from .harness.deployment import OUTSIDE, TLSSuperLink, nginx_binary
 from .harness.local_superlink import stop_process_tree
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
+    nginx_binary() is None and not os.environ.get("CI"),
+    reason="nginx is not installed (Debian: apt-get install nginx); .ci/run installs it and CI never skips this")]
 
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):
     out = tmp_path_factory.mktemp("certs")
     done = subprocess.run([sys.executable, str(REPO / "deploy" / "generate_certs.py"), "--out", str(out),
-                           "--nodes", "node-0,node-1,intruder"], capture_output=True, text=True, timeout=120)
+                           "--nodes", "node-0,node-1,intruder,verifier"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return out
 
@@ -42,10 +49,41 @@ def restart_until_admitted(link: TLSSuperLink, key, node_config: str, patience: 
     raise AssertionError(f"the restarted SuperNode was never admitted; see {link.home}")
 
 
+def outsider_is_shut_out(link: TLSSuperLink, certs) -> None:
+    """Holding only ca.crt, through the proxy: no run listed, no key registered, no run started, no detour."""
+    for args in (("ls", OUTSIDE), ("supernode", "register", str(certs / "nodes" / "intruder.pub"), OUTSIDE),
+                 ("run", str(REPO), OUTSIDE, "--run-config", "num-rounds=1")):
+        done = link.flwr(*args)
+        assert done.returncode != 0 and "404 Not Found" in done.stdout + done.stderr, (args, done.stdout[-2000:])
+    trust = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+    for method, path in (("POST", "/v1/control/list-runs"), ("POST", "/v1/fleet/../control/list-runs"),
+                         ("POST", "/v1/fleet/%2e%2e/control/start-run"), ("GET", "/health"),
+                         ("POST", "/v1/fleet/pull-messages")):
+        connection = http.client.HTTPSConnection("127.0.0.1", link.proxy.port, context=trust, timeout=30)
+        connection.request(method, path, body=b"", headers={"Content-Type": "application/protobuf"})
+        status = connection.getresponse().status
+        connection.close()
+        assert status == (401 if path == "/v1/fleet/pull-messages" else 404), (method, path, status)
+    # (the intruder's key was not registered: its SuperNode is refused later in the test)
+
+
+def trusted_entities_file(tmp_path):
+    """A --trusted-entities file naming an ed25519 key of our own (the operator's signing key)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    public = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+    path = tmp_path / "trusted.yaml"
+    path.write_text(f"fpk_operator: '{public}'\n")
+    return path
+
+
 def test_tls_deployment_with_authenticated_supernodes(certs, tmp_path) -> None:
     link = TLSSuperLink(tmp_path / "flwr-home", certs).start()
     try:
-        for name in ("node-0", "node-1"):
+        outsider_is_shut_out(link, certs)
+        for name in ("node-0", "node-1", "verifier"):
             registered = link.register(certs / "nodes" / f"{name}.pub")
             assert registered.returncode == 0 and "registered successfully" in registered.stdout, registered.stdout
         node_config = [f"partition-id={i} num-partitions=2 state-dir='{tmp_path / f'state-{i}'}'" for i in range(2)]
@@ -54,10 +92,19 @@ def test_tls_deployment_with_authenticated_supernodes(certs, tmp_path) -> None:
         assert intruder.wait(timeout=120) != 0, "a SuperNode whose key is not registered must be refused"
         assert "Failed to activate SuperNode" in intruder_log.read_text()
         assert all(process.poll() is None for process, _ in nodes)
+        verifier, verifier_log = link.start_supernode(certs / "nodes" / "verifier", "partition-id=1 num-partitions=2",
+                                                      "--trusted-entities", str(trusted_entities_file(tmp_path)))
 
         results = tmp_path / "results"
         runner = link.start_run(REPO, f"algorithm='dmpfl' iterations=1 num-rounds=6 fraction-train=1.0 "
                                       f"local-epochs=1 round-timeout=30 results-dir='{results}' run-name='deployed'")
+        # app verification: the open-source SuperLink attaches no verification to a submitted app, so a SuperNode
+        # started with --trusted-entities refuses every app, the operator's own included (deploy/README.md)
+        deadline = time.monotonic() + 120
+        while "App verification is not supported" not in verifier_log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "App verification is not supported by the connected SuperLink" in verifier_log.read_text()
+        stop_process_tree(verifier)
         # kill -9 SuperNode 1 (and its ClientApp process) once it has saved its state of round 2, then restart it
         saved = tmp_path / "state-1" / "deployed" / "partition-1"
         deadline = time.monotonic() + 300
