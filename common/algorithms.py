@@ -127,6 +127,33 @@ class FedFomoParams:
                                   low_open=True, high_open=True)
 
 
+def _ratios(key: str, value: object) -> tuple[float, ...]:
+    items = value.split(",") if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else []
+    try:
+        ratios = tuple(float(item) for item in items if str(item).strip() != "")
+    except (TypeError, ValueError):
+        ratios = ()
+    if not ratios or any(not 0.0 <= r < 1.0 for r in ratios):
+        raise ConfigError(f"run-config '{key}' = {value!r} must be comma-separated numbers in [0, 1)")
+    return ratios
+
+
+@dataclass(frozen=True)
+class DapperFLParams:
+    """DapperFL's device levels, model fusion pruning and domain adaptive regularization (SPEC 3.4)."""
+
+    dapperfl_ratios: tuple[float, ...] = hp((0.0, 0.2, 0.4, 0.6, 0.8), "pruning ratio of each client, the list "
+                                            "cycled over partition ids (device capability levels)", parse=_ratios,
+                                            allowed="comma-separated numbers in [0, 1)")
+    dapperfl_alpha0: float = hp(0.9, "MFP: initial fusion factor alpha_0 (Eq. 2)", low=0.0, high=1.0)
+    dapperfl_alpha_min: float = hp(0.1, "MFP: smallest fusion factor alpha_min", low=0.0, high=1.0)
+    dapperfl_epsilon: float = hp(0.2, "MFP: alpha_t = max((1 - epsilon)^(t-1) alpha_0, alpha_min)", low=0.0,
+                                 high=1.0)
+    dapperfl_gamma: float = hp(0.01, "DAR: weight of mean ||z||^2 of the encoder output (Eq. 5)", low=0.0)
+    dapperfl_mfp: bool = hp(True, "model fusion pruning (off: prune the received model by l1 directly)")
+    dapperfl_dar: bool = hp(True, "domain adaptive regularization (off: cross-entropy only)")
+
+
 @dataclass(frozen=True)
 class DittoParams:
     """Ditto's pull of the personal model toward the global one."""
@@ -186,6 +213,8 @@ SPECS: dict[str, AlgorithmSpec] = {spec.name: spec for spec in (
                   "partial:PartialStrategy", "partial:FedRepClient", shares="body", averages_models=True),
     AlgorithmSpec("fedbn", "FedBN: FedAvg except batch-norm layers, which stay local (needs a `-bn` model)",
                   "partial:PartialStrategy", "partial:PartialClient", shares="no-norm", averages_models=True),
+    AlgorithmSpec("dapperfl", "DapperFL: each device trains and sends an l1-pruned fusion of the global model",
+                  "dapperfl:DapperFLStrategy", "dapperfl:DapperFLClient", DapperFLParams, (GLOBAL,)),
     AlgorithmSpec("ditto", "Ditto: FedAvg's global model plus a personal model pulled toward it",
                   "fedavg:FedAvgStrategy", "ditto:DittoClient", DittoParams, (GLOBAL,), averages_models=True),
     AlgorithmSpec("apfl", "APFL: personalized mixture alpha v + (1 - alpha) w with a learned alpha",

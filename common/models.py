@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .channels import ChannelGroup, channel_groups
 from .config import AUTO_MODEL, ConfigError
 from .masks import prunable_names
 from .personal import norm_entries
@@ -123,8 +124,14 @@ class ModelLayout:
     specs: list[tuple[str, tuple[int, ...]]]
     prunable: tuple[str, ...] = ()
     norm: tuple[str, ...] = ()  # entries of normalization layers (parameters and statistics)
+    channels: tuple[ChannelGroup, ...] = ()  # structured-pruning plan (empty where the model has none)
 
     @classmethod
     def of(cls, model: nn.Module) -> ModelLayout:
         """The layout of a built model (its current weights as the initial arrays)."""
-        return cls(get_arrays(model), array_specs(model), tuple(prunable_names(model)), tuple(norm_entries(model)))
+        try:
+            groups = tuple(channel_groups(model))
+        except ValueError:
+            groups = ()
+        return cls(get_arrays(model), array_specs(model), tuple(prunable_names(model)), tuple(norm_entries(model)),
+                   groups)

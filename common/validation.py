@@ -24,11 +24,11 @@ def is_folder_name(value: object) -> bool:
 
 
 def validate_arrays(arrays: Mapping[str, Any] | None, specs: Sequence[tuple[str, tuple[int, ...]]],
-                    max_abs: float = MAX_ABS_VALUE) -> list[np.ndarray]:
-    """Check a received ArrayRecord against the model's (name, shape) specs; return float32 arrays in order.
+                    max_abs: float = MAX_ABS_VALUE, dtype: str = "float32") -> list[np.ndarray]:
+    """Check a received ArrayRecord against the model's (name, shape) specs; return `dtype` arrays in order.
 
     Checks: record present, exactly the expected keys, numpy serialization, declared and actual dtype
-    float32 and shape equal to the model's, all values finite and below `max_abs` in magnitude.
+    (float32 unless told) and shape equal to the model's, all values finite and below `max_abs` in magnitude.
     Arrays are decoded by numpy with pickling disabled.
     """
     if arrays is None:
@@ -44,16 +44,16 @@ def validate_arrays(arrays: Mapping[str, Any] | None, specs: Sequence[tuple[str,
         item = arrays[name]
         if getattr(item, "stype", None) != "numpy.ndarray":
             raise PayloadError(f"array '{name}' has serialization {getattr(item, 'stype', None)!r}, not numpy")
-        if getattr(item, "dtype", None) != "float32":
-            raise PayloadError(f"array '{name}' declares dtype {getattr(item, 'dtype', None)!r}, expected float32")
+        if getattr(item, "dtype", None) != dtype:
+            raise PayloadError(f"array '{name}' declares dtype {getattr(item, 'dtype', None)!r}, expected {dtype}")
         if tuple(getattr(item, "shape", ())) != tuple(shape):
             raise PayloadError(f"array '{name}' declares shape {tuple(getattr(item, 'shape', ()))}, expected {shape}")
         try:
             value = item.numpy()  # np.load(..., allow_pickle=False): object arrays are refused
         except Exception as exc:
             raise PayloadError(f"array '{name}' does not decode: {exc}") from None
-        if value.dtype != np.float32 or value.shape != tuple(shape):
-            raise PayloadError(f"array '{name}' decodes to {value.dtype} {value.shape}, expected float32 {shape}")
+        if value.dtype != np.dtype(dtype) or value.shape != tuple(shape):
+            raise PayloadError(f"array '{name}' decodes to {value.dtype} {value.shape}, expected {dtype} {shape}")
         if not np.all(np.isfinite(value)):
             raise PayloadError(f"array '{name}' has NaN or Inf values")
         if value.size and float(np.abs(value).max()) > max_abs:

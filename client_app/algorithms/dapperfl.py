@@ -1,0 +1,87 @@
+"""DapperFL client (papers/dapperfl-neurips24-full.txt Alg. 1-2, SPEC 3.4): fine-tune the global model one epoch,
+fuse it with the global model, prune output channels by l1 to the device's ratio, train the physically smaller
+model with the domain adaptive regularizer for the remaining epochs, upload it with its channel masks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, RecordDict
+
+from common.algorithms import GLOBAL, DapperFLParams
+from common.channels import channel_groups, pruned_model
+from common.dapperfl import dar_loss, fuse, fusion_factor, select_channels
+from common.flops import flops_per_sample, training_flops
+from common.models import SplitModel, get_arrays, set_arrays
+from common.records import to_plain_record
+from common.train import train
+
+from .base import ClientAlgorithm
+
+LOCAL = "dapperfl-local"  # the last pruned local model
+MASKS = "dapperfl-masks"  # its channel masks
+
+
+def mask_record(masks: list[np.ndarray]) -> ArrayRecord:
+    """The channel masks as uint8 arrays named group-<i>."""
+    return to_plain_record({f"group-{i}": m.astype(np.uint8) for i, m in enumerate(masks)})
+
+
+class DapperFLClient(ClientAlgorithm):
+    """Trains and uploads a model pruned to its device's ratio; evaluates that model and the global one."""
+
+    def ratio(self) -> float:
+        """This device's pruning ratio: the configured list cycled over partition ids."""
+        ratios = self.cfg.params_as(DapperFLParams).dapperfl_ratios
+        return ratios[self.env.partition_id % len(ratios)]
+
+    def fit(self, server_round: int, content: RecordDict) -> RecordDict:
+        """Algorithm 1 (model fusion pruning, epoch 1), then epochs 2..E of CE + gamma ||z||^2 on the pruned model."""
+        params = self.cfg.params_as(DapperFLParams)
+        data, device = self.env.data, self.env.device
+        model = self.received_model(content)
+        received = self.snapshot(model)
+        settings = self.settings(server_round)
+        full_epochs = 0
+        if params.dapperfl_mfp:
+            global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            train(model, data.train_x, data.train_y, replace(settings, epochs=1), self.generator(server_round, "mfp"),
+                  device=device)
+            alpha = fusion_factor(server_round, params.dapperfl_alpha0, params.dapperfl_alpha_min,
+                                  params.dapperfl_epsilon)
+            model.load_state_dict(fuse(global_state, model.state_dict(), alpha))
+            full_epochs = 1
+        groups = channel_groups(model)
+        masks = select_channels(dict(zip(model.state_dict(), get_arrays(model))), groups, self.ratio())
+        small = pruned_model(model, groups, masks)
+        extra = [dar_loss(params.dapperfl_gamma)] if params.dapperfl_dar and params.dapperfl_gamma > 0 else []
+        stats = train(small, data.train_x, data.train_y, replace(settings, epochs=settings.epochs - full_epochs),
+                      self.generator(server_round), extra_losses=extra, device=device)
+        self.env.state.save_arrays(LOCAL, get_arrays(small))
+        self.env.state.save_arrays(MASKS, [m.astype(np.float32) for m in masks])
+        shape = data.input_shape
+        flops = (training_flops(flops_per_sample(model, shape, data.num_classes), data.num_train, full_epochs)
+                 + training_flops(flops_per_sample(small, shape, data.num_classes), data.num_train,
+                                  settings.epochs - full_epochs))
+        reply = self.train_reply(stats, small, stages={"G": received, "L1": received, "L2": small}, flops=flops)
+        reply["masks"] = mask_record(masks)
+        return reply
+
+    def local_model(self) -> torch.nn.Module | None:
+        """The pruned model this client trained last (None before its first round)."""
+        arrays, masks = self.env.state.load_arrays(LOCAL), self.env.state.load_arrays(MASKS)
+        if arrays is None or masks is None:
+            return None
+        base: SplitModel = self.new_model()
+        small = pruned_model(base, channel_groups(base), [m > 0.5 for m in masks])
+        set_arrays(small, arrays)
+        return small
+
+    def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
+        """The client's own pruned model on its test split (the global model before it has one), and the global."""
+        received = self.received_model(content)
+        local = self.local_model()
+        extra = self.row(GLOBAL, received)
+        return self.eval_reply(self.evaluate_model(local if local is not None else received), extra)

@@ -1,0 +1,63 @@
+"""DapperFL server half (papers/dapperfl-neurips24-full.txt Sec. 3.4, SPEC 3.4): check each device's pruned upload
+and channel masks against its pruning ratio, recover the pruned channels from the previous global model (Eq. 6)
+and average by sample count (Eq. 7)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from common.algorithms import DapperFLParams
+from common.channels import entry_indices, keep_count, pruned_shapes
+from common.config import ConfigError, RunConfig
+from common.dapperfl import aggregate
+from common.models import ModelLayout
+from common.validation import PayloadError, validate_arrays
+
+from ..clients import ClientRegistry
+from ..replies import TrainReply
+from .base import PFLStrategy
+
+
+class DapperFLStrategy(PFLStrategy):
+    """Sends the global model; takes back physically pruned models of different widths with their channel masks."""
+
+    uploads_weights = False
+
+    def __init__(self, cfg: RunConfig, model: ModelLayout, clients: ClientRegistry) -> None:
+        super().__init__(cfg, model, clients)
+        if not model.channels:
+            raise ConfigError(f"dapperfl prunes output channels and model '{cfg.model}' has no channel plan")
+        self.groups = list(model.channels)
+        self.names = [name for name, _ in self.specs]
+        self.ratios = cfg.params_as(DapperFLParams).dapperfl_ratios
+
+    def ratio(self, partition_id: int) -> float:
+        """The pruning ratio of a client: the configured list cycled over partition ids."""
+        return self.ratios[partition_id % len(self.ratios)]
+
+    def decode_train_reply(self, server_round: int, reply: TrainReply) -> None:
+        """Masks: one 0/1 uint8 vector per channel group keeping exactly the channels the client's ratio keeps;
+        arrays: the model's entries at the widths those masks give, float32, finite."""
+        content, ratio = reply.content, self.ratio(reply.partition_id)
+        flags = validate_arrays(content.array_records.get("masks"),
+                                [(f"group-{i}", (g.size,)) for i, g in enumerate(self.groups)], dtype="uint8")
+        masks = []
+        for i, (group, flag) in enumerate(zip(self.groups, flags, strict=True)):
+            if np.any(flag > 1):
+                raise PayloadError(f"channel mask group-{i} holds values other than 0 and 1")
+            kept, expected = int(flag.sum()), keep_count(group.size, ratio)
+            if kept != expected:
+                raise PayloadError(f"channel mask group-{i} keeps {kept} of {group.size} channels; the client's "
+                                   f"pruning ratio {ratio:g} keeps {expected}")
+            masks.append(flag.astype(bool))
+        indices = entry_indices(self.groups, masks, self.specs)
+        arrays = validate_arrays(content.array_records.get("arrays"), pruned_shapes(self.specs, indices))
+        reply.payload = (dict(zip(self.names, arrays, strict=True)), indices)
+
+    def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
+        """Eq. 6 then Eq. 7: pruned channels from the previous global model, then the sample-weighted average."""
+        payloads: list[Any] = [r.payload for r in replies]
+        self.global_arrays = aggregate(self.global_arrays, self.names, [p[0] for p in payloads],
+                                       [p[1] for p in payloads], [r.num_examples for r in replies])
