@@ -14,10 +14,11 @@ from .hparams import ConfigError, as_dict, choice, describe, hp, parse_fields
 from .robust import ROBUST_METHODS, RobustRule
 from .validation import is_folder_name
 
-DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10")
-PARTITIONS = ("iid", "dirichlet", "pathological", "ls", "qs", "lsqs", "grouped")
-MODELS = ("auto", "mlp", "cnn-mnist", "cnn-cifar", "mlp-bn", "cnn-mnist-bn", "cnn-cifar-bn")
-AUTO_MODEL = {"digits": "mlp", "mnist": "cnn-mnist", "fashion-mnist": "cnn-mnist", "cifar10": "cnn-cifar"}
+DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "digit-domains")
+PARTITIONS = ("iid", "dirichlet", "pathological", "ls", "qs", "lsqs", "grouped", "domains")
+MODELS = ("auto", "mlp", "cnn-mnist", "cnn-cifar", "mlp-bn", "cnn-mnist-bn", "cnn-cifar-bn", "resnet10", "resnet10-s")
+AUTO_MODEL = {"digits": "mlp", "mnist": "cnn-mnist", "fashion-mnist": "cnn-mnist", "cifar10": "cnn-cifar",
+              "digit-domains": "resnet10-s"}
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -52,7 +53,9 @@ class RunConfig:
     dataclass) and `algorithm_keys` every registered algorithm's keys, validated (for config.json)."""
 
     algorithm: str = hp("fedavg", "the algorithm", choices=tuple(sorted(SPECS)), allowed="see the next table")
-    dataset: str = hp("digits", "the data set; `digits` (scikit-learn's 8x8 digits) is embedded: no download",
+    dataset: str = hp("digits", "the data set; `digits` (scikit-learn's 8x8 digits) is embedded: no download; "
+                      "`digit-domains`: MNIST, USPS, MNIST-M-style and SYN-style digits at 32x32 RGB, built from "
+                      "`data-dir` (MNIST, USPS, CIFAR-10)",
                       choices=DATASETS)
     data_dir: str = hp("", "folder with `MNIST/raw`, `FashionMNIST/raw`, `cifar-10-batches-py` (torchvision "
                        "layout); empty: `$PFL_DATA_DIR`, else `~/.cache/pflower/data`. Use an absolute path.")
@@ -62,15 +65,22 @@ class RunConfig:
                         "clients hold half of the samples); FLIU's `ls` (Dirichlet label rows balanced by "
                         "Sinkhorn-Knopp: equal client sizes, every sample used), `qs` (Dirichlet client sizes, "
                         "balanced labels), `lsqs` (both); FedAMP's `grouped` (5 groups of clients, 80% of each "
-                        "client's data from its group's 2 classes, 500/400/300/200/100 samples per client)",
+                        "client's data from its group's 2 classes, 500/400/300/200/100 samples per client); "
+                        "DapperFL's `domains` (digit-domains: each client holds `domain-share` of one domain)",
                         choices=PARTITIONS)
+    domain_share: float = hp(0.01, "`domains` partition (digit-domains): share of its domain each client takes "
+                             "(DapperFL: 1%)", low=0.0, high=1.0, low_open=True)
+    domain_test_size: int = hp(1000, "`domains` partition: samples of each domain held out to test the global "
+                               "model on that domain", low=1)
     dirichlet_alpha: float = hp(0.3, "alpha of every Dirichlet draw of the partition", low=0.0, low_open=True)
     test_fraction: float = hp(0.25, "each client's samples are split into train and test sets by this fraction",
                               low=0.0, high=0.9, low_open=True)
     max_samples: int = hp(0, "partition a seeded subset of this many samples of the dataset (0: all); for quick "
                           "CPU runs", low=0)
     model: str = hp("auto", "`mlp` (digits), `cnn-mnist` (McMahan et al. CNN, 1.66M parameters), `cnn-cifar`; "
-                    "`-bn`: the same with batch normalization; `auto` picks by dataset (the `-bn` one for `fedbn`)",
+                    "`-bn`: the same with batch normalization; `resnet10` (32x32 images, 4.9M parameters) and "
+                    "`resnet10-s` (a quarter of its widths, for CPUs); `auto` picks by dataset (the `-bn` one for "
+                    "`fedbn`)",
                     choices=MODELS)
     num_rounds: int = hp(20, "federated rounds", low=1, high=100_000)
     fraction_train: float = hp(0.5, "fraction of clients sampled per round (seeded, at least `min-train-clients`)",

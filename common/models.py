@@ -77,10 +77,64 @@ def cnn_cifar(input_shape: tuple[int, ...], num_classes: int, bn: bool = False) 
     return SplitModel(body, nn.Linear(512, num_classes))
 
 
+class BasicBlock(nn.Module):
+    """ResNet's basic block: two 3x3 convolutions with batch norm, and a projection shortcut where the shape
+    changes."""
+
+    def __init__(self, in_channels: int, channels: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, channels, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_channels != channels:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, channels, 1, stride, bias=False),
+                                          nn.BatchNorm2d(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x))."""
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNetBody(nn.Module):
+    """ResNet10 for 32x32 inputs without the classifier: a 3x3 stem and one basic block per stage (widths w, 2w,
+    4w, 8w; strides 1, 2, 2, 2), global average pooling; outputs 8w features."""
+
+    def __init__(self, in_channels: int, width: int = 64) -> None:
+        super().__init__()
+        widths = (width, 2 * width, 4 * width, 8 * width)
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width),
+                                  nn.ReLU())
+        self.layers = nn.Sequential(*[BasicBlock(cin, cout, 1 if i == 0 else 2)
+                                      for i, (cin, cout) in enumerate(zip((width, *widths[:-1]), widths))])
+        self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.features = widths[-1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Pooled features."""
+        return self.pool(self.layers(self.stem(x)))
+
+    def channel_groups(self, prefix: str) -> list[ChannelGroup]:
+        """Prunable channels: each block's inner channels (conv1 and bn1 out, conv2 in). The channels of the
+        residual stream (stem, block outputs, shortcuts) stay: pruning them would need one mask per stage."""
+        blocks = [block for block in self.layers if isinstance(block, BasicBlock)]
+        return [ChannelGroup(block.conv1.out_channels, (f"{prefix}.layers.{i}.conv1", f"{prefix}.layers.{i}.bn1"),
+                             ((f"{prefix}.layers.{i}.conv2", 1),)) for i, block in enumerate(blocks)]
+
+
+def resnet10(input_shape: tuple[int, ...], num_classes: int, width: int = 64) -> SplitModel:
+    """ResNet10 for 32x32 images (DapperFL's Digits backbone; width 64: 4.9M parameters)."""
+    body = ResNetBody(input_shape[0], width)
+    return SplitModel(body, nn.Linear(body.features, num_classes))
+
+
 _BUILDERS = {"mlp": mlp, "cnn-mnist": cnn_mnist, "cnn-cifar": cnn_cifar, "mlp-bn": mlp_bn,
              "cnn-mnist-bn": lambda shape, classes: cnn_mnist(shape, classes, bn=True),
-             "cnn-cifar-bn": lambda shape, classes: cnn_cifar(shape, classes, bn=True)}
-_NEEDS = {"cnn-mnist": 3, "cnn-cifar": 3, "cnn-mnist-bn": 3, "cnn-cifar-bn": 3}
+             "cnn-cifar-bn": lambda shape, classes: cnn_cifar(shape, classes, bn=True),
+             "resnet10": resnet10, "resnet10-s": lambda shape, classes: resnet10(shape, classes, width=16)}
+_NEEDS = {"cnn-mnist": 3, "cnn-cifar": 3, "cnn-mnist-bn": 3, "cnn-cifar-bn": 3, "resnet10": 3, "resnet10-s": 3}
 
 
 def build_model(name: str, dataset: str, input_shape: tuple[int, ...], num_classes: int, seed: int) -> SplitModel:

@@ -10,6 +10,7 @@ import numpy as np
 from flwr.app import RecordDict
 
 from common.aggregate import mean_std
+from common.data.domains import DOMAINS
 from common.evaluate import shift_key
 from common.stages import STAGE_KEYS
 from common.validation import PayloadError, check_echo, read_count, read_finite, read_fraction
@@ -107,7 +108,17 @@ def parse_eval_metrics(metrics: Mapping[str, Any] | None, degrees: tuple[float, 
     row = {shift_key(d): read_fraction(metrics, shift_key(d)) for d in degrees}
     row["loss"] = read_finite(metrics, "loss")
     row.update(extra(metrics))
+    if metrics is not None and "domain-id" in metrics:  # multi-domain data: the global model on the client's domain
+        domain = read_count(metrics, "domain-id", allow_zero=True)
+        if domain >= len(DOMAINS):
+            raise PayloadError(f"metric 'domain-id' = {domain} names no domain")
+        row[domain_key(DOMAINS[domain])] = read_fraction(metrics, "domain-acc")
     return row
+
+
+def domain_key(name: str) -> str:
+    """The evaluation row of the global model's accuracy on one domain's held-out test data."""
+    return f"domain-{name}-acc"
 
 
 def eval_statistics(per_client: dict[int, dict[str, float]], failed: int) -> dict[str, Any]:

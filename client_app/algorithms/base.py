@@ -20,7 +20,7 @@ from common.flops import flops_per_sample, training_flops
 from common.models import SplitModel, array_specs, build_model, get_arrays, set_arrays
 from common.records import to_record
 from common.seeding import derive_seed
-from common.stages import stage_metrics
+from common.stages import accuracy, stage_metrics
 from common.train import TrainSettings, TrainStats
 from common.validation import PayloadError, read_finite, validate_arrays
 
@@ -151,6 +151,13 @@ class ClientAlgorithm(ABC):
         """An extra evaluation row of the algorithm's spec: `model`'s accuracy at every shift degree."""
         return {row.prefix + shift_key(d): acc for d, acc in self.evaluate_model(model).shift_accuracy.items()}
 
+    def domain_metrics(self, model: torch.nn.Module) -> dict[str, float]:
+        """Multi-domain data: `model`'s accuracy on the held-out test data of this client's domain (empty else)."""
+        data = self.env.data
+        if data.domain < 0 or data.domain_x is None or data.domain_y is None:
+            return {}
+        return {"domain-id": data.domain, "domain-acc": accuracy(model, data.domain_x, data.domain_y, self.env.device)}
+
     def eval_reply(self, result: EvalResult, extra: dict[str, float] | None = None) -> RecordDict:
         """Reply content of an evaluation: loss and accuracy at each shift degree."""
         metrics: MetricValues = {"num-test": result.num_test, "loss": _finite(result.loss)}
@@ -164,8 +171,9 @@ class ClientAlgorithm(ABC):
         """Answer a training message."""
 
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
-        """Answer an evaluation message (default: evaluate the model the server sent)."""
-        return self.eval_reply(self.evaluate_model(self.received_model(content)))
+        """Answer an evaluation message (default: evaluate the model the server sent, also on its domain)."""
+        model = self.received_model(content)
+        return self.eval_reply(self.evaluate_model(model), self.domain_metrics(model))
 
 
 @lru_cache(maxsize=32)

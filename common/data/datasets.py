@@ -5,34 +5,13 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-
-class DataError(RuntimeError):
-    """Data that cannot be loaded; the message names the files expected and where."""
-
-
-@dataclass(frozen=True)
-class DatasetArrays:
-    """A whole dataset: train and test pooled into x (N, C, H, W) or (N, F) uint8/float32 and y int64."""
-
-    name: str
-    x: np.ndarray
-    y: np.ndarray
-    num_classes: int
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    scale: float  # x / scale lies in [0, 1]
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        """Shape of one sample."""
-        return tuple(self.x.shape[1:])
-
+from .arrays import DataError, DatasetArrays
+from .domains import digit_domains
 
 _MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
                 "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
@@ -154,6 +133,8 @@ def load_dataset(name: str, data_dir: str, allow_download: bool = False) -> Data
         return _mnist_like(name, root, cache_dir, allow_download)
     if name == "cifar10":
         return _cifar10(root, allow_download)
+    if name == "digit-domains":
+        return digit_domains(root, cache_dir, lambda part: load_dataset(part, data_dir))
     raise DataError(f"unknown dataset '{name}'")
 
 

@@ -11,6 +11,7 @@ import torch
 from ..config import RunConfig
 from ..seeding import derive_seed
 from .datasets import DataError, DatasetArrays, load_dataset, normalize
+from .domains import domain_partition
 from .noise import flip_labels, seeded_client_ids, shift_labels
 from .partition import partition, train_test_split
 from .shift import ShiftPlan, make_shift_plan
@@ -22,6 +23,8 @@ class FederatedSplit:
 
     train: tuple[np.ndarray, ...]
     test: tuple[np.ndarray, ...]
+    domain_of: tuple[int, ...] = ()  # multi-domain data: each client's domain
+    domain_test: tuple[np.ndarray, ...] = ()  # and each domain's held-out test indices
 
     @property
     def pool(self) -> np.ndarray:
@@ -46,6 +49,9 @@ class ClientData:
     num_partitions: int = 0
     dirty: bool = False  # training labels partly flipped (dirty-clients / dirty-fraction)
     attacker: bool = False  # simulated model-replacement attacker (attack-clients): labels shifted, upload boosted
+    domain: int = -1  # multi-domain data: this client's domain, and that domain's held-out test data
+    domain_x: torch.Tensor | None = None
+    domain_y: torch.Tensor | None = None
 
     @property
     def num_train(self) -> int:
@@ -60,8 +66,17 @@ def dataset_for(cfg: RunConfig) -> DatasetArrays:
 
 @lru_cache(maxsize=4)
 def _split_cached(dataset: str, data_dir: str, allow_download: bool, scheme: str, num_clients: int,
-                  seed: int, alpha: float, test_fraction: float, max_samples: int = 0) -> FederatedSplit:
+                  seed: int, alpha: float, test_fraction: float, max_samples: int = 0,
+                  domain_share: float = 0.01, domain_test_size: int = 1000) -> FederatedSplit:
     data = load_dataset(dataset, data_dir, allow_download)
+    if scheme == "domains":
+        if data.domain is None:
+            raise DataError(f"partition 'domains' needs a multi-domain data set (digit-domains), not '{dataset}'")
+        parts, domain_of, held_out = domain_partition(data.domain, num_clients, domain_share, domain_test_size,
+                                                      derive_seed(seed, "partition"))
+        splits = [train_test_split(idx, test_fraction, derive_seed(seed, "split", c)) for c, idx in enumerate(parts)]
+        return FederatedSplit(tuple(s[0] for s in splits), tuple(s[1] for s in splits), tuple(domain_of),
+                              tuple(held_out))
     subset = np.arange(len(data.y))
     if 0 < max_samples < len(subset):  # a seeded subset of the dataset (CPU presets), partitioned as usual
         subset = np.sort(np.random.default_rng(derive_seed(seed, "max-samples")).choice(
@@ -78,7 +93,8 @@ def _split_cached(dataset: str, data_dir: str, allow_download: bool, scheme: str
 def federated_split(cfg: RunConfig, num_clients: int) -> FederatedSplit:
     """The run's partition of its dataset over `num_clients` clients (cached per process)."""
     return _split_cached(cfg.dataset, str(cfg.resolved_data_dir), cfg.allow_download, cfg.partition,
-                         num_clients, cfg.seed, cfg.dirichlet_alpha, cfg.test_fraction, cfg.max_samples)
+                         num_clients, cfg.seed, cfg.dirichlet_alpha, cfg.test_fraction, cfg.max_samples,
+                         cfg.domain_share, cfg.domain_test_size)
 
 
 def _tensors(data: DatasetArrays, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,8 +119,12 @@ def client_data(cfg: RunConfig, partition_id: int, num_clients: int) -> ClientDa
         train_y = torch.from_numpy(shift_labels(train_y.numpy(), data.num_classes))
     test_x, test_y = _tensors(data, split.test[partition_id])
     shift_x, shift_y = _tensors(data, plan.draws)
+    domain, domain_x, domain_y = -1, None, None
+    if split.domain_of:
+        domain = split.domain_of[partition_id]
+        domain_x, domain_y = _tensors(data, split.domain_test[domain])
     return ClientData(partition_id, data.num_classes, data.input_shape, train_x, train_y, test_x, test_y,
-                      shift_x, shift_y, plan, num_clients, dirty, attacker)
+                      shift_x, shift_y, plan, num_clients, dirty, attacker, domain, domain_x, domain_y)
 
 
 _POOLED: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
