@@ -8,12 +8,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from common.algorithms import eval_rows
 from common.config import RunConfig, parse_run_config
+from common.data.domains import DOMAINS
 from common.evaluate import shift_key
 from common.persist import atomic_write_text
 
-from .replies import RoundLog
+from .replies import RoundLog, domain_key
 
 
 def read_run_config(run_dir: Path) -> dict[str, Any]:
@@ -133,9 +136,30 @@ def summarize(records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, 
         "replies_rejected": [r["train"].get("rejected", 0) for r in records],
         "wall_seconds": sum(r["wall_s"] for r in records),
         **_aggregation_cost(records),
+        **_costs_by_ratio(records),
         "shift_degrees": degrees,
         **_last_stages(records),
     }
+
+
+def _costs_by_ratio(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """DapperFL: per pruning ratio, the clients, values uploaded, and per client-round training FLOPs and MB."""
+    table: dict[str, dict[str, Any]] = {}
+    for record in records:
+        for ratio, entry in record.get("by_ratio", {}).items():
+            row = table.setdefault(ratio, {"clients": set(), "values": entry["values"], "flops": [], "up": [],
+                                           "down": []})
+            row["clients"].update(entry["clients"])
+            row["flops"].append(entry["train_flops"])
+            for pid in entry["clients"]:
+                sent = record["bytes_per_client"].get(str(pid), {"up": 0, "down": 0})
+                row["up"].append(_mb(sent["up"]))
+                row["down"].append(_mb(sent["down"]))
+    if not table:
+        return {}
+    return {"by_ratio": {ratio: {"clients": sorted(row["clients"]), "values": row["values"],
+                                 "train_flops": float(np.mean(row["flops"])), "mb_up": float(np.mean(row["up"])),
+                                 "mb_down": float(np.mean(row["down"]))} for ratio, row in table.items()}}
 
 
 def _aggregation_cost(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -173,6 +197,31 @@ def _stage_lines(summary: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def _domain_lines(summary: dict[str, Any]) -> list[str]:
+    """Multi-domain data: the global model's accuracy on each domain's held-out test data, and their mean."""
+    final = summary.get("final") or {}
+    rows = [(name, final["mean"][domain_key(name)]) for name in DOMAINS if domain_key(name) in final.get("mean", {})]
+    if not rows:
+        return []
+    mean = sum(value for _, value in rows) / len(rows)
+    return ["Global model on each domain's held-out test data (%), and their mean (global accuracy):", "",
+            "| " + " | ".join(name for name, _ in rows) + " | global accuracy |", "|---" * (len(rows) + 1) + "|",
+            "| " + " | ".join(_fmt(value) for _, value in rows) + f" | {_fmt(mean)} |", ""]
+
+
+def _ratio_lines(summary: dict[str, Any]) -> list[str]:
+    """DapperFL: costs per client by pruning ratio."""
+    table = summary.get("by_ratio")
+    if not table:
+        return []
+    lines = ["Per client and round, by pruning ratio (measured):", "",
+             "| ratio | clients | values uploaded | training FLOPs | MB up | MB down |", "|---|---|---|---|---|---|"]
+    for ratio, row in sorted(table.items(), key=lambda item: float(item[0])):
+        lines.append(f"| {ratio} | {len(row['clients'])} | {row['values']:,} | {row['train_flops']:.3e} | "
+                     f"{row['mb_up']:.3f} | {row['mb_down']:.3f} |")
+    return lines + [""]
+
+
 def render_markdown(summary: dict[str, Any]) -> str:
     """summary.md: one table of accuracy at each shift degree, then costs and replies."""
     lines = [f"# {summary.get('algorithm', '?')} on {summary.get('dataset', '?')}", ""]
@@ -203,6 +252,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines.append("")
     lines.extend(_stage_lines(summary))
     mb = summary["mb_per_client"]
+    lines.extend(_domain_lines(summary))
+    lines.extend(_ratio_lines(summary))
     lines.append("| cost | value |")
     lines.append("|---|---|")
     lines.append(f"| training download per client (MB, measured) | {mb['train_down']:.3f} |")

@@ -201,3 +201,16 @@ def test_ablations_switch_fusion_and_regularization_off() -> None:
         parse_run_config({"algorithm": "dapperfl", "dapperfl-ratios": "0,1.0"})
     assert parse_run_config({"algorithm": "dapperfl", "dapperfl-ratios": "0.5,0,0.5"}).params.dapperfl_ratios == (
         0.5, 0.0, 0.5)
+
+
+def test_resnet10_prunes_each_blocks_inner_channels() -> None:
+    model = build_model("resnet10-s", "digit-domains", (3, 32, 32), 10, seed=0)
+    groups = channel_groups(model)
+    assert [g.size for g in groups] == [16, 32, 64, 128]
+    keep = select_channels(dict(zip(model.state_dict(), get_arrays(model))), groups, 0.5)
+    small = pruned_model(model, groups, keep)
+    assert small(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    # per block: conv1 (c_in x k x 3 x 3), bn1 (2k), conv2 (k x c x 3 x 3) lose c - k channels each
+    removed = sum((c_in * 9 + 2 + c * 9) * (c - c // 2) for c_in, c in ((16, 16), (16, 32), (32, 64), (64, 128)))
+    full, pruned = (sum(p.numel() for p in m.parameters()) for m in (model, small))
+    assert full - pruned == removed

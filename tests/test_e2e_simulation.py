@@ -147,3 +147,23 @@ def test_split_and_personal_baselines_run_end_to_end(superlink, tmp_path, algori
     assert 3 * shared_params * 4 < last["bytes"]["train_up"] < 3 * (shared_params * 4 + 4000)
     if algorithm in ("ditto", "apfl"):
         assert "global-acc-shift-0" in last["eval"]["mean"]
+
+
+def test_dapperfl_on_the_digit_domains_prunes_by_device(superlink, tmp_path, data_dir) -> None:
+    config = (f"results-dir='{tmp_path}' run-name='dapperfl' num-rounds=2 fraction-train=1.0 local-epochs=2 "
+              f"algorithm='dapperfl' dataset='digit-domains' partition='domains' data-dir='{data_dir}' "
+              "domain-share=0.005 domain-test-size=200 shift-degrees='0' batch-size=32")
+    outcome = superlink.run(REPO, config, num_supernodes=10)
+    _outcome_ok(outcome)
+    rounds = _rounds(tmp_path / "dapperfl")
+    by_ratio = rounds[-1]["by_ratio"]
+    assert list(by_ratio) == ["0", "0.2", "0.4", "0.6", "0.8"]
+    assert all(len(entry["clients"]) == 2 for entry in by_ratio.values())
+    values = [entry["values"] for entry in by_ratio.values()]
+    assert values == sorted(values, reverse=True) and values[-1] < 0.5 * values[0]
+    summary = json.loads((tmp_path / "dapperfl" / "summary.json").read_text())
+    up = [summary["by_ratio"][r]["mb_up"] for r in ("0", "0.2", "0.4", "0.6", "0.8")]
+    assert up == sorted(up, reverse=True) and up[-1] < 0.5 * up[0]
+    assert {f"domain-{d}-acc" for d in ("mnist", "usps", "mnist-m", "syn")} <= set(summary["final"]["mean"])
+    text = (tmp_path / "dapperfl" / "summary.md").read_text()
+    assert "global accuracy |" in text and "| 0.8 | 2 |" in text

@@ -16,7 +16,7 @@ from common.models import ModelLayout
 from common.validation import PayloadError, validate_arrays
 
 from ..clients import ClientRegistry
-from ..replies import TrainReply
+from ..replies import TrainReply, reply_flops
 from .base import PFLStrategy
 
 
@@ -32,6 +32,7 @@ class DapperFLStrategy(PFLStrategy):
         self.groups = list(model.channels)
         self.names = [name for name, _ in self.specs]
         self.ratios = cfg.params_as(DapperFLParams).dapperfl_ratios
+        self.by_ratio: dict[str, dict[str, Any]] = {}  # the round's uploads grouped by pruning ratio
 
     def ratio(self, partition_id: int) -> float:
         """The pruning ratio of a client: the configured list cycled over partition ids."""
@@ -58,6 +59,21 @@ class DapperFLStrategy(PFLStrategy):
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Eq. 6 then Eq. 7: pruned channels from the previous global model, then the sample-weighted average."""
+        self.by_ratio = {}
+        for reply in replies:
+            entry = self.by_ratio.setdefault(f"{self.ratio(reply.partition_id):g}",
+                                             {"clients": [], "values": 0, "train_flops": []})
+            entry["clients"].append(reply.partition_id)
+            entry["values"] = sum(int(a.size) for a in reply.payload[0].values())
+            entry["train_flops"].append(reply_flops(reply.content))
         payloads: list[Any] = [r.payload for r in replies]
         self.global_arrays = aggregate(self.global_arrays, self.names, [p[0] for p in payloads],
                                        [p[1] for p in payloads], [r.num_examples for r in replies])
+
+    def round_record(self, server_round: int) -> dict[str, Any]:
+        """The round's uploads by pruning ratio: clients, values uploaded per client, training FLOPs per client."""
+        record = {"by_ratio": {ratio: {"clients": e["clients"], "values": e["values"],
+                                       "train_flops": float(np.mean(e["train_flops"]))}
+                               for ratio, e in sorted(self.by_ratio.items(), key=lambda item: float(item[0]))}}
+        self.by_ratio = {}
+        return record if record["by_ratio"] else {}
