@@ -92,6 +92,7 @@ class RoundLog:
     per_client_bytes: dict[int, dict[str, int]] = field(default_factory=dict)
     train: dict[str, Any] = field(default_factory=dict)
     eval: dict[str, Any] | None = None
+    aggregate_s: float | None = None  # server time of the round's aggregation
 
     def add_bytes(self, kind: str, partition_id: int, num_bytes: int) -> None:
         """Count bytes of one message, in total and for its client."""

@@ -30,7 +30,7 @@ def round_record(server_round: int, wall: float, elapsed: float, log: RoundLog,
     """A round's line of metrics.jsonl, from its counters and the algorithm's own fields."""
     return {"round": server_round, "wall_s": wall, "elapsed_s": elapsed, "train": log.train, "bytes": log.bytes,
             "bytes_per_client": {str(k): v for k, v in sorted(log.per_client_bytes.items())}, "eval": log.eval,
-            **extra}
+            **({"aggregate_s": log.aggregate_s} if log.aggregate_s is not None else {}), **extra}
 
 
 def settings_text(cfg: RunConfig, num_clients: int) -> str:
@@ -164,7 +164,7 @@ def _costs_by_ratio(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _aggregation_cost(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Server time spent aggregating (median per round) and, under a robust rule, how many updates it clipped."""
-    times = sorted(r["train"]["aggregate_s"] for r in records if "aggregate_s" in r["train"])
+    times = sorted(r["aggregate_s"] for r in records if "aggregate_s" in r)
     robust = [r["train"]["robust"] for r in records if r["train"].get("robust")]
     out: dict[str, Any] = {"aggregate_s_median": times[len(times) // 2] if times else None}
     if robust:

@@ -98,8 +98,7 @@ class RoundRunner(Strategy):
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
         """One evaluation message per evaluated client."""
-        return self._messages(server_round, self.strategy.eval_clients(server_round), MessageType.EVALUATE,
-                              "eval_down")
+        return self._messages(server_round, self.strategy.eval_clients(server_round), MessageType.EVALUATE, "eval_down")
 
     # ----- replies ---------------------------------------------------------------------------------------
     def _sort_replies(self, server_round: int, replies: Iterable[Message],
@@ -158,12 +157,13 @@ class RoundRunner(Strategy):
         train, started = self.round_log.train, time.perf_counter()
         if accepted:
             self.strategy.aggregate(server_round, accepted)
-            train.update(aggregate_s=time.perf_counter() - started, **self.strategy.aggregation_fields)
+            self.round_log.aggregate_s = time.perf_counter() - started  # a timing: kept out of `train`
         flops = sum(reply_flops(r.content) for r in accepted) + train.get("pretrain", {}).get("flops", 0.0)
         total = sum(r.num_examples for r in accepted)
         loss = sum(r.loss * r.num_examples for r in accepted) / total if total else float("nan")
         train.update(received=len(replies), failed=failed, rejected=rejected, used=len(accepted), loss=loss,
-                     num_examples=total, flops=flops, clients=[r.partition_id for r in accepted])
+                     num_examples=total, flops=flops, clients=[r.partition_id for r in accepted],
+                     **(self.strategy.aggregation_fields if accepted else {}))
         stage_rows = [r.stages for r in accepted if r.stages]
         if stage_rows:
             train["stages"] = summarize_stages(stage_rows, self.cfg.rho_eps)

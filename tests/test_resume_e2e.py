@@ -16,7 +16,7 @@ from .harness.local_superlink import LocalSuperLink
 
 pytestmark = pytest.mark.e2e
 NODES = 6
-VARYING = ("wall_s", "elapsed_s", "bytes", "bytes_per_client")  # time, and sizes of random message ids
+VARYING = ("wall_s", "elapsed_s", "aggregate_s", "bytes", "bytes_per_client")  # times; sizes of random ids
 
 
 def _config(results: Path, states: Path, extra: str = "") -> str:

@@ -130,16 +130,16 @@ def test_two_attackers_move_the_global_model_unless_their_updates_are_clipped() 
     assert report["method"] == "clip" and report["clipped"] >= 2 and report["max_norm"] > 5 * report["norm_bound"]
     assert bounded <= report["norm_bound"] * (1 + 1e-5), "a convex mix of clipped updates stays inside the bound"
     assert moved > 3 * bounded, "without a defence the boosted updates dominate"
-    assert "robust" not in plain.round_log.train and plain.round_log.train["aggregate_s"] >= 0
+    assert "robust" not in plain.round_log.train and plain.round_log.aggregate_s >= 0
     trimmed, trimmed_move = _attacked("trimmed-mean")
     assert trimmed.round_log.train["robust"] == {"method": "trimmed-mean", "trimmed_each_end": 2}
     assert trimmed_move < moved / 2
 
 
 def test_the_summary_reports_the_aggregation_cost() -> None:
-    records = [{"round": r, "wall_s": 1.0, "bytes": dict.fromkeys(("train_down", "train_up", "eval_down",
-                                                                   "eval_up"), 0),
-                "train": {"used": 2, "sent": 2, "aggregate_s": t, "robust": {"method": "clip", "clipped": c}}}
+    records = [{"round": r, "wall_s": 1.0, "aggregate_s": t, "bytes": dict.fromkeys(("train_down", "train_up",
+                                                                                    "eval_down", "eval_up"), 0),
+                "train": {"used": 2, "sent": 2, "robust": {"method": "clip", "clipped": c}}}
                for r, t, c in ((1, 0.004, 2), (2, 0.002, 1), (3, 0.010, 0))]
     summary = summarize(records, {"algorithm": "fedavg", "num_clients": 2})
     assert summary["aggregate_s_median"] == 0.004 and summary["robust"] == {"method": "clip", "clipped": 3}
