@@ -5,6 +5,7 @@ model with the domain adaptive regularizer for the remaining epochs, upload it w
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -14,7 +15,7 @@ from common.algorithms import GLOBAL, DapperFLParams
 from common.channels import channel_groups, pruned_model
 from common.dapperfl import dar_loss, fuse, fusion_factor, select_channels
 from common.flops import flops_per_sample, training_flops
-from common.models import SplitModel, get_arrays, set_arrays
+from common.models import SplitModel, build_model, get_arrays, set_arrays
 from common.records import to_plain_record
 from common.train import train
 
@@ -61,13 +62,17 @@ class DapperFLClient(ClientAlgorithm):
                       self.generator(server_round), extra_losses=extra, device=device)
         self.env.state.save_arrays(LOCAL, get_arrays(small))
         self.env.state.save_arrays(MASKS, [m.astype(np.float32) for m in masks])
-        shape = data.input_shape
-        flops = (training_flops(flops_per_sample(model, shape, data.num_classes), data.num_train, full_epochs)
-                 + training_flops(flops_per_sample(small, shape, data.num_classes), data.num_train,
+        flops = (training_flops(self.flops_per_sample(tuple(g.size for g in groups)), data.num_train, full_epochs)
+                 + training_flops(self.flops_per_sample(tuple(int(m.sum()) for m in masks)), data.num_train,
                                   settings.epochs - full_epochs))
         reply = self.train_reply(stats, small, stages={"G": received, "L1": received, "L2": small}, flops=flops)
         reply["masks"] = mask_record(masks)
         return reply
+
+    def flops_per_sample(self, kept: tuple[int, ...]) -> float:
+        """Training FLOPs of one sample for the model keeping `kept` channels of each group (cached)."""
+        data = self.env.data
+        return _pruned_flops(self.cfg.model, self.cfg.dataset, data.input_shape, data.num_classes, kept)
 
     def local_model(self) -> torch.nn.Module | None:
         """The pruned model this client trained last (None before its first round)."""
@@ -85,3 +90,13 @@ class DapperFLClient(ClientAlgorithm):
         local = self.local_model()
         extra = {**self.row(GLOBAL, received), **self.domain_metrics(received)}
         return self.eval_reply(self.evaluate_model(local if local is not None else received), extra)
+
+
+@lru_cache(maxsize=64)
+def _pruned_flops(model_name: str, dataset: str, input_shape: tuple[int, ...], num_classes: int,
+                  kept: tuple[int, ...]) -> float:
+    # counted on a fresh model: a forward pass of the trained one would move its batch-norm statistics
+    model = build_model(model_name, dataset, input_shape, num_classes, seed=0)
+    groups = channel_groups(model)
+    masks = [np.arange(group.size) < count for group, count in zip(groups, kept, strict=True)]
+    return flops_per_sample(pruned_model(model, groups, masks), input_shape, num_classes)
