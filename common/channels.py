@@ -127,16 +127,12 @@ def recover(pruned: np.ndarray, reference: np.ndarray, dims: Mapping[int, np.nda
     return out
 
 
-def _module(model: nn.Module, path: str) -> nn.Module:
-    return model.get_submodule(path)
-
-
 def _replace(model: nn.Module, path: str, new: nn.Module) -> None:
     parent, _, name = path.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, name, new)
 
 
-def _smaller(module: nn.Module, out_idx: torch.Tensor | None, in_idx: torch.Tensor | None) -> nn.Module:
+def _smaller(module: nn.Module, out_idx: np.ndarray | None, in_idx: np.ndarray | None) -> nn.Module:
     """A copy of a conv, linear or batch-norm layer holding only the given output / input channels."""
     if not isinstance(module, (nn.Conv2d, nn.Linear, *NORM_TYPES)):
         raise ValueError(f"cannot prune channels of {type(module).__name__}")
@@ -147,9 +143,9 @@ def _smaller(module: nn.Module, out_idx: torch.Tensor | None, in_idx: torch.Tens
                 continue  # num_batches_tracked
             value = tensor.detach()
             if out_idx is not None:
-                value = value[out_idx]
-            if in_idx is not None and name == "weight" and not isinstance(module, NORM_TYPES):
-                value = value[:, in_idx]
+                value = value[torch.as_tensor(out_idx)]
+            if in_idx is not None and name == "weight":
+                value = value[:, torch.as_tensor(in_idx)]
             if isinstance(tensor, nn.Parameter):
                 setattr(new, name, nn.Parameter(value.clone(), requires_grad=tensor.requires_grad))
             else:
@@ -170,11 +166,8 @@ def pruned_model(model: nn.Module, groups: Sequence[ChannelGroup], keep: Sequenc
     small = copy.deepcopy(model)
     paths = {name.rsplit(".", 1)[0] for name in indices}
     for path in sorted(paths):
-        module = _module(model, path)
-        out_dims = indices.get(f"{path}.weight", {}).get(0)
-        if isinstance(module, NORM_TYPES):
-            out_dims = indices.get(f"{path}.running_mean", indices.get(f"{path}.weight", {})).get(0)
-        in_dims = indices.get(f"{path}.weight", {}).get(1) if not isinstance(module, NORM_TYPES) else None
-        _replace(small, path, _smaller(module, None if out_dims is None else torch.as_tensor(out_dims),
-                                       None if in_dims is None else torch.as_tensor(in_dims)))
+        out_dims = next((indices[name][0] for name in (f"{path}.{e}" for e in OUT_ENTRIES)
+                         if 0 in indices.get(name, {})), None)
+        in_dims = indices.get(f"{path}.weight", {}).get(1)
+        _replace(small, path, _smaller(model.get_submodule(path), out_dims, in_dims))
     return small

@@ -32,12 +32,14 @@ def update_norms(models: Sequence[Model], reference: Model) -> np.ndarray:
                      for model in models])
 
 
-def clip_updates(models: Sequence[Model], reference: Model, bound: float) -> tuple[list[list[np.ndarray]], int]:
-    """Each model whose update is longer than `bound` moved back along it to norm `bound`; how many were clipped."""
+def clip_updates(models: Sequence[Model], reference: Model, bound: float,
+                 norms: np.ndarray | None = None) -> tuple[list[list[np.ndarray]], int]:
+    """Each model whose update is longer than `bound` moved back along it to norm `bound`; how many were clipped
+    (`norms`: the update norms when already computed)."""
     if not np.isfinite(bound) or bound < 0:
         raise ValueError(f"clip bound must be a finite non-negative number, got {bound}")
     out, clipped = [], 0
-    for model, norm in zip(models, update_norms(models, reference), strict=True):
+    for model, norm in zip(models, update_norms(models, reference) if norms is None else norms, strict=True):
         if norm > bound:
             scale = bound / norm
             out.append([(r + scale * (m.astype(np.float64) - r)).astype(np.float32) for m, r in zip(model, reference)])
@@ -86,7 +88,7 @@ def robust_average(models: Sequence[Model], weights: Sequence[float], reference:
     if rule.method == "clip":
         norms = update_norms(models, reference)
         bound = rule.clip_norm if rule.clip_norm > 0 else float(np.median(norms))
-        clipped, count = clip_updates(models, reference, bound)
+        clipped, count = clip_updates(models, reference, bound, norms)
         return weighted_average(clipped, weights), {"method": "clip", "norm_bound": bound, "clipped": count,
                                                     "max_norm": float(norms.max())}
     if rule.method == "trimmed-mean":

@@ -102,7 +102,8 @@ class ClientRegistry:
                 log(WARNING, "node %s: handshake rejected: %s", node, exc)
                 self.refused[node] = self.clock()
                 continue
-            replaced.extend([info.partition_id] if took_over else [])
+            if took_over:
+                replaced.append(info.partition_id)
         if joining:
             return replaced
         if not self.by_partition:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -89,7 +89,7 @@ class PFLStrategy:
         """Fold validated replies into the server state (default: sample-weighted average, FedAvg)."""
         self.global_arrays = self.average(replies, [r.num_examples for r in replies], self.global_arrays)
 
-    def average(self, replies: list[TrainReply], weights: list[float] | list[int],
+    def average(self, replies: list[TrainReply], weights: Sequence[float],
                 reference: list[np.ndarray]) -> list[np.ndarray]:
         """The uploaded models' weighted average, or the run's `robust-aggregation` rule around `reference`
         (the model the clients started from)."""

@@ -24,7 +24,7 @@ SHIPPED_LISTEN, SHIPPED_UPSTREAM, SHIPPED_CERTS = "listen 9093 ", "127.0.0.1:909
 
 def nginx_binary() -> str | None:
     """nginx on PATH or in /usr/sbin (where Debian puts it), else None."""
-    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+    return shutil.which("nginx") or ("/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None)
 
 
 class FleetProxy:
