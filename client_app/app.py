@@ -7,17 +7,22 @@ from logging import INFO
 from pathlib import Path
 
 import torch
-from flwr.app import Context, Message, MessageType, MetricRecord, RecordDict
+import torch._dynamo
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.supercore import log
 
-from common.config import RunConfig, parse_run_config
+from common import profiling
+from common.config import ConfigError, RunConfig, parse_run_config
+from common.data.datasets import DataError
 from common.data.federated import client_data
 from common.validation import PayloadError, is_folder_name, read_count
 
 from .algorithms import ClientEnv, answer, client_class
 from .state import ClientState, StateDir
 
+# torch's optimizers import torch._dynamo on their first step (1-1.5 s); importing it with the app puts that
+# one-time cost in the handshake instead of the first round's training.
 app = ClientApp()
 
 
@@ -63,6 +68,7 @@ def state_dir(context: Context, msg: Message, cfg: RunConfig) -> StateDir | None
     return StateDir(Path(str(root)).expanduser() / str(key) / f"partition-{partition_id}")
 
 
+@profiling.timed("env")
 def _env(context: Context, msg: Message, training: bool = False) -> tuple[ClientEnv, StateDir | None]:
     """The client's config, data, state (restored from its state dir when it has one) and device."""
     cfg = _config(tuple(sorted(context.run_config.items())))
@@ -81,6 +87,7 @@ def _env(context: Context, msg: Message, training: bool = False) -> tuple[Client
     return ClientEnv(cfg, data, ClientState(record), resolve_device(cfg.device)), store
 
 
+@profiling.timed("persist")
 def _persist(env: ClientEnv, store: StateDir | None, msg: Message) -> None:
     """Write the state to the state dir (atomically) when the message changed it."""
     if store is not None and env.state.dirty:
@@ -95,8 +102,14 @@ def _round(msg: Message) -> int:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Handshake: tell the server which partition this node holds and how much data."""
-    env, _ = _env(context, msg)
+    """Handshake: tell the server which partition this node holds and how much data. A node whose data cannot be
+    made (the run's settings, e.g. more clients than the partition can feed) says why in a 'refused' record
+    instead of raising, so the run stops with that one line rather than a traceback per node."""
+    with profiling.record("client", kind="query", round=0):
+        try:
+            env, _ = _env(context, msg)
+        except (DataError, ConfigError) as exc:
+            return Message(RecordDict({"refused": ConfigRecord({"reason": str(exc)})}), reply_to=msg)
     partition_id, num_partitions = _partition(context)
     metrics = MetricRecord({"partition-id": partition_id, "num-partitions": num_partitions,
                             "num-train": env.data.num_train, "num-test": len(env.data.test_y)})
@@ -106,23 +119,25 @@ def query(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """One round of local training by the configured algorithm."""
-    env, store = _env(context, msg, training=True)
-    config = msg.content.config_records["config"]
-    if config.get("simulate-drop", False):
-        # drop-rate: the server picked this client to fail this round; the error reply exercises the real path.
-        raise SimulatedDrop(f"client {env.partition_id} dropped this round "
-                            f"(simulated, drop-rate {env.cfg.drop_rate:g})")
-    algorithm = client_class(env.cfg.algorithm)(env)
-    reply = Message(answer(algorithm, MessageType.TRAIN, _round(msg), msg.content), reply_to=msg)
-    _persist(env, store, msg)
+    with profiling.record("client", kind="train", round=_round(msg)):
+        env, store = _env(context, msg, training=True)
+        config = msg.content.config_records["config"]
+        if config.get("simulate-drop", False):
+            # drop-rate: the server picked this client to fail this round; the error reply exercises the real path.
+            raise SimulatedDrop(f"client {env.partition_id} dropped this round "
+                                f"(simulated, drop-rate {env.cfg.drop_rate:g})")
+        algorithm = client_class(env.cfg.algorithm)(env)
+        reply = Message(answer(algorithm, MessageType.TRAIN, _round(msg), msg.content), reply_to=msg)
+        _persist(env, store, msg)
     return reply
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Evaluation at every shift degree by the configured algorithm."""
-    env, store = _env(context, msg)
-    algorithm = client_class(env.cfg.algorithm)(env)
-    reply = Message(answer(algorithm, MessageType.EVALUATE, _round(msg), msg.content), reply_to=msg)
-    _persist(env, store, msg)
+    with profiling.record("client", kind="evaluate", round=_round(msg)):
+        env, store = _env(context, msg)
+        algorithm = client_class(env.cfg.algorithm)(env)
+        reply = Message(answer(algorithm, MessageType.EVALUATE, _round(msg), msg.content), reply_to=msg)
+        _persist(env, store, msg)
     return reply

@@ -77,7 +77,9 @@ class RunConfig:
                               low=0.0, high=0.9, low_open=True)
     max_samples: int = hp(0, "partition a seeded subset of this many samples of the dataset (0: all); for quick "
                           "CPU runs", low=0)
-    model: str = hp("auto", "`mlp` (digits), `cnn-mnist` (McMahan et al. CNN, 1.66M parameters), `cnn-cifar`; "
+    model: str = hp("auto", "`mlp` (digits), `cnn-mnist` (McMahan et al. CNN, 1.66M parameters), `cnn-cifar` (5x5 "
+                    "convolutions without padding, FC 512; on 28x28 inputs the 582k-parameter CNN other PFL libraries "
+                    "use for MNIST); "
                     "`-bn`: the same with batch normalization; `resnet10` (32x32 images, 4.9M parameters) and "
                     "`resnet10-s` (a quarter of its widths, for CPUs); `auto` picks by dataset (the `-bn` one for "
                     "`fedbn`)",

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from . import profiling
 from .data.federated import ClientData
 from .data.shift import shifted_correct
 
@@ -55,6 +56,7 @@ def shift_accuracy(predict: Callable[[torch.Tensor], torch.Tensor], data: Client
     return shifted_correct(data.shift_plan, own_correct, draw_correct, degrees)
 
 
+@profiling.timed("evaluate")
 def evaluate_client(model: nn.Module, data: ClientData, degrees: tuple[float, ...],
                     device: torch.device | str = "cpu") -> EvalResult:
     """Loss and accuracy on the client's own test set, and accuracy at each shift degree."""

@@ -9,6 +9,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from . import profiling
+
 
 @dataclass(frozen=True)
 class TrainSettings:
@@ -82,6 +84,7 @@ def _forward(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return logits, logits
 
 
+@profiling.timed("train")
 def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, settings: TrainSettings, generator: torch.Generator,
           update_masks: Mapping[str, torch.Tensor] | None = None, extra_losses: Iterable[ExtraLoss] = (),
           trainable: set[str] | None = None, on_gradients: Callable[[nn.Module], None] | None = None,

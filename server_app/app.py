@@ -11,6 +11,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
+from common import profiling
 from common.config import ConfigError, RunConfig, parse_run_config
 from common.data.datasets import DataError
 from common.data.federated import dataset_for
@@ -106,6 +107,7 @@ def main(grid: Grid, context: Context) -> None:
     writer = ResultsWriter(run_dir, cfg.to_dict(), resume=checkpoint is not None)
     runner = RoundRunner(cfg, strategy, clients, writer=writer, state_key=run_dir.name, resume_from=checkpoint)
     log(INFO, "results folder: %s", run_dir)
+    profiling.time_method(grid, "send_and_receive", "flower")  # bench/round_profile.py only
     try:
         runner.run(grid)
     except RunAborted as exc:

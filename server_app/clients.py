@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
@@ -17,6 +18,18 @@ from flwr.supercore import log
 
 from common.seeding import derive_seed
 from common.validation import PayloadError, read_count
+
+
+def refusal(msg: Message) -> str | None:
+    """Why a node did not answer a handshake: Flower's error reply, or the node's own 'refused' record (its data
+    cannot be made under the run's settings); printable and at most 300 characters. None for an answer."""
+    if msg.has_error():
+        text = str(msg.error.reason)
+    elif "refused" in msg.content.config_records:
+        text = str(msg.content.config_records["refused"].get("reason", "no reason given"))
+    else:
+        return None
+    return "".join(ch if ch.isprintable() else "?" for ch in text)[:300]
 
 
 class RunAborted(RuntimeError):
@@ -89,10 +102,12 @@ class ClientRegistry:
                             message_type=MessageType.QUERY) for node in nodes]
         sizes: set[int] = set()
         replaced: list[int] = []
+        failures: Counter[str] = Counter()  # reason -> nodes: a fault every node shares is logged once
         for msg in grid.send_and_receive(messages, timeout=timeout):
             node = msg.metadata.src_node_id
-            if msg.has_error():
-                log(WARNING, "node %s failed the handshake: %s", node, msg.error.reason)
+            why = refusal(msg)
+            if why is not None:
+                failures[why] += 1
                 continue
             try:
                 info, num_partitions = self._read_claim(node, msg.content.metric_records.get("metrics"))
@@ -104,10 +119,13 @@ class ClientRegistry:
                 continue
             if took_over:
                 replaced.append(info.partition_id)
+        if not joining and not self.by_partition:
+            why = f": {failures.most_common(1)[0][0]}" if failures else " (see the warnings above)"
+            raise RunAborted(f"no client answered the handshake{why}")
+        for reason, count in failures.items():
+            log(WARNING, "%d node(s) failed the handshake: %s", count, reason)
         if joining:
             return replaced
-        if not self.by_partition:
-            raise RunAborted("no client answered the handshake (see the warnings above)")
         if len(sizes) > 1:
             log(WARNING, "clients disagree on num-partitions: %s", sorted(sizes))
         log(INFO, "handshake: %d of %d nodes ready, %d training samples in all",

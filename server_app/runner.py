@@ -13,6 +13,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 
+from common import profiling
 from common.config import RunConfig
 from common.stages import summarize_stages
 from common.validation import PayloadError, echo_values
@@ -31,6 +32,7 @@ from .replies import (
 )
 from .results import ResultsWriter, progress_text, round_record, settings_text
 from .strategies.base import PFLStrategy
+from .warmup import pretrain_round
 from .wire import wire_bytes
 
 
@@ -40,10 +42,7 @@ class RoundRunner(Strategy):
     def __init__(self, cfg: RunConfig, strategy: PFLStrategy, clients: ClientRegistry,
                  writer: ResultsWriter | None = None, state_key: str = "",
                  resume_from: Checkpoint | None = None) -> None:
-        self.cfg = cfg
-        self.strategy = strategy
-        self.clients = clients
-        self.writer = writer
+        self.cfg, self.strategy, self.clients, self.writer = cfg, strategy, clients, writer
         self.state_key = state_key  # names the clients' state dirs for this run (the run folder's name)
         self.resume_from = resume_from
         self.checkpoint_round = 0  # last round whose checkpoint was written
@@ -55,6 +54,7 @@ class RoundRunner(Strategy):
         self._expected: dict[int, dict[str, int]] = {}  # per client: the round (and phase) its reply must name
 
     # ----- messages --------------------------------------------------------------------------------------
+    @profiling.timed("build")
     def message_contents(self, server_round: int, partition_ids: list[int], message_type: str) -> list[RecordDict]:
         """Each client's message content; training clients picked by drop-rate are told to fail and those picked
         by straggler-rate will have their replies set aside as late (simulation only)."""
@@ -82,7 +82,9 @@ class RoundRunner(Strategy):
             contents.append(content)
         return contents
 
-    def _messages(self, server_round: int, partition_ids: list[int], message_type: str, kind: str) -> list[Message]:
+    @profiling.timed("messages")
+    def messages(self, server_round: int, partition_ids: list[int], message_type: str, kind: str) -> list[Message]:
+        """The messages to the given clients, their bytes counted under `kind` (e.g. train_down)."""
         messages = []
         for pid, content in zip(partition_ids, self.message_contents(server_round, partition_ids, message_type)):
             msg = Message(content=content, dst_node_id=self.clients[pid].node_id, message_type=message_type)
@@ -93,14 +95,15 @@ class RoundRunner(Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """One training message per sampled client."""
-        return self._messages(server_round, self.strategy.sample(server_round), MessageType.TRAIN, "train_down")
+        return self.messages(server_round, self.strategy.sample(server_round), MessageType.TRAIN, "train_down")
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
         """One evaluation message per evaluated client."""
-        return self._messages(server_round, self.strategy.eval_clients(server_round), MessageType.EVALUATE, "eval_down")
+        return self.messages(server_round, self.strategy.eval_clients(server_round), MessageType.EVALUATE, "eval_down")
 
     # ----- replies ---------------------------------------------------------------------------------------
+    @profiling.timed("check")
     def _sort_replies(self, server_round: int, replies: Iterable[Message],
                       kind: str) -> tuple[list[tuple[int, Message]], int, int]:
         """Known, error-free replies of sane size in partition order, and the counts of failed and oversized ones."""
@@ -149,6 +152,7 @@ class RoundRunner(Strategy):
                 log(WARNING, "client %d: %s reply rejected: %s", pid, what, exc)
         return accepted, failed, rejected
 
+    @profiling.timed("aggregate")
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate replies, aggregate the accepted ones, record the counts."""
@@ -169,10 +173,11 @@ class RoundRunner(Strategy):
             train["stages"] = summarize_stages(stage_rows, self.cfg.rho_eps)
         return None, MetricRecord({"train-loss": loss if accepted else 0.0, "used": len(accepted)})
 
+    @profiling.timed("eval_aggregate")
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Per-client accuracies at every shift degree (and the algorithm's extra rows); mean and std."""
         good, failed, oversized = self._sort_replies(server_round, replies, "eval_up")
-        failed += oversized
+        failed += oversized  # (counted as failed evaluations)
         per_client: dict[int, dict[str, float]] = {}
         for pid, msg in good:
             try:
@@ -194,19 +199,7 @@ class RoundRunner(Strategy):
         """Evaluate every `eval-every` rounds and after the last one."""
         return due(server_round, self.cfg.eval_every, self.cfg.num_rounds)
 
-    def warmup(self, grid: Grid) -> None:
-        """Round 0: every client trains once before round 1 (its traffic and FLOPs count in round 1)."""
-        clients = self.clients.ids()
-        messages = self._messages(0, clients, MessageType.TRAIN, "train_down")
-        replies = list(grid.send_and_receive(messages, timeout=self.cfg.round_timeout))
-        accepted, failed, rejected = self.accept_train_replies(0, replies, "pre-training")
-        self.strategy.aggregate(0, accepted)
-        train = self.round_log.train
-        faults = {"late": 0, **{key: train.pop(key) for key in ("dropped", "stragglers", "late") if key in train}}
-        train["pretrain"] = {"sent": len(clients), "used": len(accepted), "failed": failed, "rejected": rejected,
-                             "flops": sum(reply_flops(r.content) for r in accepted), **faults}
-        log(INFO, "pre-training: %d of %d clients trained from the common initialization", len(accepted), len(clients))
-
+    @profiling.timed("checkpoint")
     def write_checkpoint(self, server_round: int, elapsed: float) -> None:
         """After every `checkpoint-every` rounds and the last one: the state needed to resume, atomically."""
         if self.writer is not None and due(server_round, self.cfg.checkpoint_every, self.cfg.num_rounds):
@@ -216,8 +209,7 @@ class RoundRunner(Strategy):
 
     def run(self, grid: Grid) -> None:
         """Handshake, then the rounds: train, aggregate, evaluate, record, checkpoint, log progress with ETA."""
-        timeout = self.cfg.round_timeout
-        self.clients.handshake(grid, timeout)
+        self.clients.handshake(grid, self.cfg.round_timeout)
         first, elapsed_before = 1, 0.0
         if self.resume_from is not None:
             self.resumes = restore(self.strategy, self.writer, self.resume_from)
@@ -227,24 +219,28 @@ class RoundRunner(Strategy):
         self.summary()
         start = time.monotonic() - elapsed_before
         for rnd in range(first, self.cfg.num_rounds + 1):
-            t0 = time.monotonic()
-            self.round_log = RoundLog()
-            self._size_cache = {}
-            if rnd > first:
-                for pid in self.clients.refresh(grid, timeout):
-                    self.strategy.on_client_replaced(rnd, pid)
-            if rnd == 1 and self.strategy.warmup_round():
-                self.warmup(grid)
-            messages = list(self.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid))
-            replies = grid.send_and_receive(messages, timeout=timeout) if messages else []
-            self.aggregate_train(rnd, replies)
-            self.round_log.train["sent"] = len(messages)
-            if self.should_evaluate(rnd):
-                eval_messages = list(self.configure_evaluate(rnd, ArrayRecord(), ConfigRecord(), grid))
-                self.aggregate_evaluate(rnd, grid.send_and_receive(eval_messages, timeout=timeout))
-            elapsed = time.monotonic() - start
-            record = round_record(rnd, time.monotonic() - t0, elapsed, self.round_log, self.strategy.round_record(rnd))
-            if self.writer is not None:
-                self.writer.add_round(record)
-            self.write_checkpoint(rnd, elapsed)
-            log(INFO, "%s", progress_text(record, self.cfg.num_rounds, self.cfg.shift_degrees, elapsed))
+            with profiling.record("server", round=rnd):
+                self.run_round(grid, rnd, rnd > first, start)
+
+    def run_round(self, grid: Grid, rnd: int, refresh: bool, start: float) -> None:
+        """One round: re-handshake joiners, (warm up,) train, aggregate, evaluate, record, checkpoint, progress."""
+        t0, timeout = time.monotonic(), self.cfg.round_timeout
+        self.round_log, self._size_cache = RoundLog(), {}
+        if refresh:
+            for pid in self.clients.refresh(grid, timeout):
+                self.strategy.on_client_replaced(rnd, pid)
+        if rnd == 1 and self.strategy.warmup_round():
+            pretrain_round(self, grid)
+        messages = list(self.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid))
+        replies = grid.send_and_receive(messages, timeout=timeout) if messages else []
+        self.aggregate_train(rnd, replies)
+        self.round_log.train["sent"] = len(messages)
+        if self.should_evaluate(rnd):
+            eval_messages = list(self.configure_evaluate(rnd, ArrayRecord(), ConfigRecord(), grid))
+            self.aggregate_evaluate(rnd, grid.send_and_receive(eval_messages, timeout=timeout))
+        elapsed = time.monotonic() - start
+        record = round_record(rnd, time.monotonic() - t0, elapsed, self.round_log, self.strategy.round_record(rnd))
+        if self.writer is not None:
+            self.writer.add_round(record)
+        self.write_checkpoint(rnd, elapsed)
+        log(INFO, "%s", progress_text(record, self.cfg.num_rounds, self.cfg.shift_degrees, elapsed))

@@ -101,6 +101,15 @@ def test_bad_config_value_fails_with_one_clear_line(superlink, tmp_path) -> None
     assert "Traceback" not in outcome.output
 
 
+def test_a_partition_the_data_cannot_feed_fails_once_in_one_line(superlink, tmp_path) -> None:
+    outcome = _run(superlink, tmp_path, "toofew", f"max-samples={NUM_NODES}")
+    assert outcome.status == "finished:failed"
+    reason = (f"{NUM_NODES} clients for {NUM_NODES} samples: each client needs at least 2; use at most "
+              f"{NUM_NODES // 2} clients")
+    assert f"no client answered the handshake: {reason}" in outcome.output
+    assert outcome.output.count(reason) == 1 and "Traceback" not in outcome.output
+
+
 def test_missing_data_fails_naming_the_files(superlink, tmp_path) -> None:
     outcome = _run(superlink, tmp_path, "nodata", f"dataset='cifar10' data-dir='{tmp_path / 'empty'}'")
     assert outcome.status == "finished:failed"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from flwr.app import MetricRecord, RecordDict
+from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
 from common.config import ConfigError, parse_run_config
 from server_app import clients as clients_module
@@ -135,3 +135,36 @@ def test_a_late_node_with_an_unknown_partition_is_refused_and_the_run_goes_on(al
     assert fed.round_log.train["used"] == 3
     fed.evaluate(2)
     assert fed.round_log.eval["num_clients"] == 3
+
+
+class FailingGrid(ClaimGrid):
+    """Every node answers the handshake with the same error (e.g. a partition that cannot be made)."""
+
+    def send_and_receive(self, messages, timeout):
+        self.asked += [m.dst_node_id for m in messages]
+        return [FakeReply(m.dst_node_id, error="DataError: 25 clients for 10 samples") for m in messages]
+
+
+def test_a_fault_every_node_shares_is_logged_once_and_named_when_the_run_stops(caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="flwr"), pytest.raises(
+            clients_module.RunAborted, match="no client answered the handshake: DataError: 25 clients for 10 samples"):
+        ClientRegistry().handshake(FailingGrid({n: 0 for n in range(50)}), timeout=5)
+    assert "failed the handshake" not in caplog.text, "said once, in the reason the run stops"
+
+
+class PartlyRefusingGrid(ClaimGrid):
+    """Nodes 0-2 refuse (their data cannot be made), each with the same reason; the others answer."""
+
+    def send_and_receive(self, messages, timeout):
+        refused = RecordDict({"refused": ConfigRecord({"reason": "too few samples\n\x1b[31mfake log line"})})
+        return [FakeReply(m.dst_node_id, refused) if m.dst_node_id < 3 else reply
+                for m, reply in zip(messages, super().send_and_receive(messages, timeout))]
+
+
+def test_a_refusing_node_is_counted_once_per_reason_with_its_text_made_printable(caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        clients = ClientRegistry()
+        clients.handshake(PartlyRefusingGrid({n: n for n in range(6)}), timeout=5)
+    assert clients.ids() == [3, 4, 5]
+    assert caplog.text.count("failed the handshake") == 1
+    assert "3 node(s) failed the handshake: too few samples??[31mfake log line" in caplog.text

@@ -22,6 +22,12 @@ def test_cifar_cnn_forward() -> None:
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
 
 
+def test_unpadded_cnn_on_mnist_is_the_582k_parameter_cnn_of_other_pfl_libraries() -> None:
+    model = build_model("cnn-cifar", "mnist", (1, 28, 28), 10, seed=0)
+    assert sum(p.numel() for p in model.parameters()) == 582_026  # 5x5 convs, no padding: 1024 -> 512 -> 10
+    assert [tuple(p.shape) for p in model.parameters()][-4] == (512, 1024)
+
+
 def test_init_depends_only_on_seed() -> None:
     a = get_arrays(build_model("mlp", "digits", (1, 8, 8), 10, seed=3))
     b = get_arrays(build_model("mlp", "digits", (1, 8, 8), 10, seed=3))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from common.data.datasets import DataError
-from common.data.partition import dirichlet, iid, partition, pathological, train_test_split
+from common.data.partition import _top_up, dirichlet, iid, partition, pathological, train_test_split
 
 LABELS = np.random.default_rng(7).integers(0, 10, size=6000)
 
@@ -63,9 +63,43 @@ def test_dirichlet_skew_grows_as_alpha_shrinks() -> None:
     assert mean_dominant_share(0.1) > mean_dominant_share(1.0) + 0.2 > mean_dominant_share(100.0) + 0.2
 
 
-def test_dirichlet_impossible_split_is_a_clear_error() -> None:
-    with pytest.raises(DataError, match="fewer clients or a larger dirichlet-alpha"):
-        dirichlet(LABELS[:60], 25, alpha=0.01, seed=0)
+def test_dirichlet_tops_up_small_clients_from_the_largest_in_their_preferred_class() -> None:
+    labels = LABELS[:600]
+    untouched = _reference_dirichlet(labels, 100, 0.05, 2)
+    assert min(len(p) for p in untouched) < 5, "the plain draw must leave some client short for this test"
+    parts = dirichlet(labels, 100, alpha=0.05, seed=2, min_size=5)
+    _assert_exact_cover(parts, len(labels))
+    assert min(len(p) for p in parts) == 5
+    moved = sum(len(set(p.tolist()) - ref) for p, ref in zip(parts, untouched))
+    short = sum(max(0, 5 - len(ref)) for ref in untouched)
+    assert moved == short, "only the missing samples move"
+    # the clients that already had the minimum keep or lose samples, never gain any
+    assert all(set(p.tolist()) <= ref for p, ref in zip(parts, untouched) if len(ref) >= 5)
+
+
+def test_top_up_takes_from_the_largest_client_in_the_recipients_preferred_held_class() -> None:
+    counts = np.array([[4, 0, 3], [0, 0, 1], [2, 5, 0]])
+    preference = np.array([[0.3, 0.3, 0.4], [0.1, 0.7, 0.2], [0.5, 0.5, 0.0]])
+    # client 1 prefers class 1, which the largest client (0, first of the ties) lacks: class 2; then client 2 is the
+    # largest and holds class 1
+    assert _top_up(counts, preference, 3) == [(0, 1, 2), (2, 1, 1)]
+    assert counts.tolist() == [[4, 0, 3], [0, 0, 1], [2, 5, 0]], "the caller's counts are left alone"
+
+
+def test_dirichlet_reaches_a_thousand_clients() -> None:
+    parts = dirichlet(LABELS, 1000, alpha=0.3, seed=0)
+    _assert_exact_cover(parts, len(LABELS))
+    assert min(len(p) for p in parts) >= 2
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_clients": 25, "alpha": 0.3, "min_size": 3}, "use at most 20 clients"),
+    ({"num_clients": 10, "alpha": 0.0}, "dirichlet-alpha > 0"),
+])
+def test_dirichlet_infeasible_request_is_a_one_line_error(kwargs: dict, message: str) -> None:
+    with pytest.raises(DataError, match=message) as info:
+        dirichlet(LABELS[:60], seed=0, **kwargs)
+    assert "\n" not in str(info.value)
 
 
 def test_pathological_two_classes_and_quantity_skew() -> None:

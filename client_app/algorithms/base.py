@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from common import profiling
 from common.algorithms import EvalRow
 from common.config import RunConfig
 from common.data.federated import ClientData, pooled_test
@@ -72,6 +73,7 @@ class ClientAlgorithm(ABC):
             raise PayloadError(f"prox-mu must be a finite non-negative number, got {mu}")
         return mu
 
+    @profiling.timed("decode")
     def received_model(self, content: RecordDict, key: str = "arrays") -> SplitModel:
         """A model holding the arrays the server sent (validated like any received payload)."""
         model = self.new_model()
@@ -94,10 +96,12 @@ class ClientAlgorithm(ABC):
         return evaluate_client(model, self.env.data, self.cfg.shift_degrees, self.env.device)
 
     @staticmethod
+    @profiling.timed("encode")
     def model_record(model: torch.nn.Module) -> ArrayRecord:
         """A model's state as an ArrayRecord keyed by state-dict names."""
         return to_record([name for name, _ in array_specs(model)], get_arrays(model))
 
+    @profiling.timed("flops")
     def train_flops(self, stats: TrainStats, densities: dict[str, float] | None = None,
                     trainable: set[str] | None = None) -> float:
         """FLOPs of the local training just done (torch FLOP counter with only `trainable` parameters updated,

@@ -90,11 +90,21 @@ def _split_cached(dataset: str, data_dir: str, allow_download: bool, scheme: str
     return FederatedSplit(tuple(train), tuple(test))
 
 
+_FAILED_SPLITS: dict[tuple, DataError] = {}
+
+
 def federated_split(cfg: RunConfig, num_clients: int) -> FederatedSplit:
-    """The run's partition of its dataset over `num_clients` clients (cached per process)."""
-    return _split_cached(cfg.dataset, str(cfg.resolved_data_dir), cfg.allow_download, cfg.partition,
-                         num_clients, cfg.seed, cfg.dirichlet_alpha, cfg.test_fraction, cfg.max_samples,
-                         cfg.domain_share, cfg.domain_test_size)
+    """The run's partition of its dataset over `num_clients` clients (cached per process, failures too: a
+    partition that cannot be made is tried once, not once per message)."""
+    key = (cfg.dataset, str(cfg.resolved_data_dir), cfg.allow_download, cfg.partition, num_clients, cfg.seed,
+           cfg.dirichlet_alpha, cfg.test_fraction, cfg.max_samples, cfg.domain_share, cfg.domain_test_size)
+    if key in _FAILED_SPLITS:
+        raise _FAILED_SPLITS[key]
+    try:
+        return _split_cached(*key)
+    except DataError as exc:
+        _FAILED_SPLITS[key] = exc
+        raise
 
 
 def _tensors(data: DatasetArrays, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,22 +31,58 @@ def iid(labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:
     return [order[p] for p in parts]
 
 
-def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, seed: int) -> list[np.ndarray]:
-    """Label + quantity skew: per class, a Dir(alpha) vector over clients splits that class's samples."""
-    from flwr_datasets.partitioner import DirichletPartitioner
+def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, seed: int,
+              min_size: int | None = None) -> list[np.ndarray]:
+    """Label + quantity skew: per class, a Dir(alpha) vector over clients splits that class's samples.
 
-    min_size = max(2, min(10, len(labels) // (4 * num_clients)))
-    partitioner = DirichletPartitioner(num_partitions=num_clients, partition_by="label", alpha=alpha,
-                                       min_partition_size=min_size, self_balancing=False, shuffle=True,
-                                       seed=seed)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # its retry notices; a final failure raises below
-            return _from_flwr_partitioner(partitioner, labels, num_clients)
-    except ValueError as exc:
-        raise DataError(f"dirichlet partition of {len(labels)} samples over {num_clients} clients with "
-                        f"alpha={alpha} left a client with fewer than {min_size} samples in 10 tries; "
-                        "use fewer clients or a larger dirichlet-alpha") from exc
+    One draw, never a retry: the draws and cuts are flwr-datasets' DirichletPartitioner's (same seed, same
+    partitions whenever its first draw meets the minimum); a client left below `min_size` samples is then topped
+    up, one sample at a time, from the largest client, in the class it drew the largest share of that the donor
+    holds. So every client count the data can feed (2 samples each) succeeds, in milliseconds.
+    """
+    if alpha <= 0:
+        raise DataError(f"dirichlet partition needs dirichlet-alpha > 0, got {alpha}")
+    if min_size is None:
+        min_size = max(2, min(10, len(labels) // (4 * num_clients)))
+    if num_clients * min_size > len(labels):
+        raise DataError(f"dirichlet partition: {num_clients} clients x {min_size} samples is more than the "
+                        f"{len(labels)} samples; use at most {len(labels) // min_size} clients")
+    rng = np.random.default_rng(seed)
+    classes = np.unique(labels)
+    shares = np.empty((len(classes), num_clients))
+    chunks: list[list[np.ndarray]] = []  # chunks[c][k]: class c's samples for client k
+    for c, label in enumerate(classes):
+        idx = np.flatnonzero(labels == label)
+        shares[c] = rng.dirichlet(np.full(num_clients, float(alpha)))
+        chunks.append(np.split(idx, (np.cumsum(shares[c]) * len(idx)).astype(int)[:-1]))
+    counts = np.array([[len(chunks[c][k]) for c in range(len(classes))] for k in range(num_clients)])
+    for donor, recipient, c in _top_up(counts, shares.T, min_size):
+        chunks[c][recipient] = np.append(chunks[c][recipient], chunks[c][donor][-1])
+        chunks[c][donor] = chunks[c][donor][:-1]
+    out = []
+    for k in range(num_clients):
+        indices = np.concatenate([chunks[c][k] for c in range(len(classes))]).astype(np.int64)
+        rng.shuffle(indices)
+        out.append(indices)
+    return out
+
+
+def _top_up(counts: np.ndarray, preference: np.ndarray, min_size: int) -> list[tuple[int, int, int]]:
+    """Single-sample moves (donor, recipient, class) that lift every client to `min_size`: from the largest client,
+    in the class the recipient prefers most among those the donor holds. Needs counts.sum() >= rows x min_size."""
+    counts = counts.copy()
+    sizes = counts.sum(axis=1)
+    moves = []
+    for k in np.flatnonzero(sizes < min_size):
+        while sizes[k] < min_size:
+            donor = int(np.argmax(sizes))
+            c = int(np.argmax(np.where(counts[donor] > 0, preference[k], -1.0)))
+            counts[donor, c] -= 1
+            counts[k, c] += 1
+            sizes[donor] -= 1
+            sizes[k] += 1
+            moves.append((donor, int(k), c))
+    return moves
 
 
 def pathological(labels: np.ndarray, num_clients: int, seed: int, classes_per_client: int = 2,
@@ -268,7 +304,8 @@ def partition(labels: np.ndarray, scheme: str, num_clients: int, seed: int, alph
     if num_clients < 1:
         raise DataError(f"need at least one client, got {num_clients}")
     if num_clients > len(labels) // 2:
-        raise DataError(f"{num_clients} clients for {len(labels)} samples: each client needs at least 2")
+        raise DataError(f"{num_clients} clients for {len(labels)} samples: each client needs at least 2; use at "
+                        f"most {len(labels) // 2} clients")
     if scheme == "iid":
         return iid(labels, num_clients, seed)
     if scheme == "dirichlet":

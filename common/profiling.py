@@ -1,0 +1,93 @@
+"""Opt-in wall-time profile of named phases (bench/round_profile.py): off, and free, unless the environment
+variable PFLOWER_PROFILE names a folder; then each process appends one JSON line per message or round there."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+PROFILE_DIR = os.environ.get("PFLOWER_PROFILE", "")
+ENABLED = bool(PROFILE_DIR)
+IMPORTED_AT = time.time()  # when this process had imported the project
+
+
+def _process_started() -> float | None:
+    """When this process started (Linux: /proc), to tell its start-up and imports apart from its work."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+STARTED_AT = _process_started() if ENABLED else None
+
+F = TypeVar("F", bound=Callable[..., Any])
+_local = threading.local()
+_first_message = True
+
+
+def timed(name: str) -> Callable[[F], F]:
+    """Decorator: add the call's wall time to phase `name` of the record being collected (no-op when disabled)."""
+
+    def wrap(func: F) -> F:
+        if not ENABLED:
+            return func
+
+        @functools.wraps(func)
+        def timed_call(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                add(name, time.perf_counter() - started)
+
+        return timed_call  # type: ignore[return-value]
+
+    return wrap
+
+
+def add(name: str, seconds: float) -> None:
+    """Add `seconds` to phase `name` of the record being collected on this thread, if any."""
+    phases = getattr(_local, "phases", None)
+    if phases is not None:
+        phases[name] = phases.get(name, 0.0) + seconds
+
+
+@contextmanager
+def record(side: str, **fields: Any) -> Iterator[dict[str, Any]]:
+    """Collect the phases timed inside the block into one line of this process's profile file (when enabled).
+    The yielded dict takes more fields (e.g. the round, once known)."""
+    global _first_message
+    if not ENABLED:
+        yield {}
+        return
+    line: dict[str, Any] = {"side": side, "os_pid": os.getpid(), "first": _first_message,
+                            "imported_at": IMPORTED_AT,
+                            "started_at": STARTED_AT, **fields}
+    _first_message = False
+    _local.phases = {}
+    line["start"] = time.time()
+    try:
+        yield line
+    finally:
+        line["end"] = time.time()
+        line["phases"], _local.phases = _local.phases, None
+        path = Path(PROFILE_DIR) / f"{side}-{os.getpid()}.jsonl"
+        with path.open("a") as out:
+            out.write(json.dumps(line) + "\n")
+
+
+def time_method(obj: Any, method: str, name: str) -> None:
+    """Time every call of `obj.method` as phase `name` (e.g. the Grid's send_and_receive); no-op when disabled."""
+    if ENABLED:
+        setattr(obj, method, timed(name)(getattr(obj, method)))
