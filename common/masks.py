@@ -127,9 +127,19 @@ def apply_masks(params: Mapping[str, torch.Tensor], masks: Mapping[str, torch.Te
     return out
 
 
-def _ranked(scores: torch.Tensor, candidates: torch.Tensor, descending: bool) -> torch.Tensor:
-    """`candidates` (flat indices) sorted by score; a stable sort, so ties go to the lower index first."""
-    return candidates[torch.sort(scores[candidates], descending=descending, stable=True).indices]
+def _select(scores: torch.Tensor, candidates: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
+    """The k `candidates` (ascending flat indices) of smallest (largest) score, ties to the lower index: the first k
+    of a stable sort, found by one k-th value selection instead of a sort (O(n))."""
+    if k <= 0:
+        return candidates[:0]
+    if k >= len(candidates):
+        return candidates
+    values = -scores[candidates] if largest else scores[candidates]
+    threshold = torch.kthvalue(values, k).values
+    chosen = values < threshold
+    ties = (values == threshold).nonzero().flatten()[: k - int(chosen.sum())]
+    chosen[ties] = True
+    return candidates[chosen]
 
 
 def prune_and_regrow(
@@ -154,9 +164,9 @@ def prune_and_regrow(
         w, g = weights[name].detach().reshape(-1), grads[name].detach().reshape(-1)
         k = round(fraction * int(flat_mask.sum()))
         if k:
-            pruned = _ranked(w.abs(), flat_mask.nonzero().flatten(), descending=False)[:k]
+            pruned = _select(w.abs(), flat_mask.nonzero().flatten(), k, largest=False)
             flat_mask[pruned] = False
-            regrown = _ranked(g.abs(), (~flat_mask).nonzero().flatten(), descending=True)[:k]
+            regrown = _select(g.abs(), (~flat_mask).nonzero().flatten(), k, largest=True)
             flat_mask[regrown] = True
             flat_w = new_weights[name].reshape(-1)
             flat_w[pruned] = 0
@@ -183,7 +193,7 @@ def topk_mask(values: torch.Tensor, density: float, eligible: torch.Tensor | Non
         if eligible.shape != values.shape:
             raise ValueError(f"eligible has shape {tuple(eligible.shape)}, values {tuple(values.shape)}")
         candidates = eligible.reshape(-1).nonzero().flatten()
-    keep = _ranked(flat.abs(), candidates, descending=True)[: round(density * flat.numel())]
+    keep = _select(flat.abs(), candidates, round(density * flat.numel()), largest=True)
     out = torch.zeros(flat.numel(), dtype=torch.bool)
     out[keep] = True
     return out.reshape(values.shape)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from common.masks import (
+    _select,
     apply_masks,
     cosine_decay,
     erk_densities,
@@ -243,3 +244,16 @@ def test_topk_mask_with_and_without_eligible() -> None:
         topk_mask(values, 0.5, _b([T, F]))
     with pytest.raises(ValueError, match="density"):
         topk_mask(values, 1.5)
+
+
+@pytest.mark.parametrize("largest", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_selection_is_the_first_k_of_a_stable_sort_ties_included(seed: int, largest: bool) -> None:
+    rng = np.random.default_rng(seed)
+    scores = torch.from_numpy(rng.integers(0, 5, size=400).astype(np.float32))  # many ties
+    scores[rng.integers(0, 400, size=20)] = -0.0  # -0.0 ties with 0.0
+    candidates = torch.from_numpy(np.sort(rng.choice(400, size=250, replace=False)))
+    for k in (0, 1, 37, 120, 249, 250, 300):
+        order = torch.sort(scores[candidates], descending=largest, stable=True).indices
+        expected = set(candidates[order][:k].tolist())
+        assert set(_select(scores, candidates, k, largest).tolist()) == expected

@@ -48,6 +48,22 @@ def test_incremental_gram_equals_the_full_product() -> None:
         matrix.set_rows([2, 2], rng.normal(size=(2, 40)))
 
 
+def test_rows_written_from_arrays_equal_rows_set_from_a_stack() -> None:
+    rng = np.random.default_rng(3)
+    initial = rng.normal(size=12)
+    models = [[rng.normal(size=(2, 3)), rng.normal(size=6)] for _ in range(2)]
+    stacked, direct = ModelMatrix(5, initial), ModelMatrix(5, initial)
+    stacked.set_rows([3, 1], np.stack([np.concatenate([a.ravel(), b]) for a, b in models]))
+    direct.set_rows_from_arrays([3, 1], models)
+    np.testing.assert_array_equal(direct.W, stacked.W)
+    np.testing.assert_array_equal(direct.G, stacked.G)
+    assert direct.heard.tolist() == stacked.heard.tolist() == [False, True, False, True, False]
+    with pytest.raises(ValueError, match="a model of 11 values for rows of 12"):
+        direct.set_rows_from_arrays([0], [[np.zeros(11)]])
+    with pytest.raises(ValueError, match="2 models for 1 rows"):
+        direct.set_rows_from_arrays([0], models)
+
+
 # ----- FedAMP / HeurFedAMP ---------------------------------------------------------------------------
 @pytest.mark.parametrize("algorithm", ["fedamp", "heurfedamp"])
 def test_each_client_receives_exactly_its_weighted_combination(algorithm: str) -> None:

@@ -68,7 +68,7 @@ class ClientModelsStrategy(PFLStrategy):
         matrix = self.ensure_matrix()
         known = [r for r in replies if r.partition_id in self.rows]
         if known:
-            matrix.set_rows([self.rows[r.partition_id] for r in known], np.stack([flatten(uploaded(r)) for r in known]))
+            matrix.set_rows_from_arrays([self.rows[r.partition_id] for r in known], [uploaded(r) for r in known])
 
 
 def check_matrix(matrix: ModelMatrix, width: int) -> None:
