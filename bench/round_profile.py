@@ -6,7 +6,8 @@ Runs each algorithm through `flwr run` on a private local SuperLink with PFLOWER
 
   server   build (the strategy's per-client content: FedAMP's cloud models, masks), messages (Message objects and
            their bytes counted), flower (Grid.send_and_receive: the whole round trip through the SuperLink and
-           the workers), check (reply limits and bytes), aggregate (decode, validate, the strategy's step), rest
+           the workers), check (reply limits and bytes), aggregate (decode, validate, the strategy's step),
+           checkpoint (the server state written every `checkpoint-every` rounds), rest
   clients  per message: env (config, data and partition, state), decode (model build + received arrays), train,
            evaluate, encode, flops, persist, other (the handler's rest); outside the handler: per worker, the part
            of the round trip it was not running a handler (Flower's and Ray's scheduling, polling, (de)serialization
@@ -35,7 +36,7 @@ sys.path.insert(0, str(REPO))
 from tests.harness.local_superlink import LocalSuperLink  # noqa: E402
 
 CLIENT_PHASES = ("env", "decode", "train", "evaluate", "encode", "flops", "persist")
-SERVER_PHASES = ("build", "messages", "flower", "check", "aggregate")
+SERVER_PHASES = ("build", "messages", "flower", "check", "aggregate", "checkpoint")
 
 
 def read_lines(folder: Path) -> list[dict]:
