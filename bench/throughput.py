@@ -59,12 +59,12 @@ def raw_rate(raw: dict, clients: int, max_clients: int = 20) -> float:
     return samples / seconds
 
 
-def simulated(link: LocalSuperLink, raw: dict, clients: int, results: Path, cpus_per_client: float) -> dict:
+def simulated(link: LocalSuperLink, raw: dict, clients: int, results: Path, ray_cpus: int) -> dict:
     """Run through `flwr run`; the steady rounds' sample rate, their wall times, and the final accuracy."""
     config = " ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else repr(v)}" for k, v in raw.items())
     run_dir = results / raw["run-name"]
     outcome = link.run(REPO, f"{config} results-dir='{results}'", num_supernodes=clients,
-                       cpus_per_client=cpus_per_client, timeout=3600)
+                       ray_cpus=ray_cpus, timeout=3600)
     if outcome.status != "finished:completed":
         sys.exit(f"{raw['algorithm']} failed ({outcome.status}):\n{outcome.output[-3000:]}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -86,8 +86,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--workers", type=int, default=2, help="CPU cores the simulation may use (the ideal is the "
                         "raw loop's rate times this)")
-    parser.add_argument("--cpus-per-client", type=float, default=1.0,
-                        help="Ray's client-resources-num-cpus: 0.5 runs two clients per core")
+    parser.add_argument("--ray-cpus", type=int, default=0,
+                        help="CPUs Ray is told the machine has (init-args-num-cpus; 0: its own count); e.g. 4 on 2 "
+                        "cores runs two clients per core")
     parser.add_argument("--extra", default="", help="more run-config overrides, k=v separated by spaces")
     args = parser.parse_args()
     setting = dict(SETTINGS[args.setting])
@@ -106,13 +107,13 @@ def main() -> None:
     with LocalSuperLink(results / "flwr-home") as link:
         for algorithm in args.algorithms.split(","):
             out = simulated(link, {**base, "algorithm": algorithm, "run-name": algorithm}, clients, results,
-                            args.cpus_per_client)
+                            args.ray_cpus)
             rows.append((algorithm, out))
             print(f"{algorithm}: {out['rate']:,.0f} samples/s, {out['round_s']:.2f} s per round", flush=True)
     print(f"\n{args.setting}: {setting['dataset']} {setting['partition']}, {clients} clients, "
           f"{setting['fraction-train']:.0%} per round, {setting['local-epochs']} epoch(s), batch "
           f"{setting['batch-size']}, {args.model}, {args.rounds} rounds, {args.workers} cores, "
-          f"client-resources-num-cpus={args.cpus_per_client:g}")
+          f"Ray told of {args.ray_cpus or 'all'} CPUs")
     print("| algorithm | samples/s (simulated) | raw loop x workers | efficiency | s per round (median) "
           "| first round (s) | accuracy after the last round |")
     print("|---|---|---|---|---|---|---|")

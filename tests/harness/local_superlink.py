@@ -137,7 +137,7 @@ class LocalSuperLink:
         self.process = None
 
     def start_run(self, app_dir: Path, run_config: str, num_supernodes: int = 0,
-                  cpus_per_client: float = 1) -> subprocess.Popen:
+                  cpus_per_client: int = 1) -> subprocess.Popen:
         """`flwr run APP --stream` in the background (output to FLWR_HOME/run-<n>.log); returns the process."""
         command = ["flwr", "run", str(app_dir), "--stream", "--run-config", run_config,
                    *self.federation_args(num_supernodes, cpus_per_client)]
@@ -152,20 +152,23 @@ class LocalSuperLink:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def run(self, app_dir: Path, run_config: str, num_supernodes: int = 0, cpus_per_client: float = 1,
-            timeout: float = 900.0, extra_args: Sequence[str] = ()) -> RunOutcome:
+    def run(self, app_dir: Path, run_config: str, num_supernodes: int = 0, cpus_per_client: int = 1,
+            timeout: float = 900.0, extra_args: Sequence[str] = (), ray_cpus: int = 0) -> RunOutcome:
         """`flwr run APP --stream` against this SuperLink; returns output and the run's final status."""
         command = ["flwr", "run", str(app_dir), "--stream", "--run-config", run_config, *self.federation_args(
-            num_supernodes, cpus_per_client), *extra_args]
+            num_supernodes, cpus_per_client, ray_cpus), *extra_args]
         done = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=timeout)
         output = done.stdout + done.stderr
         match = re.search(r"Successfully started run (\d+)", output)
         run_id = match.group(1) if match else None
         return RunOutcome(done.returncode, output, run_id, self.status(run_id) if run_id else None)
 
-    def federation_args(self, num_supernodes: int, cpus_per_client: float) -> list[str]:
-        """Simulation options for `flwr run` (a deployment's SuperNodes are real processes instead)."""
-        return ["--federation-config", f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"]
+    def federation_args(self, num_supernodes: int, cpus_per_client: int, ray_cpus: int = 0) -> list[str]:
+        """Simulation options for `flwr run` (a deployment's SuperNodes are real processes instead); `ray_cpus` > 0
+        tells Ray the machine has that many CPUs (more than the cores: several clients per core)."""
+        extra = f" init-args-num-cpus={ray_cpus}" if ray_cpus else ""
+        return ["--federation-config",
+                f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client}{extra}"]
 
     def status(self, run_id: str, wait: float = 20.0) -> str | None:
         """'finished:completed', 'finished:failed', ... as `flwr ls` reports it (waits for a final one)."""
