@@ -70,6 +70,13 @@ class FedDSTParams(SparseParams):
                                    high=1.0)
 
 
+def _unit_or_off(key: str, value: object) -> float:
+    number_ = number(key, value, float)
+    if number_ != -1.0 and not 0.0 <= number_ <= 1.0:
+        raise ConfigError(f"run-config '{key}' = {number_} must be -1 (off) or lie in [0, 1]")
+    return number_
+
+
 @dataclass(frozen=True)
 class AMPParams:
     """Keys shared by FedAMP and HeurFedAMP (SPEC 3.2)."""
@@ -90,6 +97,9 @@ class FedAMPParams(AMPParams):
 
     fedamp_sigma: float = hp(100.0, "sigma of FedAMP's attention A'(t) = exp(-t/sigma)/sigma", low=0.0,
                              low_open=True)
+    fedamp_tau: float = hp(-1.0, "-1: Eq. 4 (xi_ii = 1 - the peers' sum); else a constant self-attention, as the "
+                           "paper's experiments (Appendix C.1): xi_ii = 1 - tau, the peers share tau in proportion to "
+                           "A'(||w_i - w_j||^2)", parse=_unit_or_off, allowed="-1 or [0.0, 1.0]")
 
 
 @dataclass(frozen=True)

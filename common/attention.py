@@ -163,7 +163,7 @@ def fedamp_weights(W: np.ndarray, alpha_k: float, sigma: float,
 
 
 def fedamp_weights_from_gram(G: np.ndarray, alpha_k: float, sigma: float,
-                             active: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
+                             active: np.ndarray | None = None, tau: float | None = None) -> tuple[np.ndarray, bool]:
     """FedAMP xi (Eq. 4/6 with A(t) = 1 - exp(-t/sigma)); True when some row needed the guard.
 
     xi_ij = alpha_k * exp(-||w_i - w_j||^2 / sigma) / sigma for j != i, xi_ii = 1 - sum_{j != i} xi_ij.
@@ -175,12 +175,30 @@ def fedamp_weights_from_gram(G: np.ndarray, alpha_k: float, sigma: float,
         raise ValueError(f"need alpha_k >= 0 and sigma > 0, got alpha_k={alpha_k}, sigma={sigma}")
     D = _distances_from_gram(np.asarray(G, dtype=np.float64))
     peers = _peer_mask(_active_mask(active, D.shape[0]))
+    if tau is not None:
+        return _constant_self_attention(D, peers, sigma, tau), False
     xi = np.where(peers, alpha_k * np.exp(-D / sigma) / sigma, 0.0)
     off = xi.sum(axis=1)
     over = off > 1.0
     xi[over] /= off[over, None]
     np.fill_diagonal(xi, np.where(over, 0.0, 1.0 - off))
     return xi, bool(over.any())
+
+
+def _constant_self_attention(D: np.ndarray, peers: np.ndarray, sigma: float, tau: float) -> np.ndarray:
+    """FedAMP with a constant self-attention (papers/004, Appendix C.1): xi_ii = 1 - tau, and the peers share tau in
+    proportion to A'(D_ij) = exp(-D_ij / sigma) / sigma (computed shifted by the row's smallest distance, so far-apart
+    models cannot underflow to 0 / 0). A client without peers keeps xi_ii = 1."""
+    if not 0.0 <= tau <= 1.0:
+        raise ValueError(f"need tau in [0, 1], got {tau}")
+    nearest = np.where(peers, D, np.inf).min(axis=1, initial=np.inf)
+    share = np.where(peers, np.exp(-(D - np.where(np.isfinite(nearest), nearest, 0.0)[:, None]) / sigma), 0.0)
+    total = share.sum(axis=1)
+    has_peers = total > 0
+    xi = np.zeros_like(D)
+    xi[has_peers] = tau * share[has_peers] / total[has_peers, None]
+    np.fill_diagonal(xi, np.where(has_peers, 1.0 - tau, 1.0))
+    return xi
 
 
 def heurfedamp_weights(W: np.ndarray, sigma: float, tau: float, active: np.ndarray | None = None) -> np.ndarray:

@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.attention import cloud_models, fedamp_weights, heurfedamp_weights, pairwise_cosine, pairwise_sq_distances
+from common.attention import (
+    cloud_models,
+    fedamp_weights,
+    fedamp_weights_from_gram,
+    heurfedamp_weights,
+    pairwise_cosine,
+    pairwise_sq_distances,
+)
 
 
 def _models(seed: int, m: int = 7, d: int = 50, spread: float = 0.3) -> np.ndarray:
@@ -176,3 +183,25 @@ def test_lone_active_client_keeps_itself() -> None:
 def test_bad_inputs_raise(call, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         call(_models(13))
+
+
+def test_constant_self_attention_matches_the_formula_on_hand_made_models() -> None:
+    W = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0], [3.0, 4.0]])
+    sigma, tau = 2.0, 0.3
+    xi, guard = fedamp_weights_from_gram(W @ W.T, alpha_k=5.0, sigma=sigma, tau=tau)  # alpha_k plays no part
+    assert not guard
+    for i in range(4):
+        a = {j: np.exp(-np.sum((W[i] - W[j]) ** 2) / sigma) / sigma for j in range(4) if j != i}  # A'(||w_i-w_j||^2)
+        for j in range(4):
+            expected = 1 - tau if j == i else tau * a[j] / sum(a.values())
+            assert xi[i, j] == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    np.testing.assert_allclose(xi.sum(axis=1), 1.0, rtol=1e-12)
+
+
+def test_constant_self_attention_survives_far_apart_models_and_lone_clients() -> None:
+    W = np.array([[0.0], [1e4], [2e4]])  # exp(-1e8 / sigma) underflows: shares still add up to tau
+    xi, _ = fedamp_weights_from_gram(W @ W.T, alpha_k=1.0, sigma=1.0, tau=0.5)
+    np.testing.assert_allclose(xi[0], [0.5, 0.5, 0.0])
+    np.testing.assert_allclose(xi[1], [0.25, 0.5, 0.25])
+    lone, _ = fedamp_weights_from_gram(W @ W.T, 1.0, 1.0, active=np.array([True, False, False]), tau=0.5)
+    np.testing.assert_allclose(lone, np.eye(3))

@@ -346,3 +346,15 @@ def test_every_algorithm_completes_with_failing_and_late_clients(algorithm: str,
     result = fed.round_log.eval
     assert result["num_clients"] == 10 and np.isfinite(result["mean"]["acc-shift-0"])
     assert all(np.all(np.isfinite(a)) for a in fed.strategy.global_arrays)
+
+
+def test_fedamp_with_a_constant_tau_gives_every_client_that_self_weight() -> None:
+    fed = _federation("fedamp", 4, **{"fedamp-tau": 0.3, "fraction-train": 1.0})
+    fed.train_round(1)
+    fed.train_round(2)
+    record = fed.strategy.round_record(2)
+    assert record["self_weight_median"] == pytest.approx(0.7) and record["guard"] is False
+    xi = fed.strategy.attention(2)
+    np.testing.assert_allclose(np.diag(xi), 0.7)
+    with pytest.raises(ConfigError, match="'fedamp-tau' = 1.5 must be -1 \\(off\\) or lie in \\[0, 1\\]"):
+        parse_run_config({"algorithm": "fedamp", "fedamp-tau": 1.5})

@@ -43,8 +43,10 @@ class FedAMPStrategy(ClientModelsStrategy):
 
     def attention(self, server_round: int) -> np.ndarray:
         """xi over all clients from the cached Gram matrix (FedAMP: exp-distance with the guard)."""
-        sigma = self.cfg.params_as(FedAMPParams).fedamp_sigma
-        xi, self._guard = fedamp_weights_from_gram(self.ensure_matrix().G, self.alpha_k(server_round), sigma)
+        params = self.cfg.params_as(FedAMPParams)
+        tau = params.fedamp_tau if params.fedamp_tau >= 0 else None
+        xi, self._guard = fedamp_weights_from_gram(self.ensure_matrix().G, self.alpha_k(server_round),
+                                                   params.fedamp_sigma, tau=tau)
         if self._guard:
             log(WARNING, "round %d: some clients' off-diagonal attention summed above 1; rescaled to 1 "
                 "(lower fedamp-alpha or raise fedamp-sigma to avoid it)", server_round)
