@@ -192,7 +192,8 @@ def _constant_self_attention(D: np.ndarray, peers: np.ndarray, sigma: float, tau
     if not 0.0 <= tau <= 1.0:
         raise ValueError(f"need tau in [0, 1], got {tau}")
     nearest = np.where(peers, D, np.inf).min(axis=1, initial=np.inf)
-    share = np.where(peers, np.exp(-(D - np.where(np.isfinite(nearest), nearest, 0.0)[:, None]) / sigma), 0.0)
+    shifted = np.where(peers, D - np.where(np.isfinite(nearest), nearest, 0.0)[:, None], np.inf)  # >= 0 on peers
+    share = np.exp(-shifted / sigma)  # exp(-inf) = 0 off the peers
     total = share.sum(axis=1)
     has_peers = total > 0
     xi = np.zeros_like(D)
