@@ -46,6 +46,27 @@ def test_sinkhorn_reaches_the_spec_margins() -> None:
     assert np.allclose(S[0, 0] * S[1, 1] / (S[0, 1] * S[1, 0]), P[0, 0] * P[1, 1] / (P[0, 1] * P[1, 0]))
 
 
+def test_sinkhorn_best_effort_returns_exact_columns_when_it_runs_out_of_iterations() -> None:
+    matrix = np.array([[1.0, 1.0], [1.0, 0.0]])  # no matrix with this zero pattern has the margins below
+    out = sinkhorn_knopp(matrix, [0.5, 1.5], [1.5, 0.5], max_iter=200, best_effort=True)
+    np.testing.assert_allclose(out.sum(axis=0), [1.5, 0.5])
+    assert out[1, 1] == 0.0
+
+
+@pytest.mark.parametrize("split", [label_skew_ls, lsqs])
+def test_ls_never_fails_when_sinkhorn_stops_early(monkeypatch, split) -> None:
+    from common.data import partition as module
+
+    real = module.sinkhorn_knopp
+    monkeypatch.setattr(module, "sinkhorn_knopp", lambda *args, **kwargs: real(*args, **{**kwargs, "max_iter": 2}))
+    labels = LABELS[:1000]
+    parts = split(labels, 5, 0.05, 3)
+    joined = np.concatenate(parts)
+    assert np.array_equal(np.sort(joined), np.arange(len(labels))), "every sample used once"
+    if split is label_skew_ls:
+        assert {len(p) for p in parts} == {200}, "equal client sizes, as LS promises"
+
+
 def test_sinkhorn_rejects_impossible_targets() -> None:
     with pytest.raises(DataError, match="sum to"):
         sinkhorn_knopp(np.ones((2, 2)), [1.0, 1.0], [1.0, 2.0])
