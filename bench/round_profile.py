@@ -62,7 +62,9 @@ def round_rows(lines: list[dict]) -> dict[int, dict[str, float]]:
     clients = [line for line in lines if line["side"] == "client" and line["kind"] in ("train", "evaluate")]
     rows: dict[int, dict[str, float]] = {}
     for rnd, line in sorted(server.items()):
-        phases = line["phases"]
+        phases = dict(line["phases"])
+        # reply checks run inside both the training and the evaluation aggregation: count both as "aggregate"
+        phases["aggregate"] = phases.get("aggregate", 0.0) + phases.get("eval_aggregate", 0.0)
         row = {"round wall": line["end"] - line["start"]}
         nested = {"build": 0.0, "messages": phases.get("build", 0.0), "check": 0.0,
                   "aggregate": phases.get("check", 0.0)}  # build runs inside messages, check inside aggregate

@@ -7,7 +7,7 @@ from logging import INFO
 from pathlib import Path
 
 import torch
-import torch._dynamo
+import torch._dynamo  # optimizers import it on their first step (1-1.5 s): paid here, at the handshake, not in round 1
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.supercore import log
@@ -21,8 +21,6 @@ from common.validation import PayloadError, is_folder_name, read_count
 from .algorithms import ClientEnv, answer, client_class
 from .state import ClientState, StateDir
 
-# torch's optimizers import torch._dynamo on their first step (1-1.5 s); importing it with the app puts that
-# one-time cost in the handshake instead of the first round's training.
 app = ClientApp()
 
 

@@ -8,6 +8,7 @@ naming its server module:class (in server_app/strategies/) and client module:cla
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
 
@@ -70,11 +71,16 @@ class FedDSTParams(SparseParams):
                                    high=1.0)
 
 
-def _unit_or_off(key: str, value: object) -> float:
-    number_ = number(key, value, float)
-    if number_ != -1.0 and not 0.0 <= number_ <= 1.0:
-        raise ConfigError(f"run-config '{key}' = {number_} must be -1 (off) or lie in [0, 1]")
-    return number_
+def _minus_one_or_unit(meaning: str) -> Callable[[str, object], float]:
+    """A key parser for values that are -1 (`meaning`, e.g. "off") or lie in [0, 1]."""
+
+    def parse(key: str, value: object) -> float:
+        parsed = number(key, value, float)
+        if parsed != -1.0 and not 0.0 <= parsed <= 1.0:
+            raise ConfigError(f"run-config '{key}' = {parsed} must be -1 ({meaning}) or lie in [0, 1]")
+        return parsed
+
+    return parse
 
 
 @dataclass(frozen=True)
@@ -99,7 +105,7 @@ class FedAMPParams(AMPParams):
                              low_open=True)
     fedamp_tau: float = hp(-1.0, "-1: Eq. 4 (xi_ii = 1 - the peers' sum); else a constant self-attention, as the "
                            "paper's experiments (Appendix C.1): xi_ii = 1 - tau, the peers share tau in proportion to "
-                           "A'(||w_i - w_j||^2)", parse=_unit_or_off, allowed="-1 or [0.0, 1.0]")
+                           "A'(||w_i - w_j||^2)", parse=_minus_one_or_unit("off"), allowed="-1 or [0.0, 1.0]")
 
 
 @dataclass(frozen=True)
@@ -110,19 +116,12 @@ class HeurFedAMPParams(AMPParams):
     heurfedamp_tau: float = hp(0.95, "HeurFedAMP's weight tau of the other clients in u_i", low=0.0, high=1.0)
 
 
-def _fliu_gamma(key: str, value: object) -> float:
-    gamma = number(key, value, float)
-    if gamma != -1.0 and not 0.0 <= gamma <= 1.0:
-        raise ConfigError(f"run-config '{key}' = {gamma} must be -1 (adaptive, Eq. 4) or lie in [0, 1]")
-    return gamma
-
-
 @dataclass(frozen=True)
 class FLIUParams:
     """FLIU's gamma and server weighting (SPEC 3.3)."""
 
     fliu_gamma: float = hp(-1.0, "-1: adaptive gamma_k(n_k) (Eq. 4); else a fixed gamma in [0, 1]",
-                           parse=_fliu_gamma, allowed="-1 or [0.0, 1.0]")
+                           parse=_minus_one_or_unit("adaptive, Eq. 4"), allowed="-1 or [0.0, 1.0]")
     fliu_weighting: str = hp("uniform", "server average of the round's models", choices=("uniform", "samples"))
 
 

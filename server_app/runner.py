@@ -177,7 +177,7 @@ class RoundRunner(Strategy):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Per-client accuracies at every shift degree (and the algorithm's extra rows); mean and std."""
         good, failed, oversized = self._sort_replies(server_round, replies, "eval_up")
-        failed += oversized  # (counted as failed evaluations)
+        failed += oversized
         per_client: dict[int, dict[str, float]] = {}
         for pid, msg in good:
             try:
