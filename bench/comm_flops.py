@@ -1,5 +1,8 @@
 """Measured communication and training FLOPs per client: FedAvg, FedDST, DM-PFL on MNIST Dir(0.3), S = 0.5.
 
+The same experiments as a sweep: bench/sweeps/comm_flops.toml (PFL_DATA_DIR=... pflower sweep
+bench/sweeps/comm_flops.toml; pflower report results/comm_flops).
+
 100 clients, 10% per round, the same rounds for all; prints MB per client (bytes of the serialized Flower
 messages) and training FLOPs per client with their ratios to FedAvg (paper, CIFAR-10 Table 4: FedDST 51.2%
 of FedAvg's bytes, DM-PFL 40.3% of the bytes and 63.9% of the FLOPs).

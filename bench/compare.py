@@ -1,5 +1,8 @@
 """Run several algorithms on one federated setting and print accuracy at every shift degree, costs and time.
 
+The same experiments (the default flags) as a sweep: bench/sweeps/compare.toml (PFL_DATA_DIR=... pflower sweep
+bench/sweeps/compare.toml; pflower report results/compare).
+
 Each algorithm runs through `flwr run` on a private local SuperLink with the same seed, data, partition
 and rounds; the table is read from each run's summary.json.
 

@@ -1,6 +1,9 @@
 """DapperFL on the four-domain Digits benchmark (papers/dapperfl-neurips24-full.txt, Table 1 and Table 3):
 FedAvg, FedProx, DapperFL and its three ablations, 10 clients over the domains, three seeds.
 
+The same experiments as a sweep: bench/sweeps/dapperfl_digits.toml (PFL_DATA_DIR=... pflower sweep
+bench/sweeps/dapperfl_digits.toml; pflower report results/dapperfl_digits).
+
 The global model's accuracy on each domain's held-out test data and their mean ("global accuracy"), mean +/- std
 over the seeds, beside the paper's Table 1 (its SVHN and SYN are our MNIST-M-style and SYN-style domains: README,
 "DapperFL and the four-domain Digits benchmark"); then MB and training FLOPs per client and round by pruning ratio

@@ -1,5 +1,8 @@
 """Dropouts on MNIST Dir(0.3): FedAvg, DM-PFL and FedAMP with 0, 10, 30 and 50% of each round's clients failing.
 
+The same experiments as a sweep: bench/sweeps/dropout.toml (PFL_DATA_DIR=... pflower sweep bench/sweeps/dropout.toml;
+pflower report results/dropout --baseline fedavg-drop0).
+
 100 clients, 10% per round; the server tells a seeded round(rate * k) of the k sampled clients to fail
 (run-config drop-rate), they raise, and the server aggregates what came back. CPU preset: 20 rounds of
 2 local epochs (batch 64, SGD lr 0.05), DM-PFL with S = 0.5 and two cycles, FedAMP with one pre-training

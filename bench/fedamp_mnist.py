@@ -2,6 +2,9 @@
 HeurFedAMP, then FedAMP, HeurFedAMP and FedAvg-FT with 30% of each round's clients dropped and with dirty labels
 (2 of 5 clients, 40% of their training labels flipped).
 
+The same experiments as a sweep: bench/sweeps/fedamp_mnist.toml (PFL_DATA_DIR=... pflower sweep
+bench/sweeps/fedamp_mnist.toml; pflower report results/fedamp_mnist).
+
 100 clients in 5 groups of 20 (500/400/300/200/100 samples per client, 80% from two dominant classes), Adam
 lr 1e-3 and batch 100 (the paper's), FedAMP sigma 100, HeurFedAMP sigma 25 and tau 0.95 (its appendix Table 2).
 CPU preset: 20% of the clients per round, 2 local epochs (paper: 10) and 15 rounds, evaluation every 5 rounds

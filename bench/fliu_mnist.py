@@ -2,6 +2,9 @@
 Local, FedFomo, FLIU with the adaptive gamma (Eq. 4) and FLIU with a fixed gamma, on PATH and LSQS with K = 10
 and K = 100 clients.
 
+The same experiments as a sweep: bench/sweeps/fliu_mnist.toml (PFL_DATA_DIR=... pflower sweep
+bench/sweeps/fliu_mnist.toml; pflower report results/fliu_mnist/path-10-*-seed0 --baseline path-10-fedavg, per setting).
+
 The paper runs T = 100 rounds with every client, B = 50, E = 5, lr 0.01 (decay 0.99). On this CPU the default
 is a preset: a seeded 5,000-sample subset of MNIST (`max-samples`), 10 rounds, half of the clients per round
 with K = 10 and 10% with K = 100, E = 2, Adam lr 1e-3 as SPEC 3.3 says for FLIU's local training, Dirichlet

@@ -1,6 +1,9 @@
 """FedAvg under model-replacement attack on MNIST Dir(0.3): no defence, norm clipping, trimmed mean and median,
 against the clean run.
 
+The same experiments as a sweep: bench/sweeps/robust_fedavg.toml (PFL_DATA_DIR=... pflower sweep
+bench/sweeps/robust_fedavg.toml; pflower report results/robust_fedavg --baseline clean).
+
 20 clients, all of them every round; 2 of them (seeded, run-config attack-clients = 0.1) train on labels shifted
 by one class and upload w + 10 (w_local - w) (attack-boost = 10: the averaged update becomes about the attackers'
 one). Defences: `clip` (updates longer than the round's median update norm are shortened to it), `trimmed-mean`

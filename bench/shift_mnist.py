@@ -2,6 +2,9 @@
 FedAvg+FT, LG-FedAvg, FedPer, FedRep, Ditto, APFL, FedDST, DM-PFL and DM-PFL+) at every shift degree, with the
 measured MB and training FLOPs per client and their ratios to FedAvg, then one table beside the paper's numbers.
 
+The same experiments as a sweep: bench/sweeps/shift_mnist.toml (PFL_DATA_DIR=... pflower sweep
+bench/sweeps/shift_mnist.toml; pflower report results/shift_mnist).
+
 The paper's setting on this CPU: 5 local epochs (batch 64, lr 0.05), S = 0.5, three DM-PFL cycles, 30 rounds
 (the paper runs 300). Evaluation only after the last round, so byte counts are not helped by evaluation traffic.
 

@@ -19,6 +19,7 @@ from common.data.federated import client_data
 from common.validation import PayloadError, is_folder_name, read_count
 
 from .algorithms import ClientEnv, answer, client_class
+from .algorithms.newcomer import NewcomerClient
 from .state import ClientState, StateDir
 
 app = ClientApp()
@@ -135,7 +136,9 @@ def evaluate(msg: Message, context: Context) -> Message:
     """Evaluation at every shift degree by the configured algorithm."""
     with profiling.record("client", kind="evaluate", round=_round(msg)):
         env, store = _env(context, msg)
-        algorithm = client_class(env.cfg.algorithm)(env)
+        config = msg.content.config_records.get("config")
+        newcomer = config is not None and config.get("newcomer", False) is True  # a held-out client
+        algorithm = (NewcomerClient if newcomer else client_class(env.cfg.algorithm))(env)
         reply = Message(answer(algorithm, MessageType.EVALUATE, _round(msg), msg.content), reply_to=msg)
         _persist(env, store, msg)
     return reply

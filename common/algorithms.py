@@ -28,6 +28,7 @@ class EvalRow:
 PLUS = EvalRow("plus-", "adaptive inference (+)", "+", required=True)
 GLOBAL = EvalRow("global-", "global model", " (global model)", required=True)
 CLOUD = EvalRow("cloud-", "cloud model u_i", " (cloud model)", required=False)
+FINETUNED = EvalRow("finetuned-", "after fine-tuning", " (fine-tuned)", required=True)  # held-out clients' 2nd row
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .algorithms import SPECS, param_classes
+from .data.corruptions import CORRUPTIONS, parse_corruptions, parse_severities
 from .hparams import ConfigError, as_dict, choice, describe, hp, parse_fields
 from .robust import ROBUST_METHODS, RobustRule
 from .validation import is_folder_name
 
-DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "digit-domains")
-PARTITIONS = ("iid", "dirichlet", "pathological", "ls", "qs", "lsqs", "grouped", "domains")
-MODELS = ("auto", "mlp", "cnn-mnist", "cnn-cifar", "mlp-bn", "cnn-mnist-bn", "cnn-cifar-bn", "resnet10", "resnet10-s")
+DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "digit-domains", "femnist", "har", "usps")
+PARTITIONS = ("iid", "dirichlet", "pathological", "ls", "qs", "lsqs", "grouped", "domains", "natural", "file")
+MODELS = ("auto", "mlp", "cnn-mnist", "cnn-cifar", "mlp-bn", "cnn-mnist-bn", "cnn-cifar-bn", "resnet10", "resnet10-s",
+          "dnn-har", "dnn-har-bn")
 AUTO_MODEL = {"digits": "mlp", "mnist": "cnn-mnist", "fashion-mnist": "cnn-mnist", "cifar10": "cnn-cifar",
-              "digit-domains": "resnet10-s"}
+              "digit-domains": "resnet10-s", "femnist": "cnn-mnist", "har": "dnn-har", "usps": "cnn-mnist"}
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -47,6 +49,13 @@ def _folder_name(key: str, value: Any) -> str:
                       "(no path separators, not starting with '.', at most 100 characters)")
 
 
+def _absolute_path(key: str, value: Any) -> str:
+    """An absolute path (`~` allowed), or empty."""
+    if value == "" or (isinstance(value, str) and Path(value).expanduser().is_absolute()):
+        return str(value)
+    raise ConfigError(f"run-config '{key}' = {value!r} must be an absolute path")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Every general run-config key with its default; `params` holds the chosen algorithm's keys (its spec's
@@ -55,10 +64,15 @@ class RunConfig:
     algorithm: str = hp("fedavg", "the algorithm", choices=tuple(sorted(SPECS)), allowed="see the next table")
     dataset: str = hp("digits", "the data set; `digits` (scikit-learn's 8x8 digits) is embedded: no download; "
                       "`digit-domains`: MNIST, USPS, MNIST-M-style and SYN-style digits at 32x32 RGB, built from "
-                      "`data-dir` (MNIST, USPS, CIFAR-10)",
+                      "`data-dir` (MNIST, USPS, CIFAR-10); `cifar10` reads every `data_batch_*` present (the "
+                      "staged 30k-image subset or all 50k); `femnist` (LEAF's FEMNIST sample, 28x28, 62 classes, by "
+                      "writer), `har` (UCI HAR's inertial windows, 9 channels x 128 steps, 6 activities, by subject), "
+                      "`usps` (16x16 digits, its train and test files pooled)",
                       choices=DATASETS)
-    data_dir: str = hp("", "folder with `MNIST/raw`, `FashionMNIST/raw`, `cifar-10-batches-py` (torchvision "
-                       "layout); empty: `$PFL_DATA_DIR`, else `~/.cache/pflower/data`. Use an absolute path.")
+    data_dir: str = hp("", "folder with `MNIST/raw`, `FashionMNIST/raw`, `cifar-10-batches-py`, `USPS` (torchvision "
+                       "layout), `FEMNIST_LEAF/femnist_leaf_niid_sf005.npz`, `UCI_HAR/` "
+                       "(`inertial_x_float32_N-128-9.npy.xz`, `labels_subjects.npz`); empty: `$PFL_DATA_DIR`, "
+                       "else `~/.cache/pflower/data`. Use an absolute path.")
     allow_download: bool = hp(False, "let torchvision download a missing dataset (needs internet)")
     partition: str = hp("dirichlet", "`iid`; `dirichlet` (per class, a Dir(alpha) vector over clients splits its "
                         "samples: label and quantity skew); `pathological` (2 classes per client; 10% of the "
@@ -66,12 +80,27 @@ class RunConfig:
                         "Sinkhorn-Knopp: equal client sizes, every sample used), `qs` (Dirichlet client sizes, "
                         "balanced labels), `lsqs` (both); FedAMP's `grouped` (5 groups of clients, 80% of each "
                         "client's data from its group's 2 classes, 500/400/300/200/100 samples per client); "
-                        "DapperFL's `domains` (digit-domains: each client holds `domain-share` of one domain)",
+                        "DapperFL's `domains` (digit-domains: each client holds `domain-share` of one domain); "
+                        "`natural` (femnist, har: one client per writer or subject); `file` (every client's train "
+                        "and test indices from `partition-file`)",
                         choices=PARTITIONS)
     domain_share: float = hp(0.01, "`domains` partition (digit-domains): share of its domain each client takes "
                              "(DapperFL: 1%)", low=0.0, high=1.0, low_open=True)
     domain_test_size: int = hp(1000, "`domains` partition: samples of each domain held out to test the global "
                                "model on that domain", low=1)
+    domain_eval_size: int = hp(0, "`domains` partition: each client's evaluated model is tested on this many "
+                               "(seeded) of every domain's held-out samples, its own domain and the others (metrics "
+                               "`acc-domain-<name>`, `acc-seen-domain`, `acc-unseen-domains`); 0: all "
+                               "`domain-test-size`", low=0)
+    natural_min_samples: int = hp(20, "`natural` partition: writers or subjects with fewer samples are dropped "
+                                  "(DM-PFL, A.1.2, excludes clients with only few samples, without a number); "
+                                  "client k holds the k-th largest kept writer or subject, so a run may have fewer "
+                                  "clients than are kept (the largest), not more; each client's samples are split "
+                                  "by `test-fraction` (FEMNIST's own LEAF train/test split is not used)", low=2)
+    partition_file: str = hp("", "`file` partition: absolute path of an .npz with 1-D integer arrays `train_0`, "
+                             "`test_0`, `train_1`, ... (indices into the dataset in load order, see the README); "
+                             "a run with N clients uses the file's first N; `test-fraction` and `max-samples` do "
+                             "not apply", parse=_absolute_path, allowed="an absolute path")
     dirichlet_alpha: float = hp(0.3, "alpha of every Dirichlet draw of the partition", low=0.0, low_open=True)
     test_fraction: float = hp(0.25, "each client's samples are split into train and test sets by this fraction",
                               low=0.0, high=0.9, low_open=True)
@@ -81,7 +110,9 @@ class RunConfig:
                     "convolutions without padding, FC 512; on 28x28 inputs the 582k-parameter CNN other PFL libraries "
                     "use for MNIST); "
                     "`-bn`: the same with batch normalization; `resnet10` (32x32 images, 4.9M parameters) and "
-                    "`resnet10-s` (a quarter of its widths, for CPUs); `auto` picks by dataset (the `-bn` one for "
+                    "`resnet10-s` (a quarter of its widths, for CPUs); `dnn-har` (HAR: an MLP on the flattened "
+                    "window, 1152-256-128 with ReLU, 329k parameters; DM-PFL's HAR \"DNN\" is not specified "
+                    "further); `auto` picks by dataset (the `-bn` one for "
                     "`fedbn`)",
                     choices=MODELS)
     num_rounds: int = hp(20, "federated rounds", low=1, high=100_000)
@@ -90,6 +121,12 @@ class RunConfig:
     min_train_clients: int = hp(2, "lower bound on clients per round", low=1)
     fraction_evaluate: float = hp(1.0, "fraction of clients evaluated (all by default)", low=0.0, high=1.0)
     eval_every: int = hp(1, "evaluate every N rounds and after the last one (0: never)", low=0)
+    holdout_clients: float = hp(0.0, "this fraction of the clients (seeded, at least 1 when > 0, never all) never "
+                                "trains; at every evaluation they receive what a new client would (the algorithm's "
+                                "newcomer model) and are evaluated as received and after `holdout-finetune-epochs` "
+                                "of local fine-tuning: the `unseen` row", low=0.0, high=0.9)
+    holdout_finetune_epochs: int = hp(1, "local fine-tuning epochs of a held-out client before its second "
+                                      "evaluation (0: evaluated as received only)", low=0, high=100)
     local_epochs: int = hp(2, "local training epochs per round", low=0, high=10_000)
     batch_size: int = hp(32, "local training batch size", low=1)
     optimizer: str = hp("sgd", "local optimizer", choices=OPTIMIZERS)
@@ -100,6 +137,15 @@ class RunConfig:
     shift_degrees: tuple[float, ...] = hp((0.0, 0.2, 0.4, 0.6, 0.8, 1.0), "test-time shift degrees evaluated "
                                           "every time", parse=parse_degrees,
                                           allowed="comma-separated numbers in [0, 1]")
+    corruptions: tuple[str, ...] = hp((), "image data sets: every client's test split is also evaluated under these "
+                                      "corruptions (CIFAR-10-C style, comma-separated; `all`: every one; empty: off), "
+                                      "at each of `corruption-severities`: metrics `acc-corrupt-<name>-<severity>`",
+                                      parse=parse_corruptions,
+                                      allowed="`all`, or names from " + ", ".join(f"`{n}`" for n in CORRUPTIONS))
+    corruption_severities: tuple[int, ...] = hp((1, 2, 3, 4, 5), "severities evaluated for each of `corruptions`",
+                                                parse=parse_severities, allowed="comma-separated numbers from 1 to 5")
+    corruption_eval_size: int = hp(0, "`corruptions`: evaluate them on a seeded subset of this many of each client's "
+                                   "test samples (0: all); each (corruption, severity) costs one pass over it", low=0)
     seed: int = hp(0, "one seed for partition, sampling, init and training: same seed, same metrics",
                    low=0, high=2**31 - 1)
     device: str = hp("auto", "where clients train; `auto`: CUDA when present", choices=DEVICES)

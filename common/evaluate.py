@@ -1,15 +1,18 @@
-"""The one evaluation loop: logits, loss, accuracy, and accuracy at every test-time shift degree."""
+"""The one evaluation loop: logits, loss, accuracy, accuracy at every test-time shift degree, under each corruption
+and on every domain."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from . import profiling
+from .config import RunConfig
+from .data.domains import DOMAINS
 from .data.federated import ClientData
 from .data.shift import shifted_correct
 
@@ -38,11 +41,45 @@ class EvalResult:
     loss: float
     accuracy: float
     shift_accuracy: dict[float, float]
+    extra: dict[str, float] = field(default_factory=dict)  # corruption and domain accuracies, by metric key
 
 
 def shift_key(degree: float) -> str:
     """Metric name of the accuracy at a shift degree, e.g. 'acc-shift-0.4'."""
     return f"acc-shift-{degree:g}"
+
+
+def corruption_key(name: str, severity: int) -> str:
+    """Metric name of the accuracy under a corruption at a severity, e.g. 'acc-corrupt-gaussian_noise-3'."""
+    return f"acc-corrupt-{name}-{severity}"
+
+
+def domain_accuracy_key(name: str) -> str:
+    """Metric name of the evaluated model's accuracy on one domain's held-out test data, e.g. 'acc-domain-usps'."""
+    return f"acc-domain-{name}"
+
+
+SEEN_DOMAIN_KEY = "acc-seen-domain"  # on the held-out data of the domain the client trained on
+UNSEEN_DOMAINS_KEY = "acc-unseen-domains"  # mean over the domains it never trained on
+
+
+def shifted_metric_keys(cfg: RunConfig) -> tuple[str, ...]:
+    """The accuracies every evaluation reply of the run carries beyond the shift degrees: each corruption at each
+    severity, and with the `domains` partition every domain's, the seen domain's and the unseen domains' mean."""
+    keys = [corruption_key(name, s) for name in cfg.corruptions for s in cfg.corruption_severities]
+    if cfg.partition == "domains":
+        keys += [domain_accuracy_key(name) for name in DOMAINS] + [SEEN_DOMAIN_KEY, UNSEEN_DOMAINS_KEY]
+    return tuple(keys)
+
+
+def domain_summary(accuracies: Sequence[tuple[str, float]], own: int) -> dict[str, float]:
+    """Per-domain accuracies as metrics, with the seen domain's (index `own`) and the mean over the others."""
+    out = {domain_accuracy_key(name): acc for name, acc in accuracies}
+    if 0 <= own < len(accuracies):
+        unseen = [acc for d, (_, acc) in enumerate(accuracies) if d != own]
+        out[SEEN_DOMAIN_KEY] = accuracies[own][1]
+        out[UNSEEN_DOMAINS_KEY] = float(sum(unseen) / len(unseen)) if unseen else float("nan")
+    return out
 
 
 def shift_accuracy(predict: Callable[[torch.Tensor], torch.Tensor], data: ClientData,
@@ -58,8 +95,11 @@ def shift_accuracy(predict: Callable[[torch.Tensor], torch.Tensor], data: Client
 
 @profiling.timed("evaluate")
 def evaluate_client(model: nn.Module, data: ClientData, degrees: tuple[float, ...],
-                    device: torch.device | str = "cpu") -> EvalResult:
-    """Loss and accuracy on the client's own test set, and accuracy at each shift degree."""
+                    device: torch.device | str = "cpu",
+                    corrupted: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+                    domains: Sequence[tuple[str, torch.Tensor, torch.Tensor]] = ()) -> EvalResult:
+    """Loss and accuracy on the client's own test set, accuracy at each shift degree, on each `corrupted` copy of
+    the test set (metric key -> inputs, labels) and on each domain's (name, inputs, labels) held-out data."""
     if len(data.test_y) == 0:
         return EvalResult(0, float("nan"), float("nan"), {d: float("nan") for d in degrees})
     logits = predict_logits(model, data.test_x, device=device)
@@ -70,5 +110,12 @@ def evaluate_client(model: nn.Module, data: ClientData, degrees: tuple[float, ..
         return (out if out is not None else predict_logits(model, x, device=device)).argmax(1)
 
     accuracies = shift_accuracy(predict, data, degrees)
+    def hit_rate(x: torch.Tensor, y: torch.Tensor) -> float:
+        return float((predict(x) == y).float().mean()) if len(y) else float("nan")
+
+    extra = {key: hit_rate(x, y) for key, (x, y) in (corrupted or {}).items()}
+    if domains:
+        extra.update(domain_summary([(name, hit_rate(x, y)) for name, x, y in domains], data.domain))
     return EvalResult(num_test=len(data.test_y), loss=float(F.cross_entropy(logits, data.test_y)),
-                      accuracy=float((logits.argmax(1) == data.test_y).float().mean()), shift_accuracy=accuracies)
+                      accuracy=float((logits.argmax(1) == data.test_y).float().mean()), shift_accuracy=accuracies,
+                      extra=extra)

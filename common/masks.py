@@ -197,3 +197,16 @@ def topk_mask(values: torch.Tensor, density: float, eligible: torch.Tensor | Non
     out = torch.zeros(flat.numel(), dtype=torch.bool)
     out[keep] = True
     return out.reshape(values.shape)
+
+
+def mask_overlap(masks: list[dict[str, np.ndarray]]) -> np.ndarray:
+    """Pairwise intersection over union of clients' masks (all layers together): a symmetric matrix, 1 on the
+    diagonal (also for an empty mask)."""
+    flat = [np.concatenate([np.asarray(m[name], dtype=bool).ravel() for name in sorted(m)]) for m in masks]
+    n = len(flat)
+    iou = np.eye(n)
+    for i in range(n):
+        for j in range(i + 1, n):
+            union = np.count_nonzero(flat[i] | flat[j])
+            iou[i, j] = iou[j, i] = np.count_nonzero(flat[i] & flat[j]) / union if union else 1.0
+    return iou

@@ -41,6 +41,15 @@ def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: int = 128) -> Sp
     return SplitModel(body, nn.Linear(hidden, num_classes))
 
 
+def dnn_har(input_shape: tuple[int, ...], num_classes: int, bn: bool = False) -> SplitModel:
+    """The DNN for UCI HAR: an MLP on the flattened window (9 x 128 = 1152 -> 256 -> 128, ReLU), classifier
+    128 -> classes; 329k parameters (`bn`: batch normalization after each hidden layer, for FedBN)."""
+    norm = nn.BatchNorm1d if bn else None
+    body = nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(input_shape)), 256), *_norm(256, norm), nn.ReLU(),
+                         nn.Linear(256, 128), *_norm(128, norm), nn.ReLU())
+    return SplitModel(body, nn.Linear(128, num_classes))
+
+
 def _norm(channels: int, kind: type[nn.Module] | None) -> list[nn.Module]:
     return [kind(channels)] if kind is not None else []
 
@@ -133,7 +142,8 @@ def resnet10(input_shape: tuple[int, ...], num_classes: int, width: int = 64) ->
 _BUILDERS = {"mlp": mlp, "cnn-mnist": cnn_mnist, "cnn-cifar": cnn_cifar, "mlp-bn": mlp_bn,
              "cnn-mnist-bn": lambda shape, classes: cnn_mnist(shape, classes, bn=True),
              "cnn-cifar-bn": lambda shape, classes: cnn_cifar(shape, classes, bn=True),
-             "resnet10": resnet10, "resnet10-s": lambda shape, classes: resnet10(shape, classes, width=16)}
+             "resnet10": resnet10, "resnet10-s": lambda shape, classes: resnet10(shape, classes, width=16),
+             "dnn-har": dnn_har, "dnn-har-bn": lambda shape, classes: dnn_har(shape, classes, bn=True)}
 _NEEDS = {"cnn-mnist": 3, "cnn-cifar": 3, "cnn-mnist-bn": 3, "cnn-cifar-bn": 3, "resnet10": 3, "resnet10-s": 3}
 
 

@@ -116,7 +116,7 @@ def main(grid: Grid, context: Context) -> None:
     info = {"algorithm": cfg.algorithm, "dataset": cfg.dataset, "partition": cfg.partition, "seed": cfg.seed,
             "num_clients": len(clients), "shift_degrees": list(cfg.shift_degrees),
             "resumed_after_rounds": runner.resumes}
-    summary_path = writer.finish(info)
+    summary_path = writer.finish(info, strategy.artifacts())
     for line in summary_path.read_text().splitlines():
         if line.strip():
             log(INFO, "%s", line)

@@ -63,6 +63,7 @@ class ClientRegistry:
     clock: Callable[[], float] = time.monotonic
     last_seen: dict[int, float] = field(default_factory=dict)  # partition -> when its holder was last connected
     refused: dict[int, float] = field(default_factory=dict)  # node -> when its claim was refused
+    held_out: frozenset[int] = frozenset()  # partitions that never train (run-config holdout-clients)
 
     def add(self, info: ClientInfo) -> None:
         """Register (or replace) the client of a partition."""
@@ -71,8 +72,22 @@ class ClientRegistry:
         self.last_seen[info.partition_id] = self.clock()
 
     def ids(self) -> list[int]:
-        """Partition ids, sorted."""
-        return sorted(self.by_partition)
+        """Partition ids of the clients that take part (all but the held-out ones), sorted."""
+        return sorted(pid for pid in self.by_partition if pid not in self.held_out)
+
+    def holdout_ids(self) -> list[int]:
+        """Partition ids of the held-out clients (never trained, evaluated as newcomers), sorted."""
+        return sorted(pid for pid in self.by_partition if pid in self.held_out)
+
+    def hold_out(self, fraction: float, seed: int) -> None:
+        """Set aside round(fraction * clients) partitions (at least 1 when fraction > 0, never all), seeded."""
+        ids = sorted(self.by_partition)
+        count = min(len(ids) - 1, max(1, int(round(fraction * len(ids))))) if fraction > 0 else 0
+        if count <= 0:
+            self.held_out = frozenset()
+            return
+        rng = np.random.default_rng(derive_seed(seed, "holdout-clients"))
+        self.held_out = frozenset(int(pid) for pid in rng.choice(ids, size=count, replace=False))
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.ids())

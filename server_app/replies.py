@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from logging import WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import RecordDict
+from flwr.app import Message, RecordDict
+from flwr.supercore import log
 
 from common.aggregate import mean_std
 from common.data.domains import DOMAINS
@@ -92,6 +94,7 @@ class RoundLog:
     per_client_bytes: dict[int, dict[str, int]] = field(default_factory=dict)
     train: dict[str, Any] = field(default_factory=dict)
     eval: dict[str, Any] | None = None
+    unseen: dict[str, Any] | None = None  # the held-out clients' evaluation (newcomers), when the run has them
     aggregate_s: float | None = None  # server time of the round's aggregation
 
     def add_bytes(self, kind: str, partition_id: int, num_bytes: int) -> None:
@@ -102,12 +105,15 @@ class RoundLog:
 
 
 def parse_eval_metrics(metrics: Mapping[str, Any] | None, degrees: tuple[float, ...],
-                       extra: Callable[[Mapping[str, Any] | None], dict[str, float]]) -> dict[str, float]:
-    """One client's evaluation row: accuracy at every shift degree, loss, and the algorithm's `extra` rows
-    (PayloadError when any is missing or out of range)."""
+                       extra: Callable[[Mapping[str, Any] | None], dict[str, float]],
+                       required: Sequence[str] = ()) -> dict[str, float]:
+    """One client's evaluation row: accuracy at every shift degree, loss, the `required` accuracies (the run's
+    corruptions and domains, common.evaluate.shifted_metric_keys) and the algorithm's `extra` rows (PayloadError
+    when any is missing or out of range; metrics nobody asked for are ignored)."""
     read_count(metrics, "num-test")
     row = {shift_key(d): read_fraction(metrics, shift_key(d)) for d in degrees}
     row["loss"] = read_finite(metrics, "loss")
+    row.update({key: read_fraction(metrics, key) for key in required})
     row.update(extra(metrics))
     if metrics is not None and "domain-id" in metrics:  # multi-domain data: the global model on the client's domain
         domain = read_count(metrics, "domain-id", allow_zero=True)
@@ -115,6 +121,21 @@ def parse_eval_metrics(metrics: Mapping[str, Any] | None, degrees: tuple[float, 
             raise PayloadError(f"metric 'domain-id' = {domain} names no domain")
         row[domain_key(DOMAINS[domain])] = read_fraction(metrics, "domain-acc")
     return row
+
+
+def evaluation_rows(good: list[tuple[int, Message]], degrees: tuple[float, ...],
+                    extra: Callable[[Mapping[str, Any] | None], dict[str, float]],
+                    who: str = "client", required: Sequence[str] = ()) -> tuple[dict[int, dict[str, float]], int]:
+    """Each good evaluation reply's row (parse_eval_metrics), and how many were rejected (each logged)."""
+    rows: dict[int, dict[str, float]] = {}
+    rejected = 0
+    for pid, msg in good:
+        try:
+            rows[pid] = parse_eval_metrics(msg.content.metric_records.get("metrics"), degrees, extra, required)
+        except PayloadError as exc:
+            log(WARNING, "%s %d: evaluation reply rejected: %s", who, pid, exc)
+            rejected += 1
+    return rows, rejected
 
 
 def domain_key(name: str) -> str:

@@ -10,13 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from common.algorithms import eval_rows
+from common.algorithms import FINETUNED, eval_rows
 from common.config import RunConfig, parse_run_config
 from common.data.domains import DOMAINS
 from common.evaluate import shift_key
-from common.persist import atomic_write_text
+from common.persist import atomic_file, atomic_write_text
 
 from .replies import RoundLog, domain_key
+from .shift_report import corruption_lines, domain_shift_lines, plot_corruptions
 
 
 def read_run_config(run_dir: Path) -> dict[str, Any]:
@@ -30,7 +31,8 @@ def round_record(server_round: int, wall: float, elapsed: float, log: RoundLog,
     """A round's line of metrics.jsonl, from its counters and the algorithm's own fields."""
     return {"round": server_round, "wall_s": wall, "elapsed_s": elapsed, "train": log.train, "bytes": log.bytes,
             "bytes_per_client": {str(k): v for k, v in sorted(log.per_client_bytes.items())}, "eval": log.eval,
-            **({"aggregate_s": log.aggregate_s} if log.aggregate_s is not None else {}), **extra}
+            **({"aggregate_s": log.aggregate_s} if log.aggregate_s is not None else {}),
+            **({"unseen": log.unseen} if log.unseen else {}), **extra}
 
 
 def settings_text(cfg: RunConfig, num_clients: int) -> str:
@@ -100,8 +102,11 @@ class ResultsWriter:
         with self._metrics.open("a") as fh:
             fh.write(json.dumps(record, sort_keys=True) + "\n")
 
-    def finish(self, info: dict[str, Any]) -> Path:
-        """Write summary.md and the plots; return the summary's absolute path."""
+    def finish(self, info: dict[str, Any], artifacts: dict[str, np.ndarray] | None = None) -> Path:
+        """Write summary.md, the plots and the algorithm's artifacts.npz; return the summary's absolute path."""
+        if artifacts:
+            with atomic_file(self.run_dir / "artifacts.npz") as fh:
+                np.savez(fh, allow_pickle=False, **artifacts)
         summary = summarize(self.records, info)
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True))
         path = self.run_dir / "summary.md"
@@ -138,6 +143,7 @@ def summarize(records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, 
         **_aggregation_cost(records),
         **_costs_by_ratio(records),
         "shift_degrees": degrees,
+        **({"unseen": evaluated[-1]["unseen"]} if evaluated and evaluated[-1].get("unseen") else {}),
         **_last_stages(records),
     }
 
@@ -197,6 +203,23 @@ def _stage_lines(summary: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def _unseen_lines(summary: dict[str, Any]) -> list[str]:
+    """Held-out clients: the newcomer model's accuracy as received and after fine-tuning, by shift degree."""
+    unseen, degrees = summary.get("unseen"), summary["shift_degrees"]
+    if not unseen:
+        return []
+    lines = [f"Held-out clients ({unseen['num_clients']}, never trained; {unseen['failed']} failed): the model a new "
+             "client receives, as received and after local fine-tuning (%, mean +/- std):", "",
+             "| unseen clients | " + " | ".join(f"{100 * d:g}%" for d in degrees) + " |",
+             "|---|" + "---|" * len(degrees)]
+    for prefix, label in (("", "as received"), (FINETUNED.prefix, FINETUNED.label)):
+        if prefix + shift_key(degrees[0]) in unseen["mean"]:
+            lines.append(f"| {label} | " + " | ".join(
+                f"{_fmt(unseen['mean'][prefix + shift_key(d)])} +/- {_fmt(unseen['std'][prefix + shift_key(d)])}"
+                for d in degrees) + " |")
+    return lines + [""]
+
+
 def _domain_lines(summary: dict[str, Any]) -> list[str]:
     """Multi-domain data: the global model's accuracy on each domain's held-out test data, and their mean."""
     final = summary.get("final") or {}
@@ -250,9 +273,12 @@ def render_markdown(summary: dict[str, Any]) -> str:
     else:
         lines.append("No evaluation ran.")
     lines.append("")
+    lines.extend(corruption_lines(summary))
     lines.extend(_stage_lines(summary))
+    lines.extend(_unseen_lines(summary))
     mb = summary["mb_per_client"]
     lines.extend(_domain_lines(summary))
+    lines.extend(domain_shift_lines(summary))
     lines.extend(_ratio_lines(summary))
     lines.append("| cost | value |")
     lines.append("|---|---|")
@@ -275,7 +301,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
 
 
 def plot_run(records: list[dict[str, Any]], summary: dict[str, Any], run_dir: Path) -> None:
-    """accuracy_vs_round.png and accuracy_vs_shift.png."""
+    """accuracy_vs_round.png, accuracy_vs_shift.png and, with corruptions, accuracy_vs_corruption.png."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -311,3 +337,4 @@ def plot_run(records: list[dict[str, Any]], summary: dict[str, Any], run_dir: Pa
     fig.tight_layout()
     fig.savefig(run_dir / "accuracy_vs_shift.png", dpi=120)
     plt.close(fig)
+    plot_corruptions(summary, run_dir)

@@ -15,18 +15,20 @@ from flwr.supercore import log
 
 from common import profiling
 from common.config import RunConfig
+from common.evaluate import shifted_metric_keys
 from common.stages import summarize_stages
 from common.validation import PayloadError, echo_values
 
 from .checkpoint import Checkpoint, due, restore, save_checkpoint
 from .clients import ClientRegistry
 from .faults import plan_faults
+from .newcomers import evaluate_newcomers
 from .replies import (
     ReplyLimits,
     RoundLog,
     TrainReply,
     eval_statistics,
-    parse_eval_metrics,
+    evaluation_rows,
     parse_train_metrics,
     reply_flops,
 )
@@ -55,13 +57,15 @@ class RoundRunner(Strategy):
 
     # ----- messages --------------------------------------------------------------------------------------
     @profiling.timed("build")
-    def message_contents(self, server_round: int, partition_ids: list[int], message_type: str) -> list[RecordDict]:
-        """Each client's message content; training clients picked by drop-rate are told to fail and those picked
-        by straggler-rate will have their replies set aside as late (simulation only)."""
+    def message_contents(self, server_round: int, partition_ids: list[int], message_type: str,
+                         newcomers: bool = False) -> list[RecordDict]:
+        """Each client's message content (held-out clients': the newcomer's); training clients picked by drop-rate
+        are told to fail and those picked by straggler-rate will have their replies set aside as late."""
         strategy, cfg = self.strategy, self.cfg
         shared = strategy.shared_payload(server_round)
         is_train = message_type == MessageType.TRAIN
         build = strategy.train_content if is_train else strategy.eval_content
+        build = strategy.newcomer_content if newcomers else build
         drops: set[int] = set()
         if is_train:
             drops, self._late = plan_faults(cfg.seed, server_round, partition_ids, cfg.drop_rate, cfg.straggler_rate)
@@ -83,13 +87,14 @@ class RoundRunner(Strategy):
         return contents
 
     @profiling.timed("messages")
-    def messages(self, server_round: int, partition_ids: list[int], message_type: str, kind: str) -> list[Message]:
+    def messages(self, server_round: int, partition_ids: list[int], message_type: str, kind: str,
+                 newcomers: bool = False) -> list[Message]:
         """The messages to the given clients, their bytes counted under `kind` (e.g. train_down)."""
-        messages = []
-        for pid, content in zip(partition_ids, self.message_contents(server_round, partition_ids, message_type)):
-            msg = Message(content=content, dst_node_id=self.clients[pid].node_id, message_type=message_type)
+        contents = self.message_contents(server_round, partition_ids, message_type, newcomers)
+        messages = [Message(content=content, dst_node_id=self.clients[pid].node_id, message_type=message_type)
+                    for pid, content in zip(partition_ids, contents)]
+        for pid, msg in zip(partition_ids, messages):
             self.round_log.add_bytes(kind, pid, wire_bytes(msg, self._size_cache))
-            messages.append(msg)
         return messages
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -104,7 +109,7 @@ class RoundRunner(Strategy):
 
     # ----- replies ---------------------------------------------------------------------------------------
     @profiling.timed("check")
-    def _sort_replies(self, server_round: int, replies: Iterable[Message],
+    def sort_replies(self, server_round: int, replies: Iterable[Message],
                       kind: str) -> tuple[list[tuple[int, Message]], int, int]:
         """Known, error-free replies of sane size in partition order, and the counts of failed and oversized ones."""
         good, failed, oversized = [], 0, 0
@@ -140,7 +145,7 @@ class RoundRunner(Strategy):
     def accept_train_replies(self, server_round: int, replies: Iterable[Message],
                              what: str = "training") -> tuple[list[TrainReply], int, int]:
         """The validated training replies, and the counts of failed and rejected ones (each logged)."""
-        good, failed, rejected = self._sort_replies(server_round, replies, "train_up")
+        good, failed, rejected = self.sort_replies(server_round, replies, "train_up")
         accepted: list[TrainReply] = []
         for pid, msg in good:
             try:
@@ -176,17 +181,11 @@ class RoundRunner(Strategy):
     @profiling.timed("eval_aggregate")
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Per-client accuracies at every shift degree (and the algorithm's extra rows); mean and std."""
-        good, failed, oversized = self._sort_replies(server_round, replies, "eval_up")
-        failed += oversized
-        per_client: dict[int, dict[str, float]] = {}
-        for pid, msg in good:
-            try:
-                per_client[pid] = parse_eval_metrics(msg.content.metric_records.get("metrics"), self.cfg.shift_degrees,
-                                                     lambda m: self.strategy.eval_metrics(server_round, m))
-            except PayloadError as exc:
-                log(WARNING, "client %d: evaluation reply rejected: %s", pid, exc)
-                failed += 1
-        self.round_log.eval = eval_statistics(per_client, failed) if per_client else None
+        good, failed, oversized = self.sort_replies(server_round, replies, "eval_up")
+        per_client, rejected = evaluation_rows(good, self.cfg.shift_degrees,
+                                               lambda m: self.strategy.eval_metrics(server_round, m),
+                                               required=shifted_metric_keys(self.cfg))
+        self.round_log.eval = eval_statistics(per_client, failed + oversized + rejected) if per_client else None
         means = self.round_log.eval["mean"] if self.round_log.eval else None
         return None if means is None else MetricRecord({k: v for k, v in means.items() if math.isfinite(v)})
 
@@ -210,6 +209,7 @@ class RoundRunner(Strategy):
     def run(self, grid: Grid) -> None:
         """Handshake, then the rounds: train, aggregate, evaluate, record, checkpoint, log progress with ETA."""
         self.clients.handshake(grid, self.cfg.round_timeout)
+        self.clients.hold_out(self.cfg.holdout_clients, self.cfg.seed)
         first, elapsed_before = 1, 0.0
         if self.resume_from is not None:
             self.resumes = restore(self.strategy, self.writer, self.resume_from)
@@ -238,6 +238,7 @@ class RoundRunner(Strategy):
         if self.should_evaluate(rnd):
             eval_messages = list(self.configure_evaluate(rnd, ArrayRecord(), ConfigRecord(), grid))
             self.aggregate_evaluate(rnd, grid.send_and_receive(eval_messages, timeout=timeout))
+            evaluate_newcomers(self, grid, rnd)
         elapsed = time.monotonic() - start
         record = round_record(rnd, time.monotonic() - t0, elapsed, self.round_log, self.strategy.round_record(rnd))
         if self.writer is not None:

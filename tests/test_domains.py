@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from common.data.arrays import DataError
 from common.data.domains import DOMAINS, domain_partition, mnist_m, render_digits
@@ -75,3 +76,79 @@ def test_a_client_reports_the_global_model_on_its_domain(data_dir) -> None:
     means = fed.round_log.eval["mean"]
     assert {domain_key(name) for name in DOMAINS} <= set(means)
     assert all(0.0 <= means[domain_key(name)] <= 1.0 for name in DOMAINS)
+
+
+class _FirstPixel(torch.nn.Module):
+    """Predicts the class written in each image's first pixel."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.one_hot(x[:, 0, 0, 0].long() % 10, 10).float()
+
+
+def _images(labels: torch.Tensor, offset: int) -> torch.Tensor:
+    x = torch.zeros(len(labels), 3, 4, 4)
+    x[:, 0, 0, 0] = ((labels + offset) % 10).float()
+    return x
+
+
+def test_domain_summary_splits_seen_from_unseen() -> None:
+    from common.evaluate import SEEN_DOMAIN_KEY, UNSEEN_DOMAINS_KEY, domain_summary
+
+    out = domain_summary([("mnist", 0.9), ("usps", 0.5), ("mnist-m", 0.3), ("syn", 0.0)], own=1)
+    assert out[SEEN_DOMAIN_KEY] == 0.5 and out[UNSEEN_DOMAINS_KEY] == pytest.approx(0.4)
+    assert out["acc-domain-mnist"] == 0.9 and out["acc-domain-syn"] == 0.0 and len(out) == 6
+    assert SEEN_DOMAIN_KEY not in domain_summary([("mnist", 0.9)], own=-1), "no domain of its own: no split"
+
+
+def test_the_evaluated_model_is_tested_on_every_domain_and_split_by_the_clients_own() -> None:
+    from common.data.federated import ClientData
+    from common.data.shift import make_shift_plan
+    from common.evaluate import SEEN_DOMAIN_KEY, UNSEEN_DOMAINS_KEY, evaluate_client
+
+    y = torch.arange(20) % 10
+    domains = [(name, _images(y, 0 if d in (0, 2) else 1), y) for d, name in enumerate(DOMAINS)]
+    test_x = _images(y, 0)
+    plan = make_shift_plan(np.arange(20), np.arange(20), 0)
+    data = ClientData(0, 10, (3, 4, 4), test_x, y, test_x, y, test_x, y, plan, 4, domain=1)
+    extra = evaluate_client(_FirstPixel(), data, (0.0,), domains=domains).extra
+    assert [extra[f"acc-domain-{name}"] for name in DOMAINS] == [1.0, 0.0, 1.0, 0.0]
+    assert extra[SEEN_DOMAIN_KEY] == 0.0, "usps, the client's own domain, is read wrong by this model"
+    assert extra[UNSEEN_DOMAINS_KEY] == pytest.approx(2 / 3), "mnist, mnist-m right; syn wrong"
+    assert evaluate_client(_FirstPixel(), data, (0.0,)).extra == {}, "no domain sets: no domain metrics"
+
+
+def test_every_client_reports_its_seen_and_unseen_domains(data_dir) -> None:
+    from common.config import parse_run_config
+    from common.evaluate import SEEN_DOMAIN_KEY, UNSEEN_DOMAINS_KEY, shifted_metric_keys
+
+    from .inprocess import InProcessFederation
+
+    raw = {"algorithm": "ditto", "dataset": "digit-domains", "partition": "domains", "data-dir": str(data_dir),
+           "num-rounds": 1, "fraction-train": 1.0, "local-epochs": 1, "model": "resnet10-s", "domain-share": 0.002,
+           "domain-test-size": 60, "domain-eval-size": 40, "shift-degrees": "0"}
+    cfg = parse_run_config(raw)
+    fed = InProcessFederation(cfg, 5)
+    fed.train_round(1)
+    fed.evaluate(1)
+    rows = fed.round_log.eval["per_client"]
+    assert len(rows) == 5 and fed.round_log.eval["failed"] == 0
+    for pid, row in rows.items():
+        assert set(shifted_metric_keys(cfg)) <= set(row)
+        own = DOMAINS[fed.data[int(pid)].domain]
+        assert row[SEEN_DOMAIN_KEY] == row[f"acc-domain-{own}"]
+        others = [row[f"acc-domain-{name}"] for name in DOMAINS if name != own]
+        assert row[UNSEEN_DOMAINS_KEY] == pytest.approx(sum(others) / 3)
+    from common.data.evalsets import domain_tests
+
+    sets = domain_tests(cfg, 5)
+    assert [name for name, _, _ in sets] == list(DOMAINS) and all(len(y) == 40 for _, _, y in sets)
+
+
+def test_summary_shows_seen_and_unseen_domains() -> None:
+    from server_app.shift_report import domain_shift_lines
+
+    mean = {"acc-seen-domain": 0.8, "acc-unseen-domains": 0.3, **{f"acc-domain-{n}": 0.5 for n in DOMAINS}}
+    lines = domain_shift_lines({"final": {"mean": mean, "std": dict.fromkeys(mean, 0.1)}})
+    assert "| seen domain | unseen domains | mnist | usps | mnist-m | syn |" in lines
+    assert "| 80.00 +/- 10.00 | 30.00 +/- 10.00 | " + " | ".join(["50.00 +/- 10.00"] * 4) + " |" in lines
+    assert domain_shift_lines({"final": {"mean": {"acc-shift-0": 0.5}, "std": {}}}) == []

@@ -15,8 +15,9 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from common import profiling
 from common.algorithms import EvalRow
 from common.config import RunConfig
+from common.data.evalsets import corrupted_test, domain_tests
 from common.data.federated import ClientData, pooled_test
-from common.evaluate import EvalResult, evaluate_client, shift_key
+from common.evaluate import EvalResult, corruption_key, evaluate_client, shift_key
 from common.flops import flops_per_sample, training_flops
 from common.models import SplitModel, array_specs, build_model, get_arrays, set_arrays
 from common.records import to_record
@@ -91,9 +92,17 @@ class ClientAlgorithm(ABC):
         """Seeded generator for this client, round and purpose."""
         return torch.Generator().manual_seed(derive_seed(self.cfg.seed, purpose, self.env.partition_id, server_round))
 
-    def evaluate_model(self, model: torch.nn.Module) -> EvalResult:
-        """The shared evaluation loop on this client's test data at every shift degree."""
-        return evaluate_client(model, self.env.data, self.cfg.shift_degrees, self.env.device)
+    def evaluate_model(self, model: torch.nn.Module, shifted_sets: bool = True) -> EvalResult:
+        """The shared evaluation loop on this client's test data at every shift degree and (unless `shifted_sets`
+        is False: an extra row) under every configured corruption and on every domain's held-out data."""
+        data = self.env.data
+        corrupted: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        domains: tuple[tuple[str, torch.Tensor, torch.Tensor], ...] = ()
+        if shifted_sets:
+            corrupted = {corruption_key(name, severity): sets for (name, severity), sets in
+                         corrupted_test(self.cfg, data.partition_id, data.num_partitions).items()}
+            domains = domain_tests(self.cfg, data.num_partitions)
+        return evaluate_client(model, data, self.cfg.shift_degrees, self.env.device, corrupted, domains)
 
     @staticmethod
     @profiling.timed("encode")
@@ -153,7 +162,8 @@ class ClientAlgorithm(ABC):
 
     def row(self, row: EvalRow, model: torch.nn.Module) -> dict[str, float]:
         """An extra evaluation row of the algorithm's spec: `model`'s accuracy at every shift degree."""
-        return {row.prefix + shift_key(d): acc for d, acc in self.evaluate_model(model).shift_accuracy.items()}
+        return {row.prefix + shift_key(d): acc
+                for d, acc in self.evaluate_model(model, shifted_sets=False).shift_accuracy.items()}
 
     def domain_metrics(self, model: torch.nn.Module) -> dict[str, float]:
         """Multi-domain data: `model`'s accuracy on the held-out test data of this client's domain (empty else)."""
@@ -163,9 +173,11 @@ class ClientAlgorithm(ABC):
         return {"domain-id": data.domain, "domain-acc": accuracy(model, data.domain_x, data.domain_y, self.env.device)}
 
     def eval_reply(self, result: EvalResult, extra: dict[str, float] | None = None) -> RecordDict:
-        """Reply content of an evaluation: loss and accuracy at each shift degree."""
+        """Reply content of an evaluation: loss and accuracy at each shift degree, under each corruption and on each
+        domain."""
         metrics: MetricValues = {"num-test": result.num_test, "loss": _finite(result.loss)}
         metrics.update({shift_key(d): acc for d, acc in result.shift_accuracy.items()})
+        metrics.update(result.extra)
         metrics.update(extra or {})
         return RecordDict({"metrics": MetricRecord(metrics)})
 

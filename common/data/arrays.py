@@ -13,7 +13,7 @@ class DataError(RuntimeError):
 
 @dataclass(frozen=True)
 class DatasetArrays:
-    """A whole dataset: train and test pooled into x (N, C, H, W) or (N, F) uint8/float32 and y int64."""
+    """A whole dataset: train and test pooled into x (N, C, H, W), (N, C, T) or (N, F) uint8/float32 and y int64."""
 
     name: str
     x: np.ndarray
@@ -24,6 +24,8 @@ class DatasetArrays:
     scale: float  # x / scale lies in [0, 1]
     domain: np.ndarray | None = None  # domain index of every sample (multi-domain data sets)
     domain_names: tuple[str, ...] = ()
+    natural_id: np.ndarray | None = None  # natural client of every sample (FEMNIST's writer, HAR's subject)
+    natural_kind: str = ""  # what a natural id is: "writer", "subject"
 
     @property
     def input_shape(self) -> tuple[int, ...]:

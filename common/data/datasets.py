@@ -1,4 +1,5 @@
-"""Datasets as in-memory numpy arrays: torchvision formats from a local folder, or the embedded default."""
+"""Datasets as in-memory numpy arrays: torchvision formats and the staged FEMNIST, HAR and USPS files from a local
+folder, or the embedded default."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 
 from .arrays import DataError, DatasetArrays
 from .domains import digit_domains
+from .readers import femnist, har, usps
 
 _MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
                 "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
@@ -22,6 +24,7 @@ _NORMALIZATION = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "digits": ((0.3,), (0.38,)),
 }
+_READERS = {"femnist": femnist, "har": har, "usps": usps}
 
 
 def _digits() -> DatasetArrays:
@@ -135,11 +138,13 @@ def load_dataset(name: str, data_dir: str, allow_download: bool = False) -> Data
         return _cifar10(root, allow_download)
     if name == "digit-domains":
         return digit_domains(root, cache_dir, lambda part: load_dataset(part, data_dir))
+    if name in _READERS:
+        return _READERS[name](root)
     raise DataError(f"unknown dataset '{name}'")
 
 
 def normalize(data: DatasetArrays, x: np.ndarray) -> np.ndarray:
-    """uint8 samples -> float32 normalized per channel."""
+    """Samples (uint8 images or float32 signals, channels on axis 1) -> float32 normalized per channel."""
     out = x.astype(np.float32) / data.scale
     mean = np.asarray(data.mean, dtype=np.float32).reshape(1, -1, *([1] * (x.ndim - 2)))
     std = np.asarray(data.std, dtype=np.float32).reshape(1, -1, *([1] * (x.ndim - 2)))

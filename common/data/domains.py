@@ -38,16 +38,23 @@ def _mnist32(digits: np.ndarray) -> np.ndarray:
     return np.repeat(padded[:, None], 3, axis=1)
 
 
-def _usps(data_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+def read_usps(data_dir: Path, dataset: str = "usps") -> tuple[np.ndarray, np.ndarray]:
+    """USPS from torchvision's files in `data-dir/USPS`: x (9298, 16, 16) uint8 (the 7,291 training rows, then the
+    2,007 test rows) and y; a DataError naming `dataset` and the files when they are missing."""
     from torchvision import datasets
 
     root = data_dir / "USPS"
     if not (root / "usps.bz2").exists() or not (root / "usps.t.bz2").exists():
-        raise DataError(f"digit-domains: expected usps.bz2 and usps.t.bz2 in {root} (set run-config 'data-dir' or "
+        raise DataError(f"{dataset}: expected usps.bz2 and usps.t.bz2 in {root} (set run-config 'data-dir' or "
                         "$PFL_DATA_DIR)")
     parts = [datasets.USPS(str(root), train=train, download=False) for train in (True, False)]
     x = np.concatenate([np.asarray(p.data, dtype=np.uint8) for p in parts])
     y = np.concatenate([np.asarray(p.targets, dtype=np.int64) for p in parts])
+    return x, y
+
+
+def _usps(data_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    x, y = read_usps(data_dir, "digit-domains")
     import torch
     from torch.nn import functional as F
 

@@ -10,10 +10,13 @@ import torch
 
 from ..config import RunConfig
 from ..seeding import derive_seed
+from .corruptions import require_images
 from .datasets import DataError, DatasetArrays, load_dataset, normalize
 from .domains import domain_partition
+from .natural import natural_partition
 from .noise import flip_labels, seeded_client_ids, shift_labels
 from .partition import partition, train_test_split
+from .partition_file import read_partition_file
 from .shift import ShiftPlan, make_shift_plan
 
 
@@ -67,8 +70,15 @@ def dataset_for(cfg: RunConfig) -> DatasetArrays:
 @lru_cache(maxsize=4)
 def _split_cached(dataset: str, data_dir: str, allow_download: bool, scheme: str, num_clients: int,
                   seed: int, alpha: float, test_fraction: float, max_samples: int = 0,
-                  domain_share: float = 0.01, domain_test_size: int = 1000) -> FederatedSplit:
+                  domain_share: float = 0.01, domain_test_size: int = 1000, natural_min_samples: int = 20,
+                  partition_file: str = "") -> FederatedSplit:
     data = load_dataset(dataset, data_dir, allow_download)
+    if scheme == "file":
+        if not partition_file:
+            raise DataError("partition 'file' needs run-config 'partition-file' (the absolute path of an .npz)")
+        if max_samples:
+            raise DataError("partition 'file' takes the file's indices as they are: set max-samples to 0")
+        return FederatedSplit(*read_partition_file(partition_file, num_clients, len(data.y)))
     if scheme == "domains":
         if data.domain is None:
             raise DataError(f"partition 'domains' needs a multi-domain data set (digit-domains), not '{dataset}'")
@@ -81,7 +91,15 @@ def _split_cached(dataset: str, data_dir: str, allow_download: bool, scheme: str
     if 0 < max_samples < len(subset):  # a seeded subset of the dataset (CPU presets), partitioned as usual
         subset = np.sort(np.random.default_rng(derive_seed(seed, "max-samples")).choice(
             subset, size=max_samples, replace=False))
-    parts = [subset[p] for p in partition(data.y[subset], scheme, num_clients, derive_seed(seed, "partition"), alpha)]
+    if scheme == "natural":
+        if data.natural_id is None:
+            raise DataError(f"partition 'natural' needs a data set with natural clients (femnist: writers, har: "
+                            f"subjects), not '{dataset}'")
+        parts = [subset[p] for p in natural_partition(data.natural_id[subset], num_clients, natural_min_samples,
+                                                       data.natural_kind, dataset)]
+    else:
+        parts = [subset[p] for p in partition(data.y[subset], scheme, num_clients, derive_seed(seed, "partition"),
+                                              alpha)]
     train, test = [], []
     for client, idx in enumerate(parts):
         tr, te = train_test_split(idx, test_fraction, derive_seed(seed, "split", client))
@@ -97,7 +115,8 @@ def federated_split(cfg: RunConfig, num_clients: int) -> FederatedSplit:
     """The run's partition of its dataset over `num_clients` clients (cached per process, failures too: a
     partition that cannot be made is tried once, not once per message)."""
     key = (cfg.dataset, str(cfg.resolved_data_dir), cfg.allow_download, cfg.partition, num_clients, cfg.seed,
-           cfg.dirichlet_alpha, cfg.test_fraction, cfg.max_samples, cfg.domain_share, cfg.domain_test_size)
+           cfg.dirichlet_alpha, cfg.test_fraction, cfg.max_samples, cfg.domain_share, cfg.domain_test_size,
+           cfg.natural_min_samples, cfg.partition_file)
     if key in _FAILED_SPLITS:
         raise _FAILED_SPLITS[key]
     try:
@@ -116,6 +135,7 @@ def client_data(cfg: RunConfig, partition_id: int, num_clients: int) -> ClientDa
     if not 0 <= partition_id < num_clients:
         raise DataError(f"partition-id {partition_id} is outside 0..{num_clients - 1}")
     data = dataset_for(cfg)
+    require_images(data, cfg.corruptions)  # refused at the handshake, not at the first evaluation
     split = federated_split(cfg, num_clients)
     plan = make_shift_plan(split.test[partition_id], split.pool, derive_seed(cfg.seed, "shift", partition_id))
     train_x, train_y = _tensors(data, split.train[partition_id])
@@ -143,7 +163,7 @@ _POOLED: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 def pooled_test(cfg: RunConfig, num_clients: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The pooled test data of all clients (FLIU's Acc(G) set): a seeded `stage-test-size` subset, 0 = all."""
     key = (cfg.dataset, str(cfg.resolved_data_dir), cfg.partition, num_clients, cfg.seed, cfg.dirichlet_alpha,
-           cfg.test_fraction, cfg.max_samples, cfg.stage_test_size)
+           cfg.test_fraction, cfg.max_samples, cfg.natural_min_samples, cfg.partition_file, cfg.stage_test_size)
     if key not in _POOLED:
         pool = federated_split(cfg, num_clients).pool
         size = cfg.stage_test_size

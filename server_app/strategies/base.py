@@ -79,6 +79,19 @@ class PFLStrategy:
             content["arrays"] = shared["global"]
         return content
 
+    def newcomer_record(self) -> ArrayRecord:
+        """What a client that never trained receives (held-out clients): the global model by default."""
+        return self.global_record()
+
+    def newcomer_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
+        """A held-out client's evaluation message: the newcomer model, once per round, and its fine-tuning epochs."""
+        if "newcomer" not in shared:
+            shared["newcomer"] = self.newcomer_record()
+        config = self.round_config(server_round, partition_id)
+        config["newcomer"] = True
+        config["finetune-epochs"] = self.cfg.holdout_finetune_epochs
+        return RecordDict({"arrays": shared["newcomer"], "config": config})
+
     # ----- replies ---------------------------------------------------------------------------------------
     def decode_train_reply(self, server_round: int, reply: TrainReply) -> None:
         """Decode and validate a reply's upload into `reply` (PayloadError if it must not be used)."""
@@ -115,6 +128,10 @@ class PFLStrategy:
 
     def round_record(self, server_round: int) -> dict[str, Any]:
         """Algorithm-specific fields of the round's line in metrics.jsonl; none by default."""
+        return {}
+
+    def artifacts(self) -> dict[str, np.ndarray]:
+        """Arrays the report draws at the end of the run (artifacts.npz; e.g. attention, mask overlap); none here."""
         return {}
 
     # ----- state ---------------------------------------------------------------------------------------

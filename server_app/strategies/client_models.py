@@ -63,6 +63,17 @@ class ClientModelsStrategy(PFLStrategy):
         arrays = unflatten(vector, [shape for _, shape in self.specs])
         return to_record([name for name, _ in self.specs], arrays)
 
+    def newcomer_record(self) -> ArrayRecord:
+        """A newcomer gets the mean of the models heard from (the common initialization before any upload)."""
+        matrix = self.ensure_matrix()
+        heard = np.flatnonzero(matrix.heard)
+        if len(heard) == 0:
+            return self.global_record()
+        total = np.zeros(matrix.W.shape[1], dtype=np.float64)
+        for row in heard:  # row by row: no copy of all the heard rows at once
+            total += matrix.W[row]
+        return self.model_record((total / len(heard)).astype(np.float32))
+
     def store_replies(self, replies: list[TrainReply]) -> None:
         """Each reply's model becomes its client's row (one Gram update for all of them)."""
         matrix = self.ensure_matrix()

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from flwr.app import ConfigRecord
 
 from common.algorithms import DMPFLParams
 from common.config import RunConfig
 from common.dmpfl import aggregate_round, phase_schedule
-from common.masks import cosine_decay
+from common.masks import cosine_decay, mask_overlap
 from common.models import ModelLayout
 
 from ..clients import ClientRegistry
@@ -29,6 +30,7 @@ class DMPFLStrategy(SparseGlobalStrategy):
         self.params = cfg.params_as(DMPFLParams)
         self.phases = phase_schedule(cfg.num_rounds, self.params.iterations)
         self.phase1_rounds = [r for r, p in enumerate(self.phases, start=1) if p == 1]
+        self.overlap: tuple[int, list[int], np.ndarray] | None = None  # last phase-1 round's mask IoU
 
     def phase(self, server_round: int) -> int:
         """Phase of a round (1, 2 or 3)."""
@@ -66,12 +68,22 @@ class DMPFLStrategy(SparseGlobalStrategy):
         phase = self.phase(server_round)
         if phase == 1:
             uploads = [(r.payload[0], r.payload[1], float(r.num_examples)) for r in replies]
+            self.overlap = (server_round, [r.partition_id for r in replies],
+                            mask_overlap([r.payload[1] for r in replies]))
             weights, masks = aggregate_round(self.global_named, uploads, self.densities,
                                              self.params.min_vote_fraction)
             self.set_global(weights, masks)
             self.log_masks()
         elif phase == 2:
             self.set_global(self.masked_average(replies))
+
+    def artifacts(self) -> dict[str, np.ndarray]:
+        """IoU of the masks the clients of the last phase-1 round uploaded (the report's mask-overlap heatmap)."""
+        if self.overlap is None:
+            return {}
+        server_round, pids, iou = self.overlap
+        return {"mask_overlap": iou, "mask_overlap_clients": np.asarray(pids),
+                "mask_overlap_round": np.asarray(server_round)}
 
     def round_record(self, server_round: int) -> dict[str, Any]:
         """Phase and global-mask density of the round."""

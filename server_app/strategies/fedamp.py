@@ -35,6 +35,7 @@ class FedAMPStrategy(ClientModelsStrategy):
         self._guard = False
         self._self_weight: float | None = None
         self._stored = (0, 0)  # (round, rows it updated)
+        self._last_xi: np.ndarray | None = None
 
     # ----- attention -------------------------------------------------------------------------------
     def alpha_k(self, server_round: int) -> float:
@@ -50,7 +51,14 @@ class FedAMPStrategy(ClientModelsStrategy):
         if self._guard:
             log(WARNING, "round %d: some clients' off-diagonal attention summed above 1; rescaled to 1 "
                 "(lower fedamp-alpha or raise fedamp-sigma to avoid it)", server_round)
+        self._last_xi = xi
         return xi
+
+    def artifacts(self) -> dict[str, np.ndarray]:
+        """The last attention matrix xi and its rows' partition ids (the report's heatmap)."""
+        if self._last_xi is None:
+            return {}
+        return {"attention": self._last_xi, "attention_clients": np.asarray(self.pids)}
 
     # ----- messages --------------------------------------------------------------------------------
     def warmup_round(self) -> bool:

@@ -151,7 +151,8 @@ class TLSSuperLink(LocalSuperLink):
         self.supernodes.append((process, log_file))
         return process, log_file
 
-    def federation_args(self, num_supernodes: int, cpus_per_client: int) -> list[str]:
+    def federation_args(self, num_supernodes: int, cpus_per_client: int, ray_cpus: int = 0,
+                        gpus_per_client: float = 0.0) -> list[str]:
         """The deployment connection instead of simulation options."""
         return [CONNECTION]
 

@@ -1,0 +1,74 @@
+"""FEMNIST (LEAF, by writer), UCI HAR (inertial signals, by subject) and USPS read from the data folder into
+DatasetArrays; samples keep their files' order (the order `partition='file'` indices refer to)."""
+
+from __future__ import annotations
+
+import lzma
+from pathlib import Path
+
+import numpy as np
+
+from .arrays import DataError, DatasetArrays
+from .domains import read_usps
+
+FEMNIST_FILE = "FEMNIST_LEAF/femnist_leaf_niid_sf005.npz"
+HAR_FILES = ("UCI_HAR/inertial_x_float32_N-128-9.npy.xz", "UCI_HAR/labels_subjects.npz")
+# Per channel over the inverted images (FEMNIST), the official UCI training subjects' windows (HAR), the 7,291
+# training images (USPS).
+FEMNIST_NORM = ((0.0378,), (0.1627,))
+HAR_NORM = ((-0.0006, -0.0003, -0.0003, 0.0005, -0.0008, 0.0001, 0.8047, 0.0288, 0.0865),
+            (0.1948, 0.1224, 0.1069, 0.4068, 0.3819, 0.2557, 0.4141, 0.3910, 0.3578))
+USPS_NORM = ((0.2539,), (0.3842,))
+
+
+def _missing(dataset: str, data_dir: Path, files: tuple[str, ...]) -> None:
+    absent = [f for f in files if not (data_dir / f).is_file()]
+    if absent:
+        raise DataError(f"{dataset}: expected {', '.join(str(data_dir / f) for f in absent)} (set run-config "
+                        "'data-dir' or $PFL_DATA_DIR to the folder holding it)")
+
+
+def _npz(dataset: str, path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {k: archive[k] for k in keys}
+    except (OSError, ValueError, KeyError, EOFError) as exc:
+        raise DataError(f"{dataset}: could not read {path} (arrays {', '.join(keys)}): {exc}") from exc
+
+
+def femnist(data_dir: Path) -> DatasetArrays:
+    """LEAF's FEMNIST sample: (N, 1, 28, 28) uint8 with ink high (LEAF stores white backgrounds), 62 classes,
+    the writer of every sample as its natural id; rows in the file's order (by writer)."""
+    _missing("femnist", data_dir, (FEMNIST_FILE,))
+    arrays = _npz("femnist", data_dir / FEMNIST_FILE, ("x", "y", "writer"))
+    x = (255 - arrays["x"].astype(np.uint8))[:, None, :, :]
+    mean, std = FEMNIST_NORM
+    return DatasetArrays("femnist", np.ascontiguousarray(x), arrays["y"].astype(np.int64), 62, mean, std, 255.0,
+                         natural_id=arrays["writer"].astype(np.int64), natural_kind="writer")
+
+
+def har(data_dir: Path) -> DatasetArrays:
+    """UCI HAR's inertial windows: (N, 9, 128) float32 (channels, then 128 steps at 50 Hz), 6 activities, the
+    subject (1-30) of every window as its natural id; rows in the files' order (by subject)."""
+    _missing("har", data_dir, HAR_FILES)
+    path = data_dir / HAR_FILES[0]
+    try:
+        with lzma.open(path) as fh:
+            x = np.load(fh, allow_pickle=False)
+    except (OSError, ValueError, EOFError, lzma.LZMAError) as exc:
+        raise DataError(f"har: could not read {path}: {exc}") from exc
+    labels = _npz("har", data_dir / HAR_FILES[1], ("y", "subject"))
+    if x.ndim != 3 or x.shape[1:] != (128, 9) or len(x) != len(labels["y"]) or len(x) != len(labels["subject"]):
+        raise DataError(f"har: {path} holds {x.shape}, expected (N, 128, 9) with N the length of 'y' and 'subject' "
+                        f"in {data_dir / HAR_FILES[1]}")
+    mean, std = HAR_NORM
+    return DatasetArrays("har", np.ascontiguousarray(x.astype(np.float32).transpose(0, 2, 1)),
+                         labels["y"].astype(np.int64), 6, mean, std, 1.0,
+                         natural_id=labels["subject"].astype(np.int64), natural_kind="subject")
+
+
+def usps(data_dir: Path) -> DatasetArrays:
+    """USPS: (9298, 1, 16, 16) uint8, the 7,291 training images then the 2,007 test images, 10 classes."""
+    x, y = read_usps(data_dir, "usps")
+    mean, std = USPS_NORM
+    return DatasetArrays("usps", np.ascontiguousarray(x[:, None, :, :]), y, 10, mean, std, 255.0)

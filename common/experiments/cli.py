@@ -1,0 +1,134 @@
+"""`pflower`: run an experiment by preset (`run`), a TOML sweep of them (`sweep`), a report across runs (`report`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..hparams import ConfigError
+from .presets import PRESETS, preset
+from .runs import RunResult, RunSpec, execute, parse_assignment, parse_seeds, plan
+from .superlink import LocalSuperLink
+
+PROJECT = Path(__file__).resolve().parents[2]  # the Flower app: the folder holding pyproject.toml
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pflower", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run one experiment (every seed) on a private local simulation")
+    run.add_argument("--preset", default="smoke", choices=sorted(PRESETS), help="base settings (default smoke)")
+    run.add_argument("--algorithm", help="the algorithm (run-config `algorithm`)")
+    run.add_argument("--dataset", help="the data set (run-config `dataset`)")
+    run.add_argument("--seeds", default="0", help="comma-separated seeds, one run each (default 0)")
+    run.add_argument("--clients", type=int, help="simulated clients (default: the preset's)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any run-config key")
+    run.add_argument("--name", help="experiment name (default: algorithm-dataset-preset)")
+    run.add_argument("--out", default="results", help="results folder (default ./results)")
+    sweep = sub.add_parser("sweep", help="run a TOML file of experiments; finished runs are kept and skipped")
+    sweep.add_argument("file", type=Path)
+    sweep.add_argument("--out", help="results folder (default results/<sweep name>)")
+    sweep.add_argument("--list", action="store_true", help="list the runs and their state, run nothing")
+    report = sub.add_parser("report", help="markdown and figures across run folders (seeds pooled)")
+    report.add_argument("runs", nargs="+", type=Path, help="run folders, or folders holding them (a sweep's)")
+    report.add_argument("--out", type=Path, help="report folder (default: <first folder>/report)")
+    report.add_argument("--baseline", help="experiment the others are compared with (default: a FedAvg one)")
+    sub.add_parser("presets", help="list the presets")
+    for command in (run, sweep):
+        command.add_argument("--app", type=Path, default=PROJECT, help="the Flower app folder (default: this project)")
+        command.add_argument("--timeout", type=float, default=86_400.0, help="seconds a run may take")
+    return parser
+
+
+def _app_dir(path: Path) -> Path:
+    app = path.expanduser().resolve()
+    text = (app / "pyproject.toml").read_text() if (app / "pyproject.toml").is_file() else ""
+    if "[tool.flwr.app]" not in text:
+        raise ConfigError(f"{app} is not a Flower app folder (no pyproject.toml with [tool.flwr.app]); pass --app")
+    return app
+
+
+def _gpu() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _run_all(specs: list[RunSpec], out: Path, app: Path, timeout: float, sweep: bool) -> list[RunResult]:
+    """Start one private SuperLink, run the specs (a sweep: with progress and ETA), stop the SuperLink."""
+    from .sweep import run_sweep
+
+    gpu = _gpu()
+    out.mkdir(parents=True, exist_ok=True)
+    quiet = sweep and not os.environ.get("PFLOWER_VERBOSE")
+
+    def echo(line: str) -> None:
+        if not quiet or "[round " in line or "ERROR" in line:
+            print(("  " if quiet else "") + line, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="pflower-superlink-") as home, LocalSuperLink(Path(home)) as link:
+        def one(spec: RunSpec) -> RunResult:
+            return execute(link, app, spec, out, gpu, echo, timeout)
+        return run_sweep(specs, out, one, lambda text: print(text, flush=True), "sweep" if sweep else "run")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `pflower` console script; returns the exit code (0: everything finished)."""
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ConfigError as exc:
+        print(f"pflower: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("pflower: interrupted; finished runs are kept, `pflower sweep` resumes the rest", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from .sweep import load_sweep, summary_line
+
+    if args.command == "presets":
+        for item in PRESETS.values():
+            print(f"{item.name}: {item.help}")
+        return 0
+    if args.command == "report":
+        from .report import write_report
+
+        path = write_report(args.runs, args.out, args.baseline)
+        print(f"report: {path}")
+        return 0
+    app = _app_dir(args.app)
+    if args.command == "run":
+        chosen = preset(args.preset)
+        config = dict(parse_assignment(item) for item in args.set)
+        config.update({k: v for k, v in (("algorithm", args.algorithm), ("dataset", args.dataset)) if v})
+        name = args.name or "-".join([config.get("algorithm", "fedavg"),
+                                      config.get("dataset", chosen.run_config.get("dataset", "digits")), chosen.name])
+        if args.clients is not None and args.clients < 1:
+            raise ConfigError("--clients must be at least 1")
+        specs = plan(name, chosen, config, parse_seeds(args.seeds), args.clients)
+        out = Path(args.out).expanduser().resolve()
+    else:
+        sweep_name, specs = load_sweep(args.file)
+        out = Path(args.out or Path("results") / sweep_name).expanduser().resolve()
+        if args.list:
+            from .runs import run_state
+
+            for spec in specs:
+                print(f"{spec.name}: {run_state(out / spec.name)}")
+            return 0
+    results = _run_all(specs, out, app, args.timeout, sweep=args.command == "sweep")
+    line, ok = summary_line(results, len(specs), args.command)
+    print(line)
+    if ok and len(specs) > 1:
+        print(f"next: pflower report {out}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,128 @@
+"""Finished run folders found under given paths, grouped by experiment (the run folder's name without its seed)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..hparams import ConfigError
+
+CORRUPT = re.compile(r"^acc-corrupt-(.+)-(\d)$")
+SEED_SUFFIX = re.compile(r"-seed(\d+)$")
+NOT_SETTINGS = {"seed", "run-name", "results-dir", "resume", "data-dir", "client-state-dir"}
+
+
+@dataclass
+class Run:
+    """A finished run: folder, config, summary and round records."""
+
+    path: Path
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    records: list[dict[str, Any]]
+
+    @property
+    def seed(self) -> int:
+        """The run's seed."""
+        return int(self.config.get("seed", 0))
+
+    @property
+    def final(self) -> dict[str, float]:
+        """Mean across clients of every metric of the last evaluation."""
+        return (self.summary.get("final") or {}).get("mean", {})
+
+    def best_round(self, key: str = "acc-shift-0") -> dict[str, float]:
+        """Mean metrics of the evaluation round with the highest `key` (the papers' best-round accuracy)."""
+        evaluated = [r["eval"]["mean"] for r in self.records if r.get("eval") and key in r["eval"]["mean"]]
+        return max(evaluated, key=lambda m: m[key]) if evaluated else {}
+
+    def artifacts(self) -> dict[str, np.ndarray]:
+        """The arrays the algorithm left in artifacts.npz (attention, mask overlap), empty when none."""
+        path = self.path / "artifacts.npz"
+        if not path.is_file():
+            return {}
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+
+
+@dataclass
+class Group:
+    """The runs of one experiment, one per seed."""
+
+    label: str
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The settings the runs share (those of the first)."""
+        return self.runs[0].config
+
+    @property
+    def algorithm(self) -> str:
+        """The experiment's algorithm."""
+        return str(self.config.get("algorithm", "?"))
+
+    def by_seed(self, value: Any) -> dict[int, float]:
+        """seed -> value(run) for the runs where it is a finite number."""
+        out = {}
+        for run in self.runs:
+            got = value(run)
+            if isinstance(got, (int, float)) and math.isfinite(got):
+                out[run.seed] = float(got)
+        return out
+
+
+def _load(path: Path) -> Run:
+    records = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return Run(path, json.loads((path / "config.json").read_text()), json.loads((path / "summary.json").read_text()),
+               records)
+
+
+def find_runs(paths: list[Path]) -> list[Run]:
+    """Every finished run folder (holding summary.json) at or below the given paths, in path order."""
+    found: list[Path] = []
+    for path in paths:
+        path = Path(path).expanduser()
+        if not path.exists():
+            raise ConfigError(f"{path} does not exist")
+        candidates = [path] if (path / "summary.json").is_file() else sorted(
+            p.parent for p in path.rglob("summary.json") if "incomplete" not in p.parts)
+        found.extend(c for c in candidates if c not in found)
+    if not found:
+        raise ConfigError(f"no finished run (a folder with summary.json) under {', '.join(map(str, paths))}")
+    return [_load(p) for p in found]
+
+
+def group_runs(runs: list[Run]) -> list[Group]:
+    """Runs grouped by experiment name (run folder name without '-seedN'); a group's runs must share settings."""
+    groups: dict[str, Group] = {}
+    for run in runs:
+        label = SEED_SUFFIX.sub("", run.path.name)
+        group = groups.setdefault(label, Group(label))
+        if group.runs:
+            differ = sorted(k for k in set(run.config) | set(group.config) if k not in NOT_SETTINGS
+                            and run.config.get(k) != group.config.get(k))
+            if differ:
+                raise ConfigError(f"{run.path} and {group.runs[0].path} are both '{label}' but differ in {differ[:5]}")
+        if any(r.seed == run.seed for r in group.runs):
+            raise ConfigError(f"two runs of '{label}' have seed {run.seed}: {run.path}")
+        group.runs.append(run)
+    return list(groups.values())
+
+
+def corruptions_of(groups: list[Group]) -> dict[str, list[int]]:
+    """Corruption name -> severities found in the runs' final metrics."""
+    found: dict[str, set[int]] = {}
+    for g in groups:
+        for run in g.runs:
+            for key in run.final:
+                match = CORRUPT.match(key)
+                if match:
+                    found.setdefault(match.group(1), set()).add(int(match.group(2)))
+    return {name: sorted(sev) for name, sev in sorted(found.items())}

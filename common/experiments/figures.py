@@ -1,0 +1,172 @@
+"""The report's figures: accuracy vs shift, per corruption and severity, costs, the cost frontier, FedAMP's
+attention and DM-PFL's mask overlap between clients."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..evaluate import shift_key
+from .collect import Group, Run, corruptions_of
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _seed_mean(group: Group, value: Any) -> tuple[float, float]:
+    """Mean and std across seeds of value(run)."""
+    values = [v for v in group.by_seed(value).values()]
+    if not values:
+        return float("nan"), float("nan")
+    return float(np.mean(values)), float(np.std(values)) if len(values) > 1 else 0.0
+
+
+def accuracy_vs_shift(groups: list[Group], out: Path) -> str:
+    """Last-round (solid) and best-round (dashed) accuracy by shift degree; bars: client std (mean over seeds)."""
+    plt = _plt()
+    degrees = [float(d) for d in groups[0].runs[0].summary.get("shift_degrees", [0.0])]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for index, g in enumerate(groups):
+        color = f"C{index % 10}"
+        keys = [shift_key(d) for d in degrees]
+        last = [_seed_mean(g, lambda r, k=k: r.final.get(k))[0] for k in keys]
+        spread = [_seed_mean(g, lambda r, k=k: (r.summary.get("final") or {}).get("std", {}).get(k))[0] for k in keys]
+        best = [_seed_mean(g, lambda r, k=k: r.best_round().get(k))[0] for k in keys]
+        x = [100 * d for d in degrees]
+        ax.errorbar(x, [100 * v for v in last], yerr=[100 * s for s in spread], color=color, marker="o", capsize=3,
+                    label=f"{g.label} (last)")
+        ax.plot(x, [100 * v for v in best], color=color, linestyle="--", alpha=0.7, label=f"{g.label} (best round)")
+    ax.set_xlabel("test-time shift degree (%)")
+    ax.set_ylabel("accuracy (%), mean over seeds")
+    ax.set_title("Accuracy under test-time shift (bars: std across clients)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "accuracy_vs_shift.png", dpi=120)
+    plt.close(fig)
+    return "accuracy_vs_shift.png"
+
+
+def corruption_figure(groups: list[Group], found: dict[str, list[int]], out: Path) -> str | None:
+    """One panel per experiment: accuracy by severity (0 = clean), a line per corruption."""
+    if not found:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 4), squeeze=False, sharey=True)
+    for ax, g in zip(axes[0], groups):
+        clean = _seed_mean(g, lambda r: r.final.get(shift_key(0.0)))[0]
+        for name, severities in found.items():
+            values = [_seed_mean(g, lambda r, k=f"acc-corrupt-{name}-{s}": r.final.get(k))[0] for s in severities]
+            ax.plot([0, *severities], [100 * clean] + [100 * v for v in values], marker=".", label=name)
+        ax.set_title(g.label, fontsize=9)
+        ax.set_xlabel("severity")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("accuracy (%)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "corruptions.png", dpi=120)
+    plt.close(fig)
+    return "corruptions.png"
+
+
+def _mb(run: Run) -> float:
+    mb = run.summary.get("mb_per_client", {})
+    return float(mb.get("train_down", 0.0) + mb.get("train_up", 0.0))
+
+
+def _flops(run: Run) -> float:
+    return float(run.summary.get("train_flops_per_client", 0.0))
+
+
+def costs_figure(groups: list[Group], base: Group | None, out: Path) -> str:
+    """MB and training FLOPs per client, bars labelled with their ratio to the baseline."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(max(7.0, 1.4 * len(groups) + 3), 4))
+    for ax, value, title in ((axes[0], _mb, "MB per client (train, down + up)"),
+                             (axes[1], _flops, "training FLOPs per client")):
+        means = [_seed_mean(g, value)[0] for g in groups]
+        bars = ax.bar(range(len(groups)), means, color=[f"C{i % 10}" for i in range(len(groups))])
+        reference = _seed_mean(base, value)[0] if base else float("nan")
+        for bar, mean in zip(bars, means):
+            if reference and math.isfinite(reference):
+                ax.annotate(f"{mean / reference:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                            ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(groups)), [g.label for g in groups], rotation=30, ha="right", fontsize=8)
+        ax.set_title(title + (f" (ratio to {base.label})" if base else ""), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "costs.png", dpi=120)
+    plt.close(fig)
+    return "costs.png"
+
+
+def frontier_figure(groups: list[Group], out: Path) -> str:
+    """Accuracy against MB per client, the Pareto frontier (more accuracy for fewer bytes) drawn through."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    points = []
+    for index, g in enumerate(groups):
+        mb = _seed_mean(g, _mb)[0]
+        acc, spread = _seed_mean(g, lambda r: r.final.get(shift_key(0.0)))
+        points.append((mb, acc))
+        ax.errorbar([mb], [100 * acc], yerr=[100 * spread], marker="o", color=f"C{index % 10}", capsize=3,
+                    label=g.label)
+    frontier, best = [], -math.inf
+    for mb, acc in sorted(points):
+        if acc > best:
+            frontier.append((mb, acc))
+            best = acc
+    ax.plot([p[0] for p in frontier], [100 * p[1] for p in frontier], "k:", alpha=0.6, label="frontier")
+    ax.set_xlabel("MB per client (train, down + up, measured)")
+    ax.set_ylabel("accuracy (%), mean over seeds (bars: std)")
+    ax.set_title("Cost frontier")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "frontier.png", dpi=120)
+    plt.close(fig)
+    return "frontier.png"
+
+
+def matrix_figure(groups: list[Group], key: str, title: str, name: str, out: Path) -> str | None:
+    """A clients x clients matrix an algorithm saved (first seed of each experiment that has one) as a heatmap."""
+    found = [(g, g.runs[0].artifacts()) for g in groups]
+    found = [(g, a) for g, a in found if key in a]
+    if not found:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(found), figsize=(4.6 * len(found), 4), squeeze=False)
+    for ax, (g, arrays) in zip(axes[0], found):
+        matrix = arrays[key]
+        image = ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=1.0 if key == "mask_overlap" else None)
+        ax.set_title(f"{g.label} (seed {g.runs[0].seed})", fontsize=9)
+        clients = arrays.get(f"{key}_clients")
+        if clients is not None and len(clients) <= 20:  # partition ids on the axes where they stay readable
+            ax.set_xticks(range(len(clients)), [str(c) for c in clients], fontsize=7)
+            ax.set_yticks(range(len(clients)), [str(c) for c in clients], fontsize=7)
+        ax.set_xlabel("client j (partition id)")
+        ax.set_ylabel("client i (partition id)")
+        fig.colorbar(image, ax=ax, fraction=0.046)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=120)
+    plt.close(fig)
+    return name
+
+
+def draw_all(groups: list[Group], base: Group | None, out: Path) -> list[str]:
+    """Every figure that applies to these runs; returns their file names."""
+    names = [accuracy_vs_shift(groups, out), corruption_figure(groups, corruptions_of(groups), out),
+             costs_figure(groups, base, out), frontier_figure(groups, out),
+             matrix_figure(groups, "attention", "FedAMP: attention xi_ij, last round", "attention.png", out),
+             matrix_figure(groups, "mask_overlap", "DM-PFL: mask overlap (IoU),\nlast phase-1 round's uploads",
+                           "mask_overlap.png", out)]
+    return [n for n in names if n]

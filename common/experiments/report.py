@@ -1,0 +1,190 @@
+"""`pflower report`: one markdown file and PNG figures over run folders, seeds pooled into mean +/- 95% CI."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..algorithms import FINETUNED, SPECS
+from ..evaluate import shift_key
+from ..persist import atomic_write_text
+from .collect import Group, Run, corruptions_of, find_runs, group_runs
+from .stats import fmt_ci, mean_ci, paired_difference
+
+Value = Callable[[Run], Any]
+
+
+def _degrees(groups: list[Group]) -> list[float]:
+    return [float(d) for d in groups[0].runs[0].summary.get("shift_degrees", [0.0])]
+
+
+def _pct(groups: list[Group]) -> str:
+    return f"{100 * _degrees(groups)[-1]:g}%"
+
+
+def _cell(group: Group, value: Value, scale: float = 100.0, digits: int = 2) -> str:
+    mean, half, _ = mean_ci(list(group.by_seed(value).values()))
+    return fmt_ci(mean, half, scale, digits)
+
+
+def _mean(group: Group, value: Value) -> float:
+    return mean_ci(list(group.by_seed(value).values()))[0]
+
+
+def mb_per_client(run: Run) -> float:
+    """Training MB down + up per client over the run (measured)."""
+    mb = run.summary.get("mb_per_client", {})
+    return float(mb.get("train_down", 0.0) + mb.get("train_up", 0.0))
+
+
+def baseline_of(groups: list[Group], name: str | None) -> Group | None:
+    """The group the others are compared with: the named one, else the first FedAvg one, else none."""
+    if name:
+        for group in groups:
+            if group.label == name:
+                return group
+        raise ValueError(f"--baseline {name!r} is none of {[g.label for g in groups]}")
+    return next((g for g in groups if g.algorithm == "fedavg"), None)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def _final(key: str) -> Value:
+    return lambda run: run.final.get(key)
+
+
+def overview(groups: list[Group], base: Group | None) -> list[str]:
+    """Accuracy (last and best round, no shift and full shift), client spread, MB and FLOPs with ratios."""
+    top = shift_key(_degrees(groups)[-1])
+    rows = []
+    for g in groups:
+        mb, flops = _mean(g, mb_per_client), _mean(g, lambda r: r.summary.get("train_flops_per_client"))
+        ratio_mb = _mean(base, mb_per_client) if base else float("nan")
+        ratio_fl = _mean(base, lambda r: r.summary.get("train_flops_per_client")) if base else float("nan")
+        rows.append([g.label, g.algorithm, str(len(g.runs)), _cell(g, _final(shift_key(0.0))),
+                     _cell(g, lambda r: r.best_round().get(shift_key(0.0))), _cell(g, _final(top)),
+                     _cell(g, lambda r: (r.summary.get("final") or {}).get("std", {}).get(shift_key(0.0))),
+                     f"{mb:.3f}", f"{mb / ratio_mb:.2f}x" if ratio_mb else "n/a",
+                     f"{flops:.3e}", f"{flops / ratio_fl:.2f}x" if ratio_fl else "n/a"])
+        for row in SPECS[g.algorithm].eval_rows if g.algorithm in SPECS else ():
+            if any(row.prefix + shift_key(0.0) in r.final for r in g.runs):
+                rows.append([g.label + row.suffix, g.algorithm, str(len(g.runs)),
+                             _cell(g, _final(row.prefix + shift_key(0.0))), "", _cell(g, _final(row.prefix + top)),
+                             "", "", "", "", ""])
+    base_name = base.label if base else "none"
+    return [f"Accuracy (%) after the last round, mean over seeds +/- 95% CI; best round = the evaluation round with "
+            f"the highest mean accuracy; client std = spread across clients (mean over seeds); MB = training traffic "
+            f"per client (down + up, measured); ratios to `{base_name}`.", ""] + _table(
+        ["experiment", "algorithm", "seeds", "accuracy", "best-round accuracy", f"accuracy at shift {_pct(groups)}",
+         "client std", "MB / client", "x base", "train FLOPs / client", "x base"], rows) + [""]
+
+
+def shift_table(groups: list[Group]) -> list[str]:
+    """Accuracy at every shift degree, last round."""
+    degrees = _degrees(groups)
+    rows = [[g.label] + [_cell(g, _final(shift_key(d))) for d in degrees] for g in groups]
+    return ["Accuracy (%) by test-time shift degree (last round, mean over seeds +/- 95% CI):", ""] + _table(
+        ["experiment"] + [f"{100 * d:g}%" for d in degrees], rows) + [""]
+
+
+def paired_table(groups: list[Group], base: Group | None) -> list[str]:
+    """Differences to the baseline on the same seeds (accuracy without shift and at full shift)."""
+    if base is None or len(groups) < 2:
+        return []
+    top = shift_key(_degrees(groups)[-1])
+    rows = []
+    for g in groups:
+        if g is base:
+            continue
+        cells = []
+        for key in (shift_key(0.0), top):
+            mean, half, n = paired_difference(g.by_seed(_final(key)), base.by_seed(_final(key)))
+            cells.append(f"{fmt_ci(mean, half)} (n={n})")
+        rows.append([g.label] + cells)
+    return [f"Paired difference to `{base.label}` on the seeds both ran (percentage points, mean +/- 95% CI):",
+            ""] + _table(["experiment", "accuracy", f"accuracy at shift {_pct(groups)}"], rows) + [""]
+
+
+def unseen_table(groups: list[Group]) -> list[str]:
+    """Held-out clients: the newcomer model as received and after fine-tuning (no shift)."""
+    def unseen(key: str) -> Value:
+        return lambda run: (run.summary.get("unseen") or {}).get("mean", {}).get(key)
+    rows = [[g.label, _cell(g, unseen(shift_key(0.0))), _cell(g, unseen(FINETUNED.prefix + shift_key(0.0)))]
+            for g in groups if any(r.summary.get("unseen") for r in g.runs)]
+    if not rows:
+        return []
+    return ["Held-out clients (never trained; `holdout-clients`): accuracy (%) of the model a newcomer receives:",
+            ""] + _table(["experiment", "as received", "after fine-tuning"], rows) + [""]
+
+
+def corruption_table(groups: list[Group]) -> list[str]:
+    """Accuracy per corruption (mean over its severities) and per severity (mean over corruptions)."""
+    found = corruptions_of(groups)
+    if not found:
+        return []
+    severities = sorted({s for sev in found.values() for s in sev})
+
+    def average(keys: list[str]) -> Value:
+        def value(run: Run) -> float:
+            got = [run.final[k] for k in keys if k in run.final]
+            return sum(got) / len(got) if got else float("nan")
+        return value
+    rows = [[g.label, _cell(g, _final(shift_key(0.0)))]
+            + [_cell(g, average([f"acc-corrupt-{c}-{s}" for s in found[c]])) for c in found]
+            + [_cell(g, average([f"acc-corrupt-{c}-{s}" for c in found if s in found[c]])) for s in severities]
+            for g in groups]
+    return ["Corruption shift: accuracy (%) on each client's corrupted test split, per corruption (mean over "
+            "severities) and per severity (mean over corruptions):", ""] + _table(
+        ["experiment", "clean"] + list(found) + [f"severity {s}" for s in severities], rows) + [""]
+
+
+def domain_table(groups: list[Group]) -> list[str]:
+    """Domain shift: accuracy on the client's own domain and on the domains it never trained on."""
+    keys = ("acc-seen-domain", "acc-unseen-domains")
+    rows = [[g.label] + [_cell(g, _final(k)) for k in keys] for g in groups if any(keys[1] in r.final for r in g.runs)]
+    if not rows:
+        return []
+    return ["Domain shift: accuracy (%) on held-out data of the client's own domain and of the domains it never "
+            "trained on:", ""] + _table(["experiment", "seen domain", "unseen domains"], rows) + [""]
+
+
+def stage_table(groups: list[Group]) -> list[str]:
+    """FLIU's stages (G, L1, L2): Acc(L), Acc(G) and Acc, mean over seeds."""
+    rows = []
+    for g in groups:
+        staged = [r for r in g.runs if r.summary.get("stages")]
+        for stage in (staged[0].summary["stages"] if staged else {}):
+            def acc(key: str, stage: str = stage) -> Value:
+                return lambda run: ((run.summary.get("stages") or {}).get(stage, {}).get(key) or [math.nan])[0]
+            rows.append([g.label, stage] + [_cell(g, acc(k)) for k in ("acc_local", "acc_global", "acc")])
+    if not rows:
+        return []
+    return ["FLIU stages (`stages=true`): Acc(L) on the client's test split, Acc(G) on the pooled test set (%):",
+            ""] + _table(["experiment", "stage", "Acc(L)", "Acc(G)", "Acc"], rows) + [""]
+
+
+def write_report(paths: list[Path], out: Path | None = None, baseline: str | None = None) -> Path:
+    """report.md and the figures for the runs under `paths`; returns the markdown file's path."""
+    from .figures import draw_all
+
+    groups = group_runs(find_runs(paths))
+    base = baseline_of(groups, baseline)
+    out = Path(out) if out else Path(paths[0]) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    figures = draw_all(groups, base, out)
+    settings = ", ".join(f"{g.label}: {g.config.get('dataset')} / {g.config.get('partition')} / "
+                         f"seeds {sorted(r.seed for r in g.runs)}" for g in groups)
+    lines = ["# Report", "", f"{sum(len(g.runs) for g in groups)} runs in {len(groups)} experiments ({settings}).",
+             ""]
+    for part in (overview(groups, base), paired_table(groups, base), shift_table(groups), unseen_table(groups),
+                 corruption_table(groups), domain_table(groups), stage_table(groups)):
+        lines.extend(part)
+    lines.extend(f"![{name}]({name})" for name in figures)
+    path = out / "report.md"
+    atomic_write_text(path, "\n".join(lines) + "\n")
+    return path.resolve()
+

@@ -1,0 +1,154 @@
+"""One experiment run of the CLI: its run config and folder, whether it finished, resumes or starts, and running it
+through `flwr run` on a private SuperLink."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import parse_run_config
+from ..hparams import ConfigError
+from .presets import Preset, run_config_text
+from .superlink import LocalSuperLink
+
+CHECKPOINT_FILE = "checkpoint.npz"  # the server's checkpoint in a run folder (server_app/checkpoint.py)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run: its folder name (experiment and seed), run config and federation."""
+
+    name: str
+    experiment: str
+    seed: int
+    run_config: dict[str, Any]
+    clients: int
+    preset: Preset
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How a run ended: 'finished', 'failed' or 'skipped' (finished earlier), its folder, seconds and log."""
+
+    spec: RunSpec
+    status: str
+    run_dir: Path
+    seconds: float
+    log: Path | None = None
+    reason: str = ""
+
+
+def parse_seeds(text: str | list[int]) -> list[int]:
+    """'0,1,2' (or a list) -> [0, 1, 2]; ConfigError for anything else."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    try:
+        seeds = [int(str(item).strip()) for item in items if str(item).strip()]
+    except ValueError:
+        raise ConfigError(f"seeds {text!r} must be comma-separated integers, e.g. 0,1,2") from None
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"seeds {text!r} must be distinct non-negative integers, e.g. 0,1,2")
+    return seeds
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """'key=value' of --set: value as int, float, true/false, or the string itself."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {text!r} must be KEY=VALUE, e.g. --set lr=0.1")
+    raw = raw.strip().strip("'\"")
+    value: Any = raw
+    if raw.lower() in ("true", "false"):
+        value = raw.lower() == "true"
+    else:
+        for cast in (int, float):
+            try:
+                value = cast(raw)
+                break
+            except ValueError:
+                continue
+    return key.strip(), value
+
+
+def plan(experiment: str, preset: Preset, config: dict[str, Any], seeds: list[int],
+         clients: int | None = None) -> list[RunSpec]:
+    """One RunSpec per seed, the run config checked now (a bad key stops everything before any run starts)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,80}", experiment):
+        raise ConfigError(f"experiment name {experiment!r} must be letters, digits, '.', '_' and '-'")
+    merged = {**preset.run_config, **config}
+    for reserved in ("seed", "run-name", "results-dir", "resume"):
+        if reserved in config:
+            raise ConfigError(f"experiment {experiment}: '{reserved}' is set by the CLI (use --seeds / --out)")
+    specs = []
+    for seed in seeds:
+        run_config = {**merged, "seed": seed}
+        try:
+            parse_run_config(run_config)
+        except ConfigError as exc:
+            raise ConfigError(f"experiment {experiment}: {exc}") from None
+        specs.append(RunSpec(f"{experiment}-seed{seed}", experiment, seed, run_config, clients or preset.clients,
+                             preset))
+    return specs
+
+
+def run_state(run_dir: Path) -> str:
+    """'finished' (summary.json written), 'resumable' (a checkpoint), 'incomplete' (neither) or 'new'."""
+    if (run_dir / "summary.json").is_file():
+        return "finished"
+    if (run_dir / CHECKPOINT_FILE).is_file():
+        return "resumable"
+    return "incomplete" if run_dir.exists() else "new"
+
+
+def execute(link: LocalSuperLink, app_dir: Path, spec: RunSpec, out_dir: Path, gpu: bool,
+            echo: Callable[[str], None], timeout: float = 86_400.0) -> RunResult:
+    """Run `spec` into out_dir/<name> (resumed from its checkpoint when an earlier attempt stopped); the full
+    output goes to out_dir/logs/<name>.log, each line also to `echo`."""
+    run_dir = out_dir / spec.name
+    state = run_state(run_dir)
+    if state == "finished":
+        return RunResult(spec, "skipped", run_dir, 0.0)
+    if state == "incomplete":  # stopped before its first checkpoint: nothing to resume, set it aside
+        aside = out_dir / "incomplete" / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(run_dir), aside)
+    config = {**spec.run_config, "results-dir": str(out_dir), "run-name": spec.name,
+              **({"resume": str(run_dir)} if state == "resumable" else {})}
+    logs = out_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{spec.name}.log"
+    started = time.monotonic()
+    with log_path.open("a") as log_file:
+        def both(line: str) -> None:
+            log_file.write(line + "\n")
+            log_file.flush()
+            echo(line)
+        outcome = link.run(app_dir, run_config_text(config), spec.clients, spec.preset.cpus_per_client,
+                           timeout=timeout, echo=both, gpus_per_client=spec.preset.gpus_per_client if gpu else 0.0)
+    seconds = time.monotonic() - started
+    if outcome.status == "finished:completed" and (run_dir / "summary.json").is_file():
+        return RunResult(spec, "finished", run_dir, seconds, log_path)
+    reason = _last_error(outcome.output) or f"flwr run exited {outcome.returncode}, status {outcome.status}"
+    return RunResult(spec, "failed", run_dir, seconds, log_path, reason)
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+GENERIC = ("Exit Code", "Simulation raised", "raised an exception", "Traceback")  # Flower's lines after ours
+
+
+def _last_error(output: str) -> str:
+    """The first specific ERROR line of a run's output (the server app explains a failure in one line; Flower's
+    generic ones follow it), without colours and prefix."""
+    errors = [ANSI.sub("", line).split("ERROR", 1)[1].strip(" :\t") for line in output.splitlines() if "ERROR" in line]
+    specific = [e for e in errors if e and not any(g in e for g in GENERIC)]
+    return (specific or errors or [""])[0]
+
+
+def summary_of(run_dir: Path) -> dict[str, Any]:
+    """A finished run's summary.json."""
+    return json.loads((run_dir / "summary.json").read_text())

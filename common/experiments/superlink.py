@@ -1,0 +1,217 @@
+"""A private local simulation SuperLink (own ports, own FLWR_HOME, stopped by PID) for `pflower run` and tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children, grandchildren, ...), read from /proc; [] where there is no /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def stop_process_tree(process: subprocess.Popen, graceful: bool = True) -> None:
+    """Stop a process started with start_new_session=True, its process group and every process below it
+    (also those that left the group, such as Ray workers). graceful: SIGTERM first, SIGKILL after 15 s;
+    otherwise SIGKILL at once, as a crash would."""
+    below = descendants(process.pid)
+    if graceful:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    _kill_all([process.pid, *below])
+    process.wait(timeout=15)
+
+
+@dataclass
+class RunOutcome:
+    """What `flwr run` printed, the run's id and its final status as the SuperLink reports it."""
+
+    returncode: int
+    output: str
+    run_id: str | None
+    status: str | None
+
+
+class LocalSuperLink:
+    """Starts `flower-superlink --simulation` on free loopback ports, the way `flwr run` starts its own.
+
+    `flwr run` looks for its managed local SuperLink at FLWR_LOCAL_SUPERLINK_HTTP_API_PORT; setting that
+    (and the control port) to ours makes every `flwr run` in `env` use this SuperLink and no other.
+    """
+
+    def __init__(self, home: Path) -> None:
+        self.home = Path(home)
+        self.http_port = free_port()
+        self.control_port = free_port()
+        self.fleet_port = free_port()
+        self.process: subprocess.Popen | None = None
+        self.env = {**os.environ, "FLWR_HOME": str(self.home),
+                    "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.http_port),
+                    "FLWR_LOCAL_CONTROL_API_PORT": str(self.control_port),
+                    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+                    "FLWR_DISABLE_UPDATE_CHECK": "1",
+                    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
+
+    def start(self, timeout: float = 60.0) -> LocalSuperLink:
+        """Start the SuperLink and wait until its health endpoint answers."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        log_file = self.home / "superlink.log"
+        command = ["flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
+                   "--control-api-address", f"127.0.0.1:{self.control_port}",
+                   "--fleet-api-address", f"127.0.0.1:{self.fleet_port}",
+                   "--host", "127.0.0.1", "--port", str(self.http_port),
+                   "--disable-runtime-dependency-installation", "--log-file", str(log_file)]
+        self.process = subprocess.Popen(command, env=self.env, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"flower-superlink exited with {self.process.returncode}; see {log_file}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.http_port}/health", timeout=0.5).is_success:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"flower-superlink did not become healthy in {timeout:.0f}s; see {log_file}")
+
+    def stop(self) -> None:
+        """Stop the SuperLink and everything it started (its process group, and processes that left it,
+        such as a simulation's Ray workers)."""
+        if self.process is None:
+            return
+        stop_process_tree(self.process)
+        self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL the SuperLink and every process below it at once, as a crash of the server machine would."""
+        if self.process is None:
+            return
+        stop_process_tree(self.process, graceful=False)
+        self.process = None
+
+    def start_run(self, app_dir: Path, run_config: str, num_supernodes: int = 0,
+                  cpus_per_client: int = 1) -> subprocess.Popen:
+        """`flwr run APP --stream` in the background (output to FLWR_HOME/run-<n>.log); returns the process."""
+        command = ["flwr", "run", str(app_dir), "--stream", "--run-config", run_config,
+                   *self.federation_args(num_supernodes, cpus_per_client)]
+        log_file = self.home / f"run-{len(list(self.home.glob('run-*.log')))}.log"
+        with open(log_file, "ab") as log:
+            return subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+
+    def __enter__(self) -> LocalSuperLink:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def run(self, app_dir: Path, run_config: str, num_supernodes: int = 0, cpus_per_client: int = 1,
+            timeout: float = 900.0, extra_args: Sequence[str] = (), ray_cpus: int = 0,
+            echo: Callable[[str], None] | None = None, gpus_per_client: float = 0.0) -> RunOutcome:
+        """`flwr run APP --stream` against this SuperLink; returns output and the run's final status. `echo` gets
+        each output line as it comes (e.g. print), else the output is only collected."""
+        command = ["flwr", "run", str(app_dir), "--stream", "--run-config", run_config, *self.federation_args(
+            num_supernodes, cpus_per_client, ray_cpus, gpus_per_client), *extra_args]
+        if echo is None:
+            done = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=timeout)
+            returncode, output = done.returncode, done.stdout + done.stderr
+        else:
+            returncode, output = _streamed(command, self.env, timeout, echo)
+        match = re.search(r"Successfully started run (\d+)", output)
+        run_id = match.group(1) if match else None
+        return RunOutcome(returncode, output, run_id, self.status(run_id) if run_id else None)
+
+    def federation_args(self, num_supernodes: int, cpus_per_client: int, ray_cpus: int = 0,
+                        gpus_per_client: float = 0.0) -> list[str]:
+        """Simulation options for `flwr run` (a deployment's SuperNodes are real processes instead); `ray_cpus` > 0
+        tells Ray the machine has that many CPUs (more than the cores: several clients per core); `gpus_per_client`
+        > 0 places that share of a GPU with each client."""
+        extra = f" init-args-num-cpus={ray_cpus}" if ray_cpus else ""
+        extra += f" client-resources-num-gpus={gpus_per_client:g}" if gpus_per_client else ""
+        return ["--federation-config",
+                f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client}{extra}"]
+
+    def status(self, run_id: str, wait: float = 20.0) -> str | None:
+        """'finished:completed', 'finished:failed', ... as `flwr ls` reports it (waits for a final one)."""
+        deadline = time.monotonic() + wait
+        status = None
+        while True:
+            done = subprocess.run(["flwr", "ls", "--run-id", run_id, "--format", "json"], env=self.env,
+                                  capture_output=True, text=True, timeout=60)
+            try:
+                runs = json.loads(done.stdout).get("runs", [])
+                status = runs[0]["status"] if runs else None
+            except json.JSONDecodeError:
+                status = None
+            if (status or "").startswith("finished") or time.monotonic() > deadline:
+                return status
+            time.sleep(1.0)
+
+
+def _streamed(command: list[str], env: dict[str, str], timeout: float,
+              echo: Callable[[str], None]) -> tuple[int, str]:
+    """Run `command`, passing each output line to `echo` as it comes; (exit code, whole output). Past `timeout`
+    seconds the process tree is stopped and the exit code is 124."""
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               bufsize=1, start_new_session=True)
+    lines: list[str] = []
+    timer = threading.Timer(timeout, stop_process_tree, args=(process,))
+    timer.start()
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+            echo(line.rstrip("\n"))
+        process.wait()
+    finally:
+        timed_out = not timer.is_alive() and process.returncode != 0
+        timer.cancel()
+    return (124 if timed_out else process.returncode), "".join(lines)

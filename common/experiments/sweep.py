@@ -1,0 +1,84 @@
+"""A sweep: a TOML file of experiments, each run for every seed one after another; finished runs are kept and
+skipped, a run stopped midway resumes from its checkpoint, progress and ETA cover the whole sweep."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+
+from ..hparams import ConfigError
+from .presets import preset
+from .runs import RunResult, RunSpec, parse_seeds, plan, run_state
+
+TOP_KEYS = {"name", "preset", "seeds", "defaults", "experiment"}
+EXPERIMENT_KEYS = {"name", "preset", "seeds", "clients"}  # besides run-config keys
+
+
+def load_sweep(path: Path) -> tuple[str, list[RunSpec]]:
+    """The sweep's name and its runs in order (experiments x seeds), every run config checked up front."""
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"sweep file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"sweep file {path} is not valid TOML: {exc}") from None
+    unknown = sorted(set(raw) - TOP_KEYS)
+    if unknown:
+        raise ConfigError(f"sweep file {path}: unknown top-level key(s) {unknown}; allowed: {sorted(TOP_KEYS)}")
+    experiments = raw.get("experiment", [])
+    if not isinstance(experiments, list) or not experiments:
+        raise ConfigError(f"sweep file {path} has no [[experiment]] tables")
+    defaults = dict(raw.get("defaults", {}))
+    specs: list[RunSpec] = []
+    names: set[str] = set()
+    for index, entry in enumerate(experiments, start=1):
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"sweep file {path}: experiment {index} has no name")
+        if name in names:
+            raise ConfigError(f"sweep file {path}: two experiments are named {name!r}")
+        names.add(name)
+        config = {**defaults, **{k: v for k, v in entry.items() if k not in EXPERIMENT_KEYS}}
+        seeds = parse_seeds(entry.get("seeds", raw.get("seeds", [0])))
+        clients = entry.get("clients")
+        if clients is not None and (not isinstance(clients, int) or clients < 1):
+            raise ConfigError(f"sweep file {path}: experiment {name}: clients must be a positive integer")
+        specs.extend(plan(name, preset(entry.get("preset", raw.get("preset", "smoke"))), config, seeds, clients))
+    return str(raw.get("name", Path(path).stem)), specs
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def run_sweep(specs: list[RunSpec], out_dir: Path, execute: Callable[[RunSpec], RunResult],
+              say: Callable[[str], None], label: str = "sweep") -> list[RunResult]:
+    """Run every spec not finished yet, in order, saying before each what is done and the ETA of the rest."""
+    pending = [s for s in specs if run_state(out_dir / s.name) != "finished"]
+    done_before = len(specs) - len(pending)
+    say(f"{label}: {len(specs)} runs, {done_before} finished earlier (kept), {len(pending)} to run; "
+        f"results in {out_dir}")
+    results: list[RunResult] = []
+    spent: list[float] = []
+    for index, spec in enumerate(pending, start=1):
+        eta = f"ETA {_clock(sum(spent) / len(spent) * (len(pending) - index + 1))}" if spent else "ETA after this run"
+        resumed = " (resumes from its checkpoint)" if run_state(out_dir / spec.name) == "resumable" else ""
+        say(f"[{label} {done_before + index}/{len(specs)}] {spec.experiment} seed {spec.seed}{resumed}; {eta}")
+        result = execute(spec)
+        results.append(result)
+        spent.append(result.seconds)
+        outcome = "finished" if result.status == "finished" else f"FAILED: {result.reason} (log: {result.log})"
+        say(f"[{label} {done_before + index}/{len(specs)}] {spec.name} {outcome} in {_clock(result.seconds)}")
+    return results
+
+
+def summary_line(results: list[RunResult], total: int, label: str = "sweep") -> tuple[str, bool]:
+    """The sweep's last line and whether every run finished."""
+    failed = [r for r in results if r.status == "failed"]
+    if failed:
+        return (f"{label}: {len(failed)} of {total} runs failed: " + ", ".join(r.spec.name for r in failed)
+                + "; run the same command again to retry them (finished runs are kept)", False)
+    return f"{label}: all {total} runs finished", True
+

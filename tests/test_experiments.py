@@ -1,0 +1,192 @@
+"""The experiment CLI's pure parts: seeds and --set parsing, sweep files, resume decisions, statistics across
+seeds, and the report's tables from hand-made run folders (exact numbers)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from common.experiments import cli
+from common.experiments.collect import find_runs, group_runs
+from common.experiments.presets import PRESETS, preset, run_config_text
+from common.experiments.report import write_report
+from common.experiments.runs import RunResult, RunSpec, parse_assignment, parse_seeds, plan, run_state
+from common.experiments.stats import fmt_ci, mean_ci, paired_difference
+from common.experiments.sweep import load_sweep, run_sweep, summary_line
+from common.hparams import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_seeds_and_assignments_parse_or_fail_in_one_line() -> None:
+    assert parse_seeds("0, 1,2") == [0, 1, 2]
+    assert parse_seeds([3]) == [3]
+    for bad in ("a", "1,1", "-1", ""):
+        with pytest.raises(ConfigError, match="seeds"):
+            parse_seeds(bad)
+    assert parse_assignment("lr=0.1") == ("lr", 0.1)
+    assert parse_assignment("num-rounds=3") == ("num-rounds", 3)
+    assert parse_assignment("stages=true") == ("stages", True)
+    assert parse_assignment("dataset='mnist'") == ("dataset", "mnist")
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_assignment("lr")
+
+
+def test_run_config_text_quotes_strings_and_refuses_quotes() -> None:
+    assert run_config_text({"a": 1, "b": 0.5, "c": "x y", "d": True}) == "a=1 b=0.5 c='x y' d=true"
+    with pytest.raises(ConfigError, match="single quote"):
+        run_config_text({"a": "it's"})
+
+
+def test_plan_checks_every_run_config_before_anything_runs() -> None:
+    specs = plan("fedavg-test", preset("smoke"), {"algorithm": "fedavg", "lr": 0.1}, [0, 2])
+    assert [s.name for s in specs] == ["fedavg-test-seed0", "fedavg-test-seed2"]
+    assert specs[1].run_config["seed"] == 2 and specs[1].run_config["lr"] == 0.1
+    assert specs[0].clients == PRESETS["smoke"].clients
+    with pytest.raises(ConfigError, match="experiment bad: .*lr"):
+        plan("bad", preset("smoke"), {"lr": -1}, [0])
+    with pytest.raises(ConfigError, match="set by the CLI"):
+        plan("x", preset("smoke"), {"seed": 3}, [0])
+    with pytest.raises(ConfigError, match="preset 'gpu'"):
+        preset("gpu")
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_sweep_files_are_checked_with_one_line_errors(tmp_path: Path) -> None:
+    name, specs = load_sweep(REPO / "bench" / "sweeps" / "smoke.toml")
+    assert name == "smoke" and len(specs) == 4 and {s.seed for s in specs} == {0, 1}
+    cases = {
+        "nope = 1\n[[experiment]]\nname='a'\n": "unknown top-level",
+        "seeds = [0]\n": "no \\[\\[experiment\\]\\]",
+        "[[experiment]]\nalgorithm='fedavg'\n": "has no name",
+        "[[experiment]]\nname='a'\n[[experiment]]\nname='a'\n": "two experiments",
+        "[[experiment]]\nname='a'\nlr='x'\n": "experiment a: .*lr",
+        "[[experiment]]\nname='a'\nclients=0\n": "clients must be",
+        "[[experiment\n": "not valid TOML",
+    }
+    for text, message in cases.items():
+        with pytest.raises(ConfigError, match=message):
+            load_sweep(_write(tmp_path / "s.toml", text))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_sweep(tmp_path / "missing.toml")
+
+
+def _specs(count: int) -> list[RunSpec]:
+    return plan("exp", preset("smoke"), {}, list(range(count)))
+
+
+def test_a_sweep_runs_what_is_not_finished_and_resumes_from_checkpoints(tmp_path: Path) -> None:
+    specs = _specs(3)
+    calls: list[str] = []
+
+    def fake(spec: RunSpec) -> RunResult:
+        calls.append(spec.name)
+        (tmp_path / spec.name).mkdir(exist_ok=True)
+        (tmp_path / spec.name / "summary.json").write_text("{}")
+        return RunResult(spec, "finished", tmp_path / spec.name, 2.0)
+
+    said: list[str] = []
+    (tmp_path / "exp-seed0").mkdir()
+    (tmp_path / "exp-seed0" / "summary.json").write_text("{}")  # finished earlier
+    (tmp_path / "exp-seed1").mkdir()
+    (tmp_path / "exp-seed1" / "checkpoint.npz").write_bytes(b"")  # killed after a round
+    assert [run_state(tmp_path / s.name) for s in specs] == ["finished", "resumable", "new"]
+    results = run_sweep(specs, tmp_path, fake, said.append)
+    assert calls == ["exp-seed1", "exp-seed2"]
+    assert "1 finished earlier (kept), 2 to run" in said[0]
+    assert "[sweep 2/3] exp seed 1 (resumes from its checkpoint); ETA after this run" in said[1]
+    assert "ETA 0m02s" in said[3]
+    assert summary_line(results, 3) == ("sweep: all 3 runs finished", True)
+    calls.clear()
+    assert run_sweep(specs, tmp_path, fake, said.append) == [] and calls == []
+    failed = [RunResult(specs[0], "failed", tmp_path, 1.0, None, "boom")]
+    line, ok = summary_line(failed, 3)
+    assert not ok and "1 of 3 runs failed: exp-seed0" in line
+
+
+def test_the_cli_reports_a_bad_key_in_one_line_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "--set", "lr=-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pflower: error: experiment fedavg-digits-smoke: ") and "lr" in err
+    assert len(err.strip().splitlines()) == 1
+    assert cli.main(["presets"]) == 0
+    assert "smoke:" in capsys.readouterr().out
+    assert cli.main(["report", "/nonexistent/folder"]) == 2
+
+
+def test_mean_ci_and_paired_differences_are_exact() -> None:
+    mean, half, n = mean_ci([0.80, 0.82, 0.84])
+    assert n == 3 and math.isclose(mean, 0.82)
+    assert math.isclose(half, 4.302652729911275 * 0.02 / math.sqrt(3), rel_tol=1e-9)  # t(0.975, 2) s / sqrt(n)
+    assert math.isnan(mean_ci([0.5])[1]) and mean_ci([])[2] == 0
+    mean, half, n = paired_difference({0: 0.9, 1: 0.8, 2: 0.7}, {0: 0.8, 1: 0.6})
+    assert n == 2 and math.isclose(mean, 0.15)
+    assert math.isclose(half, 12.706204736174707 * math.sqrt(0.005) / math.sqrt(2), rel_tol=1e-9)
+    assert fmt_ci(0.5, float("nan")) == "50.00" and fmt_ci(float("nan"), 0.1) == "n/a"
+
+
+def _fixture_run(root: Path, name: str, algorithm: str, seed: int, acc: float, shifted: float, mb: float,
+                 flops: float, unseen: float | None = None) -> None:
+    run = root / name
+    run.mkdir(parents=True)
+    config = {"algorithm": algorithm, "dataset": "digits", "partition": "dirichlet", "seed": seed}
+    final = {"mean": {"acc-shift-0": acc, "acc-shift-1": shifted, "acc-corrupt-gaussian_noise-1": acc - 0.1,
+                      "acc-corrupt-gaussian_noise-3": acc - 0.3},
+             "std": {"acc-shift-0": 0.1, "acc-shift-1": 0.2}, "num_clients": 4}
+    records = [{"round": 1, "eval": {"mean": {"acc-shift-0": acc + 0.05, "acc-shift-1": shifted}}},
+               {"round": 2, "eval": final}]
+    summary = {"algorithm": algorithm, "final": final, "shift_degrees": [0.0, 1.0], "final_round": 2,
+               "mb_per_client": {"train_down": mb / 2, "train_up": mb / 2}, "train_flops_per_client": flops}
+    if unseen is not None:
+        summary["unseen"] = {"mean": {"acc-shift-0": unseen, "finetuned-acc-shift-0": unseen + 0.2}}
+    (run / "config.json").write_text(json.dumps(config))
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
+def test_the_report_holds_exactly_the_runs_numbers(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    _fixture_run(runs, "fedavg-seed0", "fedavg", 0, 0.60, 0.40, 2.0, 1e9, unseen=0.3)
+    _fixture_run(runs, "fedavg-seed1", "fedavg", 1, 0.64, 0.44, 2.0, 1e9, unseen=0.5)
+    _fixture_run(runs, "dmpfl-seed0", "dmpfl", 0, 0.70, 0.30, 1.0, 5e8)
+    _fixture_run(runs, "dmpfl-seed1", "dmpfl", 1, 0.80, 0.34, 1.0, 5e8)
+    groups = group_runs(find_runs([runs]))
+    assert sorted(g.label for g in groups) == ["dmpfl", "fedavg"]
+    path = write_report([runs], tmp_path / "report")
+    text = path.read_text()
+    half_fedavg = 12.706204736174707 * math.sqrt(0.0008) / math.sqrt(2)  # seeds 0.60, 0.64: s = 0.02 * sqrt(2)
+    # best round: round 1's accuracy (5 points above the last) on both seeds
+    assert f"| fedavg | fedavg | 2 | 62.00 +/- {100 * half_fedavg:.2f} | 67.00 +/- {100 * half_fedavg:.2f} |" in text
+    assert "| 1.000 | 0.50x | 5.000e+08 | 0.50x |" in text  # DM-PFL's MB and FLOPs against FedAvg's
+    half_diff = 12.706204736174707 * math.sqrt(0.0018) / math.sqrt(2)  # differences 0.10 and 0.16
+    assert f"| dmpfl | 13.00 +/- {100 * half_diff:.2f} (n=2) |" in text
+    assert "| dmpfl | -10.00 +/- 0.00 (n=2) |" not in text and "| -10.00 +/- 0.00 (n=2) |" in text
+    assert "| experiment | clean | gaussian_noise | severity 1 | severity 3 |" in text
+    assert "| dmpfl | 75.00 +/- 63.53 | 55.00 +/- 63.53 | 65.00 +/- 63.53 | 45.00 +/- 63.53 |" in text
+    assert "| fedavg | 40.00 +/- 127.06 | 60.00 +/- 127.06 |" in text  # held-out: as received, fine-tuned
+    for figure in ("accuracy_vs_shift.png", "corruptions.png", "costs.png", "frontier.png"):
+        assert (tmp_path / "report" / figure).stat().st_size > 5_000
+    bad = tmp_path / "bad"
+    _fixture_run(bad, "x-seed0", "fedavg", 0, 0.6, 0.4, 2.0, 1e9)
+    _fixture_run(bad, "x-seed1", "dmpfl", 1, 0.6, 0.4, 2.0, 1e9)
+    with pytest.raises(ConfigError, match="differ"):
+        group_runs(find_runs([bad]))
+
+
+def test_a_failed_run_is_explained_by_its_own_error_line_not_flowers() -> None:
+    from common.experiments.runs import _last_error
+
+    output = ("\x1b[92mINFO \x1b[0m:      starting\n"
+              "\x1b[91mERROR \x1b[0m:     mnist: expected train-images-idx3-ubyte.gz in /x/MNIST/raw\n"
+              "\x1b[91mERROR \x1b[0m:     Simulation raised an exception\n"
+              "\x1b[91mERROR \x1b[0m:     Exit Code: 700\n")
+    assert _last_error(output) == "mnist: expected train-images-idx3-ubyte.gz in /x/MNIST/raw"
+    assert _last_error("ERROR : Exit Code: 700") == "Exit Code: 700"
+    assert _last_error("all fine") == ""
