@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 
 import torch
@@ -56,15 +56,33 @@ _restored: set[Path] = set()  # state dirs this process has restored from, so th
 
 def state_dir(context: Context, msg: Message, cfg: RunConfig) -> StateDir | None:
     """This client's state dir for the run: node config 'state-dir' (a device), else run config
-    'client-state-dir' (a simulation), under the run's state key and the partition; None when neither is set."""
+    'client-state-dir' (a simulation; `auto`: the run folder's `client-state/`), under the run's state key and
+    the partition; None to keep the state in memory (`memory`, or `auto` where the folder cannot be made)."""
     root = context.node_config.get("state-dir") or cfg.client_state_dir
     key = msg.content.config_records["config"].get("state-key") if "config" in msg.content.config_records else None
-    if not root or not key:
+    if root == "memory" or not key:
         return None
     if not is_folder_name(key):  # the server names the run's folder; it must stay inside the state dir
         raise PayloadError(f"state-key {key!r} is not a plain folder name; message refused")
     partition_id, _ = _partition(context)
-    return StateDir(Path(str(root)).expanduser() / str(key) / f"partition-{partition_id}")
+    if root != "auto":
+        return StateDir(Path(str(root)).expanduser() / str(key) / f"partition-{partition_id}")
+    run_folder = Path(cfg.resume).expanduser() if cfg.resume else cfg.resolved_results_dir / str(key)
+    if run_folder.name != key:  # resuming a folder of another name: the server names the run by that folder
+        run_folder = run_folder.parent / str(key)
+    path = run_folder / "client-state" / f"partition-{partition_id}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if path.parent not in _unwritable:
+            _unwritable.add(path.parent)
+            log(WARNING, "client state kept in memory: %s cannot be made (%s); set the node config's state-dir",
+                path.parent, exc)
+        return None
+    return StateDir(path)
+
+
+_unwritable: set[Path] = set()
 
 
 @profiling.timed("env")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -30,11 +31,25 @@ def gram_rows(W: np.ndarray, rows: np.ndarray | list[int] | None = None) -> np.n
     for start in range(0, W.shape[1], chunk):
         block = W[:, start:start + chunk].astype(np.float64)
         out += (block if rows is None else block[picked]) @ block.T  # A @ A.T is computed symmetric
+        del block  # before the next block is made: one block of scratch at a time, not two
     return out
 
 
 def _gram(W: np.ndarray) -> np.ndarray:
     return gram_rows(W)
+
+
+def model_store(num_clients: int, initial: np.ndarray, path: Path | None = None) -> np.ndarray:
+    """(clients x params) float32 rows, each the `initial` model: in memory, or with `path` a memory-mapped .npy
+    file (the operating system keeps in memory only the pages in use, and can drop clean ones under pressure)."""
+    if path is None:
+        return np.tile(initial, (num_clients, 1))
+    store = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(num_clients, initial.size))
+    step = max(1, _GRAM_BLOCK_BYTES // max(4 * initial.size, 1))
+    for start in range(0, num_clients, step):  # block by block: no (clients x params) copy in memory
+        store[start:start + step] = initial
+    store.flush()
+    return store
 
 
 class ModelMatrix:
@@ -44,11 +59,12 @@ class ModelMatrix:
     from 10% of the clients updates 10% of it.
     """
 
-    def __init__(self, num_clients: int, initial: np.ndarray, track_gram: bool = True) -> None:
+    def __init__(self, num_clients: int, initial: np.ndarray, track_gram: bool = True,
+                 path: Path | None = None) -> None:
         initial = np.asarray(initial, dtype=np.float32).ravel()
         if num_clients < 1:
             raise ValueError(f"need at least one client, got {num_clients}")
-        self.W = np.tile(initial, (num_clients, 1))
+        self.W = model_store(num_clients, initial, path)
         self.track_gram = track_gram
         norm2 = float(np.dot(initial.astype(np.float64), initial.astype(np.float64)))
         self.G = np.full((num_clients, num_clients) if track_gram else (0, 0), norm2, dtype=np.float64)

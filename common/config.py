@@ -155,6 +155,10 @@ class RunConfig:
     takeover_after: float = hp(120.0, "deployment: seconds a partition's node must have been gone before another "
                                "node may take the partition over (a replaced device); until then its claim is "
                                "refused", low=0.0, high=1e7)
+    messages_in_flight: int = hp(64, "the most messages the server has out at once: pre-training and evaluating "
+                                 "more clients than this goes in chunks, each answered before the next is sent "
+                                 "(server memory bounded at thousands of clients; the round timeout applies to "
+                                 "each chunk)", low=1)
     round_timeout: float = hp(600.0, "seconds to wait for replies; a round goes on with those that arrived",
                               low=0.0, low_open=True)
     drop_rate: float = hp(0.0, "simulation: this fraction of each round's training clients fails (seeded); the "
@@ -189,11 +193,18 @@ class RunConfig:
                                "FedAMP/FedFomo checkpoints hold every client's model (100 clients x the MNIST CNN: "
                                "0.67 GB, about 5 s to write on a 2-core machine): raise N for such runs", low=0)
     resume: str = hp("", "a run folder to continue from its checkpoint (same run config; `num-rounds` may grow)")
-    client_state_dir: str = hp("", "simulation: clients keep their state (personal weights, masks, algorithm "
-                               "state) in files under this folder, so a resumed run continues them; on a device "
-                               "the node config's `state-dir` does this")
+    client_state_dir: str = hp("auto", "simulation: where clients keep their state (personal weights, masks, "
+                               "algorithm state): `auto`: in files in the run folder (`client-state/`), so memory "
+                               "grows with one round's clients, not with all, and a resumed run continues them; "
+                               "`memory`: in the simulation's memory; or a folder (absolute path). On a device the "
+                               "node config's `state-dir` does this")
     params: Any = None
     algorithm_keys: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def client_state_on_disk(self) -> bool:
+        """Whether simulated clients keep their state in files (client-state-dir other than `memory`)."""
+        return self.client_state_dir != "memory"
 
     @property
     def resolved_data_dir(self) -> Path:

@@ -20,6 +20,7 @@ from common.persist import StateFileError
 from common.seeding import derive_seed
 from common.validation import is_folder_name
 
+from . import flower_speedups
 from .checkpoint import Checkpoint, config_differences, load_checkpoint
 from .clients import ClientRegistry, RunAborted
 from .results import ResultsWriter, make_run_dir, read_run_config
@@ -27,6 +28,7 @@ from .runner import RoundRunner
 from .strategies import strategy_class
 
 app = ServerApp()
+flower_speedups.apply()  # simulation: the runtime's per-node message lookups, in this process (see the module)
 
 
 class RunFailed(RuntimeError):
@@ -104,6 +106,7 @@ def main(grid: Grid, context: Context) -> None:
         log(ERROR, "%s", exc)
         raise RunFailed(str(exc)) from None
     run_dir, checkpoint = open_run_dir(cfg)
+    strategy.workdir = run_dir
     writer = ResultsWriter(run_dir, cfg.to_dict(), resume=checkpoint is not None)
     runner = RoundRunner(cfg, strategy, clients, writer=writer, state_key=run_dir.name, resume_from=checkpoint)
     log(INFO, "results folder: %s", run_dir)
@@ -113,6 +116,8 @@ def main(grid: Grid, context: Context) -> None:
     except RunAborted as exc:
         log(ERROR, "run aborted: %s", exc)
         raise RunFailed(str(exc)) from None
+    finally:
+        strategy.close()
     info = {"algorithm": cfg.algorithm, "dataset": cfg.dataset, "partition": cfg.partition, "seed": cfg.seed,
             "num_clients": len(clients), "shift_degrees": list(cfg.shift_degrees),
             "resumed_after_rounds": runner.resumes}

@@ -15,6 +15,7 @@ from common.evaluate import shift_key, shifted_metric_keys
 from common.validation import read_fraction
 
 from .clients import ClientRegistry
+from .exchange import exchange_all
 from .replies import RoundLog, eval_statistics, evaluation_rows
 
 
@@ -46,10 +47,8 @@ def evaluate_newcomers(runner: Runner, grid: Grid, server_round: int) -> None:
     pids = runner.clients.holdout_ids()
     if not pids:
         return
-    messages = runner.messages(server_round, pids, MessageType.EVALUATE, "eval_down", newcomers=True)
-    good, failed, oversized = runner.sort_replies(server_round, grid.send_and_receive(messages,
-                                                                                      timeout=cfg.round_timeout),
-                                                  "eval_up")
+    replies = exchange_all(runner, grid, server_round, pids, MessageType.EVALUATE, "eval_down", newcomers=True)
+    good, failed, oversized = runner.sort_replies(server_round, replies, "eval_up")
     rows, rejected = evaluation_rows(good, cfg.shift_degrees,
                                      lambda m: finetuned_metrics(m, cfg.shift_degrees, cfg.holdout_finetune_epochs),
                                      "held-out client", required=shifted_metric_keys(cfg))

@@ -21,6 +21,7 @@ from common.validation import PayloadError, echo_values
 
 from .checkpoint import Checkpoint, due, restore, save_checkpoint
 from .clients import ClientRegistry
+from .exchange import exchange_all
 from .faults import plan_faults
 from .newcomers import evaluate_newcomers
 from .replies import (
@@ -236,8 +237,8 @@ class RoundRunner(Strategy):
         self.aggregate_train(rnd, replies)
         self.round_log.train["sent"] = len(messages)
         if self.should_evaluate(rnd):
-            eval_messages = list(self.configure_evaluate(rnd, ArrayRecord(), ConfigRecord(), grid))
-            self.aggregate_evaluate(rnd, grid.send_and_receive(eval_messages, timeout=timeout))
+            clients = self.strategy.eval_clients(rnd)
+            self.aggregate_evaluate(rnd, exchange_all(self, grid, rnd, clients, MessageType.EVALUATE, "eval_down"))
             evaluate_newcomers(self, grid, rnd)
         elapsed = time.monotonic() - start
         record = round_record(rnd, time.monotonic() - t0, elapsed, self.round_log, self.strategy.round_record(rnd))

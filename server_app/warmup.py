@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from logging import INFO
-from typing import Protocol
+from typing import Any, Protocol
 
 from flwr.app import Message, MessageType
 from flwr.serverapp import Grid
@@ -14,6 +14,7 @@ from flwr.supercore import log
 from common.config import RunConfig
 
 from .clients import ClientRegistry
+from .exchange import exchange
 from .replies import RoundLog, TrainReply, reply_flops
 from .strategies.base import PFLStrategy
 
@@ -26,22 +27,31 @@ class Runner(Protocol):
     strategy: PFLStrategy
     round_log: RoundLog
 
-    def messages(self, server_round: int, partition_ids: list[int], message_type: str,
-                 kind: str) -> list[Message]: ...
+    def messages(self, server_round: int, partition_ids: list[int], message_type: str, kind: str,
+                 newcomers: bool = ...) -> list[Message]: ...
 
     def accept_train_replies(self, server_round: int, replies: Iterable[Message],
                              what: str = ...) -> tuple[list[TrainReply], int, int]: ...
 
 
 def pretrain_round(runner: Runner, grid: Grid) -> None:
-    """Send every client a round-0 training message; the strategy aggregates the replies as round 0."""
+    """Send every client a round-0 training message, in chunks of `messages-in-flight` (each chunk's uploads are
+    aggregated before the next chunk is sent: server memory holds one chunk of models, not all of them); the
+    strategy aggregates the replies as round 0."""
     clients = runner.clients.ids()
-    messages = runner.messages(0, clients, MessageType.TRAIN, "train_down")
-    replies = list(grid.send_and_receive(messages, timeout=runner.cfg.round_timeout))
-    accepted, failed, rejected = runner.accept_train_replies(0, replies, "pre-training")
-    runner.strategy.aggregate(0, accepted)
     train = runner.round_log.train
-    faults = {"late": 0, **{key: train.pop(key) for key in ("dropped", "stragglers", "late") if key in train}}
-    train["pretrain"] = {"sent": len(clients), "used": len(accepted), "failed": failed, "rejected": rejected,
-                         "flops": sum(reply_flops(r.content) for r in accepted), **faults}
-    log(INFO, "pre-training: %d of %d clients trained from the common initialization", len(accepted), len(clients))
+    used = failed = rejected = 0
+    flops = 0.0
+    faults: dict[str, Any] = {"late": 0, "dropped": [], "stragglers": []}
+    for replies in exchange(runner, grid, 0, clients, MessageType.TRAIN, "train_down"):
+        accepted, chunk_failed, chunk_rejected = runner.accept_train_replies(0, replies, "pre-training")
+        runner.strategy.aggregate(0, accepted)
+        used, failed, rejected = used + len(accepted), failed + chunk_failed, rejected + chunk_rejected
+        flops += sum(reply_flops(r.content) for r in accepted)
+        for key in ("dropped", "stragglers", "late"):
+            if key in train:
+                faults[key] += train.pop(key)
+    faults = {key: value for key, value in faults.items() if value or key == "late"}
+    train["pretrain"] = {"sent": len(clients), "used": used, "failed": failed, "rejected": rejected, "flops": flops,
+                         **faults}
+    log(INFO, "pre-training: %d of %d clients trained from the common initialization", used, len(clients))

@@ -136,8 +136,10 @@ def frontier_figure(groups: list[Group], out: Path) -> str:
     return "frontier.png"
 
 
-def matrix_figure(groups: list[Group], key: str, title: str, name: str, out: Path) -> str | None:
-    """A clients x clients matrix an algorithm saved (first seed of each experiment that has one) as a heatmap."""
+def matrix_figure(groups: list[Group], key: str, title: str, name: str, out: Path,
+                  off_diagonal: bool = False) -> str | None:
+    """A clients x clients matrix an algorithm saved (first seed of each experiment that has one) as a heatmap;
+    `off_diagonal`: the diagonal left blank (its median in the title), so the rest keeps a readable scale."""
     found = [(g, g.runs[0].artifacts()) for g in groups]
     found = [(g, a) for g, a in found if key in a]
     if not found:
@@ -145,15 +147,21 @@ def matrix_figure(groups: list[Group], key: str, title: str, name: str, out: Pat
     plt = _plt()
     fig, axes = plt.subplots(1, len(found), figsize=(4.6 * len(found), 4), squeeze=False)
     for ax, (g, arrays) in zip(axes[0], found):
-        matrix = arrays[key]
-        image = ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=1.0 if key == "mask_overlap" else None)
-        ax.set_title(f"{g.label} (seed {g.runs[0].seed})", fontsize=9)
-        clients = arrays.get(f"{key}_clients")
-        if clients is not None and len(clients) <= 20:  # partition ids on the axes where they stay readable
+        matrix = np.array(arrays[key], dtype=np.float64)
+        label = f"{g.label} (seed {g.runs[0].seed})"
+        if off_diagonal:
+            label += f", diagonal median {np.median(np.diag(matrix)):.2f}"
+            np.fill_diagonal(matrix, np.nan)
+        scale = {} if off_diagonal else {"vmin": 0.0, "vmax": 1.0}  # off the diagonal: the values' own range
+        image = ax.imshow(matrix, cmap="viridis", **scale)
+        ax.set_title(label, fontsize=8)
+        clients = [int(c) for c in arrays.get(f"{key}_clients", np.zeros(0))]
+        readable = 0 < len(clients) <= 20
+        if readable:  # partition ids on the axes where they stay readable, else row numbers
             ax.set_xticks(range(len(clients)), [str(c) for c in clients], fontsize=7)
             ax.set_yticks(range(len(clients)), [str(c) for c in clients], fontsize=7)
-        ax.set_xlabel("client j (partition id)")
-        ax.set_ylabel("client i (partition id)")
+        ax.set_xlabel("client j" + (" (partition id)" if readable else " (row)"))
+        ax.set_ylabel("client i" + (" (partition id)" if readable else " (row)"))
         fig.colorbar(image, ax=ax, fraction=0.046)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
@@ -166,7 +174,8 @@ def draw_all(groups: list[Group], base: Group | None, out: Path) -> list[str]:
     """Every figure that applies to these runs; returns their file names."""
     names = [accuracy_vs_shift(groups, out), corruption_figure(groups, corruptions_of(groups), out),
              costs_figure(groups, base, out), frontier_figure(groups, out),
-             matrix_figure(groups, "attention", "FedAMP: attention xi_ij, last round", "attention.png", out),
+             matrix_figure(groups, "attention", "FedAMP: attention xi_ij to other clients, last round",
+                           "attention.png", out, off_diagonal=True),
              matrix_figure(groups, "mask_overlap", "DM-PFL: mask overlap (IoU),\nlast phase-1 round's uploads",
                            "mask_overlap.png", out)]
     return [n for n in names if n]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -38,6 +39,7 @@ class PFLStrategy:
         self.global_arrays = list(model.initial)
         self.clients = clients
         self.aggregation_fields: dict[str, Any] = {}  # {"robust": what the rule did} after a robust aggregation
+        self.workdir: Path | None = None  # the run folder, where large server state may live on disk (set by the app)
 
     # ----- who takes part ----------------------------------------------------------------------------
     def sample(self, server_round: int) -> list[int]:
@@ -133,6 +135,9 @@ class PFLStrategy:
     def artifacts(self) -> dict[str, np.ndarray]:
         """Arrays the report draws at the end of the run (artifacts.npz; e.g. attention, mask overlap); none here."""
         return {}
+
+    def close(self) -> None:
+        """The run is over: release what the strategy keeps on disk or in memory beyond its checkpoint."""
 
     # ----- state ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

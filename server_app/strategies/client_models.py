@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -16,9 +17,12 @@ from ..clients import ClientRegistry
 from ..replies import TrainReply
 from .base import PFLStrategy, uploaded
 
+MODEL_STORE = "client-models.npy"  # in the run folder: the clients' models, memory-mapped
+
 
 class ClientModelsStrategy(PFLStrategy):
-    """Rows of a ModelMatrix (all at the common initialization until a client uploads), indexed by partition."""
+    """Rows of a ModelMatrix (all at the common initialization until a client uploads), indexed by partition; in a
+    memory-mapped file of the run folder when the app gave one (`workdir`), so memory does not grow with clients."""
 
     track_gram: ClassVar[bool] = True  # keep W W^T current (FedAMP's attention needs it)
 
@@ -33,8 +37,16 @@ class ClientModelsStrategy(PFLStrategy):
         if self.matrix is None:
             self.pids = self.clients.ids()
             self.rows = {pid: row for row, pid in enumerate(self.pids)}
-            self.matrix = ModelMatrix(len(self.pids), flatten(self.global_arrays), track_gram=self.track_gram)
+            store = self.workdir / MODEL_STORE if self.workdir is not None else None
+            self.matrix = ModelMatrix(len(self.pids), flatten(self.global_arrays), self.track_gram, store)
         return self.matrix
+
+    def close(self) -> None:
+        """Delete the memory-mapped store (the checkpoint holds the rows a resumed run needs)."""
+        if self.matrix is not None and isinstance(self.matrix.W, np.memmap):
+            path = Path(str(self.matrix.W.filename))
+            self.matrix = None
+            path.unlink(missing_ok=True)
 
     def state_dict(self) -> dict[str, Any]:
         """The model rows (and Gram matrix), which rows were uploaded, and the row order."""

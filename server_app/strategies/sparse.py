@@ -76,7 +76,7 @@ class SparseGlobalStrategy(PFLStrategy):
         self.global_masks = masks
         self.version = int(state["version"])
         self.delivered = ({int(pid): int(v) for pid, v in state["delivered"].items()}
-                          if self.cfg.client_state_dir else {})
+                          if self.cfg.client_state_on_disk else {})
 
     def on_client_replaced(self, server_round: int, partition_id: int) -> None:
         """A restarted client may hold an older copy: send it the model again."""

@@ -1,0 +1,145 @@
+"""Server memory at scale: FedAMP's client models live in a memory-mapped store in the run folder, so a round's
+server work allocates for the round's clients, not for all of them; large evaluations and pre-training go out in
+chunks of `messages-in-flight`."""
+
+from __future__ import annotations
+
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import MessageType
+
+from common.config import parse_run_config
+from server_app.exchange import exchange
+from server_app.replies import TrainReply
+
+from .fakes import hand_made_runner, train_content
+
+CLIENTS, VALUES = 200, 400_000  # a small model, many clients: the store is 320 MB
+SPECS = [("w", (VALUES,))]
+
+
+def _round_peak(workdir: Path | None) -> tuple[int, object]:
+    """Peak bytes numpy allocates for FedAMP's server over one round of 10% of the clients (uploads stored, the
+    next round's cloud models built), with the store in `workdir` or in memory."""
+    cfg = parse_run_config({"algorithm": "fedamp", "fraction-train": 0.1, "pretrain-epochs": 0})
+    runner = hand_made_runner(cfg, SPECS, [np.zeros(VALUES, np.float32)], dict.fromkeys(range(CLIENTS), 50))
+    strategy = runner.strategy
+    strategy.workdir = workdir
+    rng = np.random.default_rng(0)
+    tracemalloc.start()
+    try:
+        matrix = strategy.ensure_matrix()
+        sampled = strategy.sample(1)
+        replies = []
+        for pid in sampled:
+            content = train_content(["w"], [rng.normal(size=VALUES).astype(np.float32)], 50)
+            reply = TrainReply(pid, 50, 0.5, content)
+            strategy.decode_train_reply(1, reply)
+            replies.append(reply)
+        strategy.aggregate(1, replies)
+        runner.message_contents(2, strategy.sample(2), MessageType.TRAIN)
+        return tracemalloc.get_traced_memory()[1], matrix
+    finally:
+        tracemalloc.stop()
+
+
+def test_fedamp_server_memory_is_bounded_by_the_store_not_the_clients(tmp_path: Path) -> None:
+    store_bytes = 4 * CLIENTS * VALUES
+    peak, matrix = _round_peak(tmp_path)
+    assert isinstance(matrix.W, np.memmap) and Path(matrix.W.filename).parent == tmp_path  # type: ignore[attr-defined]
+    # the uploads (20 x 1.6 MB, twice: records and arrays), 20 cloud models and the Gram column block (64 MB)
+    assert peak < 0.75 * store_bytes, f"{peak / 1e6:.0f} MB allocated for a {store_bytes / 1e6:.0f} MB store"
+    in_memory_peak, _ = _round_peak(None)
+    assert in_memory_peak > store_bytes  # without the store the rows themselves are allocated: the check can fail
+
+
+def test_the_store_is_deleted_when_the_run_closes(tmp_path: Path) -> None:
+    cfg = parse_run_config({"algorithm": "fedamp"})
+    runner = hand_made_runner(cfg, [("w", (10,))], [np.zeros(10, np.float32)], dict.fromkeys(range(4), 5))
+    runner.strategy.workdir = tmp_path
+    runner.strategy.ensure_matrix()
+    assert (tmp_path / "client-models.npy").is_file()
+    runner.strategy.close()
+    assert not (tmp_path / "client-models.npy").exists()
+
+
+class _Grid:
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def send_and_receive(self, messages, timeout):
+        self.batches.append(len(messages))
+        return []
+
+
+class _Sender:
+    def __init__(self, in_flight: int) -> None:
+        self.cfg = parse_run_config({"messages-in-flight": in_flight})
+        self.built: list[list[int]] = []
+
+    def messages(self, server_round, partition_ids, message_type, kind, newcomers=False):
+        self.built.append(list(partition_ids))
+        return list(partition_ids)
+
+
+@pytest.mark.parametrize(("clients", "in_flight", "expected"), [(1000, 256, [256, 256, 256, 232]), (5, 64, [5]),
+                                                                 (6, 2, [2, 2, 2])])
+def test_large_sends_go_in_chunks_each_built_after_the_last_was_answered(clients: int, in_flight: int,
+                                                                        expected: list[int]) -> None:
+    sender, grid = _Sender(in_flight), _Grid()
+    for _ in exchange(sender, grid, 1, list(range(clients)), MessageType.EVALUATE, "eval_down"):
+        assert len(sender.built) == len(grid.batches)  # the next chunk is built only after this one came back
+    assert grid.batches == expected and sum(sender.built, []) == list(range(clients))
+
+
+class _Metadata:
+    def __init__(self, dst: int, delivered: str = "") -> None:
+        self.dst_node_id, self.delivered_at = dst, delivered
+
+
+class _Msg:
+    def __init__(self, dst: int, delivered: str = "") -> None:
+        self.metadata = _Metadata(dst, delivered)
+
+
+class _State:
+    def __init__(self, messages: list[_Msg]) -> None:
+        import threading
+
+        self.lock = threading.RLock()
+        self.message_ins_store = {str(i): m for i, m in enumerate(messages)}
+
+
+def test_the_simulation_speedup_asks_flower_only_for_nodes_with_a_waiting_message() -> None:
+    from server_app.flower_speedups import fast_get_message_ins
+
+    asked: list[int] = []
+
+    def original(state, node_id, limit, *, run_id=None):
+        asked.append(node_id)
+        return [m for m in state.message_ins_store.values() if m.metadata.dst_node_id == node_id][:limit]
+
+    fast = fast_get_message_ins(original)
+    state = _State([_Msg(1), _Msg(2, delivered="2026-01-01"), _Msg(3)])
+    assert fast(state, 1, 1) == [state.message_ins_store["0"]]
+    assert fast(state, 2, 1) == [] and fast(state, 4, 1) == []  # delivered already / nothing for the node
+    assert fast(state, 3, 1, run_id=7) == [state.message_ins_store["2"]]
+    assert asked == [1, 3]
+
+
+def test_the_speedup_is_installed_once_for_the_flower_version_it_was_written_for() -> None:
+    import flwr
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+
+    import server_app.app  # noqa: F401  (importing the ServerApp applies it)
+    from server_app import flower_speedups
+
+    if flwr.__version__ != flower_speedups.PATCHED_VERSION:
+        assert not flower_speedups.apply()
+        return
+    assert flower_speedups.apply() and flower_speedups.apply()
+    method = InMemoryLinkState.get_message_ins
+    assert hasattr(method, "__wrapped__") and not hasattr(method.__wrapped__, "__wrapped__")
