@@ -3,34 +3,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
-from flwr.app import Message, MessageType
+from flwr.app import MessageType
 from flwr.serverapp import Grid
 
 from common.algorithms import FINETUNED
-from common.config import RunConfig
 from common.evaluate import shift_key, shifted_metric_keys
 from common.validation import read_fraction
 
-from .clients import ClientRegistry
-from .exchange import exchange_all
-from .replies import RoundLog, eval_statistics, evaluation_rows
-
-
-class Runner(Protocol):
-    """What the newcomer evaluation uses of the round runner."""
-
-    cfg: RunConfig
-    clients: ClientRegistry
-    round_log: RoundLog
-
-    def messages(self, server_round: int, partition_ids: list[int], message_type: str, kind: str,
-                 newcomers: bool = ...) -> list[Message]: ...
-
-    def sort_replies(self, server_round: int, replies: Iterable[Message],
-                     kind: str) -> tuple[list[tuple[int, Message]], int, int]: ...
+from .exchange import RunnerView, exchange_all
+from .replies import eval_statistics, evaluation_rows
 
 
 def finetuned_metrics(metrics: Mapping[str, Any] | None, degrees: tuple[float, ...],
@@ -41,7 +25,7 @@ def finetuned_metrics(metrics: Mapping[str, Any] | None, degrees: tuple[float, .
     return {FINETUNED.prefix + shift_key(d): read_fraction(metrics, FINETUNED.prefix + shift_key(d)) for d in degrees}
 
 
-def evaluate_newcomers(runner: Runner, grid: Grid, server_round: int) -> None:
+def evaluate_newcomers(runner: RunnerView, grid: Grid, server_round: int) -> None:
     """Send every held-out client the newcomer model; keep the mean and std of their replies as `unseen`."""
     cfg = runner.cfg
     pids = runner.clients.holdout_ids()

@@ -3,38 +3,18 @@ initialization before round 1; its traffic and FLOPs count in round 1's record."
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from logging import INFO
-from typing import Any, Protocol
+from typing import Any
 
-from flwr.app import Message, MessageType
+from flwr.app import MessageType
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
-from common.config import RunConfig
-
-from .clients import ClientRegistry
-from .exchange import exchange
-from .replies import RoundLog, TrainReply, reply_flops
-from .strategies.base import PFLStrategy
+from .exchange import RunnerView, exchange
+from .replies import reply_flops
 
 
-class Runner(Protocol):
-    """What round 0 uses of the round runner."""
-
-    cfg: RunConfig
-    clients: ClientRegistry
-    strategy: PFLStrategy
-    round_log: RoundLog
-
-    def messages(self, server_round: int, partition_ids: list[int], message_type: str, kind: str,
-                 newcomers: bool = ...) -> list[Message]: ...
-
-    def accept_train_replies(self, server_round: int, replies: Iterable[Message],
-                             what: str = ...) -> tuple[list[TrainReply], int, int]: ...
-
-
-def pretrain_round(runner: Runner, grid: Grid) -> None:
+def pretrain_round(runner: RunnerView, grid: Grid) -> None:
     """Send every client a round-0 training message, in chunks of `messages-in-flight` (each chunk's uploads are
     aggregated before the next chunk is sent: server memory holds one chunk of models, not all of them); the
     strategy aggregates the replies as round 0."""
