@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from logging import INFO, WARNING
 from pathlib import Path
@@ -71,13 +72,14 @@ def state_dir(context: Context, msg: Message, cfg: RunConfig) -> StateDir | None
     if run_folder.name != key:  # resuming a folder of another name: the server names the run by that folder
         run_folder = run_folder.parent / str(key)
     path = run_folder / "client-state" / f"partition-{partition_id}"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not os.access(existing, os.W_OK):  # folders are made by the first save, only where there is state
         if path.parent not in _unwritable:
             _unwritable.add(path.parent)
-            log(WARNING, "client state kept in memory: %s cannot be made (%s); set the node config's state-dir",
-                path.parent, exc)
+            log(WARNING, "client state kept in memory: %s is not writable; set the node config's state-dir",
+                existing)
         return None
     return StateDir(path)
 

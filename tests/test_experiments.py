@@ -171,6 +171,8 @@ def test_the_report_holds_exactly_the_runs_numbers(tmp_path: Path) -> None:
     assert "| experiment | clean | gaussian_noise | severity 1 | severity 3 |" in text
     assert "| dmpfl | 75.00 +/- 63.53 | 55.00 +/- 63.53 | 65.00 +/- 63.53 | 45.00 +/- 63.53 |" in text
     assert "| fedavg | 40.00 +/- 127.06 | 60.00 +/- 127.06 |" in text  # held-out: as received, fine-tuned
+    with pytest.raises(ConfigError, match="--baseline 'nope' is none of the experiments: dmpfl, fedavg"):
+        write_report([runs], tmp_path / "report", "nope")
     for figure in ("accuracy_vs_shift.png", "corruptions.png", "costs.png", "frontier.png"):
         assert (tmp_path / "report" / figure).stat().st_size > 5_000
     bad = tmp_path / "bad"

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..algorithms import FINETUNED, SPECS
 from ..evaluate import shift_key
+from ..hparams import ConfigError
 from ..persist import atomic_write_text
 from .collect import Group, Run, corruptions_of, find_runs, group_runs
 from .stats import fmt_ci, mean_ci, paired_difference
@@ -45,7 +46,7 @@ def baseline_of(groups: list[Group], name: str | None) -> Group | None:
         for group in groups:
             if group.label == name:
                 return group
-        raise ValueError(f"--baseline {name!r} is none of {[g.label for g in groups]}")
+        raise ConfigError(f"--baseline {name!r} is none of the experiments: {', '.join(g.label for g in groups)}")
     return next((g for g in groups if g.algorithm == "fedavg"), None)
 
 
