@@ -68,9 +68,8 @@ def state_dir(context: Context, msg: Message, cfg: RunConfig) -> StateDir | None
     partition_id, _ = _partition(context)
     if root != "auto":
         return StateDir(Path(str(root)).expanduser() / str(key) / f"partition-{partition_id}")
+    # a resumed run keeps its folder, whose name is the state key the server sends
     run_folder = Path(cfg.resume).expanduser() if cfg.resume else cfg.resolved_results_dir / str(key)
-    if run_folder.name != key:  # resuming a folder of another name: the server names the run by that folder
-        run_folder = run_folder.parent / str(key)
     path = run_folder / "client-state" / f"partition-{partition_id}"
     existing = path
     while not existing.exists() and existing != existing.parent:

@@ -19,6 +19,9 @@ class StateFileError(ValueError):
     """A state or checkpoint file that cannot be read back; the message names the file and the reason."""
 
 
+CHECKPOINT_FILE = "checkpoint.npz"  # a run folder's server checkpoint (server_app/checkpoint.py writes it)
+
+
 @contextmanager
 def atomic_file(path: Path) -> Iterator[BinaryIO]:
     """A file handle whose content replaces `path` only once it is complete and on disk: a crash leaves

@@ -8,13 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.persist import StateFileError, load_tree, save_tree
+from common.persist import CHECKPOINT_FILE, StateFileError, load_tree, save_tree
 
 from .clients import RunAborted
 from .results import ResultsWriter
 from .strategies.base import PFLStrategy
 
-CHECKPOINT_FILE = "checkpoint.npz"
 FORMAT = 1
 # keys that may differ between a run and its resumption (the rest must match: clients read the same config)
 RESUMABLE_CHANGES = frozenset({"resume", "num-rounds", "round-timeout", "data-dir", "results-dir", "run-name",

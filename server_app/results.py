@@ -203,6 +203,12 @@ def _stage_lines(summary: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def _degree_cells(stats: dict[str, Any], prefix: str, degrees: list[float]) -> list[str]:
+    """'mean +/- std' (%) of a row of evaluation statistics at each shift degree."""
+    return [f"{_fmt(stats['mean'][prefix + shift_key(d)])} +/- {_fmt(stats['std'][prefix + shift_key(d)])}"
+            for d in degrees]
+
+
 def _unseen_lines(summary: dict[str, Any]) -> list[str]:
     """Held-out clients: the newcomer model's accuracy as received and after fine-tuning, by shift degree."""
     unseen, degrees = summary.get("unseen"), summary["shift_degrees"]
@@ -214,9 +220,7 @@ def _unseen_lines(summary: dict[str, Any]) -> list[str]:
              "|---|" + "---|" * len(degrees)]
     for prefix, label in (("", "as received"), (FINETUNED.prefix, FINETUNED.label)):
         if prefix + shift_key(degrees[0]) in unseen["mean"]:
-            lines.append(f"| {label} | " + " | ".join(
-                f"{_fmt(unseen['mean'][prefix + shift_key(d)])} +/- {_fmt(unseen['std'][prefix + shift_key(d)])}"
-                for d in degrees) + " |")
+            lines.append(f"| {label} | " + " | ".join(_degree_cells(unseen, prefix, degrees)) + " |")
     return lines + [""]
 
 
@@ -265,9 +269,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         for prefix, label in [("", "accuracy")] + [(row.prefix, row.label) for row in eval_rows()]:
             if prefix + shift_key(degrees[0]) not in final["mean"]:
                 continue
-            cells = [f"{_fmt(final['mean'][prefix + shift_key(d)])} +/- {_fmt(final['std'][prefix + shift_key(d)])}"
-                     for d in degrees]
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            lines.append(f"| {label} | " + " | ".join(_degree_cells(final, prefix, degrees)) + " |")
         lines.append("")
         lines.append(f"Best mean accuracy without shift over rounds: {_fmt(summary['best_mean_accuracy'])}%.")
     else:

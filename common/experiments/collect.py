@@ -37,6 +37,17 @@ class Run:
         """Mean across clients of every metric of the last evaluation."""
         return (self.summary.get("final") or {}).get("mean", {})
 
+    @property
+    def mb_per_client(self) -> float:
+        """Training MB down + up per client over the run (measured)."""
+        mb = self.summary.get("mb_per_client", {})
+        return float(mb.get("train_down", 0.0) + mb.get("train_up", 0.0))
+
+    @property
+    def flops_per_client(self) -> float:
+        """Training FLOPs per client over the run."""
+        return float(self.summary.get("train_flops_per_client", 0.0))
+
     def best_round(self, key: str = "acc-shift-0") -> dict[str, float]:
         """Mean metrics of the evaluation round with the highest `key` (the papers' best-round accuracy)."""
         evaluated = [r["eval"]["mean"] for r in self.records if r.get("eval") and key in r["eval"]["mean"]]

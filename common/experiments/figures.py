@@ -4,13 +4,14 @@ attention and DM-PFL's mask overlap between clients."""
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..evaluate import shift_key
-from .collect import Group, Run, corruptions_of
+from .collect import Group, corruptions_of
 
 
 def _plt() -> Any:
@@ -78,21 +79,12 @@ def corruption_figure(groups: list[Group], found: dict[str, list[int]], out: Pat
     return "corruptions.png"
 
 
-def _mb(run: Run) -> float:
-    mb = run.summary.get("mb_per_client", {})
-    return float(mb.get("train_down", 0.0) + mb.get("train_up", 0.0))
-
-
-def _flops(run: Run) -> float:
-    return float(run.summary.get("train_flops_per_client", 0.0))
-
-
 def costs_figure(groups: list[Group], base: Group | None, out: Path) -> str:
     """MB and training FLOPs per client, bars labelled with their ratio to the baseline."""
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(max(7.0, 1.4 * len(groups) + 3), 4))
-    for ax, value, title in ((axes[0], _mb, "MB per client (train, down + up)"),
-                             (axes[1], _flops, "training FLOPs per client")):
+    for ax, value, title in ((axes[0], attrgetter("mb_per_client"), "MB per client (train, down + up)"),
+                             (axes[1], attrgetter("flops_per_client"), "training FLOPs per client")):
         means = [_seed_mean(g, value)[0] for g in groups]
         bars = ax.bar(range(len(groups)), means, color=[f"C{i % 10}" for i in range(len(groups))])
         reference = _seed_mean(base, value)[0] if base else float("nan")
@@ -114,7 +106,7 @@ def frontier_figure(groups: list[Group], out: Path) -> str:
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     points = []
     for index, g in enumerate(groups):
-        mb = _seed_mean(g, _mb)[0]
+        mb = _seed_mean(g, attrgetter("mb_per_client"))[0]
         acc, spread = _seed_mean(g, lambda r: r.final.get(shift_key(0.0)))
         points.append((mb, acc))
         ax.errorbar([mb], [100 * acc], yerr=[100 * spread], marker="o", color=f"C{index % 10}", capsize=3,

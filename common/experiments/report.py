@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from .collect import Group, Run, corruptions_of, find_runs, group_runs
 from .stats import fmt_ci, mean_ci, paired_difference
 
 Value = Callable[[Run], Any]
+_MB, _FLOPS = attrgetter("mb_per_client"), attrgetter("flops_per_client")
 
 
 def _degrees(groups: list[Group]) -> list[float]:
@@ -32,12 +34,6 @@ def _cell(group: Group, value: Value, scale: float = 100.0, digits: int = 2) -> 
 
 def _mean(group: Group, value: Value) -> float:
     return mean_ci(list(group.by_seed(value).values()))[0]
-
-
-def mb_per_client(run: Run) -> float:
-    """Training MB down + up per client over the run (measured)."""
-    mb = run.summary.get("mb_per_client", {})
-    return float(mb.get("train_down", 0.0) + mb.get("train_up", 0.0))
 
 
 def baseline_of(groups: list[Group], name: str | None) -> Group | None:
@@ -63,9 +59,9 @@ def overview(groups: list[Group], base: Group | None) -> list[str]:
     top = shift_key(_degrees(groups)[-1])
     rows = []
     for g in groups:
-        mb, flops = _mean(g, mb_per_client), _mean(g, lambda r: r.summary.get("train_flops_per_client"))
-        ratio_mb = _mean(base, mb_per_client) if base else float("nan")
-        ratio_fl = _mean(base, lambda r: r.summary.get("train_flops_per_client")) if base else float("nan")
+        mb, flops = _mean(g, _MB), _mean(g, _FLOPS)
+        ratio_mb = _mean(base, _MB) if base else float("nan")
+        ratio_fl = _mean(base, _FLOPS) if base else float("nan")
         rows.append([g.label, g.algorithm, str(len(g.runs)), _cell(g, _final(shift_key(0.0))),
                      _cell(g, lambda r: r.best_round().get(shift_key(0.0))), _cell(g, _final(top)),
                      _cell(g, lambda r: (r.summary.get("final") or {}).get("std", {}).get(shift_key(0.0))),

@@ -14,10 +14,9 @@ from typing import Any
 
 from ..config import parse_run_config
 from ..hparams import ConfigError
+from ..persist import CHECKPOINT_FILE
 from .presets import Preset, run_config_text
 from .superlink import LocalSuperLink
-
-CHECKPOINT_FILE = "checkpoint.npz"  # the server's checkpoint in a run folder (server_app/checkpoint.py)
 
 
 @dataclass(frozen=True)
