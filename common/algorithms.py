@@ -61,6 +61,9 @@ class DMPFLParams(SparseParams):
     min_vote_fraction: float = hp(0.3, "a position enters m_g only if more than this fraction of the round's "
                                   "clients kept it", low=0.0, high=1.0)
     phase3_all_clients: bool = hp(False, "phase 3 with every client instead of the sampled ones")
+    partial_download: bool = hp(True, "phases 1 and 3 send a client whose m_c the server knows (from its last "
+                                "phase-1 upload) only w_g on m_g AND m_c, the part it uses (same results, fewer bytes; "
+                                "off with `stages`, which evaluate the whole theta_g)")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .algorithms import SPECS, param_classes
+from .algorithms import SPECS, DittoParams, FedProxParams, param_classes
 from .data.corruptions import CORRUPTIONS, parse_corruptions, parse_severities
 from .hparams import ConfigError, as_dict, choice, describe, hp, parse_fields
 from .robust import ROBUST_METHODS, RobustRule
@@ -243,6 +243,19 @@ def known_keys() -> dict[str, Any]:
     return keys
 
 
+def _check_gradient_pull(cfg: RunConfig, params: Any) -> None:
+    """FedProx's and Ditto's pulls are gradient terms (as their papers): SGD with momentum beta diverges on them once
+    lr * coefficient >= 2 (1 + beta) (the heavy-ball stability bound on a quadratic)."""
+    pulls = {FedProxParams: ("proximal-mu", "proximal_mu"), DittoParams: ("ditto-lambda", "ditto_lambda")}
+    for cls, (key, attr) in pulls.items():
+        if isinstance(params, cls) and cfg.optimizer == "sgd":
+            coefficient, bound = float(getattr(params, attr)), 2.0 * (1.0 + cfg.momentum)
+            if cfg.lr * coefficient >= bound:
+                raise ConfigError(f"run-config 'lr' x '{key}' = {cfg.lr:g} x {coefficient:g} = "
+                                  f"{cfg.lr * coefficient:g}: SGD on the (coefficient/2)||w - w_ref||^2 term diverges "
+                                  f"at {bound:g} (2 (1 + momentum)) or more; lower one of them")
+
+
 def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     """Validate a Flower run config into a RunConfig; raise ConfigError naming the first bad key."""
     known = known_keys()
@@ -264,6 +277,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         if active and not SPECS[algorithm].averages_models:
             raise ConfigError(f"run-config '{key}' applies to the weight-averaging algorithms "
                               f"({', '.join(averaging)}), not to '{algorithm}'")
+    _check_gradient_pull(cfg, params)
     if cfg.model == "auto" and SPECS[algorithm].shares == "no-norm":  # FedBN: the dataset's model with batch norm
         cfg = replace(cfg, model=AUTO_MODEL[cfg.dataset] + "-bn")
     return cfg

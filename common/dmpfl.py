@@ -7,8 +7,13 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from .codec import decode_model, encode_model, mask_digest
 from .evaluate import entropy
 from .masks import topk_mask
+from .validation import PayloadError
+
+Named = dict[str, np.ndarray]
+PARTIAL = "global-partial"  # the record of a partial download (w_g on m_g AND m_c)
 
 
 def phase_schedule(num_rounds: int, iterations: int) -> list[int]:
@@ -35,6 +40,39 @@ def compose_personal(w_g: np.ndarray, m_g: np.ndarray, w_c: np.ndarray, m_c: np.
 def compose_global(w_g: np.ndarray, m_g: np.ndarray) -> np.ndarray:
     """theta_g = w_g * m_g."""
     return np.where(m_g, w_g, 0.0).astype(np.float32)
+
+
+def masks_digest(masks: Mapping[str, np.ndarray]) -> int:
+    """One 63-bit digest of a model's masks (layers in name order): what a client checks a partial download against."""
+    return mask_digest(np.concatenate([np.asarray(masks[name], bool).ravel() for name in sorted(masks)]))
+
+
+def encode_partial_global(w_g: Mapping[str, np.ndarray], m_g: Mapping[str, np.ndarray],
+                          m_c: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The part of theta_g a client with mask m_c uses in phases 1 and 3 (Eq. 4 reads w_g only on m_g AND m_c), in
+    the one codec: per masked layer, bits over m_c's positions (which are in m_g) and the values there; dense
+    layers whole."""
+    dense = {name: (w[m_c[name]] if name in m_c else w) for name, w in w_g.items()}
+    return encode_model(dense, {name: np.asarray(m_g[name])[m_c[name]] for name in m_c})
+
+
+def decode_partial_global(arrays: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]],
+                          m_c: Mapping[str, np.ndarray]) -> tuple[Named, Named]:
+    """(w_g on m_g AND m_c with zeros elsewhere, m_g AND m_c) from encode_partial_global's arrays, validated."""
+    expected = {name: ((int(m_c[name].sum()),) if name in m_c else tuple(shape)) for name, shape in shapes.items()}
+    values, inner = decode_model(arrays, expected)
+    if set(inner) != set(m_c):
+        raise PayloadError(f"partial global model has sparse layers {sorted(inner)}, expected {sorted(m_c)}")
+    weights: Named = {}
+    masks: Named = {}
+    for name, shape in shapes.items():
+        if name not in m_c:
+            weights[name] = values[name]
+            continue
+        weights[name], masks[name] = np.zeros(shape, np.float32), np.zeros(shape, bool)
+        weights[name][m_c[name]] = values[name]
+        masks[name][m_c[name]] = inner[name]
+    return weights, masks
 
 
 def aggregate_masked(w_g: np.ndarray, weights: Sequence[np.ndarray], masks: Sequence[np.ndarray],
@@ -87,6 +125,23 @@ def aggregate_round(w_g: Mapping[str, np.ndarray], replies: Sequence[tuple[Mappi
                 summed += size * weight.astype(np.float64)
             new_w[name] = (summed / total).astype(np.float32)
     return new_w, new_m
+
+
+class AdaptiveModel(torch.nn.Module):
+    """DM-PFL+ as one model: per sample the logits of theta_c or theta_g, whichever Alg. 4 picks (so the argmax
+    is its prediction)."""
+
+    def __init__(self, personal: torch.nn.Module, shared: torch.nn.Module, base_entropy_c: float,
+                 base_entropy_g: float) -> None:
+        super().__init__()
+        self.personal, self.shared = personal, shared
+        self.base_entropy_c, self.base_entropy_g = base_entropy_c, base_entropy_g
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of the model Alg. 4 chooses for each sample."""
+        logits_c, logits_g = self.personal(x), self.shared(x)
+        _, use_personal = adaptive_predict(logits_c, logits_g, self.base_entropy_c, self.base_entropy_g)
+        return torch.where(use_personal[:, None], logits_c, logits_g)
 
 
 def adaptive_predict(logits_c: torch.Tensor, logits_g: torch.Tensor, base_entropy_c: float,

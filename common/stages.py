@@ -1,4 +1,7 @@
-"""FLIU's evaluation stages (papers/003 Sec. III): G, L1, L2 with Acc(L), Acc(G), Acc and rho_eps."""
+"""FLIU's evaluation stages (papers/003 Sec. III): G, L1, L2 with Acc(L), Acc(G), Acc and rho_eps.
+
+"L1+" and "L2+" are L1 and L2 under DM-PFL+'s adaptive inference (the personal model of the stage and G).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from torch import nn
 from .aggregate import mean_std
 from .evaluate import predict_logits
 
-STAGES = ("G", "L1", "L2")
+STAGES = ("G", "L1", "L2", "L1+", "L2+")
 SCOPES = ("local", "global")  # Acc(L): own test split; Acc(G): the pooled test set of all clients
 
 

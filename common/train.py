@@ -74,6 +74,36 @@ def proximal_loss(reference: Mapping[str, torch.Tensor], mu: float) -> ExtraLoss
     return term
 
 
+@dataclass(frozen=True)
+class ProximalStep:
+    """A pull toward `reference` solved in closed form after every optimizer step (a proximal-gradient step).
+
+    After the loss step w~ = step(w), w = argmin_v ||v - w~||^2 / (2 lr) + (mu / 2) ||v - ref||^2
+    = (w~ + lr mu ref) / (1 + lr mu): the minimizer of the same objective as the gradient term (mu/2)||w - ref||^2,
+    but a contraction toward ref for every lr * mu, where the gradient form diverges once lr * mu > 2.
+    lr is the optimizer's (for Adam too, where it is the step-size scale).
+    """
+
+    reference: Mapping[str, torch.Tensor]
+    mu: float
+
+    @classmethod
+    def toward(cls, model: nn.Module, mu: float) -> ProximalStep:
+        """A pull toward a detached copy of `model`'s current parameters."""
+        return cls({name: p.detach().clone() for name, p in model.named_parameters()}, mu)
+
+    def apply(self, named: Mapping[str, nn.Parameter], lr: float) -> None:
+        """Move each referenced parameter to (w + lr mu ref) / (1 + lr mu), in place."""
+        if self.mu <= 0.0:
+            return
+        share = lr * self.mu / (1.0 + lr * self.mu)
+        with torch.no_grad():
+            for name, ref in self.reference.items():
+                param = named.get(name)
+                if param is not None and param.requires_grad:
+                    param.add_(ref.to(param.device) - param, alpha=share)
+
+
 def _forward(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     body = getattr(model, "body", None)
     head = getattr(model, "head", None)
@@ -88,7 +118,7 @@ def _forward(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, settings: TrainSettings, generator: torch.Generator,
           update_masks: Mapping[str, torch.Tensor] | None = None, extra_losses: Iterable[ExtraLoss] = (),
           trainable: set[str] | None = None, on_gradients: Callable[[nn.Module], None] | None = None,
-          device: torch.device | str = "cpu") -> TrainStats:
+          proximal: ProximalStep | None = None, device: torch.device | str = "cpu") -> TrainStats:
     """Train `model` in place on (x, y) for `settings.epochs` epochs of shuffled mini-batches.
 
     update_masks: parameter name -> bool tensor; positions where it is False never change (their
@@ -96,6 +126,7 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, settings: TrainSet
         restored after every step).
     trainable: parameter names to update (None: all); the others are frozen and get no gradient.
     on_gradients: called after each backward pass, before masking (e.g. to collect dense gradients).
+    proximal: a pull toward a reference applied in closed form after each step (stable for any coefficient).
     """
     device = torch.device(device)
     model.to(device).train()
@@ -135,6 +166,8 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, settings: TrainSet
                 if grad is not None:
                     grad.mul_(mask)
             optimizer.step()
+            if proximal is not None:
+                proximal.apply(named, optimizer.param_groups[0]["lr"])
             if masks:
                 with torch.no_grad():
                     for name, mask in masks.items():

@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import MetricRecord, RecordDict
+import torch
+from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
 from client_app.algorithms.dmpfl import PERSONAL_M, PERSONAL_W
 from client_app.algorithms.sparse import StaleGlobalModel
 from client_app.state import ClientState
 from common.config import parse_run_config
+from common.dmpfl import (
+    AdaptiveModel,
+    adaptive_predict,
+    compose_personal,
+    decode_partial_global,
+    encode_partial_global,
+    masks_digest,
+)
 from common.records import to_record
+from common.stages import SCOPES, stage_key
+from common.validation import PayloadError
 from server_app.strategies.dmpfl import DMPFLStrategy
 from server_app.wire import wire_bytes
 
@@ -83,7 +94,7 @@ def test_phase3_leaves_shared_weights_bit_identical() -> None:
     before = {}
     for pid in strategy.clients:
         client = fed.client(pid)
-        content = strategy.train_content(5, pid, strategy.shared_payload(5))
+        content = strategy.eval_content(5, pid, strategy.shared_payload(5))  # the whole theta_g
         g, gm = client.refresh_global(content)
         before[pid] = client.theta_c(g, gm, *client.personal(g, gm)), client.personal(g, gm)[1]
     sampled = fed.train_round(5)
@@ -118,6 +129,112 @@ def test_global_model_sent_only_when_stale_and_resent_after_a_failure() -> None:
         fed.client(holder).fit(2, content)
     fed.runner.aggregate_train(2, [FakeReply(1000 + holder, error="StaleGlobalModel")])
     assert "global" in strategy.train_content(2, holder, strategy.shared_payload(2)).array_records
+
+
+def _run_counting_down_bytes(fed: InProcessFederation, rounds: int) -> list[int]:
+    """Train `rounds` rounds; the training-download bytes of each round."""
+    sent: list[int] = []
+    contents = fed.runner.message_contents
+
+    def counted(rnd, pids, kind):
+        out = contents(rnd, pids, kind)
+        sent[-1] += sum(wire_bytes(c) for c in out)
+        return out
+
+    fed.runner.message_contents = counted
+    for rnd in range(1, rounds + 1):
+        sent.append(0)
+        fed.train_round(rnd)
+    fed.runner.message_contents = contents
+    return sent
+
+
+def test_partial_downloads_change_nothing_but_the_bytes() -> None:
+    """Phases 1 and 3 sent only w_g on m_g AND m_c: every client's state and evaluation are bit-identical to
+    whole-model downloads, and the downloads are smaller (9 rounds, two cycles)."""
+    runs = {}
+    for partial in (True, False):
+        fed = _federation("dmpfl", 4, **{"num-rounds": 9, "iterations": 2, "partial-download": partial,
+                                         "fraction-train": 0.75})
+        runs[partial] = fed, _run_counting_down_bytes(fed, 9), fed.evaluate(9)
+    (fed_p, bytes_p, eval_p), (fed_f, bytes_f, eval_f) = runs[True], runs[False]
+    for pid in range(4):
+        for key in (PERSONAL_W, PERSONAL_M):
+            got, want = ClientState(fed_p.states[pid]).load_named(key), ClientState(fed_f.states[pid]).load_named(key)
+            assert (got is None) == (want is None)
+            for name in (got or {}):
+                np.testing.assert_array_equal(got[name], want[name])
+        assert dict(eval_p[pid].metric_records["metrics"]) == dict(eval_f[pid].metric_records["metrics"])
+    phases = fed_p.strategy.phases
+    assert set(phases) == {1, 2, 3} and phases[0] == 1
+    assert bytes_p[0] == bytes_f[0], "round 1: no m_c known yet, whole models"
+    assert all(bytes_p[r - 1] == bytes_f[r - 1] for r in range(1, 10) if phases[r - 1] == 2)
+    assert all(bp <= bf for bp, bf in zip(bytes_p, bytes_f)), "a cut is sent once per version, like the model"
+    assert sum(bytes_p) < 0.97 * sum(bytes_f)
+
+
+def test_partial_download_roundtrip_on_hand_made_masks() -> None:
+    w_g = {"w": np.arange(12, dtype=np.float32).reshape(3, 4) + 1, "b": np.array([7.0, 8.0], np.float32)}
+    m_g = {"w": np.array([[1, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 1]], bool)}
+    m_c = {"w": np.array([[1, 0, 1, 0], [1, 1, 1, 0], [0, 0, 0, 0]], bool)}
+    arrays = encode_partial_global(w_g, m_g, m_c)
+    assert arrays["w/values"].tolist() == [1.0, 5.0, 7.0]  # w_g on m_g AND m_c, row-major
+    assert arrays["w/bits"].size == 1, "bits over m_c's 5 positions: one byte, not two for 12"
+    weights, masks = decode_partial_global(arrays, {"w": (3, 4), "b": (2,)}, m_c)
+    np.testing.assert_array_equal(masks["w"], m_g["w"] & m_c["w"])
+    np.testing.assert_array_equal(weights["w"], np.where(m_g["w"] & m_c["w"], w_g["w"], 0.0))
+    np.testing.assert_array_equal(weights["b"], w_g["b"])
+    w_c = {"w": np.full((3, 4), -1.0, np.float32)}
+    np.testing.assert_array_equal(compose_personal(weights["w"], masks["w"], w_c["w"], m_c["w"]),
+                                  compose_personal(w_g["w"], m_g["w"], w_c["w"], m_c["w"]))
+    other = {"w": np.roll(m_c["w"], 1)}
+    assert masks_digest(other) != masks_digest(m_c)
+    with pytest.raises(PayloadError):  # cut for 5 positions, decoded for another count
+        decode_partial_global(arrays, {"w": (3, 4), "b": (2,)}, {"w": np.ones((3, 4), bool)})
+
+
+def test_a_partial_download_for_another_mask_is_stale_and_then_sent_whole() -> None:
+    fed = _federation("dmpfl")
+    for rnd in range(1, 5):
+        fed.train_round(rnd)
+    strategy = fed.strategy
+    pid = next(iter(strategy.personal_masks))
+    content = strategy.train_content(5, pid, strategy.shared_payload(5))
+    assert "global-partial" in content.array_records and "global" not in content.array_records
+    fed.states[pid] = RecordDict()  # the device lost its m_c
+    with pytest.raises(StaleGlobalModel, match="personal mask"):
+        fed.client(pid).fit(5, content)
+    fed.runner.aggregate_train(5, [FakeReply(1000 + pid, error="StaleGlobalModel")])
+    again = strategy.train_content(5, pid, strategy.shared_payload(5))
+    assert "global" in again.array_records and "global-partial" not in again.array_records
+    phase2 = RecordDict({"config": ConfigRecord({**dict(content.config_records["config"]), "phase": 2}),
+                         "global-partial": content.array_records["global-partial"]})
+    with pytest.raises(PayloadError, match="phase 2"):
+        fed.client(pid).fit(3, phase2)
+
+
+def test_stages_of_the_sparse_algorithms() -> None:
+    for algorithm, stages in (("dmpfl", ("G", "L1", "L2", "L1+", "L2+")), ("feddst", ("G", "L1", "L2"))):
+        fed = _federation(algorithm, **{"stages": True, "num-rounds": 6})
+        for rnd in range(1, 7):
+            replies = fed.train_round(rnd)
+            keys = set().union(*(set(r.metric_records["metrics"]) for r in replies.values()))
+            want = set(stages) - ({"L2+"} if algorithm == "dmpfl" and fed.strategy.phase(rnd) == 2 else set())
+            assert {stage_key(st, sc) for st in want for sc in SCOPES} <= keys, (algorithm, rnd)
+            content = fed.strategy.train_content(rnd, 0, fed.strategy.shared_payload(rnd))
+            assert "global-partial" not in content.array_records, "stages evaluate the whole theta_g"
+        assert set(fed.round_log.train["stages"]) == set(stages) - ({"L2+"} if algorithm == "dmpfl"
+                                                                     and fed.strategy.phase(6) == 2 else set())
+
+
+def test_adaptive_model_predicts_what_alg4_picks() -> None:
+    torch.manual_seed(0)
+    personal, shared = torch.nn.Linear(5, 3), torch.nn.Linear(5, 3)
+    x = torch.randn(40, 5)
+    predictions, used = adaptive_predict(personal(x), shared(x), 0.4, 0.9)
+    with torch.no_grad():
+        assert torch.equal(AdaptiveModel(personal, shared, 0.4, 0.9)(x).argmax(1), predictions)
+    assert 0 < int(used.sum()) < 40, "both models chosen somewhere (else the test proves little)"
 
 
 def test_evaluation_reports_dmpfl_plus_and_global() -> None:

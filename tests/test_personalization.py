@@ -163,6 +163,26 @@ def test_pretraining_flops_count_in_round_one() -> None:
         sum(r.metric_records["metrics"]["train-flops"] for r in replies.values()))
 
 
+def test_fedamp_pull_is_stable_at_a_huge_coefficient() -> None:
+    """lambda / alpha_k = 1e3 at lr 0.1 (100x past the gradient form's limit): w_i ends finite, next to u_i."""
+    fed = _federation("fedamp", 1)
+    u = [a + 0.3 for a in fed.strategy.global_arrays]
+    names = [n for n, _ in fed.strategy.specs]
+    content = RecordDict({"arrays": to_record(names, u), "config": ConfigRecord({"server-round": 1, "prox-mu": 1e3})})
+    w = _arrays(fed.client(0).fit(1, content))
+    assert all(np.isfinite(a).all() for a in w)
+    distance = float(sum(np.sum((a - b) ** 2) for a, b in zip(w, u)))
+    assert distance < 1e-3, distance
+
+
+@pytest.mark.parametrize(("algorithm", "key", "value"), [("fedprox", "proximal-mu", 25.0),
+                                                          ("ditto", "ditto-lambda", 20.0)])
+def test_a_diverging_gradient_pull_is_one_clear_error(algorithm: str, key: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=f"'lr' x '{key}'"):
+        parse_run_config({"algorithm": algorithm, "lr": 0.1, key: value})
+    parse_run_config({"algorithm": algorithm, "lr": 0.1, "momentum": 0.9, key: value})  # 2.5 < 2 (1 + 0.9)
+
+
 def test_bad_fedamp_config_is_one_clear_error() -> None:
     with pytest.raises(ConfigError, match="fedamp-alpha"):
         _federation("fedamp", 2, **{"fedamp-alpha": 0.0})
@@ -195,7 +215,8 @@ def test_fliu_client_individualizes_with_the_adaptive_gamma() -> None:
     np.testing.assert_array_equal(flatten(get_arrays(individualized)), flatten(mixed))
     reply = client.fit(1, content)
     metrics = reply.metric_records["metrics"]
-    assert set(STAGE_KEYS) <= set(metrics)
+    fliu_keys = {key for key in STAGE_KEYS if "+" not in key}  # L1+ / L2+ are DM-PFL+'s
+    assert len(fliu_keys) == 6 and fliu_keys <= set(metrics)
     np.testing.assert_array_equal(flatten(client.env.state.load_arrays(PERSONAL)), flatten(_arrays(reply)))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from common.models import mlp
-from common.train import LossContext, TrainSettings, proximal_loss, train
+from common.train import LossContext, ProximalStep, TrainSettings, proximal_loss, train
 
 X = torch.randn(64, 1, 8, 8, generator=torch.Generator().manual_seed(0))
 Y = torch.randint(0, 10, (64,), generator=torch.Generator().manual_seed(1))
@@ -40,6 +40,38 @@ def test_proximal_term_changes_training() -> None:
     drift_plain = sum((p.detach() - anchor[n]).norm() for n, p in plain.named_parameters())
     drift_prox = sum((p.detach() - anchor[n]).norm() for n, p in prox.named_parameters())
     assert drift_prox < 0.8 * drift_plain
+
+
+def test_proximal_step_is_the_closed_form_after_each_sgd_step() -> None:
+    """One step on a linear layer by hand: w~ = w - lr g, then (w~ + lr mu ref) / (1 + lr mu)."""
+    layer = torch.nn.Linear(3, 2, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[1.0, -2.0, 0.5], [0.0, 3.0, -1.0]]))
+    ref = {"weight": torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 1.0]])}
+    x, y = torch.tensor([[1.0, 2.0, -1.0]]), torch.tensor([1])
+    w0 = layer.weight.detach().clone()
+    logits = x @ w0.T
+    grad = (torch.softmax(logits, 1) - torch.nn.functional.one_hot(y, 2).float()).T @ x
+    lr, mu = 0.5, 3.0
+    train(layer, x, y, TrainSettings(epochs=1, batch_size=1, lr=lr), torch.Generator().manual_seed(0),
+          proximal=ProximalStep(ref, mu))
+    expected = (w0 - lr * grad + lr * mu * ref["weight"]) / (1 + lr * mu)
+    assert torch.allclose(layer.weight.detach(), expected, atol=1e-6)
+
+
+def test_proximal_step_is_stable_where_the_gradient_term_diverges() -> None:
+    """lr * mu = 0.05 * 1e3 = 50: the gradient form blows up, the closed form stays at the reference."""
+    settings = TrainSettings(epochs=3, batch_size=16, lr=0.05)
+    anchor_model = _model(1)
+    anchor = {n: p.detach().clone() for n, p in anchor_model.named_parameters()}
+    closed, gradient = _model(), _model()
+    train(closed, X, Y, settings, torch.Generator().manual_seed(0), proximal=ProximalStep(anchor, 1e3))
+    train(gradient, X, Y, settings, torch.Generator().manual_seed(0), extra_losses=[proximal_loss(anchor, 1e3)])
+    dist_closed = sum(float((p.detach() - anchor[n]).pow(2).sum()) for n, p in closed.named_parameters())
+    dist_gradient = sum(float((p.detach() - anchor[n]).pow(2).sum()) for n, p in gradient.named_parameters())
+    assert all(torch.isfinite(p).all() for p in closed.parameters())
+    assert dist_closed < 1e-3, dist_closed
+    assert not dist_gradient < 1e3, "the gradient form diverges here (else the test proves nothing)"
 
 
 def test_masked_weights_never_change_even_with_momentum_and_decay() -> None:

@@ -7,20 +7,28 @@ import torch
 from flwr.app import RecordDict
 
 from common.algorithms import GLOBAL, PLUS
-from common.dmpfl import adaptive_predict, compose_personal
-from common.evaluate import entropy, predict_logits, shift_accuracy, shift_key
+from common.dmpfl import PARTIAL, AdaptiveModel, compose_personal, decode_partial_global, masks_digest
+from common.evaluate import entropy, predict_logits
 from common.masks import prune_and_regrow
-from common.train import train
-from common.validation import PayloadError, read_count, read_fraction
+from common.train import TrainStats, train
+from common.validation import PayloadError, read_count, read_fraction, record_to_numpy
 
-from .sparse import Named, SparseGlobalClient
+from .sparse import Named, SparseGlobalClient, StaleGlobalModel
 
-PERSONAL_W, PERSONAL_M, BASE_ENTROPY = "dmpfl/w_c", "dmpfl/m_c", "dmpfl/base-entropy"
+PERSONAL_W, PERSONAL_M = "dmpfl/w_c", "dmpfl/m_c"
+BASE_ENTROPY_C, BASE_ENTROPY_G = "dmpfl/base-entropy-c", "dmpfl/base-entropy-g"
+PARTIAL_W, PARTIAL_M, PARTIAL_ID = "global-partial/w", "global-partial/m", "global-partial/id"
+Stages = dict[str, torch.nn.Module | None]
 
 
 class DMPFLClient(SparseGlobalClient):
     """Phase 1: train theta_c under m_c, readjust m_c, upload w_c*m_c and m_c. Phase 2: train theta_g under m_g,
-    upload values on m_g. Phase 3: train only m_c AND NOT m_g (shared weights frozen), upload nothing."""
+    upload values on m_g. Phase 3: train only m_c AND NOT m_g (shared weights frozen), upload nothing.
+
+    Phases 1 and 3 may receive only w_g on m_g AND m_c ('global-partial', with the digest of the m_c it was cut
+    for): Eq. 4 reads nothing else there. Stages (`stages`): G = theta_g, L1 = theta_c before the round, L2 = the
+    model the round trained (theta_c in phases 1 and 3, theta_g in phase 2); L1+ / L2+ under adaptive inference.
+    """
 
 
     def personal(self, w_g: Named, m_g: Named) -> tuple[Named, Named]:
@@ -39,24 +47,73 @@ class DMPFLClient(SparseGlobalClient):
         phase = read_count(self.instructions(content), "phase")
         if phase not in (1, 2, 3):
             raise PayloadError(f"phase {phase} is not 1, 2 or 3")
-        w_g, m_g = self.refresh_global(content)
+        if "personal-mask-digest" in self.instructions(content):
+            if phase == 2:
+                raise PayloadError("phase 2 trains the whole theta_g: a partial global model cannot serve it")
+            w_g, m_g = self.partial_global(content)
+        else:
+            w_g, m_g = self.refresh_global(content)
         if phase == 1:
             return self._train_dual_masks(server_round, content, w_g, m_g)
         if phase == 2:
             return self._refine_global(server_round, w_g, m_g)
-        return self._refine_personal(server_round, w_g, m_g)
+        return self._refine_personal(server_round, content, w_g, m_g)
 
-    def _train(self, server_round: int, start: Named, masks: Named, **kwargs):
+    def partial_global(self, content: RecordDict) -> tuple[Named, Named]:
+        """(w_g, m_g) on m_c only: from the message's cut, or the stored cut of this version and m_c; a cut made for
+        an m_c this client does not hold is stale (the server then sends the whole model)."""
+        config = self.instructions(content)
+        expected = config.get("personal-mask-digest")
+        if not isinstance(expected, int) or isinstance(expected, bool):
+            raise PayloadError("a partial global model needs an integer 'personal-mask-digest'")
+        version = read_count(config, "global-version", allow_zero=True)
+        state = self.env.state
+        m_c = state.load_named(PERSONAL_M)
+        if m_c is None or state.load_named(PERSONAL_W) is None or masks_digest(m_c) != expected:
+            raise StaleGlobalModel("the server cut the global model for a personal mask this client does not hold")
+        if PARTIAL in content.array_records:
+            weights, masks = decode_partial_global(record_to_numpy(content.array_records[PARTIAL]), self.shapes, m_c)
+            state.save_named(PARTIAL_W, weights)
+            state.save_named(PARTIAL_M, masks)
+            state.save_named(PARTIAL_ID, {"id": np.array([version, expected], np.int64)})
+            return weights, masks
+        held = state.load_named(PARTIAL_ID)
+        stored_w, stored_m = state.load_named(PARTIAL_W), state.load_named(PARTIAL_M)
+        if held is None or held["id"].tolist() != [version, expected] or stored_w is None or stored_m is None:
+            raise StaleGlobalModel(f"client holds no cut of global version {version} for its personal mask")
+        return stored_w, stored_m
+
+    def _train(self, server_round: int, start: Named, masks: Named, **kwargs) -> tuple[torch.nn.Module, TrainStats,
+                                                                                         torch.nn.Module | None]:
+        """(trained model, stats, a copy of the start when `stages` is on)."""
         model = self.to_model(start)
+        before = self.snapshot(model)
         stats = train(model, self.env.data.train_x, self.env.data.train_y, self.settings(server_round),
                       self.generator(server_round), update_masks=self.torch_masks(masks), device=self.env.device,
                       **kwargs)
-        return model, stats
+        return model, stats, before
+
+    def stages(self, w_g: Named, m_g: Named, before_c: torch.nn.Module | None, trained: torch.nn.Module,
+               personal: bool) -> Stages:
+        """The stage models when `stages` is on (then the server sends the whole theta_g); L2+ only when `trained`
+        is a personal model."""
+        if not self.cfg.stages or before_c is None:
+            return {}
+        model_g = self.to_model(self.theta_g(w_g, m_g))
+        stages: Stages = {"G": model_g, "L1": before_c, "L2": trained, "L1+": self.adaptive(before_c, model_g)}
+        if personal:
+            stages["L2+"] = self.adaptive(trained, model_g)
+        return stages
+
+    def adaptive(self, model_c: torch.nn.Module, model_g: torch.nn.Module) -> AdaptiveModel:
+        """DM-PFL+ of this pair, its base entropies taken on the pair itself."""
+        return AdaptiveModel(model_c, model_g, *self.base_entropies(model_c, model_g))
 
     def _train_dual_masks(self, server_round: int, content: RecordDict, w_g: Named, m_g: Named) -> RecordDict:
         w_c, m_c = self.personal(w_g, m_g)
         collector = self.gradient_collector()
-        model, stats = self._train(server_round, self.theta_c(w_g, m_g, w_c, m_c), m_c, on_gradients=collector)
+        model, stats, before = self._train(server_round, self.theta_c(w_g, m_g, w_c, m_c), m_c,
+                                           on_gradients=collector)
         trained = self.named(model)
         fraction = read_fraction(self.instructions(content), "readjust-ratio")
         grads = collector.mean()
@@ -67,35 +124,54 @@ class DMPFLClient(SparseGlobalClient):
             trained.update({n: w.numpy() for n, w in new_weights.items()})
         self.env.state.save_named(PERSONAL_W, trained)
         self.env.state.save_named(PERSONAL_M, m_c)
-        reply = self.train_reply(stats, None, self.densities(m_c))
+        reply = self.train_reply(stats, None, self.densities(m_c), stages=self.stages(w_g, m_g, before, model, True))
         reply["arrays"] = self.upload(trained, m_c, values_only=False)
         return reply
 
     def _refine_global(self, server_round: int, w_g: Named, m_g: Named) -> RecordDict:
-        model, stats = self._train(server_round, self.theta_g(w_g, m_g), m_g)
-        reply = self.train_reply(stats, None, self.densities(m_g))
+        model, stats, _ = self._train(server_round, self.theta_g(w_g, m_g), m_g)
+        stages: Stages = {}
+        if self.cfg.stages:
+            w_c, m_c = self.personal(w_g, m_g)
+            stages = self.stages(w_g, m_g, self.to_model(self.theta_c(w_g, m_g, w_c, m_c)), model, False)
+        reply = self.train_reply(stats, None, self.densities(m_g), stages=stages)
         reply["arrays"] = self.upload(self.named(model), m_g, values_only=True)
         return reply
 
-    def _refine_personal(self, server_round: int, w_g: Named, m_g: Named) -> RecordDict:
+    def _refine_personal(self, server_round: int, content: RecordDict, w_g: Named, m_g: Named) -> RecordDict:
         w_c, m_c = self.personal(w_g, m_g)
         own = {n: m_c[n] & ~m_g[n] for n in m_c}
-        model, stats = self._train(server_round, self.theta_c(w_g, m_g, w_c, m_c), own, trainable=set(self.prunable))
+        model, stats, before = self._train(server_round, self.theta_c(w_g, m_g, w_c, m_c), own,
+                                           trainable=set(self.prunable))
         w_c = self.named(model)
         self.env.state.save_named(PERSONAL_W, w_c)
         self.env.state.save_named(PERSONAL_M, m_c)
-        base_c, base_g = self.base_entropies(model, self.to_model(self.theta_g(w_g, m_g)))
-        self.env.state.save_named(BASE_ENTROPY, {"be": np.array([base_c, base_g], np.float64)})
-        return self.train_reply(stats, None, self.densities(own))
+        self.env.state.save_named(BASE_ENTROPY_C, {"be": np.array([self.mean_entropy(model)], np.float64)})
+        return self.train_reply(stats, None, self.densities(own), stages=self.stages(w_g, m_g, before, model, True))
+
+    def mean_entropy(self, model: torch.nn.Module) -> float:
+        """Mean prediction entropy of a model on the client's own training data (a base entropy of Alg. 4)."""
+        logits = predict_logits(model, self.env.data.train_x, device=self.env.device)
+        return float(entropy(torch.softmax(logits, 1)).mean())
 
     def base_entropies(self, model_c: torch.nn.Module, model_g: torch.nn.Module) -> tuple[float, float]:
         """Mean prediction entropy of theta_c and theta_g on the client's own training data."""
-        x = self.env.data.train_x
+        return self.mean_entropy(model_c), self.mean_entropy(model_g)
 
-        def mean_entropy(model: torch.nn.Module) -> float:
-            return float(entropy(torch.softmax(predict_logits(model, x, device=self.env.device), 1)).mean())
-
-        return mean_entropy(model_c), mean_entropy(model_g)
+    def stored_base_entropies(self, content: RecordDict, model_c: torch.nn.Module,
+                              model_g: torch.nn.Module) -> tuple[float, float]:
+        """BE_c of theta_c after the client's last phase 3 (else of theta_c now); BE_g of the global version held,
+        computed once per version (phase 3 may have seen only part of theta_g)."""
+        stored_c = self.env.state.load_named(BASE_ENTROPY_C)
+        base_c = float(stored_c["be"][0]) if stored_c else self.mean_entropy(model_c)
+        version = read_count(self.instructions(content), "global-version", allow_zero=True)
+        stored_g = self.env.state.load_named(BASE_ENTROPY_G)
+        if stored_g is not None and int(stored_g["version"][0]) == version:
+            return base_c, float(stored_g["be"][0])
+        base_g = self.mean_entropy(model_g)
+        self.env.state.save_named(BASE_ENTROPY_G, {"be": np.array([base_g], np.float64),
+                                                   "version": np.array([version], np.int64)})
+        return base_c, base_g
 
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
         """theta_c (DM-PFL), adaptive inference (DM-PFL+) and theta_g, at every shift degree."""
@@ -103,16 +179,7 @@ class DMPFLClient(SparseGlobalClient):
         w_c, m_c = self.personal(w_g, m_g)
         model_c = self.to_model(self.theta_c(w_g, m_g, w_c, m_c))
         model_g = self.to_model(self.theta_g(w_g, m_g))
-        stored = self.env.state.load_named(BASE_ENTROPY)
-        base_c, base_g = stored["be"].tolist() if stored else self.base_entropies(model_c, model_g)
-        device = self.env.device
-
-        def adaptive(x: torch.Tensor) -> torch.Tensor:
-            return adaptive_predict(predict_logits(model_c, x, device=device),
-                                    predict_logits(model_g, x, device=device), base_c, base_g)[0]
-
-        degrees = self.cfg.shift_degrees
-        plus = shift_accuracy(adaptive, self.env.data, degrees)
-        extra = {PLUS.prefix + shift_key(d): plus[d] for d in degrees}
+        plus = AdaptiveModel(model_c, model_g, *self.stored_base_entropies(content, model_c, model_g))
+        extra = self.row(PLUS, plus)
         extra.update(self.row(GLOBAL, model_g))
         return self.eval_reply(self.evaluate_model(model_c), extra)

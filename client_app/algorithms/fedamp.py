@@ -8,7 +8,7 @@ from flwr.app import RecordDict
 
 from common.algorithms import CLOUD, AMPParams
 from common.models import get_arrays
-from common.train import ExtraLoss, proximal_loss, train
+from common.train import ProximalStep, train
 
 from .base import ClientAlgorithm
 from .local import PERSONAL
@@ -19,6 +19,10 @@ CLOUD_MODEL = "cloud"
 class FedAMPClient(ClientAlgorithm):
     """Minimizes F_i(w) + (lambda / (2 alpha_k)) ||w - u_i||^2 from u_i (papers/004 Eq. 5); keeps w_i and u_i.
 
+    The proximal term is applied in closed form after each SGD step (common.train.ProximalStep), not as a
+    gradient: with the paper's decaying alpha_k the coefficient grows 10x per decay, and the gradient form
+    diverges once lr * lambda / alpha_k > 2 (after round 180 of the paper's schedule at lr 0.05).
+
     A pre-training message (config 'pretrain') trains `pretrain-epochs` from the common initialization.
     """
 
@@ -27,16 +31,15 @@ class FedAMPClient(ClientAlgorithm):
         """Pre-train, or train from u_i with the proximal pull toward it; upload w_i."""
         model = self.received_model(content)
         settings = self.settings(server_round)
-        extra: list[ExtraLoss] = []
+        pull: ProximalStep | None = None
         if self.instructions(content).get("pretrain", False) is True:
             settings = replace(settings, epochs=self.cfg.params_as(AMPParams).pretrain_epochs)
         else:
-            mu = self.proximal_mu(content)
             self.env.state.save_arrays(CLOUD_MODEL, get_arrays(model))
-            extra = [proximal_loss(dict(model.named_parameters()), mu)]
+            pull = ProximalStep.toward(model, self.proximal_mu(content))
         cloud = self.snapshot(model)
         stats = train(model, self.env.data.train_x, self.env.data.train_y, settings,
-                      self.generator(server_round, "pretrain" if not extra else "train"), extra_losses=extra,
+                      self.generator(server_round, "pretrain" if pull is None else "train"), proximal=pull,
                       device=self.env.device)
         self.env.state.save_arrays(PERSONAL, get_arrays(model))
         return self.train_reply(stats, model, stages={"L1": cloud, "L2": model})

@@ -13,7 +13,9 @@ from .sparse import SparseGlobalClient
 
 
 class FedDSTClient(SparseGlobalClient):
-    """Uploads values on m_g, or (readjustment rounds) its readjusted mask with the weights on it."""
+    """Uploads values on m_g, or (readjustment rounds) its readjusted mask with the weights on it.
+
+    Stages: G = L1 = the received theta_g (nothing personal), L2 = the trained model."""
 
 
     def fit(self, server_round: int, content: RecordDict) -> RecordDict:
@@ -21,6 +23,7 @@ class FedDSTClient(SparseGlobalClient):
         w_g, m_g = self.refresh_global(content)
         fraction = read_fraction(self.instructions(content), "readjust-ratio")
         model = self.to_model(self.theta_g(w_g, m_g))
+        received = self.snapshot(model)
         collector = self.gradient_collector() if fraction > 0 else None
         stats = train(model, self.env.data.train_x, self.env.data.train_y, self.settings(server_round),
                       self.generator(server_round), update_masks=self.torch_masks(m_g), on_gradients=collector,
@@ -31,7 +34,8 @@ class FedDSTClient(SparseGlobalClient):
             new_masks, new_weights = prune_and_regrow(weights, collector.mean(), self.torch_masks(m_g), fraction)
             masks = {n: m.numpy() for n, m in new_masks.items()}
             trained.update({n: w.numpy() for n, w in new_weights.items()})
-        reply = self.train_reply(stats, None, self.densities(masks))
+        reply = self.train_reply(stats, None, self.densities(masks),
+                                 stages={"G": received, "L1": received, "L2": model})
         reply["arrays"] = self.upload(trained, masks, values_only=fraction == 0.0)
         return reply
 

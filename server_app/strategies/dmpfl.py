@@ -5,13 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flwr.app import ConfigRecord
+from flwr.app import ConfigRecord, RecordDict
 
 from common.algorithms import DMPFLParams
+from common.codec import pack_mask, unpack_mask
 from common.config import RunConfig
-from common.dmpfl import aggregate_round, phase_schedule
+from common.dmpfl import PARTIAL, aggregate_round, encode_partial_global, masks_digest, phase_schedule
 from common.masks import cosine_decay, mask_overlap
 from common.models import ModelLayout
+from common.records import to_plain_record
 
 from ..clients import ClientRegistry
 from ..replies import TrainReply
@@ -23,6 +25,10 @@ class DMPFLStrategy(SparseGlobalStrategy):
     FedAvg, values-only uploads), phase 3 refines every client's personal weights (no weight upload).
 
     Evaluation reports theta_c (DM-PFL) as the main accuracy, and DM-PFL+ and theta_g alongside (its spec's rows).
+
+    Phases 1 and 3 use theta_g only where m_c meets m_g (Eq. 4), so a client whose m_c the server holds (packed,
+    from its accepted phase-1 upload) is sent just w_g there (`partial-download`), with a digest of that m_c; like
+    the whole model, a cut is sent once per (version, m_c).
     """
 
     def __init__(self, cfg: RunConfig, model: ModelLayout, clients: ClientRegistry) -> None:
@@ -31,6 +37,9 @@ class DMPFLStrategy(SparseGlobalStrategy):
         self.phases = phase_schedule(cfg.num_rounds, self.params.iterations)
         self.phase1_rounds = [r for r, p in enumerate(self.phases, start=1) if p == 1]
         self.overlap: tuple[int, list[int], np.ndarray] | None = None  # last phase-1 round's mask IoU
+        self.personal_masks: dict[int, dict[str, np.ndarray]] = {}  # packed m_c of accepted phase-1 uploads
+        self.delivered_partial: dict[int, tuple[int, int]] = {}  # (version, m_c digest) of the cut a client holds
+        self._partial_in_flight: dict[int, tuple[int, int]] = {}
 
     def phase(self, server_round: int) -> int:
         """Phase of a round (1, 2 or 3)."""
@@ -55,6 +64,42 @@ class DMPFLStrategy(SparseGlobalStrategy):
             config["readjust-ratio"] = cosine_decay(self.params.readjust_ratio, step, len(self.phase1_rounds))
         return config
 
+    def train_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
+        """In phases 1 and 3, w_g on m_g AND m_c alone (or nothing, if the client holds that cut) to a stale client
+        whose m_c is known; else as any sparse algorithm."""
+        packed = self.personal_masks.get(partition_id)
+        if self.phase(server_round) == 1:  # the reply brings a new m_c; until it is accepted the old one is void
+            self.personal_masks.pop(partition_id, None)
+        if (packed is None or not self.params.partial_download or self.cfg.stages or self.phase(server_round) == 2
+                or self.delivered.get(partition_id) == self.version):
+            return super().train_content(server_round, partition_id, shared)
+        m_c = {name: unpack_mask(bits, self.shapes[name]) for name, bits in packed.items()}
+        cut = (self.version, masks_digest(m_c))
+        config = self.round_config(server_round, partition_id)
+        config["personal-mask-digest"] = cut[1]
+        content = RecordDict({"config": config})
+        if self.delivered_partial.get(partition_id) != cut:
+            content[PARTIAL] = to_plain_record(encode_partial_global(self.global_named, self.global_masks, m_c))
+            self._partial_in_flight[partition_id] = cut
+        return content
+
+    def on_client_reply(self, server_round: int, partition_id: int, ok: bool) -> None:
+        """Confirms a partial download; a failed client may not hold the m_c the server knows (e.g. its phase-1
+        reply was lost), so both are forgotten."""
+        super().on_client_reply(server_round, partition_id, ok)
+        sent = self._partial_in_flight.pop(partition_id, None)
+        if not ok:
+            self.personal_masks.pop(partition_id, None)
+            self.delivered_partial.pop(partition_id, None)
+        elif sent is not None:
+            self.delivered_partial[partition_id] = sent
+
+    def on_client_replaced(self, server_round: int, partition_id: int) -> None:
+        """A restarted client holds neither the model nor, perhaps, its m_c."""
+        super().on_client_replaced(server_round, partition_id)
+        self.personal_masks.pop(partition_id, None)
+        self.delivered_partial.pop(partition_id, None)
+
     def uploads_in_round(self, server_round: int) -> bool:
         """Phase 3 uploads no weights (the reply's own claim is not trusted: the round decides)."""
         return self.phase(server_round) != 3
@@ -68,6 +113,8 @@ class DMPFLStrategy(SparseGlobalStrategy):
         phase = self.phase(server_round)
         if phase == 1:
             uploads = [(r.payload[0], r.payload[1], float(r.num_examples)) for r in replies]
+            for reply in replies:
+                self.personal_masks[reply.partition_id] = {n: pack_mask(m) for n, m in reply.payload[1].items()}
             self.overlap = (server_round, [r.partition_id for r in replies],
                             mask_overlap([r.payload[1] for r in replies]))
             weights, masks = aggregate_round(self.global_named, uploads, self.densities,

@@ -105,8 +105,9 @@ class SparseGlobalStrategy(PFLStrategy):
                                  partition_id, shared)
 
     def eval_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
-        """Evaluation needs the current global model too (sent only if stale)."""
-        return self.train_content(server_round, partition_id, shared)
+        """Evaluation needs the whole current global model (sent only if stale)."""
+        return self._with_global(RecordDict({"config": self.round_config(server_round, partition_id)}),
+                                 partition_id, shared)
 
     def on_client_reply(self, server_round: int, partition_id: int, ok: bool) -> None:
         """A successful reply confirms the version in flight; a failure forgets what the client holds."""
