@@ -52,7 +52,8 @@ def accuracy_table(summaries: dict[str, dict]) -> str:
 
 
 def stage_table(summaries: dict[str, dict]) -> str:
-    """Markdown like papers/003 Table I: Acc(L), Acc(G), Acc at stages L1, L2 and Acc(G) at G (%); '' if none."""
+    """Markdown like papers/003 Table I: Acc(L), Acc(G), Acc at stages L1, L2 and Acc(G) at G (%), plus a '+' row
+    for DM-PFL+'s stages L1+ and L2+; '' if none."""
     with_stages = {name: s for name, s in summaries.items() if s.get("stages")}
     if not with_stages:
         return ""
@@ -61,13 +62,17 @@ def stage_table(summaries: dict[str, dict]) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for name, s in with_stages.items():
         stages = s["stages"]
-        cells = []
-        for stage, key in (("L1", "acc_local"), ("L1", "acc_global"), ("L1", "acc"), ("L2", "acc_local"),
-                           ("L2", "acc_global"), ("L2", "acc"), ("G", "acc_global")):
-            cells.append(f"{100 * stages[stage][key][0]:.2f}" if stage in stages else "-")
-        l2 = stages.get("L2")
-        rho = ", ".join(f"{e}: {n}/{l2['clients']}" for e, n in l2["rho"].items()) if l2 else "-"
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {rho} |")
+        for suffix in ("", "+"):
+            if f"L2{suffix}" not in stages and f"L1{suffix}" not in stages:
+                continue
+            cells = []
+            for stage, key in (("L1", "acc_local"), ("L1", "acc_global"), ("L1", "acc"), ("L2", "acc_local"),
+                               ("L2", "acc_global"), ("L2", "acc"), ("G", "acc_global")):
+                stage = stage if stage == "G" else stage + suffix
+                cells.append(f"{100 * stages[stage][key][0]:.2f}" if stage in stages else "-")
+            l2 = stages.get(f"L2{suffix}")
+            rho = ", ".join(f"{e}: {n}/{l2['clients']}" for e, n in l2["rho"].items()) if l2 else "-"
+            lines.append(f"| {name}{suffix} | " + " | ".join(cells) + f" | {rho} |")
     return "\n".join(lines)
 
 

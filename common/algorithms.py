@@ -40,7 +40,8 @@ class NoParams:
 class FedProxParams:
     """FedProx's proximal coefficient (sent to clients in every training message)."""
 
-    proximal_mu: float = hp(0.05, "FedProx's mu: clients add (mu/2)||w - w_global||^2", low=0.0)
+    proximal_mu: float = hp(0.05, "FedProx's mu: clients add (mu/2)||w - w_global||^2 (with SGD, lr x mu < "
+                            "2 (1 + momentum) or it diverges: refused)", low=0.0)
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,8 @@ class DapperFLParams:
 class DittoParams:
     """Ditto's pull of the personal model toward the global one."""
 
-    ditto_lambda: float = hp(0.1, "lambda of the personal model's term (lambda/2)||v - w||^2", low=0.0)
+    ditto_lambda: float = hp(0.1, "lambda of the personal model's term (lambda/2)||v - w||^2 (with SGD, lr x lambda < "
+                              "2 (1 + momentum): refused otherwise)", low=0.0)
 
 
 @dataclass(frozen=True)

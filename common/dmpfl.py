@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from .codec import decode_model, encode_model, mask_digest
+from .codec import decode_model, encode_model, mask_digest, pack_mask, unpack_mask
 from .evaluate import entropy
 from .masks import topk_mask
 from .validation import PayloadError
@@ -40,6 +42,63 @@ def compose_personal(w_g: np.ndarray, m_g: np.ndarray, w_c: np.ndarray, m_c: np.
 def compose_global(w_g: np.ndarray, m_g: np.ndarray) -> np.ndarray:
     """theta_g = w_g * m_g."""
     return np.where(m_g, w_g, 0.0).astype(np.float32)
+
+
+class PersonalMaskStore:
+    """Each client's m_c as packed bits, one row per client (d/8 bytes): in memory, or in a memory-mapped file when
+    given a path, so the server's memory does not grow with the clients. Rows are made on first use."""
+
+    def __init__(self, partition_ids: Sequence[int], shapes: Mapping[str, tuple[int, ...]],
+                 path: Path | None = None) -> None:
+        self.rows = {pid: row for row, pid in enumerate(partition_ids)}
+        self.shapes = dict(shapes)
+        self.spans: dict[str, tuple[int, int]] = {}
+        offset = 0
+        for name, shape in self.shapes.items():
+            width = math.ceil(math.prod(shape) / 8)
+            self.spans[name] = (offset, offset + width)
+            offset += width
+        self.path = path
+        self.width = offset
+        self.bits: np.ndarray | None = None
+        self.known = np.zeros(len(self.rows), dtype=bool)
+
+    def _table(self) -> np.ndarray:
+        if self.bits is None:
+            shape = (len(self.rows), self.width)
+            self.bits = (np.lib.format.open_memmap(self.path, mode="w+", dtype=np.uint8, shape=shape)
+                         if self.path is not None else np.zeros(shape, np.uint8))
+        return self.bits
+
+    def put(self, partition_id: int, masks: Mapping[str, np.ndarray]) -> None:
+        """Keep a client's masks (a client without a row is not kept: it gets whole downloads)."""
+        row = self.rows.get(partition_id)
+        if row is None or set(masks) != set(self.shapes):
+            return
+        table = self._table()
+        for name, (start, end) in self.spans.items():
+            table[row, start:end] = pack_mask(np.asarray(masks[name], bool))
+        self.known[row] = True
+
+    def get(self, partition_id: int) -> dict[str, np.ndarray] | None:
+        """A client's masks, or None when not known."""
+        row = self.rows.get(partition_id)
+        if row is None or not self.known[row] or self.bits is None:
+            return None
+        return {name: unpack_mask(np.array(self.bits[row, start:end]), self.shapes[name])
+                for name, (start, end) in self.spans.items()}
+
+    def forget(self, partition_id: int) -> None:
+        """Drop what is known of a client's masks."""
+        row = self.rows.get(partition_id)
+        if row is not None:
+            self.known[row] = False
+
+    def close(self) -> None:
+        """Delete the memory-mapped file, if any."""
+        if isinstance(self.bits, np.memmap) and self.path is not None:
+            self.bits = None
+            self.path.unlink(missing_ok=True)
 
 
 def masks_digest(masks: Mapping[str, np.ndarray]) -> int:

@@ -13,6 +13,7 @@ from client_app.state import ClientState
 from common.config import parse_run_config
 from common.dmpfl import (
     AdaptiveModel,
+    PersonalMaskStore,
     adaptive_predict,
     compose_personal,
     decode_partial_global,
@@ -193,12 +194,33 @@ def test_partial_download_roundtrip_on_hand_made_masks() -> None:
         decode_partial_global(arrays, {"w": (3, 4), "b": (2,)}, {"w": np.ones((3, 4), bool)})
 
 
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_personal_mask_store_keeps_packed_rows(tmp_path, on_disk: bool) -> None:
+    rng = np.random.default_rng(0)
+    shapes = {"a": (3, 5), "b": (17,)}
+    path = tmp_path / "masks.npy" if on_disk else None
+    store = PersonalMaskStore([4, 9, 2], shapes, path)
+    assert store.get(9) is None and store.bits is None, "nothing is allocated before the first put"
+    masks = {name: rng.random(shape) < 0.5 for name, shape in shapes.items()}
+    store.put(9, masks)
+    store.put(7, masks)  # no row: not kept
+    assert store.width == 2 + 3 and store.bits is not None and store.bits.shape == (3, 5)
+    got = store.get(9)
+    assert got is not None and all(np.array_equal(got[n], masks[n]) for n in shapes)
+    assert store.get(4) is None and store.get(7) is None
+    store.forget(9)
+    assert store.get(9) is None
+    assert isinstance(store.bits, np.memmap) == on_disk
+    store.close()
+    assert not (tmp_path / "masks.npy").exists()
+
+
 def test_a_partial_download_for_another_mask_is_stale_and_then_sent_whole() -> None:
     fed = _federation("dmpfl")
     for rnd in range(1, 5):
         fed.train_round(rnd)
     strategy = fed.strategy
-    pid = next(iter(strategy.personal_masks))
+    pid = next(p for p in strategy.clients.ids() if strategy.personal_masks.get(p) is not None)
     content = strategy.train_content(5, pid, strategy.shared_payload(5))
     assert "global-partial" in content.array_records and "global" not in content.array_records
     fed.states[pid] = RecordDict()  # the device lost its m_c

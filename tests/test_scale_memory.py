@@ -114,13 +114,22 @@ class _State:
 
 
 def test_the_simulation_speedup_asks_flower_only_for_nodes_with_a_waiting_message() -> None:
-    from server_app.flower_speedups import fast_get_message_ins
+    from server_app.flower_speedups import fast_get_message_ins, indexed_store_message_ins
 
     asked: list[int] = []
 
     def original(state, node_id, limit, *, run_id=None):
         asked.append(node_id)
-        return [m for m in state.message_ins_store.values() if m.metadata.dst_node_id == node_id][:limit]
+        found = [m for m in state.message_ins_store.values()
+                 if m.metadata.dst_node_id == node_id and not m.metadata.delivered_at][:limit]
+        for m in found:
+            m.metadata.delivered_at = "now"
+        return found
+
+    def store(state, message):
+        key = str(len(state.message_ins_store))
+        state.message_ins_store[key] = message
+        return key
 
     fast = fast_get_message_ins(original)
     state = _State([_Msg(1), _Msg(2, delivered="2026-01-01"), _Msg(3)])
@@ -128,6 +137,10 @@ def test_the_simulation_speedup_asks_flower_only_for_nodes_with_a_waiting_messag
     assert fast(state, 2, 1) == [] and fast(state, 4, 1) == []  # delivered already / nothing for the node
     assert fast(state, 3, 1, run_id=7) == [state.message_ins_store["2"]]
     assert asked == [1, 3]
+    assert fast(state, 1, 1) == [] and fast(state, 1, 1) == [] and asked == [1, 3, 1], "asked once, then known empty"
+    late = _Msg(1)
+    assert indexed_store_message_ins(store)(state, late) == "3"  # a new message for node 1 puts it back
+    assert fast(state, 1, 1) == [late] and fast(state, 4, 1) == [] and asked == [1, 3, 1, 1]
 
 
 def test_the_speedup_is_installed_once_for_the_flower_version_it_was_written_for() -> None:

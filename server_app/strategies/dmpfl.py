@@ -8,9 +8,15 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
 from common.algorithms import DMPFLParams
-from common.codec import pack_mask, unpack_mask
 from common.config import RunConfig
-from common.dmpfl import PARTIAL, aggregate_round, encode_partial_global, masks_digest, phase_schedule
+from common.dmpfl import (
+    PARTIAL,
+    PersonalMaskStore,
+    aggregate_round,
+    encode_partial_global,
+    masks_digest,
+    phase_schedule,
+)
 from common.masks import cosine_decay, mask_overlap
 from common.models import ModelLayout
 from common.records import to_plain_record
@@ -18,6 +24,8 @@ from common.records import to_plain_record
 from ..clients import ClientRegistry
 from ..replies import TrainReply
 from .sparse import SparseGlobalStrategy
+
+PERSONAL_MASKS = "personal-masks.npy"  # in the run folder: the clients' m_c, packed and memory-mapped
 
 
 class DMPFLStrategy(SparseGlobalStrategy):
@@ -37,7 +45,7 @@ class DMPFLStrategy(SparseGlobalStrategy):
         self.phases = phase_schedule(cfg.num_rounds, self.params.iterations)
         self.phase1_rounds = [r for r, p in enumerate(self.phases, start=1) if p == 1]
         self.overlap: tuple[int, list[int], np.ndarray] | None = None  # last phase-1 round's mask IoU
-        self.personal_masks: dict[int, dict[str, np.ndarray]] = {}  # packed m_c of accepted phase-1 uploads
+        self._personal_masks: PersonalMaskStore | None = None  # m_c of accepted phase-1 uploads (made on first use)
         self.delivered_partial: dict[int, tuple[int, int]] = {}  # (version, m_c digest) of the cut a client holds
         self._partial_in_flight: dict[int, tuple[int, int]] = {}
 
@@ -64,16 +72,31 @@ class DMPFLStrategy(SparseGlobalStrategy):
             config["readjust-ratio"] = cosine_decay(self.params.readjust_ratio, step, len(self.phase1_rounds))
         return config
 
+    @property
+    def personal_masks(self) -> PersonalMaskStore:
+        """Each client's m_c from its last accepted phase-1 upload: packed bits, memory-mapped in the run folder."""
+        if self._personal_masks is None:
+            path = self.workdir / PERSONAL_MASKS if self.workdir is not None else None
+            self._personal_masks = PersonalMaskStore(self.clients.ids(), {n: self.shapes[n] for n in self.prunable},
+                                                     path)
+        return self._personal_masks
+
+    def close(self) -> None:
+        """Delete the memory-mapped mask store (a resumed run sends whole models until it learns the masks again)."""
+        super().close()
+        if self._personal_masks is not None:
+            self._personal_masks.close()
+
     def train_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
         """In phases 1 and 3, w_g on m_g AND m_c alone (or nothing, if the client holds that cut) to a stale client
         whose m_c is known; else as any sparse algorithm."""
-        packed = self.personal_masks.get(partition_id)
+        use_partial = (self.params.partial_download and not self.cfg.stages and self.phase(server_round) != 2
+                       and self.delivered.get(partition_id) != self.version)
+        m_c = self.personal_masks.get(partition_id) if use_partial else None
         if self.phase(server_round) == 1:  # the reply brings a new m_c; until it is accepted the old one is void
-            self.personal_masks.pop(partition_id, None)
-        if (packed is None or not self.params.partial_download or self.cfg.stages or self.phase(server_round) == 2
-                or self.delivered.get(partition_id) == self.version):
+            self.personal_masks.forget(partition_id)
+        if m_c is None:
             return super().train_content(server_round, partition_id, shared)
-        m_c = {name: unpack_mask(bits, self.shapes[name]) for name, bits in packed.items()}
         cut = (self.version, masks_digest(m_c))
         config = self.round_config(server_round, partition_id)
         config["personal-mask-digest"] = cut[1]
@@ -89,7 +112,7 @@ class DMPFLStrategy(SparseGlobalStrategy):
         super().on_client_reply(server_round, partition_id, ok)
         sent = self._partial_in_flight.pop(partition_id, None)
         if not ok:
-            self.personal_masks.pop(partition_id, None)
+            self.personal_masks.forget(partition_id)
             self.delivered_partial.pop(partition_id, None)
         elif sent is not None:
             self.delivered_partial[partition_id] = sent
@@ -97,7 +120,7 @@ class DMPFLStrategy(SparseGlobalStrategy):
     def on_client_replaced(self, server_round: int, partition_id: int) -> None:
         """A restarted client holds neither the model nor, perhaps, its m_c."""
         super().on_client_replaced(server_round, partition_id)
-        self.personal_masks.pop(partition_id, None)
+        self.personal_masks.forget(partition_id)
         self.delivered_partial.pop(partition_id, None)
 
     def uploads_in_round(self, server_round: int) -> bool:
@@ -114,7 +137,7 @@ class DMPFLStrategy(SparseGlobalStrategy):
         if phase == 1:
             uploads = [(r.payload[0], r.payload[1], float(r.num_examples)) for r in replies]
             for reply in replies:
-                self.personal_masks[reply.partition_id] = {n: pack_mask(m) for n, m in reply.payload[1].items()}
+                self.personal_masks.put(reply.partition_id, reply.payload[1])
             self.overlap = (server_round, [r.partition_id for r in replies],
                             mask_overlap([r.payload[1] for r in replies]))
             weights, masks = aggregate_round(self.global_named, uploads, self.densities,
