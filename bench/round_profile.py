@@ -142,6 +142,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--model", default="cnn-mnist")
     parser.add_argument("--extra", default="", help="more run-config overrides")
+    parser.add_argument("--ray-cpus", type=int, default=0, help="CPUs Ray is told the machine has (0: its cores); "
+                        "more than the cores runs that many clients at once")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="round-profile-"))
     base = (f"dataset='{args.dataset}' data-dir='{Path(args.data_dir).resolve()}' partition='{args.partition}' "
@@ -155,7 +157,8 @@ def main() -> None:
         os.environ["PFLOWER_PROFILE"] = str(folder)  # inherited by the SuperLink, the simulation and its workers
         started = time.monotonic()
         with LocalSuperLink(work / f"flwr-home-{algorithm}") as link:
-            outcome = link.run(REPO, f"{base} algorithm='{algorithm}'", num_supernodes=args.clients, timeout=3600)
+            outcome = link.run(REPO, f"{base} algorithm='{algorithm}'", num_supernodes=args.clients, timeout=3600,
+                               ray_cpus=args.ray_cpus)
         if outcome.status != "finished:completed":
             sys.exit(f"{algorithm} failed ({outcome.status}):\n{outcome.output[-3000:]}")
         profiles[algorithm] = read_lines(folder)

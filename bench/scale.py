@@ -68,13 +68,14 @@ class PeakMemory:
         self._thread.join()
 
 
-def run_one(config: dict, clients: int, home: Path) -> dict:
+def run_one(config: dict, clients: int, home: Path, ray_cpus: int = 0) -> dict:
     """One simulation on its own SuperLink; seconds per training round, the evaluation round, peak memory."""
     with LocalSuperLink(home) as link:
         assert link.process is not None
         with PeakMemory(link.process.pid) as memory:
             started = time.monotonic()
-            outcome = link.run(REPO, run_config_text(config), num_supernodes=clients, timeout=7200)
+            outcome = link.run(REPO, run_config_text(config), num_supernodes=clients, timeout=7200,
+                               ray_cpus=ray_cpus)
             total = time.monotonic() - started
     run_dir = Path(config["results-dir"]) / config["run-name"]
     if outcome.status != "finished:completed" or not (run_dir / "summary.json").is_file():
@@ -100,7 +101,9 @@ def main() -> None:
     parser.add_argument("--algorithms", default="fedavg,dmpfl,fedamp")
     parser.add_argument("--model", default="cnn-mnist")
     parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--workers", type=int, default=2, help="simulated clients training at once (the cores)")
+    parser.add_argument("--workers", type=int, default=2, help="the cores the raw loop's rate is multiplied by")
+    parser.add_argument("--ray-cpus", type=int, default=0, help="CPUs Ray is told the machine has (0: its cores); "
+                        "more than the cores runs that many clients at once")
     args = parser.parse_args()
     base = {"dataset": "mnist", "data-dir": str(Path(args.data_dir).resolve()), "partition": "dirichlet",
             "num-rounds": args.rounds, "fraction-train": 0.1, "local-epochs": 1, "batch-size": 32, "lr": 0.05,
@@ -114,7 +117,7 @@ def main() -> None:
                 name = f"{algorithm}-a{alpha:g}"
                 config = {**base, "algorithm": algorithm, "dirichlet-alpha": alpha, "results-dir": tmp,
                           "run-name": name}
-                result = run_one(config, args.clients, Path(tmp) / f"home-{name}")
+                result = run_one(config, args.clients, Path(tmp) / f"home-{name}", args.ray_cpus)
                 rows.append((algorithm, alpha, result))
                 print(name, json.dumps(result), flush=True)
     print(f"\n{args.clients} clients, {args.model}, MNIST Dir(alpha), 10% per round, 1 epoch, batch 32, "
