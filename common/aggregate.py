@@ -20,8 +20,10 @@ def weighted_average(models: Sequence[Sequence[np.ndarray]], weights: Sequence[f
     out = []
     for layer in zip(*models, strict=True):
         acc = np.zeros(layer[0].shape, dtype=np.float64)
+        scratch = np.empty(layer[0].shape, dtype=np.float64)
         for wk, arr in zip(w, layer):
-            acc += wk * arr
+            np.multiply(arr, wk, out=scratch)  # no temporary per client
+            acc += scratch
         out.append(acc.astype(np.float32))
     return out
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.validation import MAX_ABS_VALUE, PayloadError
+from common.validation import MAX_ABS_VALUE, PayloadError, check_values
 
 VALUE_DTYPES = ("float32", "float16")  # float16 is the lossy, off-by-default switch
 SUFFIXES = ("shape", "bits", "values", "digest", "dense")
@@ -78,14 +78,6 @@ def encode_values(dense: np.ndarray, mask: np.ndarray, value_dtype: str = "float
     return SparseTensor(tuple(np.shape(mask)), None, values, mask_digest(mask))
 
 
-def _check_values(name: str, values: np.ndarray, max_abs: float) -> None:
-    """Finite and below `max_abs` in magnitude, else PayloadError."""
-    if not np.all(np.isfinite(values)):
-        raise PayloadError(f"{name} has NaN or Inf values")
-    if values.size and float(np.abs(values).max()) > max_abs:
-        raise PayloadError(f"{name} has values above {max_abs:g} in magnitude")
-
-
 def decode_sparse(payload: SparseTensor, expected_shape: tuple[int, ...], known_mask: np.ndarray | None = None,
                   value_dtype: str = "float32", max_abs: float = MAX_ABS_VALUE) -> tuple[np.ndarray, np.ndarray]:
     """(dense float32 with zeros off-mask, bool mask) from a validated payload; PayloadError otherwise.
@@ -117,7 +109,7 @@ def decode_sparse(payload: SparseTensor, expected_shape: tuple[int, ...], known_
     nnz = int(np.count_nonzero(mask))
     if values.size != nnz:
         raise PayloadError(f"nnz mismatch: {values.size} values for {nnz} set mask bits")
-    _check_values("values", values, max_abs)
+    check_values("values", values, max_abs)
     dense = np.zeros(expected, dtype=np.float32)
     dense[mask] = values.astype(np.float32)
     return dense, mask
@@ -211,7 +203,7 @@ def decode_model(arrays: Mapping[str, np.ndarray], expected_shapes: dict[str, tu
             value = _get(arrays, f"{name}/dense", ("float32",), len(shape))
             if value.shape != tuple(shape):
                 raise PayloadError(f"tensor '{name}' has shape {value.shape}, expected {tuple(shape)}")
-            _check_values(f"tensor '{name}'", value, max_abs)
+            check_values(f"tensor '{name}'", value, max_abs)
             dense[name] = value
         else:
             known = None if known_masks is None else known_masks.get(name)

@@ -54,12 +54,19 @@ def validate_arrays(arrays: Mapping[str, Any] | None, specs: Sequence[tuple[str,
             raise PayloadError(f"array '{name}' does not decode: {exc}") from None
         if value.dtype != np.dtype(dtype) or value.shape != tuple(shape):
             raise PayloadError(f"array '{name}' decodes to {value.dtype} {value.shape}, expected {dtype} {shape}")
-        if not np.all(np.isfinite(value)):
-            raise PayloadError(f"array '{name}' has NaN or Inf values")
-        if value.size and float(np.abs(value).max()) > max_abs:
-            raise PayloadError(f"array '{name}' has values above {max_abs:g} in magnitude")
+        check_values(f"array '{name}'", value, max_abs)
         out.append(value)
     return out
+
+
+def check_values(label: str, values: np.ndarray, max_abs: float) -> None:
+    """Finite and at most `max_abs` in magnitude, else PayloadError naming `label`."""
+    if values.size:  # min and max: two passes without temporaries; a NaN or Inf makes one of them non-finite
+        low, high = float(values.min()), float(values.max())
+        if not (np.isfinite(low) and np.isfinite(high)):
+            raise PayloadError(f"{label} has NaN or Inf values")
+        if max(-low, high) > max_abs:
+            raise PayloadError(f"{label} has values above {max_abs:g} in magnitude")
 
 
 def record_to_numpy(arrays: Mapping[str, Any] | None, max_arrays: int = 10_000) -> dict[str, np.ndarray]:

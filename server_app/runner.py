@@ -36,7 +36,7 @@ from .replies import (
 from .results import ResultsWriter, progress_text, round_record, settings_text
 from .strategies.base import PFLStrategy
 from .warmup import pretrain_round
-from .wire import wire_bytes
+from .wire import count_wire_bytes
 
 
 class RoundRunner(Strategy):
@@ -94,8 +94,8 @@ class RoundRunner(Strategy):
         contents = self.message_contents(server_round, partition_ids, message_type, newcomers)
         messages = [Message(content=content, dst_node_id=self.clients[pid].node_id, message_type=message_type)
                     for pid, content in zip(partition_ids, contents)]
-        for pid, msg in zip(partition_ids, messages):
-            self.round_log.add_bytes(kind, pid, wire_bytes(msg, self._size_cache))
+        for pid, size in zip(partition_ids, count_wire_bytes(messages, self._size_cache)):
+            self.round_log.add_bytes(kind, pid, size)
         return messages
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -139,7 +139,7 @@ class RoundRunner(Strategy):
                 log(WARNING, "client %d: reply refused before decoding: %s", pid, exc)
                 oversized += 1
                 continue
-            self.round_log.add_bytes(kind, pid, wire_bytes(msg, self._size_cache))
+            self.round_log.add_bytes(kind, pid, count_wire_bytes([msg], self._size_cache)[0])
             good.append((pid, msg))
         return sorted(good, key=lambda item: item[0]), failed, oversized
 
