@@ -5,8 +5,9 @@ Runs each algorithm through `flwr run` on a private local SuperLink with PFLOWER
 (common/profiling.py); then prints, per algorithm, the first round and the median of the later ones:
 
   server   build (the strategy's per-client content: FedAMP's cloud models, masks), messages (Message objects and
-           their bytes counted), flower (Grid.send_and_receive: the whole round trip through the SuperLink and
-           the workers), check (reply limits and bytes), aggregate (decode, validate, the strategy's step),
+           their bytes counted), flower (pushing the messages, pulling and waiting for replies: the round trip
+           through the SuperLink and the workers), check (reply limits and bytes), aggregate (decode, validate,
+           the strategy's step; a training round checks and decodes each reply while the others still train),
            checkpoint (the server state written every `checkpoint-every` rounds), rest
   clients  per message: env (config, data and partition, state), decode (model build + received arrays), train,
            evaluate, encode, flops, persist, other (the handler's rest); outside the handler: per worker, the part
@@ -63,11 +64,8 @@ def round_rows(lines: list[dict]) -> dict[int, dict[str, float]]:
     rows: dict[int, dict[str, float]] = {}
     for rnd, line in sorted(server.items()):
         phases = dict(line["phases"])
-        # reply checks run inside both the training and the evaluation aggregation: count both as "aggregate"
-        phases["aggregate"] = phases.get("aggregate", 0.0) + phases.get("eval_aggregate", 0.0)
         row = {"round wall": line["end"] - line["start"]}
-        nested = {"build": 0.0, "messages": phases.get("build", 0.0), "check": 0.0,
-                  "aggregate": phases.get("check", 0.0)}  # build runs inside messages, check inside aggregate
+        nested = {"messages": phases.get("build", 0.0)}  # build runs inside messages
         for name in SERVER_PHASES:
             row[f"server {name}"] = phases.get(name, 0.0) - nested.get(name, 0.0)
         row["server rest"] = row["round wall"] - sum(row[f"server {name}"] for name in SERVER_PHASES)

@@ -56,6 +56,16 @@ def timed(name: str) -> Callable[[F], F]:
     return wrap
 
 
+@contextmanager
+def timer(name: str) -> Iterator[None]:
+    """Add the block's wall time to phase `name` of the record being collected (nothing is kept when disabled)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        add(name, time.perf_counter() - started)
+
+
 def add(name: str, seconds: float) -> None:
     """Add `seconds` to phase `name` of the record being collected on this thread, if any."""
     phases = getattr(_local, "phases", None)

@@ -110,7 +110,8 @@ def main(grid: Grid, context: Context) -> None:
     writer = ResultsWriter(run_dir, cfg.to_dict(), resume=checkpoint is not None)
     runner = RoundRunner(cfg, strategy, clients, writer=writer, state_key=run_dir.name, resume_from=checkpoint)
     log(INFO, "results folder: %s", run_dir)
-    profiling.time_method(grid, "send_and_receive", "flower")  # bench/round_profile.py only
+    for method in ("send_and_receive", "push_messages", "pull_messages"):  # bench/round_profile.py only
+        profiling.time_method(grid, method, "flower")
     try:
         runner.run(grid)
     except RunAborted as exc:

@@ -21,7 +21,7 @@ from common.validation import PayloadError, echo_values
 
 from .checkpoint import Checkpoint, due, restore, save_checkpoint
 from .clients import ClientRegistry
-from .exchange import exchange_all
+from .exchange import exchange_all, stream_replies
 from .faults import plan_faults
 from .newcomers import evaluate_newcomers
 from .replies import (
@@ -36,7 +36,7 @@ from .replies import (
 from .results import ResultsWriter, progress_text, round_record, settings_text
 from .strategies.base import PFLStrategy
 from .warmup import pretrain_round
-from .wire import count_wire_bytes
+from .wire import SizeCache, count_wire_bytes
 
 
 class RoundRunner(Strategy):
@@ -51,7 +51,7 @@ class RoundRunner(Strategy):
         self.checkpoint_round = 0  # last round whose checkpoint was written
         self.resumes: list[int] = []  # rounds after which earlier runs of this folder stopped and were resumed
         self.round_log = RoundLog()
-        self._size_cache: dict[str, int] = {}
+        self._size_cache: SizeCache = {}
         self._late: set[int] = set()  # simulated stragglers of the training round in progress
         self._limits = ReplyLimits.for_model(strategy.specs)
         self._expected: dict[int, dict[str, int]] = {}  # per client: the round (and phase) its reply must name
@@ -145,48 +145,51 @@ class RoundRunner(Strategy):
 
     def accept_train_replies(self, server_round: int, replies: Iterable[Message],
                              what: str = "training") -> tuple[list[TrainReply], int, int]:
-        """The validated training replies, and the counts of failed and rejected ones (each logged)."""
-        good, failed, rejected = self.sort_replies(server_round, replies, "train_up")
+        """Validated training replies (partition order), failed and rejected counts; each checked on arrival."""
         accepted: list[TrainReply] = []
-        for pid, msg in good:
-            try:
-                reply = parse_train_metrics(pid, msg.content, self.clients[pid].num_train)
-                self.strategy.decode_train_reply(server_round, reply)
-                accepted.append(reply)
-            except PayloadError as exc:
-                rejected += 1
-                log(WARNING, "client %d: %s reply rejected: %s", pid, what, exc)
-        return accepted, failed, rejected
+        failed = rejected = 0
+        for msg in replies:  # as they arrive
+            good, not_answered, oversized = self.sort_replies(server_round, [msg], "train_up")
+            failed, rejected = failed + not_answered, rejected + oversized
+            with profiling.timer("aggregate"):
+                for pid, reply_msg in good:
+                    try:
+                        reply = parse_train_metrics(pid, reply_msg.content, self.clients[pid].num_train)
+                        self.strategy.decode_train_reply(server_round, reply)
+                        accepted.append(reply)
+                    except PayloadError as exc:
+                        rejected += 1
+                        log(WARNING, "client %d: %s reply rejected: %s", pid, what, exc)
+        return sorted(accepted, key=lambda r: r.partition_id), failed, rejected
 
-    @profiling.timed("aggregate")
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Validate replies, aggregate the accepted ones, record the counts."""
-        replies = list(replies)
+        """Validate replies (as they arrive), aggregate the accepted ones, record the counts."""
         accepted, failed, rejected = self.accept_train_replies(server_round, replies)
         train, started = self.round_log.train, time.perf_counter()
         if accepted:
-            self.strategy.aggregate(server_round, accepted)
+            with profiling.timer("aggregate"):
+                self.strategy.aggregate(server_round, accepted)
             self.round_log.aggregate_s = time.perf_counter() - started  # a timing: kept out of `train`
         flops = sum(reply_flops(r.content) for r in accepted) + train.get("pretrain", {}).get("flops", 0.0)
         total = sum(r.num_examples for r in accepted)
         loss = sum(r.loss * r.num_examples for r in accepted) / total if total else float("nan")
-        train.update(received=len(replies), failed=failed, rejected=rejected, used=len(accepted), loss=loss,
-                     num_examples=total, flops=flops, clients=[r.partition_id for r in accepted],
-                     **(self.strategy.aggregation_fields if accepted else {}))
-        stage_rows = [r.stages for r in accepted if r.stages]
-        if stage_rows:
+        fields = self.strategy.aggregation_fields if accepted else {}
+        train.update(received=len(accepted) + failed + rejected + train.get("late", 0),  # each reply is one of these
+                     failed=failed, rejected=rejected, used=len(accepted), loss=loss, num_examples=total, flops=flops,
+                     clients=[r.partition_id for r in accepted], **fields)
+        if stage_rows := [r.stages for r in accepted if r.stages]:
             train["stages"] = summarize_stages(stage_rows, self.cfg.rho_eps)
         return None, MetricRecord({"train-loss": loss if accepted else 0.0, "used": len(accepted)})
 
-    @profiling.timed("eval_aggregate")
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Per-client accuracies at every shift degree (and the algorithm's extra rows); mean and std."""
         good, failed, oversized = self.sort_replies(server_round, replies, "eval_up")
-        per_client, rejected = evaluation_rows(good, self.cfg.shift_degrees,
-                                               lambda m: self.strategy.eval_metrics(server_round, m),
-                                               required=shifted_metric_keys(self.cfg))
-        self.round_log.eval = eval_statistics(per_client, failed + oversized + rejected) if per_client else None
+        with profiling.timer("aggregate"):
+            per_client, rejected = evaluation_rows(good, self.cfg.shift_degrees,
+                                                   lambda m: self.strategy.eval_metrics(server_round, m),
+                                                   required=shifted_metric_keys(self.cfg))
+            self.round_log.eval = eval_statistics(per_client, failed + oversized + rejected) if per_client else None
         means = self.round_log.eval["mean"] if self.round_log.eval else None
         return None if means is None else MetricRecord({k: v for k, v in means.items() if math.isfinite(v)})
 
@@ -233,8 +236,7 @@ class RoundRunner(Strategy):
         if rnd == 1 and self.strategy.warmup_round():
             pretrain_round(self, grid)
         messages = list(self.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid))
-        replies = grid.send_and_receive(messages, timeout=timeout) if messages else []
-        self.aggregate_train(rnd, replies)
+        self.aggregate_train(rnd, stream_replies(grid, messages, timeout) if messages else [])
         self.round_log.train["sent"] = len(messages)
         if self.should_evaluate(rnd):
             clients = self.strategy.eval_clients(rnd)

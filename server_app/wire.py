@@ -3,39 +3,46 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
-from flwr.app import Message, RecordDict
-from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, no_object_id_recompute
+from flwr.app import ArrayRecord, Message, RecordDict
+
+SizeCache = dict[str, dict[str, int]]  # an array record's object id -> {object id: size} of it and all under it
 
 
-def wire_bytes(message: Message | RecordDict, cache: dict[str, int] | None = None) -> int:
+def _objects(obj: Any, cache: SizeCache | None) -> dict[str, int]:
+    """Object id -> deflated size, for `obj` and every object under it (each distinct object once)."""
+    object_id = obj.object_id  # Flower keeps it on an unchanged record: no re-hashing of a shared model
+    if cache is not None and isinstance(obj, ArrayRecord) and object_id in cache:
+        return cache[object_id]
+    found: dict[str, int] = {}
+    for child in (obj.children or {}).values():
+        found.update(_objects(child, cache))
+    found[object_id] = len(obj.deflate())
+    if cache is not None and isinstance(obj, ArrayRecord):
+        cache[object_id] = found
+    return found
+
+
+def wire_bytes(message: Message | RecordDict, cache: SizeCache | None = None) -> int:
     """Serialized size of a message (or of its content): every object Flower pushes for it.
 
     Flower sends a message as a tree of content-addressed objects (the message with its metadata,
-    records, arrays, array chunks), each the bytes its `deflate()` returns; this sums exactly those.
-    `cache` (object id -> size) saves re-serializing objects shared by several messages of a round; it
-    does not change the count: each message is charged for every object it carries.
+    records, arrays, array chunks), each the bytes its `deflate()` returns, each distinct object once;
+    this sums exactly those. `cache` keeps the objects under each array record, so a model shared by
+    many messages of a round is walked (and its chunks hashed) once; it does not change the count:
+    each message is charged for every object it carries.
     """
-    total = 0
-    for object_id, obj in get_all_nested_objects(message).items():
-        size = cache.get(object_id) if cache is not None else None
-        if size is None:
-            size = len(obj.deflate())
-            if cache is not None:
-                cache[object_id] = size
-        total += size
-    return total
+    return sum(_objects(message, cache).values())
 
 
-def count_wire_bytes(messages: Iterable[Message | RecordDict], cache: dict[str, int] | None = None) -> list[int]:
-    """wire_bytes of each message, with every object's id computed once for them all (an array shared by many
-    messages is hashed once, not once a message), then the array chunks Flower cached on them while counting
-    released: they are not part of the message, but Ray would pickle them with it (twice the bytes, and chunks
-    held as memory views pickle ~25x slower than the array)."""
-    messages = list(messages)
-    with no_object_id_recompute():
-        sizes = [wire_bytes(message, cache) for message in messages]
+def count_wire_bytes(messages: Iterable[Message | RecordDict], cache: SizeCache | None = None) -> list[int]:
+    """wire_bytes of each message, then the array chunks Flower cached on them while counting released: they are
+    not part of the message, but Ray would pickle them with it (twice the bytes, and chunks held as memory views
+    pickle ~25x slower than the array)."""
+    sizes = []
     for message in messages:
+        sizes.append(wire_bytes(message, cache))
         release_chunks(message)
     return sizes
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
@@ -66,3 +69,32 @@ def hand_made_runner(cfg, specs, initial, sizes: dict[int, int], node_base: int 
         clients.add(ClientInfo(pid, node_base + pid, num_train, 5))
     strategy = strategy_class(cfg.algorithm)(cfg, ModelLayout(list(initial), list(specs)), clients)
     return RoundRunner(cfg, strategy, clients)
+
+
+class PushPullGrid:
+    """A Grid's push_messages / pull_messages over `answer(messages) -> one reply per message, in order`: pushed
+    messages are answered at a later pull, at most `per_pull` of them per pull (all by default)."""
+
+    def __init__(self, answer: Callable[[list[Any]], list[Any]], per_pull: int = 0) -> None:
+        self.answer, self.per_pull = answer, per_pull
+        self.waiting: list[tuple[str, Any]] = []
+        self.most_outstanding = 0
+        self._ids = itertools.count()
+
+    def push_messages(self, messages: Iterable[Any]) -> list[str]:
+        ids = []
+        for msg in messages:
+            ids.append(f"m{next(self._ids)}")
+            self.waiting.append((ids[-1], msg))
+        self.most_outstanding = max(self.most_outstanding, len(self.waiting))
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Any]:
+        wanted = set(message_ids)
+        take = [(mid, msg) for mid, msg in self.waiting if mid in wanted][:self.per_pull or None]
+        taken = {mid for mid, _ in take}
+        self.waiting = [(mid, msg) for mid, msg in self.waiting if mid not in taken]
+        replies = self.answer([msg for _, msg in take])
+        for (mid, _), reply in zip(take, replies, strict=True):
+            reply.metadata.reply_to_message_id = mid
+        return replies

@@ -19,7 +19,7 @@ from server_app.newcomers import evaluate_newcomers
 from server_app.replies import RoundLog
 from server_app.results import render_markdown, summarize
 
-from .fakes import FakeReply
+from .fakes import FakeReply, PushPullGrid
 from .inprocess import InProcessFederation
 
 CLIENTS = 8
@@ -88,13 +88,14 @@ def server_identity(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(TaskIdentity, name, value, raising=False)
 
 
-class _Grid:
+class _Grid(PushPullGrid):
     """Answers evaluation messages in-process with each held-out client's half (or an error / a forged reply)."""
 
     def __init__(self, fed: InProcessFederation, forge: dict[int, RecordDict] | None = None) -> None:
+        super().__init__(self.reply_all)
         self.fed, self.forge, self.sent = fed, forge or {}, []
 
-    def send_and_receive(self, messages, timeout):
+    def reply_all(self, messages):
         replies = []
         for msg in messages:
             self.sent.append(msg)

@@ -15,7 +15,7 @@ from common.config import parse_run_config
 from server_app.exchange import exchange
 from server_app.replies import TrainReply
 
-from .fakes import hand_made_runner, train_content
+from .fakes import FakeReply, PushPullGrid, hand_made_runner, train_content
 
 CLIENTS, VALUES = 200, 400_000  # a small model, many clients: the store is 320 MB
 SPECS = [("w", (VALUES,))]
@@ -66,15 +66,6 @@ def test_the_store_is_deleted_when_the_run_closes(tmp_path: Path) -> None:
     assert not (tmp_path / "client-models.npy").exists()
 
 
-class _Grid:
-    def __init__(self) -> None:
-        self.batches: list[int] = []
-
-    def send_and_receive(self, messages, timeout):
-        self.batches.append(len(messages))
-        return []
-
-
 class _Sender:
     def __init__(self, in_flight: int) -> None:
         self.cfg = parse_run_config({"messages-in-flight": in_flight})
@@ -85,14 +76,16 @@ class _Sender:
         return list(partition_ids)
 
 
-@pytest.mark.parametrize(("clients", "in_flight", "expected"), [(1000, 256, [256, 256, 256, 232]), (5, 64, [5]),
-                                                                 (6, 2, [2, 2, 2])])
-def test_large_sends_go_in_chunks_each_built_after_the_last_was_answered(clients: int, in_flight: int,
-                                                                        expected: list[int]) -> None:
-    sender, grid = _Sender(in_flight), _Grid()
-    for _ in exchange(sender, grid, 1, list(range(clients)), MessageType.EVALUATE, "eval_down"):
-        assert len(sender.built) == len(grid.batches)  # the next chunk is built only after this one came back
-    assert grid.batches == expected and sum(sender.built, []) == list(range(clients))
+@pytest.mark.parametrize(("clients", "in_flight", "per_pull"), [(1000, 256, 7), (5, 64, 0), (6, 2, 1)])
+def test_large_sends_keep_a_window_of_messages_in_flight(clients: int, in_flight: int, per_pull: int) -> None:
+    sender = _Sender(in_flight)
+    grid = PushPullGrid(lambda pids: [FakeReply(pid) for pid in pids], per_pull)
+    answered = [reply.metadata.src_node_id for replies in exchange(sender, grid, 1, list(range(clients)),
+                                                                  MessageType.EVALUATE, "eval_down")
+                for reply in replies]
+    assert answered == list(range(clients)) and sum(sender.built, []) == list(range(clients)), "each once, in order"
+    assert grid.most_outstanding == min(in_flight, clients), "never more than messages-in-flight out at once"
+    assert per_pull == 0 or len(sender.built) > clients // in_flight, "freed slots refilled before the window drains"
 
 
 class _Metadata:

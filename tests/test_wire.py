@@ -53,3 +53,16 @@ def test_counting_many_messages_gives_each_its_own_count_and_leaves_no_chunks_be
         assert all("_chunks" not in array.__dict__ for array in record.values())
     # a counted message pickles at its payload's size (Flower's cached chunks would double it)
     assert len(pickle.dumps(shared)) < 1.1 * 4 * 300_000
+
+
+def test_the_count_is_the_sum_over_flowers_own_object_tree() -> None:
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    shared = _content(2_000_000)["arrays"]  # two chunks
+    messages = [RecordDict({"arrays": shared, "config": ConfigRecord({"server-round": r})}) for r in (1, 2)]
+    messages.append(RecordDict({"a": ArrayRecord({"x": _arr(np.ones(10, np.float32)),
+                                                  "y": _arr(np.ones(10, np.float32))}), "b": shared}))
+    cache: dict = {}
+    for message in messages:
+        expected = sum(len(obj.deflate()) for obj in get_all_nested_objects(message).values())
+        assert wire_bytes(message, cache) == expected == wire_bytes(message)
