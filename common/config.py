@@ -155,10 +155,10 @@ class RunConfig:
     takeover_after: float = hp(120.0, "deployment: seconds a partition's node must have been gone before another "
                                "node may take the partition over (a replaced device); until then its claim is "
                                "refused", low=0.0, high=1e7)
-    messages_in_flight: int = hp(64, "the most messages the server has out at once: pre-training and evaluating "
-                                 "more clients than this goes in chunks, each answered before the next is sent "
-                                 "(server memory bounded at thousands of clients; the round timeout applies to "
-                                 "each chunk)", low=1)
+    messages_in_flight: int = hp(64, "the most messages the server has out at once when pre-training or "
+                                 "evaluating more clients than this: a sliding window, each freed slot refilled "
+                                 "(server memory bounded at thousands of clients; a message unanswered "
+                                 "`round-timeout` seconds after it was sent is given up)", low=1)
     round_timeout: float = hp(600.0, "seconds to wait for replies; a round goes on with those that arrived",
                               low=0.0, low_open=True)
     drop_rate: float = hp(0.0, "simulation: this fraction of each round's training clients fails (seeded); the "

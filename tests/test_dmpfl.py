@@ -7,7 +7,7 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
-from client_app.algorithms.dmpfl import PERSONAL_M, PERSONAL_W
+from client_app.algorithms.dmpfl import PERSONAL
 from client_app.algorithms.sparse import StaleGlobalModel
 from client_app.state import ClientState
 from common.config import parse_run_config
@@ -69,12 +69,14 @@ def test_personal_masks_keep_their_size_and_weights_outside_stay_zero() -> None:
     initial = {n: int(m.sum()) for n, m in fed.strategy.global_masks.items()}
     for rnd in (1, 2, 3):
         fed.train_round(rnd)
-    trained = [pid for pid, state in fed.states.items() if PERSONAL_M in state.array_records]
+    trained = [pid for pid, state in fed.states.items() if PERSONAL in state.array_records]
     assert trained
     for pid in trained:
-        state = ClientState(fed.states[pid])
-        masks, weights = state.load_named(PERSONAL_M), state.load_named(PERSONAL_W)
+        weights, masks = fed.client(pid).load_sparse(PERSONAL)
         assert {n: int(m.sum()) for n, m in masks.items()} == initial, "prune/regrow keeps the count"
+        kept = sum(a.nbytes for a in ClientState(fed.states[pid]).load_named(PERSONAL).values())
+        dense = sum(weights[n].nbytes + masks[n].nbytes for n in masks)
+        assert kept < 0.6 * dense, "w_c and m_c are kept as bits + values, not dense weights and bool masks"
         for name, mask in masks.items():
             assert not np.any(weights[name][~mask]), "a weight outside m_c is zero"
 
@@ -103,7 +105,7 @@ def test_phase3_leaves_shared_weights_bit_identical() -> None:
     for pid in sampled:
         theta_before, m_c = before[pid]
         client = fed.client(pid)
-        w_c = ClientState(fed.states[pid]).load_named(PERSONAL_W)
+        w_c = client.load_sparse(PERSONAL)[0]
         theta_after = client.theta_c(w_g, m_g, w_c, m_c)
         for name in client.names:
             if name in m_g:
@@ -160,7 +162,7 @@ def test_partial_downloads_change_nothing_but_the_bytes() -> None:
         runs[partial] = fed, _run_counting_down_bytes(fed, 9), fed.evaluate(9)
     (fed_p, bytes_p, eval_p), (fed_f, bytes_f, eval_f) = runs[True], runs[False]
     for pid in range(4):
-        for key in (PERSONAL_W, PERSONAL_M):
+        for key in (PERSONAL,):
             got, want = ClientState(fed_p.states[pid]).load_named(key), ClientState(fed_f.states[pid]).load_named(key)
             assert (got is None) == (want is None)
             for name in (got or {}):

@@ -149,3 +149,25 @@ def test_the_speedup_is_installed_once_for_the_flower_version_it_was_written_for
     assert flower_speedups.apply() and flower_speedups.apply()
     method = InMemoryLinkState.get_message_ins
     assert hasattr(method, "__wrapped__") and not hasattr(method.__wrapped__, "__wrapped__")
+
+
+def test_pretraining_hands_the_strategy_a_window_of_replies_at_a_time() -> None:
+    """Replies come one per pull; FedAMP's step touches every Gram row, so it runs once per window, not per reply."""
+    from server_app.warmup import pretrain_round
+
+    class Runner(_Sender):
+        def __init__(self) -> None:
+            super().__init__(4)
+            self.clients = type("Clients", (), {"ids": staticmethod(lambda: list(range(10)))})()
+            self.round_log = type("Log", (), {"train": {}})()
+            self.folds: list[list[int]] = []
+            self.strategy = type("Strategy", (), {"aggregate": lambda _, rnd, accepted: self.folds.append(accepted)})()
+
+        def accept_train_replies(self, server_round, replies, what=""):
+            return sorted(replies, key=lambda r: r.metadata.src_node_id), 0, 0
+
+    runner = Runner()
+    pretrain_round(runner, PushPullGrid(lambda pids: [FakeReply(pid) for pid in pids], per_pull=1))
+    assert [len(f) for f in runner.folds] == [4, 4, 2]
+    assert sorted(r.metadata.src_node_id for r in sum(runner.folds, [])) == list(range(10))
+    assert runner.round_log.train["pretrain"]["used"] == 10

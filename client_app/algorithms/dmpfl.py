@@ -15,9 +15,9 @@ from common.validation import PayloadError, read_count, read_fraction, record_to
 
 from .sparse import Named, SparseGlobalClient, StaleGlobalModel
 
-PERSONAL_W, PERSONAL_M = "dmpfl/w_c", "dmpfl/m_c"
+PERSONAL = "dmpfl/personal"  # client state: w_c on m_c and m_c, as the codec sends them
 BASE_ENTROPY_C, BASE_ENTROPY_G = "dmpfl/base-entropy-c", "dmpfl/base-entropy-g"
-PARTIAL_W, PARTIAL_M, PARTIAL_ID = "global-partial/w", "global-partial/m", "global-partial/id"
+PARTIAL_CUT, PARTIAL_ID = "global-partial/cut", "global-partial/id"  # the cut as received, its (version, digest)
 Stages = dict[str, torch.nn.Module | None]
 
 
@@ -33,10 +33,10 @@ class DMPFLClient(SparseGlobalClient):
 
     def personal(self, w_g: Named, m_g: Named) -> tuple[Named, Named]:
         """(w_c, m_c) from client state; on first contact w_c = w_g and m_c = m_g."""
-        w_c, m_c = self.env.state.load_named(PERSONAL_W), self.env.state.load_named(PERSONAL_M)
-        if w_c is None or m_c is None:
+        stored = self.load_sparse(PERSONAL)
+        if stored is None:
             return {n: a.copy() for n, a in w_g.items()}, {n: m.copy() for n, m in m_g.items()}
-        return w_c, m_c
+        return stored
 
     def theta_c(self, w_g: Named, m_g: Named, w_c: Named, m_c: Named) -> Named:
         """Eq. 4 on the masked layers; dense layers are shared, so they come from w_g."""
@@ -68,20 +68,20 @@ class DMPFLClient(SparseGlobalClient):
             raise PayloadError("a partial global model needs an integer 'personal-mask-digest'")
         version = read_count(config, "global-version", allow_zero=True)
         state = self.env.state
-        m_c = state.load_named(PERSONAL_M)
-        if m_c is None or state.load_named(PERSONAL_W) is None or masks_digest(m_c) != expected:
+        personal = self.load_sparse(PERSONAL)
+        if personal is None or masks_digest(personal[1]) != expected:
             raise StaleGlobalModel("the server cut the global model for a personal mask this client does not hold")
+        m_c = personal[1]
         if PARTIAL in content.array_records:
-            weights, masks = decode_partial_global(record_to_numpy(content.array_records[PARTIAL]), self.shapes, m_c)
-            state.save_named(PARTIAL_W, weights)
-            state.save_named(PARTIAL_M, masks)
+            cut = record_to_numpy(content.array_records[PARTIAL])
+            decoded = decode_partial_global(cut, self.shapes, m_c)
+            state.save_named(PARTIAL_CUT, cut)
             state.save_named(PARTIAL_ID, {"id": np.array([version, expected], np.int64)})
-            return weights, masks
-        held = state.load_named(PARTIAL_ID)
-        stored_w, stored_m = state.load_named(PARTIAL_W), state.load_named(PARTIAL_M)
-        if held is None or held["id"].tolist() != [version, expected] or stored_w is None or stored_m is None:
+            return decoded
+        held, stored = state.load_named(PARTIAL_ID), state.load_named(PARTIAL_CUT)
+        if held is None or held["id"].tolist() != [version, expected] or stored is None:
             raise StaleGlobalModel(f"client holds no cut of global version {version} for its personal mask")
-        return stored_w, stored_m
+        return decode_partial_global(stored, self.shapes, m_c)
 
     def _train(self, server_round: int, start: Named, masks: Named, **kwargs) -> tuple[torch.nn.Module, TrainStats,
                                                                                          torch.nn.Module | None]:
@@ -122,8 +122,7 @@ class DMPFLClient(SparseGlobalClient):
             new_masks, new_weights = prune_and_regrow(weights, grads, self.torch_masks(m_c), fraction)
             m_c = {n: m.numpy() for n, m in new_masks.items()}
             trained.update({n: w.numpy() for n, w in new_weights.items()})
-        self.env.state.save_named(PERSONAL_W, trained)
-        self.env.state.save_named(PERSONAL_M, m_c)
+        self.save_sparse(PERSONAL, trained, m_c)
         reply = self.train_reply(stats, None, self.densities(m_c), stages=self.stages(w_g, m_g, before, model, True))
         reply["arrays"] = self.upload(trained, m_c, values_only=False)
         return reply
@@ -144,8 +143,7 @@ class DMPFLClient(SparseGlobalClient):
         model, stats, before = self._train(server_round, self.theta_c(w_g, m_g, w_c, m_c), own,
                                            trainable=set(self.prunable))
         w_c = self.named(model)
-        self.env.state.save_named(PERSONAL_W, w_c)
-        self.env.state.save_named(PERSONAL_M, m_c)
+        self.save_sparse(PERSONAL, w_c, m_c)
         self.env.state.save_named(BASE_ENTROPY_C, {"be": np.array([self.mean_entropy(model)], np.float64)})
         return self.train_reply(stats, None, self.densities(own), stages=self.stages(w_g, m_g, before, model, True))
 

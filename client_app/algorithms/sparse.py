@@ -19,6 +19,7 @@ from common.validation import PayloadError, read_count, record_to_numpy
 from .base import ClientAlgorithm, ClientEnv
 
 Named = dict[str, np.ndarray]
+GLOBAL = "global/model"  # client state: the global model of the version held, as the codec sends it
 
 
 class StaleGlobalModel(RuntimeError):
@@ -43,18 +44,27 @@ class SparseGlobalClient(ClientAlgorithm):
             weights, masks = decode_model(record_to_numpy(content.array_records["global"]), self.shapes)
             if set(masks) != set(self.prunable):
                 raise PayloadError(f"global model has sparse layers {sorted(masks)}, expected {self.prunable}")
-            state.save_named("global/w", weights)
-            state.save_named("global/m", masks)
+            self.save_sparse(GLOBAL, weights, masks)
             state.save_named("global/version", {"version": np.array([version], np.int64)})
             return weights, masks
         held = state.load_named("global/version")
         have = int(held["version"][0]) if held else None
         if have != version:
             raise StaleGlobalModel(f"client holds global version {have}, the server expects {version}")
-        stored_w, stored_m = state.load_named("global/w"), state.load_named("global/m")
-        if stored_w is None or stored_m is None:
+        stored = self.load_sparse(GLOBAL)
+        if stored is None:
             raise StaleGlobalModel(f"client state lacks the global model of version {version}")
-        return stored_w, stored_m
+        return stored
+
+    def save_sparse(self, key: str, weights: Named, masks: Named) -> None:
+        """Keep a model in client state as the codec sends it: its masked layers as bits + the values on the mask
+        (about half the bytes of dense weights and bool masks), the others dense; weights off the mask are not kept."""
+        self.env.state.save_named(key, encode_model(weights, masks))
+
+    def load_sparse(self, key: str, shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[Named, Named] | None:
+        """(weights with zeros off the mask, masks) kept by save_sparse, or None."""
+        stored = self.env.state.load_named(key)
+        return None if stored is None else decode_model(stored, shapes or self.shapes)
 
     def theta_g(self, w_g: Named, m_g: Named) -> Named:
         """w_g * m_g on the masked layers, w_g elsewhere."""
