@@ -57,7 +57,7 @@ class DMPFLClient(SparseGlobalClient):
             return self._train_dual_masks(server_round, content, w_g, m_g)
         if phase == 2:
             return self._refine_global(server_round, w_g, m_g)
-        return self._refine_personal(server_round, content, w_g, m_g)
+        return self._refine_personal(server_round, w_g, m_g)
 
     def partial_global(self, content: RecordDict) -> tuple[Named, Named]:
         """(w_g, m_g) on m_c only: from the message's cut, or the stored cut of this version and m_c; a cut made for
@@ -137,7 +137,7 @@ class DMPFLClient(SparseGlobalClient):
         reply["arrays"] = self.upload(self.named(model), m_g, values_only=True)
         return reply
 
-    def _refine_personal(self, server_round: int, content: RecordDict, w_g: Named, m_g: Named) -> RecordDict:
+    def _refine_personal(self, server_round: int, w_g: Named, m_g: Named) -> RecordDict:
         w_c, m_c = self.personal(w_g, m_g)
         own = {n: m_c[n] & ~m_g[n] for n in m_c}
         model, stats, before = self._train(server_round, self.theta_c(w_g, m_g, w_c, m_c), own,

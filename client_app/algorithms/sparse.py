@@ -9,7 +9,7 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 
 from common.codec import decode_model, encode_model
-from common.dmpfl import compose_global
+from common.dmpfl import Named, compose_global
 from common.masks import prunable_names
 from common.models import SplitModel, array_specs, get_arrays, set_arrays
 from common.records import to_plain_record
@@ -18,7 +18,6 @@ from common.validation import PayloadError, read_count, record_to_numpy
 
 from .base import ClientAlgorithm, ClientEnv
 
-Named = dict[str, np.ndarray]
 GLOBAL = "global/model"  # client state: the global model of the version held, as the codec sends it
 
 
