@@ -30,7 +30,7 @@ from common.data.domains import DOMAINS
 
 RUNS = {  # name: (title, algorithm[overrides])
     "fedavg": ("FedAvg", "fedavg"),
-    "fedprox": ("FedProx", "fedprox[proximal-mu=0.01]"),
+    "fedprox": ("FedProx", "fedprox[proximal-mu=0.1]"),
     "dapperfl-plain": ("DapperFL w/o MFP+DAR", "dapperfl[dapperfl-mfp=false dapperfl-dar=false]"),
     "dapperfl-nodar": ("DapperFL w/o DAR", "dapperfl[dapperfl-dar=false]"),
     "dapperfl-nomfp": ("DapperFL w/o MFP", "dapperfl[dapperfl-mfp=false]"),

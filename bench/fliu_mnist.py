@@ -1,13 +1,14 @@
-"""FLIU's MNIST comparison (papers/003 Table I): stages L1, L2 and G with Acc(L), Acc(G) and Acc, for FedAvg,
-Local, FedFomo, FLIU with the adaptive gamma (Eq. 4) and FLIU with a fixed gamma, on PATH and LSQS with K = 10
-and K = 100 clients.
+"""FLIU's MNIST comparison (papers/003 Tables I and III): stages L1, L2 and G with Acc(L), Acc(G) and Acc, for
+FedAvg, Local, FedFomo, FLIU with the adaptive gamma (Eq. 4) and FLIU with a fixed gamma, on PATH and LSQS with
+K = 10 and K = 100 clients. The paper's Table I is K = 100 without FedFomo; its Table III has FedFomo at K = 10 and
+100, stage L2 only, and no PATH block.
 
 The same experiments as a sweep: bench/sweeps/fliu_mnist.toml (PFL_DATA_DIR=... pflower sweep
 bench/sweeps/fliu_mnist.toml; pflower report results/fliu_mnist/path-10-*-seed0 --baseline path-10-fedavg, per setting).
 
 The paper runs T = 100 rounds with every client, B = 50, E = 5, lr 0.01 (decay 0.99). On this CPU the default
 is a preset: a seeded 5,000-sample subset of MNIST (`max-samples`), 10 rounds, half of the clients per round
-with K = 10 and 10% with K = 100, E = 2, Adam lr 1e-3 as SPEC 3.3 says for FLIU's local training, Dirichlet
+with K = 10 and 10% with K = 100, E = 2, Adam (SPEC 3.3, Alg. 1) at lr 1e-3 (the paper: 0.01 with decay 0.99), Dirichlet
 alpha = 1 for LSQS (the paper's figures). Acc(G) is measured on a seeded 500-sample subset of the pooled test
 set (`stage-test-size`): the stage evaluations (up to four models per client per round) otherwise cost more
 than the training on this CPU.

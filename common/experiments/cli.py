@@ -37,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("runs", nargs="+", type=Path, help="run folders, or folders holding them (a sweep's)")
     report.add_argument("--out", type=Path, help="report folder (default: <first folder>/report)")
     report.add_argument("--baseline", help="experiment the others are compared with (default: a FedAvg one)")
+    results = sub.add_parser("results", help="the results document of a sweep file's [[table]]s: ours beside the "
+                             "papers' numbers, order differences, notes, figures")
+    results.add_argument("file", type=Path, help="the sweep file (its [[table]] entries)")
+    results.add_argument("--runs", type=Path, help="its results folder (default results/<sweep name>)")
+    results.add_argument("--out", type=Path, default=Path("docs/results.md"),
+                         help="the markdown file; figures go to figures/ beside it (default docs/results.md)")
     sub.add_parser("presets", help="list the presets")
     for command in (run, sweep):
         command.add_argument("--app", type=Path, default=PROJECT, help="the Flower app folder (default: this project)")
@@ -101,6 +107,16 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         path = write_report(args.runs, args.out, args.baseline)
         print(f"report: {path}")
+        return 0
+    if args.command == "results":
+        from .results import write_results
+
+        sweep_name, _ = load_sweep(args.file)
+        runs = Path(args.runs or Path("results") / sweep_name).expanduser().resolve()
+        command = f"pflower results {args.file}" + (f" --runs {args.runs}" if args.runs else "") + (
+            f" --out {args.out}" if args.out != Path("docs/results.md") else "")
+        path, done, total = write_results(args.file, runs, args.out, command)
+        print(f"results: {path} ({done} of {total} runs finished)")
         return 0
     app = _app_dir(args.app)
     if args.command == "run":

@@ -162,12 +162,14 @@ def matrix_figure(groups: list[Group], key: str, title: str, name: str, out: Pat
     return name
 
 
-def draw_all(groups: list[Group], base: Group | None, out: Path) -> list[str]:
-    """Every figure that applies to these runs; returns their file names."""
-    names = [accuracy_vs_shift(groups, out), corruption_figure(groups, corruptions_of(groups), out),
-             costs_figure(groups, base, out), frontier_figure(groups, out),
-             matrix_figure(groups, "attention", "FedAMP: attention xi_ij to other clients, last round",
-                           "attention.png", out, off_diagonal=True),
-             matrix_figure(groups, "mask_overlap", "DM-PFL: mask overlap (IoU),\nlast phase-1 round's uploads",
-                           "mask_overlap.png", out)]
+def draw_all(groups: list[Group], base: Group | None, out: Path, only: tuple[str, ...] | None = None) -> list[str]:
+    """Every figure that applies to these runs (or those named in `only`); returns their file names."""
+    makers = {"shift": lambda: accuracy_vs_shift(groups, out),
+              "corruption": lambda: corruption_figure(groups, corruptions_of(groups), out),
+              "costs": lambda: costs_figure(groups, base, out), "frontier": lambda: frontier_figure(groups, out),
+              "attention": lambda: matrix_figure(groups, "attention", "FedAMP: attention xi_ij to other clients, "
+                                                 "last round", "attention.png", out, off_diagonal=True),
+              "mask-overlap": lambda: matrix_figure(groups, "mask_overlap", "DM-PFL: mask overlap (IoU),\nlast "
+                                                    "phase-1 round's uploads", "mask_overlap.png", out)}
+    names = [maker() for name, maker in makers.items() if only is None or name in only]
     return [n for n in names if n]

@@ -10,9 +10,10 @@ from pathlib import Path
 from ..hparams import ConfigError
 from .presets import preset
 from .runs import RunResult, RunSpec, parse_seeds, plan, run_state
+from .tables import parse_table
 
-TOP_KEYS = {"name", "preset", "seeds", "defaults", "experiment"}
-EXPERIMENT_KEYS = {"name", "preset", "seeds", "clients"}  # besides run-config keys
+TOP_KEYS = {"name", "preset", "seeds", "defaults", "groups", "experiment", "table"}  # table: `pflower results`
+EXPERIMENT_KEYS = {"name", "preset", "seeds", "clients", "group"}  # besides run-config keys
 
 
 def load_sweep(path: Path) -> tuple[str, list[RunSpec]]:
@@ -30,6 +31,9 @@ def load_sweep(path: Path) -> tuple[str, list[RunSpec]]:
     if not isinstance(experiments, list) or not experiments:
         raise ConfigError(f"sweep file {path} has no [[experiment]] tables")
     defaults = dict(raw.get("defaults", {}))
+    groups = raw.get("groups", {})
+    if not isinstance(groups, dict) or not all(isinstance(g, dict) for g in groups.values()):
+        raise ConfigError(f"sweep file {path}: [groups.<name>] must be tables of run-config keys")
     specs: list[RunSpec] = []
     names: set[str] = set()
     for index, entry in enumerate(experiments, start=1):
@@ -39,12 +43,20 @@ def load_sweep(path: Path) -> tuple[str, list[RunSpec]]:
         if name in names:
             raise ConfigError(f"sweep file {path}: two experiments are named {name!r}")
         names.add(name)
-        config = {**defaults, **{k: v for k, v in entry.items() if k not in EXPERIMENT_KEYS}}
-        seeds = parse_seeds(entry.get("seeds", raw.get("seeds", [0])))
-        clients = entry.get("clients")
+        group = entry.get("group")
+        if group is not None and group not in groups:
+            raise ConfigError(f"sweep file {path}: experiment {name}: group {group!r} is not one of [groups.*]: "
+                              f"{', '.join(sorted(groups)) or 'none defined'}")
+        shared = {**raw, **groups.get(group, {}), **entry}  # seeds, clients, preset: the experiment's, else ...
+        config = {**defaults, **{k: v for k, v in {**groups.get(group, {}), **entry}.items()
+                                 if k not in EXPERIMENT_KEYS}}
+        seeds = parse_seeds(shared.get("seeds", [0]))
+        clients = {**groups.get(group, {}), **entry}.get("clients")
         if clients is not None and (not isinstance(clients, int) or clients < 1):
             raise ConfigError(f"sweep file {path}: experiment {name}: clients must be a positive integer")
-        specs.extend(plan(name, preset(entry.get("preset", raw.get("preset", "smoke"))), config, seeds, clients))
+        specs.extend(plan(name, preset(shared.get("preset", "smoke")), config, seeds, clients))
+    for index, table in enumerate(raw.get("table", []), start=1):
+        parse_table(table, names, f"sweep file {path}: table {index}")
     return str(raw.get("name", Path(path).stem)), specs
 
 

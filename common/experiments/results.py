@@ -1,0 +1,192 @@
+"""`pflower results`: one markdown document over a sweep's runs, a section per [[table]] of its file: the setting,
+ours beside the paper's numbers (mean +/- 95% CI over seeds), every pair whose order differs from the paper's,
+the paragraph on why, the report's detail tables and figures."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+from ..hparams import ConfigError
+from ..persist import atomic_write_text
+from .collect import Group, find_runs, group_runs
+from .report import corruption_table, domain_table, overview, paired_table, shift_table, stage_table, unseen_table
+from .runs import run_state
+from .stats import fmt_ci, mean_ci, paired_difference
+from .sweep import load_sweep
+from .tables import RATIOS, Column, TableSpec, find_row, load_tables, metric_reader
+
+SETTING_KEYS = ("dataset", "model", "partition", "dirichlet-alpha", "max-samples", "num-rounds", "fraction-train",
+                "local-epochs", "batch-size", "optimizer", "lr")
+
+
+def _values(groups: list[Group], spec: TableSpec, row: str, column: Column) -> dict[int, float]:
+    """seed -> the row's value in the column (ratios: to the baseline's mean over seeds)."""
+    found = find_row(groups, row)
+    if found is None:
+        return {}
+    group, prefix = found
+    if column.metric in RATIOS:
+        base = find_row(groups, spec.baseline) if spec.baseline else None
+        if base is None:
+            return {}
+        read = metric_reader(RATIOS[column.metric])
+        reference = mean_ci(list(base[0].by_seed(read).values()))[0]
+        return {s: v / reference for s, v in group.by_seed(read).items()} if reference else {}
+    return group.by_seed(metric_reader(column.metric, prefix))
+
+
+def _fmt(values: dict[int, float], column: Column) -> str:
+    mean, half, _ = mean_ci(list(values.values()))
+    if column.percent:
+        return fmt_ci(mean, half)
+    if column.metric == "flops":
+        return f"{mean:.3e}" if math.isfinite(mean) else "n/a"
+    return f"{mean:.3f}" if math.isfinite(mean) else "n/a"
+
+
+def _paper(value: float, column: Column) -> str:
+    if not math.isfinite(value):
+        return "-"
+    return f"{value:.2f}" if column.percent else f"{value:.3f}"
+
+
+def beside_paper(groups: list[Group], spec: TableSpec) -> list[str]:
+    """Ours (mean +/- 95% CI over seeds) and the paper's number, column by column, a line per row."""
+    with_paper = [any(math.isfinite(v[i]) for v in spec.paper.values()) for i in range(len(spec.columns))]
+    header = ["row", "seeds"]
+    for column, paper in zip(spec.columns, with_paper):
+        header += [f"{column.label} (ours)", f"{column.label} (paper)"] if paper else [column.label]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in spec.rows:
+        found = find_row(groups, row)
+        cells = [row, str(len(found[0].runs)) if found else "not run yet"]
+        for index, (column, paper) in enumerate(zip(spec.columns, with_paper)):
+            cells.append(_fmt(_values(groups, spec, row, column), column) if found else "")
+            if paper:
+                cells.append(_paper(spec.paper.get(row, (math.nan,) * len(spec.columns))[index], column))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def order_differences(groups: list[Group], spec: TableSpec) -> list[str]:
+    """Every pair of rows and column where the paper has A above B and our mean has B above A; 'significant'
+    where the paired 95% interval over shared seeds excludes zero."""
+    out = []
+    for index, column in enumerate(spec.columns):
+        ranked = [(r, spec.paper[r][index]) for r in spec.rows
+                  if r in spec.paper and math.isfinite(spec.paper[r][index])]
+        for a, paper_a in ranked:
+            for b, paper_b in ranked:
+                if not paper_a > paper_b:
+                    continue
+                ours_a, ours_b = _values(groups, spec, a, column), _values(groups, spec, b, column)
+                if not ours_a or not ours_b:
+                    continue
+                diff, half, n = paired_difference(ours_a, ours_b)
+                if n == 0 or not diff < 0:
+                    continue
+                scale = 100.0 if column.percent else 1.0
+                sure = "significant" if math.isfinite(half) and diff + half < 0 else "within the seeds' noise"
+                out.append(f"- {column.label}: paper {a} {_paper(paper_a, column)} > {b} {_paper(paper_b, column)}; "
+                           f"ours {_fmt(ours_a, column)} vs {_fmt(ours_b, column)}, paired difference "
+                           f"{fmt_ci(diff, half, scale, 2 if column.percent else 3)} (n={n}, {sure})")
+    if not out:
+        compared = sum(1 for r in spec.rows if r in spec.paper)
+        return [f"Every pair of the {compared} rows with paper numbers is in the paper's order.", ""] if compared \
+            else []
+    return ["Where the paper's order does not hold here (paper A > B, ours A < B):", ""] + out + [""]
+
+
+def _setting(groups: list[Group], spec: TableSpec) -> str:
+    """The settings the table's runs share, read from their configs."""
+    configs = [g.config for g in groups]
+    shared = [f"{k} {configs[0][k]}" for k in SETTING_KEYS
+              if k in configs[0] and all(c.get(k) == configs[0][k] for c in configs)]
+    clients = {int(g.runs[0].summary.get("num_clients", 0)) for g in groups}
+    seeds = sorted({r.seed for g in groups for r in g.runs})
+    hours = sum(float(r.summary.get("wall_seconds", 0.0)) for g in groups for r in g.runs) / 3600
+    return (f"Runs: {', '.join(shared)}; clients {', '.join(map(str, sorted(clients)))}; seeds {seeds}; "
+            f"{sum(len(g.runs) for g in groups)} runs, {hours:.1f} h of simulation on this machine.")
+
+
+def section(groups: list[Group], spec: TableSpec, figures_dir: Path, doc_dir: Path) -> list[str]:
+    """The markdown of one table: setting, ours beside the paper, order differences, notes, detail, figures."""
+    from .figures import draw_all
+
+    lines = [f"## {spec.title}", ""]
+    if spec.setting:
+        lines += [spec.setting, ""]
+    used = [g for g in groups if any((f := find_row([g], r)) and f[0] is g for r in spec.rows)]
+    if not used:
+        return lines + ["No run of this table has finished yet.", ""]
+    lines += [_setting(used, spec), ""]
+    if spec.source:
+        lines += [f"Paper: {spec.source}.", ""]
+    lines += beside_paper(used, spec) + order_differences(used, spec)
+    if spec.notes:
+        lines += [spec.notes, ""]
+    found_base = find_row(used, spec.baseline) if spec.baseline else None
+    base = found_base[0] if found_base else None
+    makers = {"overview": lambda: overview(used, base), "paired": lambda: paired_table(used, base),
+              "shift": lambda: shift_table(used), "unseen": lambda: unseen_table(used),
+              "corruption": lambda: corruption_table(used), "domain": lambda: domain_table(used),
+              "stages": lambda: stage_table(used)}
+    detail = [line for name in spec.sections for line in makers[name]()]
+    if detail:
+        lines += ["<details><summary>Detail</summary>", ""] + detail + ["</details>", ""]
+    if spec.figures:
+        out = figures_dir / spec.id
+        out.mkdir(parents=True, exist_ok=True)
+        for name in draw_all(used, base, out, only=spec.figures):
+            lines.append(f"![{spec.id}: {name}]({os.path.relpath(out / name, doc_dir)})")
+        lines.append("")
+    return lines
+
+
+def _machine() -> str:
+    import torch
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=False, cwd=Path(__file__).resolve().parent).stdout.strip()
+    except OSError:
+        commit = ""
+    return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, no GPU used, Python "
+            f"{platform.python_version()}, torch {torch.__version__}" + (f", commit {commit}" if commit else ""))
+
+
+def write_results(sweep_file: Path, runs_dir: Path, out: Path, command: str | None = None) -> tuple[Path, int, int]:
+    """The results document for a sweep file's tables over the finished runs in runs_dir; figures beside it in
+    figures/; returns (path, finished runs, runs in the sweep)."""
+    _, specs = load_sweep(sweep_file)
+    tables = load_tables(sweep_file)
+    finished = [s for s in specs if run_state(runs_dir / s.name) == "finished"]
+    if not finished:
+        raise ConfigError(f"no finished run of {sweep_file} under {runs_dir}: run `pflower sweep {sweep_file}` first")
+    groups = group_runs(find_runs([runs_dir / s.name for s in finished]))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = command or f"pflower results {sweep_file}"
+    lines = ["# Results: the seed papers' comparisons on this implementation", "",
+             f"Generated by `{command}` on {datetime.date.today().isoformat()} from {len(finished)} of {len(specs)} "
+             f"runs of `{sweep_file}`.", f"Machine: {_machine()}.", ""]
+    if len(finished) < len(specs):
+        lines += [f"**Incomplete:** {len(specs) - len(finished)} runs have not finished; `pflower sweep "
+                  f"{sweep_file}` resumes them.", ""]
+    lines += ["Accuracies are means over clients of the last evaluation, then mean +/- 95% t-interval over seeds.",
+              ""] + [f"- [{t.title}](#{_anchor(t.title)})" for t in tables] + [""]
+    for table in tables:
+        lines += section(groups, table, out.parent / "figures", out.parent)
+    atomic_write_text(out, "\n".join(lines) + "\n")
+    return out.resolve(), len(finished), len(specs)
+
+
+def _anchor(title: str) -> str:
+    """GitHub's heading anchor."""
+    kept = "".join(c for c in title.lower() if c.isalnum() or c in " -_")
+    return kept.replace(" ", "-")

@@ -1,0 +1,174 @@
+"""The `[[table]]` entries of a sweep file: which experiments a results table shows, the metrics of its columns,
+the paper's numbers beside ours, and the paragraph on where they differ; each metric read from a finished run."""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..hparams import ConfigError
+from .collect import CORRUPT, Group, Run
+
+TABLE_KEYS = {"id", "title", "source", "setting", "rows", "baseline", "columns", "paper", "sections", "figures",
+              "notes"}
+SECTIONS = ("overview", "paired", "shift", "unseen", "corruption", "domain", "stages")
+FIGURES = ("shift", "corruption", "costs", "frontier", "attention", "mask-overlap")
+RATIOS = {"mb-ratio": "mb", "flops-ratio": "flops"}
+DOMAIN = re.compile(r"^domain-.+-acc$")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One compared quantity: its header, the metric it reads and whether it is a percentage."""
+
+    label: str
+    metric: str
+
+    @property
+    def percent(self) -> bool:
+        """Accuracies are shown in %, costs and ratios as they are."""
+        return self.metric not in ("mb", "flops") and self.metric not in RATIOS
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A results table: rows (experiment names, an evaluation row's suffix allowed, e.g. 'mnist-dmpfl+'),
+    columns, the paper's value per row and column (NaN: not reported) and the text around it."""
+
+    id: str
+    title: str
+    source: str
+    setting: str
+    rows: tuple[str, ...]
+    baseline: str | None
+    columns: tuple[Column, ...]
+    paper: dict[str, tuple[float, ...]]
+    sections: tuple[str, ...]
+    figures: tuple[str, ...]
+    notes: str
+
+
+def _strings(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where} must be a list of strings")
+    return tuple(value)
+
+
+def _choices(value: Any, allowed: tuple[str, ...], where: str) -> tuple[str, ...]:
+    got = _strings(value, where)
+    unknown = [v for v in got if v not in allowed]
+    if unknown:
+        raise ConfigError(f"{where}: unknown {unknown}; allowed: {', '.join(allowed)}")
+    return got
+
+
+def parse_table(raw: dict[str, Any], experiments: set[str], where: str) -> TableSpec:
+    """One [[table]] entry checked against the sweep's experiment names (ConfigError naming what is wrong)."""
+    unknown = sorted(set(raw) - TABLE_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(TABLE_KEYS)}")
+    table_id = raw.get("id")
+    if not isinstance(table_id, str) or not table_id.replace("-", "").isalnum():
+        raise ConfigError(f"{where}: `id` must be letters, digits and '-' (it names the figures' folder)")
+    rows = _strings(raw.get("rows", []), f"{where} ({table_id}): rows")
+    if not rows:
+        raise ConfigError(f"{where} ({table_id}): no rows")
+    for row in rows:
+        if row.split("+")[0].split(" (")[0] not in experiments:
+            raise ConfigError(f"{where} ({table_id}): row {row!r} names no experiment of the sweep")
+    columns = []
+    for index, col in enumerate(raw.get("columns", []), start=1):
+        if not isinstance(col, dict) or not isinstance(col.get("label"), str) or not isinstance(col.get("metric"), str):
+            raise ConfigError(f"{where} ({table_id}): column {index} needs a `label` and a `metric` string")
+        columns.append(Column(col["label"], col["metric"]))
+    paper: dict[str, tuple[float, ...]] = {}
+    for row, values in dict(raw.get("paper", {})).items():
+        if row not in rows:
+            raise ConfigError(f"{where} ({table_id}): paper numbers for {row!r}, which is not one of its rows")
+        if not isinstance(values, list) or len(values) != len(columns) or not all(
+                isinstance(v, (int, float)) for v in values):
+            raise ConfigError(f"{where} ({table_id}): paper numbers for {row!r} must be {len(columns)} numbers "
+                              "(nan where the paper has none)")
+        paper[row] = tuple(float(v) for v in values)
+    baseline = raw.get("baseline")
+    if baseline is not None and baseline not in rows:
+        raise ConfigError(f"{where} ({table_id}): baseline {baseline!r} is not one of its rows")
+    return TableSpec(table_id, str(raw.get("title", table_id)), str(raw.get("source", "")),
+                     str(raw.get("setting", "")), rows, baseline, tuple(columns), paper,
+                     _choices(raw.get("sections", ["overview"]), SECTIONS, f"{where} ({table_id}): sections"),
+                     _choices(raw.get("figures", []), FIGURES, f"{where} ({table_id}): figures"),
+                     str(raw.get("notes", "")).strip())
+
+
+def load_tables(path: Path) -> list[TableSpec]:
+    """The [[table]] entries of a sweep file, in order (ConfigError when it has none)."""
+    raw = tomllib.loads(Path(path).read_text())
+    experiments = {str(e.get("name")) for e in raw.get("experiment", [])}
+    tables = [parse_table(t, experiments, f"sweep file {path}: table {i}")
+              for i, t in enumerate(raw.get("table", []), start=1)]
+    if not tables:
+        raise ConfigError(f"sweep file {path} has no [[table]] entries: nothing to put in a results document")
+    ids = [t.id for t in tables]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"sweep file {path}: two tables share an id")
+    return tables
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else math.nan
+
+
+def _corruption_mean(run: Run, prefix: str, severity: str | None) -> float:
+    values = [v for k, v in run.final.items() if k.startswith(prefix) and (m := CORRUPT.match(k[len(prefix):]))
+              and (severity is None or m.group(2) == severity)]
+    return sum(values) / len(values) if values else math.nan
+
+
+def _domain_mean(run: Run) -> float:
+    values = [v for k, v in run.final.items() if DOMAIN.match(k)]
+    return sum(values) / len(values) if values else math.nan
+
+
+def metric_reader(metric: str, prefix: str = "") -> Callable[[Run], float]:
+    """A function run -> value of `metric` for an evaluation row with metric-key `prefix`:
+    a final mean key ('acc-shift-0'), 'best:<key>' (the best evaluation round), 'std:<key>' (client spread),
+    'unseen:<key>' (held-out clients), 'stage:<stage>:<acc_local|acc_global|acc>', 'corrupt' or 'corrupt:<s>'
+    (mean over corruptions, at one severity), 'domains' (mean over the domain-<d>-acc keys: DapperFL's global
+    accuracy), 'mb', 'flops' (per client, training)."""
+    kind, _, rest = metric.partition(":")
+    if metric == "mb":
+        return lambda run: run.mb_per_client
+    if metric == "flops":
+        return lambda run: run.flops_per_client
+    if kind == "best":
+        return lambda run: _number(run.best_round().get(prefix + rest))
+    if kind == "std":
+        return lambda run: _number((run.summary.get("final") or {}).get("std", {}).get(prefix + rest))
+    if kind == "unseen":
+        return lambda run: _number((run.summary.get("unseen") or {}).get("mean", {}).get(prefix + rest))
+    if kind == "stage":
+        stage, _, key = rest.partition(":")
+        return lambda run: _number(((run.summary.get("stages") or {}).get(stage, {}).get(key) or [math.nan])[0])
+    if metric == "domains":
+        return lambda run: _domain_mean(run)
+    if kind == "corrupt":
+        return lambda run: _corruption_mean(run, prefix, rest or None)
+    return lambda run: _number(run.final.get(prefix + metric))
+
+
+def find_row(groups: list[Group], row: str) -> tuple[Group, str] | None:
+    """The group of a row name and its evaluation row's metric prefix ('' for the main row); None if not run."""
+    from ..algorithms import SPECS
+
+    for group in groups:
+        if row == group.label:
+            return group, ""
+        for extra in SPECS[group.algorithm].eval_rows if group.algorithm in SPECS else ():
+            if row == group.label + extra.suffix:
+                return group, extra.prefix
+    return None

@@ -1,0 +1,199 @@
+"""`pflower results`: sweep groups, [[table]] checks, metric readers and the document's exact cells, paper numbers
+and order differences, from hand-made run folders."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from common.experiments import cli
+from common.experiments.collect import Run
+from common.experiments.results import write_results
+from common.experiments.sweep import load_sweep
+from common.experiments.tables import load_tables, metric_reader
+from common.hparams import ConfigError
+from tests.test_experiments import _fixture_run
+
+REPO = Path(__file__).resolve().parents[1]
+T95_2 = 12.706204736174707  # Student t, 97.5%, 1 degree of freedom
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_groups_merge_defaults_group_and_experiment_in_that_order(tmp_path: Path) -> None:
+    text = """
+seeds = [0]
+[defaults]
+lr = 0.1
+local-epochs = 3
+[groups.g]
+lr = 0.2
+seeds = [1, 2]
+clients = 7
+[[experiment]]
+name = "a"
+group = "g"
+local-epochs = 4
+[[experiment]]
+name = "b"
+"""
+    _, specs = load_sweep(_write(tmp_path / "s.toml", text))
+    a = [s for s in specs if s.experiment == "a"]
+    assert [s.seed for s in a] == [1, 2] and {s.clients for s in a} == {7}
+    assert a[0].run_config["lr"] == 0.2 and a[0].run_config["local-epochs"] == 4
+    assert "clients" not in a[0].run_config and "seeds" not in a[0].run_config
+    b = [s for s in specs if s.experiment == "b"]
+    assert [s.seed for s in b] == [0] and b[0].run_config["lr"] == 0.1 and b[0].run_config["local-epochs"] == 3
+    with pytest.raises(ConfigError, match="group 'h' is not one of \\[groups.\\*\\]: g"):
+        load_sweep(_write(tmp_path / "s.toml", text + "[[experiment]]\nname = 'c'\ngroup = 'h'\n"))
+    with pytest.raises(ConfigError, match="experiment a: .*lr"):
+        load_sweep(_write(tmp_path / "s.toml", text.replace("lr = 0.2", "lr = -1.0")))
+
+
+def test_the_committed_results_sweep_and_its_tables_load() -> None:
+    name, specs = load_sweep(REPO / "bench" / "sweeps" / "results.toml")
+    tables = load_tables(REPO / "bench" / "sweeps" / "results.toml")
+    assert name == "results" and {s.seed for s in specs} == {0, 1, 2}
+    experiments = {s.experiment for s in specs}
+    for table in tables:
+        for row in table.rows:
+            assert row.rstrip("+") in experiments, row
+        for values in table.paper.values():
+            assert len(values) == len(table.columns)
+    assert {"dmpfl-mnist", "dmpfl-cifar", "fedamp-mnist", "fliu-path", "dapperfl-digits"} <= {t.id for t in tables}
+
+
+def test_bad_tables_are_refused_in_one_line(tmp_path: Path) -> None:
+    head = "[[experiment]]\nname = 'a'\n[[experiment]]\nname = 'b'\n"
+    cases = {
+        "[[table]]\nid = 'x'\nrows = ['a']\ncolour = 1\n": "unknown key",
+        "[[table]]\nid = 'x y'\nrows = ['a']\n": "`id` must be",
+        "[[table]]\nid = 'x'\nrows = ['c']\n": "row 'c' names no experiment",
+        "[[table]]\nid = 'x'\nrows = []\n": "no rows",
+        "[[table]]\nid = 'x'\nrows = ['a']\ncolumns = [{label = 'acc'}]\n": "needs a `label` and a `metric`",
+        "[[table]]\nid = 'x'\nrows = ['a']\ncolumns = [{label = 'acc', metric = 'acc-shift-0'}]\n"
+        "[table.paper]\nb = [1.0]\n": "paper numbers for 'b', which is not one of its rows",
+        "[[table]]\nid = 'x'\nrows = ['a']\ncolumns = [{label = 'acc', metric = 'acc-shift-0'}]\n"
+        "[table.paper]\na = [1.0, 2.0]\n": "must be 1 numbers",
+        "[[table]]\nid = 'x'\nrows = ['a']\nsections = ['pie']\n": "sections: unknown \\['pie'\\]",
+        "[[table]]\nid = 'x'\nrows = ['a']\nbaseline = 'b'\n": "baseline 'b' is not one of its rows",
+    }
+    for text, message in cases.items():
+        with pytest.raises(ConfigError, match=message):
+            load_sweep(_write(tmp_path / "s.toml", head + text))
+    with pytest.raises(ConfigError, match="no \\[\\[table\\]\\] entries"):
+        load_tables(_write(tmp_path / "s.toml", head))
+
+
+def test_metric_readers_read_each_kind_of_value() -> None:
+    summary = {"final": {"mean": {"acc-shift-0": 0.5, "plus-acc-shift-0": 0.6, "acc-corrupt-fog-1": 0.4,
+                                  "acc-corrupt-fog-3": 0.2, "acc-corrupt-contrast-1": 0.3,
+                                  "domain-mnist-acc": 0.9, "domain-syn-acc": 0.3},
+                         "std": {"acc-shift-0": 0.05}},
+               "unseen": {"mean": {"acc-shift-0": 0.25}},
+               "stages": {"L2": {"acc_local": [0.8, 0.1], "acc_global": [0.4, 0.1]}},
+               "mb_per_client": {"train_down": 1.5, "train_up": 0.5}, "train_flops_per_client": 3e9}
+    records = [{"round": r, "eval": {"mean": {"acc-shift-0": acc}}} for r, acc in ((1, 0.7), (2, 0.5))]
+    run = Run(Path("x"), {"seed": 0}, summary, records)
+    expected = {("acc-shift-0", ""): 0.5, ("acc-shift-0", "plus-"): 0.6, ("best:acc-shift-0", ""): 0.7,
+                ("std:acc-shift-0", ""): 0.05, ("unseen:acc-shift-0", ""): 0.25, ("stage:L2:acc_global", ""): 0.4,
+                ("corrupt", ""): 0.3, ("corrupt:1", ""): 0.35, ("corrupt:3", ""): 0.2, ("domains", ""): 0.6,
+                ("mb", ""): 2.0, ("flops", ""): 3e9}
+    for (metric, prefix), value in expected.items():
+        assert math.isclose(metric_reader(metric, prefix)(run), value), metric
+    for missing in ("acc-shift-1", "best:acc-shift-1", "stage:G:acc_global", "unseen:acc-shift-1", "corrupt:5"):
+        assert math.isnan(metric_reader(missing)(run)), missing
+
+
+SWEEP = """
+name = "doc"
+preset = "smoke"
+seeds = [0, 1]
+[[experiment]]
+name = "fedavg"
+algorithm = "fedavg"
+[[experiment]]
+name = "dmpfl"
+algorithm = "dmpfl"
+[[experiment]]
+name = "ditto"
+algorithm = "ditto"
+
+[[table]]
+id = "main"
+title = "Main table"
+source = "a paper, Table 9"
+rows = ["fedavg", "dmpfl", "dmpfl+", "ditto"]
+baseline = "fedavg"
+columns = [{ label = "0%", metric = "acc-shift-0" }, { label = "100%", metric = "acc-shift-1" },
+           { label = "MB x FedAvg", metric = "mb-ratio" }]
+sections = ["paired"]
+figures = ["shift"]
+notes = "Why ours differ."
+[table.paper]
+fedavg = [50.0, 45.0, 1.0]
+dmpfl = [70.0, 46.0, 0.4]
+"dmpfl+" = [69.0, 41.0, nan]
+ditto = [60.0, 44.0, 1.0]
+"""
+
+
+def test_the_results_document_holds_the_runs_numbers_the_papers_and_the_order_differences(tmp_path: Path) -> None:
+    sweep = _write(tmp_path / "doc.toml", SWEEP)
+    runs = tmp_path / "runs"
+    _fixture_run(runs, "fedavg-seed0", "fedavg", 0, 0.60, 0.40, 2.0, 1e9)
+    _fixture_run(runs, "fedavg-seed1", "fedavg", 1, 0.64, 0.44, 2.0, 1e9)
+    _fixture_run(runs, "dmpfl-seed0", "dmpfl", 0, 0.70, 0.30, 1.0, 5e8)
+    _fixture_run(runs, "dmpfl-seed1", "dmpfl", 1, 0.80, 0.34, 1.0, 5e8)
+    for seed in (0, 1):  # DM-PFL+'s row: 'plus-' keys of the same runs
+        path = runs / f"dmpfl-seed{seed}" / "summary.json"
+        summary = json.loads(path.read_text())
+        summary["final"]["mean"].update({"plus-acc-shift-0": 0.5, "plus-acc-shift-1": 0.45 + 0.1 * seed})
+        path.write_text(json.dumps(summary))
+    out = tmp_path / "docs" / "results.md"
+    path, done, total = write_results(sweep, runs, out, "pflower results doc.toml")
+    text = path.read_text()
+    assert (done, total) == (4, 6)
+    assert "Generated by `pflower results doc.toml`" in text and "from 4 of 6 runs" in text
+    assert "**Incomplete:** 2 runs have not finished" in text
+    def half(gap: float) -> str:  # the interval's half-width for two values `gap` apart (s = gap / sqrt 2)
+        return f"{100 * T95_2 * gap / math.sqrt(2) / math.sqrt(2):.2f}"
+    assert "| row | seeds | 0% (ours) | 0% (paper) | 100% (ours) | 100% (paper) | MB x FedAvg (ours) | " \
+           "MB x FedAvg (paper) |" in text
+    assert f"| fedavg | 2 | 62.00 +/- {half(0.04)} | 50.00 | 42.00 +/- {half(0.04)} | 45.00 | 1.000 | 1.000 |" in text
+    assert f"| dmpfl+ | 2 | 50.00 +/- 0.00 | 69.00 | 50.00 +/- {half(0.1)} | 41.00 | 0.500 | - |" in text
+    assert "| dmpfl | 2 | 75.00 +/- 63.53 | 70.00 | 32.00 +/- 25.41 | 46.00 | 0.500 | 0.400 |" in text
+    assert "| ditto | not run yet |  | 60.00 |  | 44.00 |  | 1.000 |" in text
+    # 0%: paper dmpfl 70 > dmpfl+ 69 > fedavg 50 (ditto not run); ours dmpfl 75 > fedavg 62 > dmpfl+ 50
+    assert "- 0%: paper dmpfl 70.00 > fedavg 50.00" not in text and "- 0%: paper dmpfl 70.00 > dmpfl+" not in text
+    assert (f"- 0%: paper dmpfl+ 69.00 > fedavg 50.00; ours 50.00 +/- 0.00 vs 62.00 +/- {half(0.04)}, "
+            f"paired difference -12.00 +/- {half(0.04)} (n=2, within the seeds' noise)") in text
+    # 100%: paper dmpfl 46 > fedavg 45 > dmpfl+ 41; ours dmpfl+ 50 > fedavg 42 > dmpfl 32; dmpfl - fedavg is -10
+    # on both seeds: an interval of zero width below zero
+    assert "- 100%: paper dmpfl 46.00 > fedavg 45.00; ours 32.00 +/- 25.41 vs 42.00 +/- 25.41, paired difference " \
+           "-10.00 +/- 0.00 (n=2, significant)" in text
+    assert "- 100%: paper dmpfl 46.00 > dmpfl+ 41.00" in text and "- 100%: paper fedavg 45.00 > dmpfl+ 41.00" in text
+    assert "MB x FedAvg: paper" not in text  # ours 1.0 / 0.5 keep the paper's order
+    assert "Why ours differ." in text and "Paper: a paper, Table 9." in text
+    assert (tmp_path / "docs" / "figures" / "main" / "accuracy_vs_shift.png").stat().st_size > 5_000
+    assert "](figures/main/accuracy_vs_shift.png)" in text
+    with pytest.raises(ConfigError, match="no finished run"):
+        write_results(sweep, tmp_path / "empty", out)
+
+
+def test_the_cli_writes_the_document_and_says_how_many_runs_it_used(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    sweep = _write(tmp_path / "doc.toml", SWEEP)
+    _fixture_run(tmp_path / "runs", "fedavg-seed0", "fedavg", 0, 0.60, 0.40, 2.0, 1e9)
+    out = tmp_path / "r.md"
+    assert cli.main(["results", str(sweep), "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    assert f"results: {out.resolve()} (1 of 6 runs finished)" in capsys.readouterr().out
+    assert "| fedavg | 1 | 60.00 | 50.00 | 40.00 | 45.00 | 1.000 | 1.000 |" in out.read_text()
+    assert cli.main(["results", str(tmp_path / "missing.toml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
