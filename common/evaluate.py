@@ -28,6 +28,27 @@ def predict_logits(model: nn.Module, x: torch.Tensor, batch_size: int = 512,
     return torch.cat(outs)
 
 
+class MemoLogits(nn.Module):
+    """A model that remembers its logits per input batch for its lifetime (one evaluation), so rows that run the
+    same model on the same sets (DM-PFL's theta_c, theta_g and their adaptive mix) pay one forward pass each."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.memo: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The wrapped model's logits on x, computed once per batch (the batch is kept, so its memory cannot be
+        reused by another tensor while the memo holds its key)."""
+        key = (x.data_ptr(), int(x.storage_offset()), tuple(x.shape), tuple(x.stride()))
+        hit = self.memo.get(key)
+        if hit is not None and torch.equal(hit[0], x):
+            return hit[1]
+        logits = self.model(x)
+        self.memo[key] = (x, logits)
+        return logits
+
+
 def entropy(probs: torch.Tensor) -> torch.Tensor:
     """Shannon entropy (nats) of each row of a probability matrix."""
     return -(probs * probs.clamp_min(1e-12).log()).sum(dim=1)

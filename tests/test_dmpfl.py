@@ -273,6 +273,56 @@ def test_evaluation_reports_dmpfl_plus_and_global() -> None:
     assert ev["num_clients"] == 4 and "plus-acc-shift-0" in ev["mean"] and "global-acc-shift-1" in ev["mean"]
 
 
+def _count_forwards(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts every batch a model of the project runs forward (every torch.nn.Sequential call at top level)."""
+    calls = [0]
+    original = torch.nn.Module.__call__
+
+    def counting(module: torch.nn.Module, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if type(module).__module__.startswith("common.models"):
+            calls[0] += 1
+        return original(module, *args, **kwargs)
+    monkeypatch.setattr(torch.nn.Module, "__call__", counting)
+    return calls
+
+
+def test_dmpfl_evaluation_runs_each_model_once_per_set_with_identical_metrics(monkeypatch) -> None:
+    import client_app.algorithms.dmpfl as client_dmpfl
+
+    results = {}
+    for memo in (True, False):
+        with monkeypatch.context() as patch:
+            if not memo:
+                patch.setattr(client_dmpfl, "MemoLogits", lambda model: model)
+            fed = _federation("dmpfl", **{"shift-degrees": "0,0.5,1"})
+            for rnd in range(1, 7):
+                fed.train_round(rnd)
+            calls = _count_forwards(patch)
+            replies = fed.evaluate(6)
+            results[memo] = calls[0], {cid: dict(r.metric_records["metrics"]) for cid, r in replies.items()}
+    (with_memo, metrics), (without, reference) = results[True], results[False]
+    assert metrics == reference, "the memo changes no metric"
+    # per client: test + shift sets for theta_c, theta_g and the adaptive mix (2 models each) = 8 passes without
+    # the memo, 4 with it, plus the base entropies on the training data in both
+    assert without - with_memo == 4 * len(reference), (with_memo, without)
+
+
+def test_memo_logits_runs_a_batch_once_and_tells_inputs_apart() -> None:
+    from common.evaluate import MemoLogits, predict_logits
+
+    calls = []
+    model = torch.nn.Linear(4, 3)
+    model.register_forward_hook(lambda module, inputs, output: calls.append(len(inputs[0])))
+    memo = MemoLogits(model)
+    x, other = torch.randn(10, 4), torch.randn(10, 4)
+    first = predict_logits(memo, x, batch_size=4)
+    assert calls == [4, 4, 2]
+    assert torch.equal(predict_logits(memo, x, batch_size=4), first) and calls == [4, 4, 2]
+    assert torch.equal(predict_logits(memo, other, batch_size=4), predict_logits(model, other, batch_size=4))
+    assert calls == [4, 4, 2, 4, 4, 2, 4, 4, 2]
+    assert torch.equal(first, predict_logits(model, x, batch_size=4))
+
+
 def test_sparse_upload_is_smaller_than_dense() -> None:
     fed = _federation("dmpfl", **{"sparsity": 0.8})
     reply = next(iter(fed.train_round(1).values()))

@@ -8,7 +8,7 @@ from flwr.app import RecordDict
 
 from common.algorithms import GLOBAL, PLUS
 from common.dmpfl import PARTIAL, AdaptiveModel, compose_personal, decode_partial_global, masks_digest
-from common.evaluate import entropy, predict_logits
+from common.evaluate import MemoLogits, entropy, predict_logits
 from common.masks import prune_and_regrow
 from common.train import TrainStats, train
 from common.validation import PayloadError, read_count, read_fraction, record_to_numpy
@@ -175,8 +175,9 @@ class DMPFLClient(SparseGlobalClient):
         """theta_c (DM-PFL), adaptive inference (DM-PFL+) and theta_g, at every shift degree."""
         w_g, m_g = self.refresh_global(content)
         w_c, m_c = self.personal(w_g, m_g)
-        model_c = self.to_model(self.theta_c(w_g, m_g, w_c, m_c))
-        model_g = self.to_model(self.theta_g(w_g, m_g))
+        # the three rows run theta_c and theta_g on the same sets: each pays one forward pass per batch
+        model_c = MemoLogits(self.to_model(self.theta_c(w_g, m_g, w_c, m_c)))
+        model_g = MemoLogits(self.to_model(self.theta_g(w_g, m_g)))
         plus = AdaptiveModel(model_c, model_g, *self.stored_base_entropies(content, model_c, model_g))
         extra = self.row(PLUS, plus)
         extra.update(self.row(GLOBAL, model_g))
