@@ -180,6 +180,8 @@ def test_the_results_document_holds_the_runs_numbers_the_papers_and_the_order_di
            "-10.00 +/- 0.00 (n=2, significant)" in text
     assert "- 100%: paper dmpfl 46.00 > dmpfl+ 41.00" in text and "- 100%: paper fedavg 45.00 > dmpfl+ 41.00" in text
     assert "MB x FedAvg: paper" not in text  # ours 1.0 / 0.5 keep the paper's order
+    # compared: 0% and 100% have 3 ordered pairs each (fedavg, dmpfl, dmpfl+), MB one (fedavg > dmpfl)
+    assert "(4 of the 7 ordered pairs with the paper's numbers; paper A > B, ours A < B)" in text
     assert "Why ours differ." in text and "Paper: a paper, Table 9." in text
     assert (tmp_path / "docs" / "figures" / "main" / "accuracy_vs_shift.png").stat().st_size > 5_000
     assert "](figures/main/accuracy_vs_shift.png)" in text
@@ -194,6 +196,8 @@ def test_the_cli_writes_the_document_and_says_how_many_runs_it_used(tmp_path: Pa
     out = tmp_path / "r.md"
     assert cli.main(["results", str(sweep), "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
     assert f"results: {out.resolve()} (1 of 6 runs finished)" in capsys.readouterr().out
-    assert "| fedavg | 1 | 60.00 | 50.00 | 40.00 | 45.00 | 1.000 | 1.000 |" in out.read_text()
+    text = out.read_text()
+    assert "| fedavg | 1 | 60.00 | 50.00 | 40.00 | 45.00 | 1.000 | 1.000 |" in text
+    assert "No two rows with the paper's numbers have finished on shared seeds yet." in text
     assert cli.main(["results", str(tmp_path / "missing.toml")]) == 2
     assert "does not exist" in capsys.readouterr().err
