@@ -192,3 +192,28 @@ def test_a_failed_run_is_explained_by_its_own_error_line_not_flowers() -> None:
     assert _last_error(output) == "mnist: expected train-images-idx3-ubyte.gz in /x/MNIST/raw"
     assert _last_error("ERROR : Exit Code: 700") == "Exit Code: 700"
     assert _last_error("all fine") == ""
+
+
+def test_a_kept_run_made_with_other_settings_stops_the_sweep_before_anything_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from common.config import parse_run_config
+    from common.experiments.runs import changed_settings
+
+    sweep = _write(tmp_path / "s.toml", "name = 's'\npreset = 'smoke'\n[[experiment]]\nname = 'a'\nlr = 0.1\n")
+    _, specs = load_sweep(sweep)
+    out = tmp_path / "out"
+    kept = out / specs[0].name
+    kept.mkdir(parents=True)
+    saved = {**parse_run_config(specs[0].run_config).to_dict(), "data-dir": "/elsewhere", "run-name": "x"}
+    (kept / "config.json").write_text(json.dumps(saved))
+    assert changed_settings(specs[0], kept) == []  # where the data lives is not a setting
+    (kept / "config.json").write_text(json.dumps({**saved, "lr": 0.05}))
+    assert changed_settings(specs[0], kept) == ["lr: 0.05 -> 0.1"]
+    assert changed_settings(specs[0], tmp_path / "nothing") == []
+    assert cli.main(["sweep", str(sweep), "--out", str(out)]) == 2  # before any SuperLink starts
+    err = capsys.readouterr().err
+    assert "1 kept run(s) under" in err and "a-seed0: lr: 0.05 -> 0.1" in err and "delete those run folders" in err
+    assert cli.main(["sweep", str(sweep), "--out", str(out), "--list"]) == 0
+    assert "a-seed0: incomplete (made with other settings: lr: 0.05 -> 0.1)" in capsys.readouterr().out
+    (kept / "config.json").write_text(json.dumps({**saved, "colour": "red"}))
+    assert changed_settings(specs[0], kept)[0].startswith("made by another version of the code (unknown run-config")

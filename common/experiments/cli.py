@@ -90,13 +90,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"pflower: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and the like: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("pflower: interrupted; finished runs are kept, `pflower sweep` resumes the rest", file=sys.stderr)
         return 130
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from .sweep import load_sweep, summary_line
+    from .sweep import check_kept_runs, load_sweep, summary_line
 
     if args.command == "presets":
         for item in PRESETS.values():
@@ -133,11 +136,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         sweep_name, specs = load_sweep(args.file)
         out = Path(args.out or Path("results") / sweep_name).expanduser().resolve()
         if args.list:
-            from .runs import run_state
+            from .runs import changed_settings, run_state
 
             for spec in specs:
-                print(f"{spec.name}: {run_state(out / spec.name)}")
+                changed = " (made with other settings: " + "; ".join(diff) + ")" if (
+                    diff := changed_settings(spec, out / spec.name)) else ""
+                print(f"{spec.name}: {run_state(out / spec.name)}{changed}")
             return 0
+    check_kept_runs(specs, out)
     results = _run_all(specs, out, app, args.timeout, sweep=args.command == "sweep")
     line, ok = summary_line(results, len(specs), args.command)
     print(line)

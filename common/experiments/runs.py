@@ -104,6 +104,25 @@ def run_state(run_dir: Path) -> str:
     return "incomplete" if run_dir.exists() else "new"
 
 
+KEPT_ASIDE = ("seed", "run-name", "results-dir", "resume", "data-dir", "client-state-dir")  # not the setting
+
+
+def changed_settings(spec: RunSpec, run_dir: Path) -> list[str]:
+    """The run-config keys whose value in a kept run's config.json differs from what `spec` asks now, as
+    'key: was -> now' (empty when the folder holds no config yet or the same settings)."""
+    path = run_dir / "config.json"
+    if not path.is_file():
+        return []
+    saved = {k: v for k, v in json.loads(path.read_text()).items() if k not in KEPT_ASIDE}
+    try:
+        was = parse_run_config(saved).to_dict()
+    except ConfigError as exc:
+        return [f"made by another version of the code ({exc})"]
+    now = parse_run_config({k: v for k, v in spec.run_config.items() if k not in KEPT_ASIDE}).to_dict()
+    return [f"{key}: {was.get(key)!r} -> {now.get(key)!r}" for key in sorted(set(was) | set(now))
+            if was.get(key) != now.get(key)]
+
+
 def execute(link: LocalSuperLink, app_dir: Path, spec: RunSpec, out_dir: Path, gpu: bool,
             echo: Callable[[str], None], timeout: float = 86_400.0) -> RunResult:
     """Run `spec` into out_dir/<name> (resumed from its checkpoint when an earlier attempt stopped); the full

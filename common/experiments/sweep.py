@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..hparams import ConfigError
 from .presets import preset
-from .runs import RunResult, RunSpec, parse_seeds, plan, run_state
+from .runs import RunResult, RunSpec, changed_settings, parse_seeds, plan, run_state
 from .tables import parse_table
 
 TOP_KEYS = {"name", "preset", "seeds", "defaults", "groups", "experiment", "table"}  # table: `pflower results`
@@ -58,6 +58,19 @@ def load_sweep(path: Path) -> tuple[str, list[RunSpec]]:
     for index, table in enumerate(raw.get("table", []), start=1):
         parse_table(table, names, f"sweep file {path}: table {index}")
     return str(raw.get("name", Path(path).stem)), specs
+
+
+def check_kept_runs(specs: list[RunSpec], out_dir: Path) -> None:
+    """ConfigError when a finished or resumable run under out_dir was made with other settings than its spec now
+    asks (a sweep file edited after some of its runs): mixing them would put two settings in one table."""
+    changed = [(s.name, diff) for s in specs if (diff := changed_settings(s, out_dir / s.name))]
+    if changed:
+        lines = [f"  {name}: {', '.join(diff[:4])}" + (f" (+{len(diff) - 4} more)" if len(diff) > 4 else "")
+                 for name, diff in changed[:8]]
+        more = f"\n  ... and {len(changed) - 8} more" if len(changed) > 8 else ""
+        raise ConfigError(f"{len(changed)} kept run(s) under {out_dir} were made with other settings than the sweep "
+                          "file now gives; delete those run folders (or name the experiments anew) and run again:\n"
+                          + "\n".join(lines) + more)
 
 
 def _clock(seconds: float) -> str:
