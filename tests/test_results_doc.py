@@ -201,3 +201,18 @@ def test_the_cli_writes_the_document_and_says_how_many_runs_it_used(tmp_path: Pa
     assert "No two rows with the paper's numbers have finished on shared seeds yet." in text
     assert cli.main(["results", str(tmp_path / "missing.toml")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_cost_ratios_pair_each_seed_with_the_baselines_run_of_that_seed(tmp_path: Path) -> None:
+    from common.experiments.collect import find_runs, group_runs
+    from common.experiments.results import _values
+    from common.experiments.tables import Column, TableSpec
+
+    _fixture_run(tmp_path, "base-seed0", "fedavg", 0, 0.6, 0.4, 2.0, 1e9)
+    _fixture_run(tmp_path, "base-seed1", "fedavg", 1, 0.6, 0.4, 4.0, 2e9)
+    _fixture_run(tmp_path, "x-seed1", "dmpfl", 1, 0.6, 0.4, 2.0, 1e9)  # only seed 1 has finished
+    groups = group_runs(find_runs([tmp_path]))
+    spec = TableSpec("t", "t", "", "", ("base", "x"), "base", (), {}, (), (), "")
+    assert _values(groups, spec, "x", Column("MB", "mb-ratio")) == {1: 0.5}  # not 2.0 / mean(2.0, 4.0)
+    assert _values(groups, spec, "x", Column("FLOPs", "flops-ratio")) == {1: 0.5}
+    assert _values(groups, spec, "base", Column("MB", "mb-ratio")) == {0: 1.0, 1: 1.0}
