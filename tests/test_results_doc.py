@@ -181,7 +181,9 @@ def test_the_results_document_holds_the_runs_numbers_the_papers_and_the_order_di
     assert "- 100%: paper dmpfl 46.00 > dmpfl+ 41.00" in text and "- 100%: paper fedavg 45.00 > dmpfl+ 41.00" in text
     assert "MB x FedAvg: paper" not in text  # ours 1.0 / 0.5 keep the paper's order
     # compared: 0% and 100% have 3 ordered pairs each (fedavg, dmpfl, dmpfl+), MB one (fedavg > dmpfl)
-    assert "(4 of the 7 ordered pairs with the paper's numbers; paper A > B, ours A < B)" in text
+    assert ("(4 of the 7 ordered pairs with the paper's numbers, 1 beyond the seeds' noise; paper A > B, ours A < B)"
+            in text)
+    assert "| [Main table](#main-table) | 4 / 6 | 7 | 4 | 1 |" in text  # the overview at the top
     assert "Why ours differ." in text and "Paper: a paper, Table 9." in text
     assert (tmp_path / "docs" / "figures" / "main" / "accuracy_vs_shift.png").stat().st_size > 5_000
     assert "](figures/main/accuracy_vs_shift.png)" in text

@@ -9,13 +9,14 @@ import math
 import os
 import platform
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..hparams import ConfigError
 from ..persist import atomic_write_text
 from .collect import Group, find_runs, group_runs
 from .report import corruption_table, domain_table, overview, paired_table, shift_table, stage_table, unseen_table
-from .runs import run_state
+from .runs import RunSpec, run_state
 from .stats import fmt_ci, mean_ci, paired_difference
 from .sweep import load_sweep
 from .tables import RATIOS, Column, TableSpec, find_row, load_tables, metric_reader
@@ -73,10 +74,21 @@ def beside_paper(groups: list[Group], spec: TableSpec) -> list[str]:
     return lines + [""]
 
 
-def order_differences(groups: list[Group], spec: TableSpec) -> list[str]:
+@dataclass(frozen=True)
+class OrderCheck:
+    """The paper's order against ours in one table: pairs compared, those that differ (text) and how many of
+    those differ beyond the seeds' noise."""
+
+    compared: int
+    differing: list[str]
+    significant: int
+
+
+def order_check(groups: list[Group], spec: TableSpec) -> OrderCheck:
     """Every pair of rows and column where the paper has A above B and our mean has B above A; 'significant'
     where the paired 95% interval over shared seeds excludes zero."""
-    out, compared = [], 0
+    out: list[str] = []
+    compared = significant = 0
     for index, column in enumerate(spec.columns):
         ranked = [(r, spec.paper[r][index]) for r in spec.rows
                   if r in spec.paper and math.isfinite(spec.paper[r][index])]
@@ -92,17 +104,25 @@ def order_differences(groups: list[Group], spec: TableSpec) -> list[str]:
                 if not diff < 0:
                     continue
                 scale = 100.0 if column.percent else 1.0
-                sure = "significant" if math.isfinite(half) and diff + half < 0 else "within the seeds' noise"
+                beyond = math.isfinite(half) and diff + half < 0
+                significant += beyond
+                sure = "significant" if beyond else "within the seeds' noise"
                 out.append(f"- {column.label}: paper {a} {_paper(paper_a, column)} > {b} {_paper(paper_b, column)}; "
                            f"ours {_fmt(ours_a, column)} vs {_fmt(ours_b, column)}, paired difference "
                            f"{fmt_ci(diff, half, scale, 2 if column.percent else 3)} (n={n}, {sure})")
-    if not compared:
+    return OrderCheck(compared, out, significant)
+
+
+def order_lines(check: OrderCheck, spec: TableSpec) -> list[str]:
+    """The order check as markdown."""
+    if not check.compared:
         return ["No two rows with the paper's numbers have finished on shared seeds yet.", ""] if spec.paper else []
-    if not out:
-        return [f"All {compared} ordered pairs (row, row, column) with the paper's numbers are in the paper's order "
-                "here.", ""]
-    return [f"Where the paper's order does not hold here ({len(out)} of the {compared} ordered pairs with the "
-            "paper's numbers; paper A > B, ours A < B):", ""] + out + [""]
+    if not check.differing:
+        return [f"All {check.compared} ordered pairs (row, row, column) with the paper's numbers are in the paper's "
+                "order here.", ""]
+    return [f"Where the paper's order does not hold here ({len(check.differing)} of the {check.compared} ordered "
+            f"pairs with the paper's numbers, {check.significant} beyond the seeds' noise; paper A > B, ours A < B):",
+            ""] + check.differing + [""]
 
 
 def _setting(groups: list[Group], spec: TableSpec) -> str:
@@ -130,7 +150,7 @@ def section(groups: list[Group], spec: TableSpec, figures_dir: Path, doc_dir: Pa
     lines += [_setting(used, spec), ""]
     if spec.source:
         lines += [f"Paper: {spec.source}.", ""]
-    lines += beside_paper(used, spec) + order_differences(used, spec)
+    lines += beside_paper(used, spec) + order_lines(order_check(used, spec), spec)
     if spec.notes:
         lines += [spec.notes, ""]
     found_base = find_row(used, spec.baseline) if spec.baseline else None
@@ -182,12 +202,27 @@ def write_results(sweep_file: Path, runs_dir: Path, out: Path, command: str | No
     if len(finished) < len(specs):
         lines += [f"**Incomplete:** {len(specs) - len(finished)} runs have not finished; `pflower sweep "
                   f"{sweep_file}` resumes them.", ""]
-    lines += ["Accuracies are means over clients of the last evaluation, then mean +/- 95% t-interval over seeds.",
-              ""] + [f"- [{t.title}](#{_anchor(t.title)})" for t in tables] + [""]
+    lines += ["Accuracies are means over clients of the last evaluation, then mean +/- 95% t-interval over seeds. "
+              "The order check compares every two rows of a column where the paper gives both numbers.", ""]
+    lines += overview_table(groups, tables, specs, runs_dir)
     for table in tables:
         lines += section(groups, table, out.parent / "figures", out.parent)
     atomic_write_text(out, "\n".join(lines) + "\n")
     return out.resolve(), len(finished), len(specs)
+
+
+def overview_table(groups: list[Group], tables: list[TableSpec], specs: list[RunSpec], runs_dir: Path) -> list[str]:
+    """One line per table: runs finished, pairs compared with the paper's order, those that differ."""
+    rows = []
+    for table in tables:
+        names = {r.split("+")[0].split(" (")[0] for r in table.rows}
+        mine = [s for s in specs if s.experiment in names]
+        done = sum(run_state(runs_dir / s.name) == "finished" for s in mine)
+        check = order_check(groups, table)
+        rows.append(f"| [{table.title}](#{_anchor(table.title)}) | {done} / {len(mine)} | {check.compared} | "
+                    f"{len(check.differing)} | {check.significant} |")
+    return ["| table | runs finished | ordered pairs compared with the paper | order differs | of which beyond "
+            "the seeds' noise |", "|---|---|---|---|---|"] + rows + [""]
 
 
 def _anchor(title: str) -> str:
