@@ -19,7 +19,7 @@ from .report import corruption_table, domain_table, overview, paired_table, shif
 from .runs import RunSpec, run_state
 from .stats import fmt_ci, mean_ci, paired_difference
 from .sweep import load_sweep
-from .tables import RATIOS, Column, TableSpec, find_row, load_tables, metric_reader
+from .tables import RATIOS, Column, TableSpec, find_row, load_tables, metric_reader, row_experiment
 
 SETTING_KEYS = ("dataset", "model", "partition", "dirichlet-alpha", "max-samples", "num-rounds", "fraction-train",
                 "local-epochs", "batch-size", "optimizer", "lr")
@@ -137,7 +137,7 @@ def _setting(groups: list[Group], spec: TableSpec) -> str:
             f"{sum(len(g.runs) for g in groups)} runs, {hours:.1f} h wall-clock on this machine.")
 
 
-def section(groups: list[Group], spec: TableSpec, figures_dir: Path, doc_dir: Path) -> list[str]:
+def section(groups: list[Group], spec: TableSpec, check: OrderCheck, figures_dir: Path, doc_dir: Path) -> list[str]:
     """The markdown of one table: setting, ours beside the paper, order differences, notes, detail, figures."""
     from .figures import draw_all
 
@@ -150,7 +150,7 @@ def section(groups: list[Group], spec: TableSpec, figures_dir: Path, doc_dir: Pa
     lines += [_setting(used, spec), ""]
     if spec.source:
         lines += [f"Paper: {spec.source}.", ""]
-    lines += beside_paper(used, spec) + order_lines(order_check(used, spec), spec)
+    lines += beside_paper(used, spec) + order_lines(check, spec)
     if spec.notes:
         lines += [spec.notes, ""]
     found_base = find_row(used, spec.baseline) if spec.baseline else None
@@ -204,21 +204,22 @@ def write_results(sweep_file: Path, runs_dir: Path, out: Path, command: str | No
                   f"{sweep_file}` resumes them.", ""]
     lines += ["Accuracies are means over clients of the last evaluation, then mean +/- 95% t-interval over seeds. "
               "The order check compares every two rows of a column where the paper gives both numbers.", ""]
-    lines += overview_table(groups, tables, specs, runs_dir)
-    for table in tables:
-        lines += section(groups, table, out.parent / "figures", out.parent)
+    checks = [order_check(groups, table) for table in tables]
+    lines += overview_table(tables, checks, specs, runs_dir)
+    for table, check in zip(tables, checks):
+        lines += section(groups, table, check, out.parent / "figures", out.parent)
     atomic_write_text(out, "\n".join(lines) + "\n")
     return out.resolve(), len(finished), len(specs)
 
 
-def overview_table(groups: list[Group], tables: list[TableSpec], specs: list[RunSpec], runs_dir: Path) -> list[str]:
+def overview_table(tables: list[TableSpec], checks: list[OrderCheck], specs: list[RunSpec],
+                   runs_dir: Path) -> list[str]:
     """One line per table: runs finished, pairs compared with the paper's order, those that differ."""
     rows = []
-    for table in tables:
-        names = {r.split("+")[0].split(" (")[0] for r in table.rows}
+    for table, check in zip(tables, checks):
+        names = {row_experiment(r) for r in table.rows}
         mine = [s for s in specs if s.experiment in names]
         done = sum(run_state(runs_dir / s.name) == "finished" for s in mine)
-        check = order_check(groups, table)
         rows.append(f"| [{table.title}](#{_anchor(table.title)}) | {done} / {len(mine)} | {check.compared} | "
                     f"{len(check.differing)} | {check.significant} |")
     return ["| table | runs finished | ordered pairs compared with the paper | order differs | of which beyond "

@@ -47,14 +47,13 @@ def load_sweep(path: Path) -> tuple[str, list[RunSpec]]:
         if group is not None and group not in groups:
             raise ConfigError(f"sweep file {path}: experiment {name}: group {group!r} is not one of [groups.*]: "
                               f"{', '.join(sorted(groups)) or 'none defined'}")
-        shared = {**raw, **groups.get(group, {}), **entry}  # seeds, clients, preset: the experiment's, else ...
-        config = {**defaults, **{k: v for k, v in {**groups.get(group, {}), **entry}.items()
-                                 if k not in EXPERIMENT_KEYS}}
-        seeds = parse_seeds(shared.get("seeds", [0]))
-        clients = {**groups.get(group, {}), **entry}.get("clients")
+        own = {**groups.get(group, {}), **entry}  # the group's keys, the experiment's over them
+        config = {**defaults, **{k: v for k, v in own.items() if k not in EXPERIMENT_KEYS}}
+        seeds = parse_seeds(own.get("seeds", raw.get("seeds", [0])))
+        clients = own.get("clients")
         if clients is not None and (not isinstance(clients, int) or clients < 1):
             raise ConfigError(f"sweep file {path}: experiment {name}: clients must be a positive integer")
-        specs.extend(plan(name, preset(shared.get("preset", "smoke")), config, seeds, clients))
+        specs.extend(plan(name, preset(own.get("preset", raw.get("preset", "smoke"))), config, seeds, clients))
     for index, table in enumerate(raw.get("table", []), start=1):
         parse_table(table, names, f"sweep file {path}: table {index}")
     return str(raw.get("name", Path(path).stem)), specs

@@ -53,6 +53,11 @@ class TableSpec:
     notes: str
 
 
+def row_experiment(row: str) -> str:
+    """The experiment a row belongs to: 'mnist-dmpfl+' and 'mnist-dmpfl (global model)' -> 'mnist-dmpfl'."""
+    return row.split("+")[0].split(" (")[0]
+
+
 def _strings(value: Any, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{where} must be a list of strings")
@@ -79,7 +84,7 @@ def parse_table(raw: dict[str, Any], experiments: set[str], where: str) -> Table
     if not rows:
         raise ConfigError(f"{where} ({table_id}): no rows")
     for row in rows:
-        if row.split("+")[0].split(" (")[0] not in experiments:
+        if row_experiment(row) not in experiments:
             raise ConfigError(f"{where} ({table_id}): row {row!r} names no experiment of the sweep")
     columns = []
     for index, col in enumerate(raw.get("columns", []), start=1):
