@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flwr.app import MessageType
 
+from common.attention import ModelMatrix, cloud_models
 from common.config import parse_run_config
 from server_app.exchange import exchange
 from server_app.replies import TrainReply
@@ -171,3 +172,55 @@ def test_pretraining_hands_the_strategy_a_window_of_replies_at_a_time() -> None:
     assert [len(f) for f in runner.folds] == [4, 4, 2]
     assert sorted(r.metadata.src_node_id for r in sum(runner.folds, [])) == list(range(10))
     assert runner.round_log.train["pretrain"]["used"] == 10
+
+
+def _peak_rss_kib() -> int:
+    return int(next(line for line in Path("/proc/self/status").read_text().splitlines()
+                    if line.startswith("VmHWM")).split()[1])
+
+
+def _reset_peak_rss() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+
+
+def test_store_results_equal_the_in_memory_ones(tmp_path: Path) -> None:
+    """Gram rows and cloud models read from the file (column blocks by pread) are those of the same rows in memory;
+    several column blocks are crossed (7 rows x 30,000 values, blocks of 1024+ columns)."""
+    rng = np.random.default_rng(3)
+    rows = rng.normal(size=(7, 30_000)).astype(np.float32)
+    stored = ModelMatrix(7, np.zeros(30_000, np.float32), True, tmp_path / "store.npy")
+    in_memory = ModelMatrix(7, np.zeros(30_000, np.float32), True)
+    for matrix in (stored, in_memory):
+        matrix.set_rows(list(range(7)), rows)
+    assert isinstance(stored.W, np.memmap)
+    np.testing.assert_allclose(stored.G, in_memory.G, rtol=1e-12)
+    np.testing.assert_allclose(stored.G, rows.astype(np.float64) @ rows.astype(np.float64).T, rtol=1e-12)
+    xi = rng.random((7, 7))
+    np.testing.assert_allclose(cloud_models(xi, stored.W, [5, 2]), cloud_models(xi, in_memory.W, [5, 2]),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(cloud_models(xi, stored.W, [5, 2]), (xi[[5, 2]] @ rows.astype(np.float64)),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
+def test_a_round_on_the_store_keeps_it_out_of_resident_memory(tmp_path: Path) -> None:
+    """A round on a 320 MB store (20 uploads written, the Gram update, 20 cloud models) peaks well under the store:
+    its pages are released and column blocks are read by pread. Reading it through the mapping, the same measure
+    sees the whole store resident, so the check can fail."""
+    store_kib = 4 * CLIENTS * VALUES // 1024
+    matrix = ModelMatrix(CLIENTS, np.zeros(VALUES, np.float32), True, tmp_path / "store.npy")
+    rng = np.random.default_rng(0)
+    uploads = [[rng.normal(size=VALUES).astype(np.float32)] for _ in range(20)]
+    try:
+        _reset_peak_rss()
+    except OSError:
+        pytest.skip("/proc/self/clear_refs is not writable here")
+    before = _peak_rss_kib()
+    matrix.set_rows_from_arrays(list(range(0, CLIENTS, 10)), uploads)
+    cloud = cloud_models(np.full((CLIENTS, CLIENTS), 1.0 / CLIENTS), matrix.W, list(range(20)))
+    assert _peak_rss_kib() - before < 0.6 * store_kib
+    del cloud
+    _reset_peak_rss()
+    before = _peak_rss_kib()
+    float(np.asarray(matrix.W).sum(dtype=np.float64))  # through the mapping
+    assert _peak_rss_kib() - before > 0.9 * store_kib

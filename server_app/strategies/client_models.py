@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 from flwr.app import ArrayRecord
 
-from common.attention import ModelMatrix
+from common.attention import ModelMatrix, row_blocks
 from common.config import RunConfig
 from common.models import ModelLayout
 from common.records import flatten, to_record, unflatten
@@ -82,8 +82,8 @@ class ClientModelsStrategy(PFLStrategy):
         if len(heard) == 0:
             return self.global_record()
         total = np.zeros(matrix.W.shape[1], dtype=np.float64)
-        for row in heard:  # row by row: no copy of all the heard rows at once
-            total += matrix.W[row]
+        for block in row_blocks(matrix.W, heard):  # no copy of all the heard rows at once
+            total += block.sum(axis=0, dtype=np.float64)
         return self.model_record((total / len(heard)).astype(np.float32))
 
     def store_replies(self, replies: list[TrainReply]) -> None:
@@ -99,10 +99,13 @@ def check_matrix(matrix: ModelMatrix, width: int) -> None:
     diagonal = squared row norms): ValueError otherwise. Cost: one pass over the rows."""
     if matrix.W.ndim != 2 or matrix.W.shape[1] != width:
         raise ValueError(f"checkpoint's client models have shape {matrix.W.shape}, the model has {width} parameters")
-    if not np.all(np.isfinite(matrix.W)):
-        raise ValueError("checkpoint's client models have NaN or Inf values")
+    block_norms = []
+    for block in row_blocks(matrix.W):  # block by block: a whole-store isfinite would need a bool per value
+        if not np.all(np.isfinite(block)):
+            raise ValueError("checkpoint's client models have NaN or Inf values")
+        block_norms.append(np.einsum("ij,ij->i", block, block, dtype=np.float64))
     if matrix.track_gram:
-        norms = np.einsum("ij,ij->i", matrix.W, matrix.W, dtype=np.float64)
+        norms = np.concatenate(block_norms)
         if not (np.all(np.isfinite(matrix.G)) and np.allclose(matrix.G, matrix.G.T)
                 and np.allclose(np.diag(matrix.G), norms, rtol=1e-4, atol=1e-6)):
             raise ValueError("checkpoint's Gram matrix is not that of its client models")
