@@ -2,63 +2,16 @@
 
 from __future__ import annotations
 
-import mmap
-import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from .pages import column_blocks, release_pages, row_blocks, store_file
+
 # Bytes of float64 column blocks converted at a time for the Gram matrix: bounds the extra memory
 # instead of a float64 copy of the whole (m x d) matrix.
 _GRAM_BLOCK_BYTES = 64 << 20
-# Bytes of a memory-mapped store's rows handled at a time by row_blocks.
-_RESIDENT_BYTES = 256 << 20
-
-
-def release_pages(W: np.ndarray) -> None:
-    """Drop a memory-mapped store's pages from this process's resident memory (no-op for an in-memory array).
-
-    The data stays in the file and the page cache (dirty pages are written back, not lost): without this, every
-    row ever read or written stays counted in the process's RSS, up to the whole store (6.6 GB at 1,000 clients).
-    """
-    mapping = getattr(W, "_mmap", None)  # numpy keeps the mmap of a memmap (and of its views) here
-    if isinstance(mapping, mmap.mmap):
-        mapping.madvise(mmap.MADV_DONTNEED)
-
-
-def _store_file(W: np.ndarray) -> tuple[str, int] | None:
-    """(file, byte offset) of a whole memory-mapped float32 store (as model_store makes it), else None."""
-    if (isinstance(W, np.memmap) and isinstance(W.base, mmap.mmap) and W.filename is not None
-            and W.flags.c_contiguous and W.dtype == np.float32):
-        return str(W.filename), int(W.offset)
-    return None
-
-
-def column_blocks(W: np.ndarray, width: int) -> Iterator[tuple[int, np.ndarray]]:
-    """(start, W[:, start:start + width]) for consecutive column blocks.
-
-    A memory-mapped store's blocks are read with pread into one scratch block, never through the mapping: the
-    kernel maps a file's pages in large folios (~2 MB here), so touching a few columns of every row through the
-    mapping would make the whole store resident.
-    """
-    located = _store_file(W)
-    if located is None:
-        for start in range(0, W.shape[1], width):
-            yield start, W[:, start:start + width]
-        return
-    path, offset = located
-    rows, cols = W.shape
-    scratch = np.empty((rows, width), dtype=np.float32)
-    with open(path, "rb", buffering=0) as fh:
-        for start in range(0, cols, width):
-            block = scratch[:, :min(width, cols - start)]
-            nbytes = block.shape[1] * 4
-            for row in range(rows):
-                position = offset + (row * cols + start) * 4
-                if os.preadv(fh.fileno(), [memoryview(block[row])], position) != nbytes:
-                    raise OSError(f"{path}: short read of row {row} of the model store")
-            yield start, block
 
 
 def _check_models(W: np.ndarray) -> np.ndarray:
@@ -66,17 +19,6 @@ def _check_models(W: np.ndarray) -> np.ndarray:
     if W.ndim != 2 or W.shape[0] < 1:
         raise ValueError(f"expected a (clients x params) matrix, got shape {W.shape}")
     return W
-
-
-def row_blocks(W: np.ndarray, rows: np.ndarray | None = None) -> Iterator[np.ndarray]:
-    """The given rows of W (all when None) as consecutive blocks of at most ~256 MB; a memory-mapped store's pages
-    are released after each block."""
-    picked = np.arange(W.shape[0]) if rows is None else np.asarray(rows, dtype=np.int64)
-    step = max(1, _RESIDENT_BYTES // max(W.shape[1] * W.itemsize, 1))
-    for start in range(0, len(picked), step):
-        part = picked[start:start + step]
-        yield W[part[0]:part[-1] + 1] if rows is None else W[part]
-        release_pages(W)
 
 
 def gram_rows(W: np.ndarray, rows: np.ndarray | list[int] | None = None) -> np.ndarray:
@@ -112,6 +54,19 @@ def model_store(num_clients: int, initial: np.ndarray, path: Path | None = None)
     return store
 
 
+def copy_to_store(W: np.ndarray, path: Path) -> np.ndarray:
+    """A new memory-mapped float32 store at `path` holding W's rows, copied block by block (W may itself be
+    memory-mapped: neither becomes resident in full)."""
+    W = _check_models(W)
+    store = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=W.shape)
+    start = 0
+    for block in row_blocks(W):
+        store[start:start + len(block)] = block
+        release_pages(store)
+        start += len(block)
+    return store
+
+
 class ModelMatrix:
     """Every client's latest model as one float32 row of an (m x d) matrix, with W W^T kept current.
 
@@ -131,10 +86,12 @@ class ModelMatrix:
         self.heard = np.zeros(num_clients, dtype=bool)  # rows replaced by an upload at least once
 
     @classmethod
-    def from_state(cls, W: np.ndarray, G: np.ndarray, heard: np.ndarray, track_gram: bool) -> ModelMatrix:
-        """A matrix restored from a checkpoint (rows, Gram matrix, which rows were ever uploaded)."""
+    def from_state(cls, W: np.ndarray, G: np.ndarray, heard: np.ndarray, track_gram: bool,
+                   path: Path | None = None) -> ModelMatrix:
+        """A matrix restored from a checkpoint (rows, Gram matrix, which rows were ever uploaded); with `path` the
+        rows are copied block by block into a new memory-mapped store there."""
         matrix = cls.__new__(cls)
-        matrix.W = np.ascontiguousarray(W, dtype=np.float32)
+        matrix.W = np.ascontiguousarray(W, dtype=np.float32) if path is None else copy_to_store(W, path)
         matrix.G = np.ascontiguousarray(G, dtype=np.float64)
         matrix.heard = np.asarray(heard, dtype=bool)
         matrix.track_gram = track_gram
@@ -311,7 +268,7 @@ def cloud_models(xi: np.ndarray, W: np.ndarray, rows: list[int] | None = None) -
     if xi.shape != (W.shape[0], W.shape[0]):
         raise ValueError(f"xi has shape {xi.shape}, expected {(W.shape[0], W.shape[0])}")
     weights = (xi if rows is None else xi[np.asarray(rows, dtype=np.int64)]).astype(np.float32)
-    if _store_file(W) is None:
+    if store_file(W) is None:
         # float32 GEMM: a float64 one would first copy the whole (m x d) model matrix.
         return weights @ W.astype(np.float32, copy=False)
     out = np.empty((weights.shape[0], W.shape[1]), dtype=np.float32)

@@ -8,9 +8,11 @@ import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 import numpy as np
+
+from .pages import row_blocks
 
 META_KEY = "__meta__"
 
@@ -104,19 +106,65 @@ def unpack(arrays: dict[str, np.ndarray]) -> Any:
     return walk(skeleton)
 
 
+def _write_npy(entry: IO[bytes], array: np.ndarray) -> None:
+    """One array in .npy format; a memory-mapped one row block by row block, its pages released as it goes (a
+    server's store of 1,000 client models would otherwise become resident in full)."""
+    if not isinstance(array, np.memmap) or not array.flags.c_contiguous or array.ndim == 0:
+        np.lib.format.write_array(entry, array, allow_pickle=False)
+        return
+    np.lib.format.write_array_header_1_0(entry, np.lib.format.header_data_from_array_1_0(array))
+    for block in row_blocks(array):
+        entry.write(block.reshape(-1).view(np.uint8).data)  # bytes: zipfile counts len() of what it writes
+
+
 def save_tree(path: Path, tree: Any) -> int:
-    """Pack `tree` into an .npz written atomically (streamed to disk, no copy in memory); returns its size."""
+    """Pack `tree` into an .npz (uncompressed, as np.savez writes it) written atomically and streamed to disk, with no
+    copy in memory; returns its size."""
     with atomic_file(path) as fh:
-        np.savez(fh, allow_pickle=False, **pack(tree))
+        with zipfile.ZipFile(fh, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+            for key, array in pack(tree).items():
+                with archive.open(f"{key}.npy", "w", force_zip64=True) as entry:
+                    _write_npy(entry, array)
         size = fh.tell()
     return size
 
 
-def load_tree(path: Path) -> Any:
-    """Read a file written by `save_tree` (numpy arrays only: pickled objects are refused)."""
+def _mapped_member(path: Path, archive: zipfile.ZipFile, name: str) -> np.ndarray | None:
+    """A stored (uncompressed) .npy member of an .npz memory-mapped copy-on-write in place, or None when it cannot
+    be (compressed, object dtype, sizes that do not add up)."""
+    info = archive.getinfo(name)
+    if info.compress_type != zipfile.ZIP_STORED:
+        return None
+    with open(path, "rb") as fh:
+        fh.seek(info.header_offset)
+        local = fh.read(30)
+        if len(local) != 30 or local[:4] != b"PK\x03\x04":
+            return None
+        data_start = info.header_offset + 30 + int.from_bytes(local[26:28], "little") + \
+            int.from_bytes(local[28:30], "little")
+        fh.seek(data_start)
+        version = np.lib.format.read_magic(fh)
+        readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+        if version not in readers:
+            return None
+        shape, fortran, dtype = readers[version](fh)
+        offset = fh.tell()
+    if dtype.hasobject or offset - data_start + int(np.prod(shape)) * dtype.itemsize != info.file_size:
+        return None
+    return np.memmap(path, dtype=dtype, mode="c", offset=offset, shape=shape, order="F" if fortran else "C")
+
+
+def load_tree(path: Path, map_from_bytes: int | None = None) -> Any:
+    """Read a file written by `save_tree` (numpy arrays only: pickled objects are refused). Arrays of at least
+    `map_from_bytes` are memory-mapped copy-on-write from the file instead of read into memory."""
     try:
         with np.load(path, allow_pickle=False) as npz:
-            arrays = {key: npz[key] for key in npz.files}
+            arrays = {}
+            for key in npz.files:
+                info = npz.zip.getinfo(f"{key}.npy")
+                mapped = (_mapped_member(Path(path), npz.zip, f"{key}.npy")
+                          if map_from_bytes is not None and info.file_size >= map_from_bytes else None)
+                arrays[key] = mapped if mapped is not None else npz[key]
         return unpack(arrays)
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise StateFileError(f"{path}: not a readable state file ({exc})") from None

@@ -15,6 +15,8 @@ from .results import ResultsWriter
 from .strategies.base import PFLStrategy
 
 FORMAT = 1
+# Arrays this large are memory-mapped from the checkpoint on resume, not read into memory (FedAMP's client models).
+MAP_FROM_BYTES = 64 << 20
 # keys that may differ between a run and its resumption (the rest must match: clients read the same config)
 RESUMABLE_CHANGES = frozenset({"resume", "num-rounds", "round-timeout", "data-dir", "results-dir", "run-name",
                                "checkpoint-every"})
@@ -46,7 +48,7 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
         raise StateFileError(f"{path} does not exist: the run wrote no checkpoint (checkpoint-every=0, or it "
                              "stopped before its first round ended)")
     try:
-        tree = load_tree(path)
+        tree = load_tree(path, map_from_bytes=MAP_FROM_BYTES)
     except RecursionError:
         raise StateFileError(f"{path}: damaged checkpoint (nested too deeply)") from None
     if not isinstance(tree, dict) or tree.get("format") != FORMAT:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -97,3 +98,17 @@ def test_resume_may_change_rounds_but_not_what_clients_compute() -> None:
     recorded = {"num-rounds": 10, "lr": 0.05, "results-dir": "/a", "resume": ""}
     assert config_differences(recorded, {**recorded, "num-rounds": 20, "resume": "/a/run"}) == []
     assert config_differences(recorded, {**recorded, "lr": 0.1}) == ["lr"]
+
+
+def test_a_resumed_client_models_strategy_restores_its_rows_into_the_run_folders_store(tmp_path) -> None:
+    fed = _federation("fedamp", "")
+    fed.strategy.workdir = tmp_path
+    fed.train_round(1)
+    save_checkpoint(tmp_path, Checkpoint(1, fed.strategy.state_dict(), [{"round": 1}], 0.0, []))
+    resumed = _federation("fedamp", "")
+    resumed.strategy.workdir = tmp_path / "resumed"
+    resumed.strategy.workdir.mkdir()
+    resumed.strategy.load_state_dict(load_checkpoint(tmp_path).state)
+    W = resumed.strategy.matrix.W
+    assert isinstance(W, np.memmap) and Path(W.filename) == tmp_path / "resumed" / "client-models.npy"
+    assert np.array_equal(W, fed.strategy.matrix.W)

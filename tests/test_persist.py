@@ -119,3 +119,25 @@ def test_unreadable_newest_version_falls_back_to_an_older_one(tmp_path) -> None:
     (tmp_path / "p0" / "round-000002.npz").write_bytes(b"torn")
     version, record = store.load(3, training=True)
     assert version == 1 and _value(record) == 1.0
+
+
+def test_memory_mapped_arrays_are_streamed_and_can_be_mapped_back(tmp_path) -> None:
+    """A memmap is written row block by row block; np.load reads the file like np.savez's; load_tree maps arrays from
+    `map_from_bytes` on, copy-on-write (writing to the mapped copy leaves the file as it was)."""
+    store = np.lib.format.open_memmap(tmp_path / "store.npy", mode="w+", dtype=np.float32, shape=(300, 1000))
+    store[:] = np.arange(300 * 1000, dtype=np.float32).reshape(300, 1000)
+    small = np.arange(5, dtype=np.int64)
+    save_tree(tmp_path / "state.npz", {"W": store, "small": small, "n": 3})
+    reference = tmp_path / "reference.npz"
+    np.savez(reference, allow_pickle=False, **pack({"W": np.asarray(store), "small": small, "n": 3}))
+    with np.load(tmp_path / "state.npz") as ours, np.load(reference) as theirs:
+        assert ours.files == theirs.files
+        for key in ours.files:
+            assert np.array_equal(ours[key], theirs[key])
+    mapped = load_tree(tmp_path / "state.npz", map_from_bytes=1 << 20)
+    assert isinstance(mapped["W"], np.memmap) and not isinstance(mapped["small"], np.memmap) and mapped["n"] == 3
+    assert np.array_equal(mapped["W"], store)
+    mapped["W"][0, 0] = -1.0
+    assert load_tree(tmp_path / "state.npz")["W"][0, 0] == 0.0
+    plain = load_tree(tmp_path / "state.npz")
+    assert not isinstance(plain["W"], np.memmap) and np.array_equal(plain["W"], store)

@@ -224,3 +224,33 @@ def test_a_round_on_the_store_keeps_it_out_of_resident_memory(tmp_path: Path) ->
     before = _peak_rss_kib()
     float(np.asarray(matrix.W).sum(dtype=np.float64))  # through the mapping
     assert _peak_rss_kib() - before > 0.9 * store_kib
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
+def test_checkpoint_and_resume_of_the_store_stay_out_of_resident_memory(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writing a checkpoint with a 320 MB store, and restoring it into a new store in the run folder, each peak far
+    under the store (row blocks of 32 MB here); the restored rows and Gram matrix are the saved ones."""
+    from common import pages
+    from common.persist import load_tree, save_tree
+
+    monkeypatch.setattr(pages, "_RESIDENT_BYTES", 32 << 20)
+    store_kib = 4 * CLIENTS * VALUES // 1024
+    matrix = ModelMatrix(CLIENTS, np.full(VALUES, 0.5, np.float32), True, tmp_path / "store.npy")
+    matrix.set_rows([3, 7], np.stack([np.full(VALUES, 1.0, np.float32), np.full(VALUES, 2.0, np.float32)]))
+    try:
+        _reset_peak_rss()
+    except OSError:
+        pytest.skip("/proc/self/clear_refs is not writable here")
+    before = _peak_rss_kib()
+    save_tree(tmp_path / "checkpoint.npz", {"W": matrix.W, "G": matrix.G, "heard": matrix.heard})
+    assert _peak_rss_kib() - before < 0.3 * store_kib
+    _reset_peak_rss()
+    before = _peak_rss_kib()
+    saved = load_tree(tmp_path / "checkpoint.npz", map_from_bytes=64 << 20)
+    restored = ModelMatrix.from_state(saved["W"], saved["G"], saved["heard"], True, tmp_path / "restored.npy")
+    assert _peak_rss_kib() - before < 0.3 * store_kib
+    assert isinstance(restored.W, np.memmap) and Path(restored.W.filename).name == "restored.npy"  # type: ignore[attr-defined]
+    assert float(restored.W[7, -1]) == 2.0 and float(restored.W[0, 0]) == 0.5
+    np.testing.assert_array_equal(restored.G, matrix.G)
+    assert restored.heard.tolist() == matrix.heard.tolist()

@@ -8,9 +8,10 @@ from typing import Any, ClassVar
 import numpy as np
 from flwr.app import ArrayRecord
 
-from common.attention import ModelMatrix, row_blocks
+from common.attention import ModelMatrix
 from common.config import RunConfig
 from common.models import ModelLayout
+from common.pages import row_blocks
 from common.records import flatten, to_record, unflatten
 
 from ..clients import ClientRegistry
@@ -64,7 +65,8 @@ class ClientModelsStrategy(PFLStrategy):
             return
         self.pids = [int(p) for p in saved["pids"]]
         self.rows = {pid: row for row, pid in enumerate(self.pids)}
-        self.matrix = ModelMatrix.from_state(saved["W"], saved["G"], saved["heard"], self.track_gram)
+        store = self.workdir / MODEL_STORE if self.workdir is not None else None
+        self.matrix = ModelMatrix.from_state(saved["W"], saved["G"], saved["heard"], self.track_gram, store)
         check_matrix(self.matrix, flatten(self.global_arrays).size)
         unknown = sorted(set(self.clients.ids()) - set(self.rows))
         if unknown:
