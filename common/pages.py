@@ -37,7 +37,8 @@ def column_blocks(W: np.ndarray, width: int) -> Iterator[tuple[int, np.ndarray]]
 
     A memory-mapped store's blocks are read with pread into one scratch block, never through the mapping: the
     kernel maps a file's pages in large folios (~2 MB here), so touching a few columns of every row through the
-    mapping would make the whole store resident.
+    mapping would make the whole store resident. The scratch block is overwritten by the next one: use each block
+    before asking for the next.
     """
     located = store_file(W)
     if located is None:
