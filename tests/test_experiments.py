@@ -15,7 +15,7 @@ from common.experiments.presets import PRESETS, preset, run_config_text
 from common.experiments.report import write_report
 from common.experiments.runs import RunResult, RunSpec, parse_assignment, parse_seeds, plan, run_state
 from common.experiments.stats import fmt_ci, mean_ci, paired_difference
-from common.experiments.sweep import load_sweep, run_sweep, summary_line
+from common.experiments.sweep import load_sweep, run_sweep, shard, summary_line
 from common.hparams import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,6 +76,22 @@ def test_sweep_files_are_checked_with_one_line_errors(tmp_path: Path) -> None:
             load_sweep(_write(tmp_path / "s.toml", text))
     with pytest.raises(ConfigError, match="does not exist"):
         load_sweep(tmp_path / "missing.toml")
+
+
+def test_shards_split_a_sweep_into_disjoint_interleaved_shares() -> None:
+    specs = plan("exp", preset("smoke"), {}, list(range(7)))
+    shares = [[s.seed for s in shard(specs, f"{k}/3")] for k in (1, 2, 3)]
+    assert shares == [[0, 3, 6], [1, 4], [2, 5]]
+    assert [s.seed for s in shard(specs, "1/1")] == list(range(7))
+    for bad in ("0/2", "3/2", "1", "a/b", "1/0", "-1/2"):
+        with pytest.raises(ConfigError, match="--shard .* must be K/N"):
+            shard(specs, bad)
+
+
+def test_the_cli_refuses_a_bad_shard_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["sweep", str(REPO / "bench" / "sweeps" / "smoke.toml"), "--shard", "3/2", "--list"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pflower: error: --shard '3/2' must be K/N") and len(err.strip().splitlines()) == 1
 
 
 def _specs(count: int) -> list[RunSpec]:

@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("file", type=Path)
     sweep.add_argument("--out", help="results folder (default results/<sweep name>)")
     sweep.add_argument("--list", action="store_true", help="list the runs and their state, run nothing")
+    sweep.add_argument("--shard", help="K/N: run only every N-th run of the file, starting at the K-th (1-based), "
+                       "so that N sweeps started side by side on one results folder share the work")
     report = sub.add_parser("report", help="markdown and figures across run folders (seeds pooled)")
     report.add_argument("runs", nargs="+", type=Path, help="run folders, or folders holding them (a sweep's)")
     report.add_argument("--out", type=Path, help="report folder (default: <first folder>/report)")
@@ -99,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from .sweep import check_kept_runs, load_sweep, summary_line
+    from .sweep import check_kept_runs, load_sweep, shard, summary_line
 
     if args.command == "presets":
         for item in PRESETS.values():
@@ -135,6 +137,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     else:
         sweep_name, specs = load_sweep(args.file)
         out = Path(args.out or Path("results") / sweep_name).expanduser().resolve()
+        if args.shard:
+            specs = shard(specs, args.shard)
         if args.list:
             from .runs import changed_settings, run_state
 

@@ -59,6 +59,19 @@ def load_sweep(path: Path) -> tuple[str, list[RunSpec]]:
     return str(raw.get("name", Path(path).stem)), specs
 
 
+def shard(specs: list[RunSpec], text: str) -> list[RunSpec]:
+    """The K-th of N interleaved shares of a sweep's runs ('K/N', K from 1): runs K, K+N, K+2N, ... of the file's
+    order, so that N sweeps on one results folder never run the same run and each gets every experiment's seeds."""
+    index, sep, count = text.partition("/")
+    try:
+        k, n = int(index), int(count)
+    except ValueError:
+        k = n = 0
+    if not sep or n < 1 or not 1 <= k <= n:
+        raise ConfigError(f"--shard {text!r} must be K/N with 1 <= K <= N, e.g. --shard 1/2")
+    return specs[k - 1::n]
+
+
 def check_kept_runs(specs: list[RunSpec], out_dir: Path) -> None:
     """ConfigError when a finished or resumable run under out_dir was made with other settings than its spec now
     asks (a sweep file edited after some of its runs): mixing them would put two settings in one table."""
