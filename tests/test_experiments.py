@@ -233,3 +233,17 @@ def test_a_kept_run_made_with_other_settings_stops_the_sweep_before_anything_run
     assert "a-seed0: incomplete (made with other settings: lr: 0.05 -> 0.1)" in capsys.readouterr().out
     (kept / "config.json").write_text(json.dumps({**saved, "colour": "red"}))
     assert changed_settings(specs[0], kept)[0].startswith("made by another version of the code (unknown run-config")
+
+
+def test_the_superlink_finds_flower_beside_the_interpreter_or_says_what_to_install(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from common.experiments.superlink import LocalSuperLink
+
+    monkeypatch.setenv("PATH", "/nonexistent")  # an unactivated venv: its bin/ is not on PATH
+    link = LocalSuperLink(tmp_path / "home")
+    assert link.env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))  # no Flower beside this one
+    with pytest.raises(ConfigError, match="flower-superlink is neither beside this Python nor on PATH"):
+        LocalSuperLink(tmp_path / "home").start()

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -15,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from ..hparams import ConfigError
 
 
 def free_port() -> int:
@@ -91,7 +95,10 @@ class LocalSuperLink:
         self.control_port = free_port()
         self.fleet_port = free_port()
         self.process: subprocess.Popen | None = None
-        self.env = {**os.environ, "FLWR_HOME": str(self.home),
+        # Flower's commands sit beside this interpreter (a venv's bin/), which need not be on PATH: `pflower`
+        # called by its full path from an unactivated venv must still find them, and its Flower, not another.
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        self.env = {**os.environ, "PATH": path, "FLWR_HOME": str(self.home),
                     "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.http_port),
                     "FLWR_LOCAL_CONTROL_API_PORT": str(self.control_port),
                     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
@@ -100,6 +107,9 @@ class LocalSuperLink:
 
     def start(self, timeout: float = 60.0) -> LocalSuperLink:
         """Start the SuperLink and wait until its health endpoint answers."""
+        if shutil.which("flower-superlink", path=self.env["PATH"]) is None:
+            raise ConfigError("flower-superlink is neither beside this Python nor on PATH: install the project "
+                              "(pip install -e .) into the environment `pflower` runs from")
         self.home.mkdir(parents=True, exist_ok=True)
         log_file = self.home / "superlink.log"
         command = ["flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
