@@ -247,3 +247,17 @@ def test_the_superlink_finds_flower_beside_the_interpreter_or_says_what_to_insta
     monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))  # no Flower beside this one
     with pytest.raises(ConfigError, match="flower-superlink is neither beside this Python nor on PATH"):
         LocalSuperLink(tmp_path / "home").start()
+
+
+def test_a_sweep_counts_kept_runs_made_with_other_code(tmp_path: Path) -> None:
+    from common.experiments.runs import record_code
+
+    specs = _specs(3)
+    for spec, commit in zip(specs, ("abc1234", "", "")):
+        (tmp_path / spec.name).mkdir()
+        record_code(tmp_path / spec.name, commit)
+    app = tmp_path / "app"  # not a git checkout: its commit is '', so the run recorded under abc1234 differs
+    app.mkdir()
+    assert cli.other_code_runs(specs, tmp_path, app) == 1
+    record_code(tmp_path / specs[0].name, "")
+    assert cli.other_code_runs(specs, tmp_path, app) == 1  # '' is never recorded: the last commit stays abc1234

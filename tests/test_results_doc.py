@@ -187,8 +187,42 @@ def test_the_results_document_holds_the_runs_numbers_the_papers_and_the_order_di
     assert "Why ours differ." in text and "Paper: a paper, Table 9." in text
     assert (tmp_path / "docs" / "figures" / "main" / "accuracy_vs_shift.png").stat().st_size > 5_000
     assert "](figures/main/accuracy_vs_shift.png)" in text
+    assert "Code that made the runs (app commit; '+changes': uncommitted edits): not recorded (4 runs)." in text
     with pytest.raises(ConfigError, match="no finished run"):
         write_results(sweep, tmp_path / "empty", out)
+
+
+def test_each_run_records_the_commits_that_made_it_and_the_document_counts_them(tmp_path: Path) -> None:
+    import subprocess
+
+    from common.experiments.results import code_line
+    from common.experiments.runs import app_commit, record_code, run_commits
+
+    runs = [tmp_path / name for name in ("a", "b", "c")]
+    for run in runs:
+        run.mkdir()
+    record_code(runs[0], "abc1234")
+    record_code(runs[0], "abc1234")  # the same commit again: one entry
+    record_code(runs[0], "def5678+changes")  # resumed under other code: both kept, in order
+    record_code(runs[1], "abc1234")
+    record_code(runs[2], "")  # not a checkout: nothing recorded
+    assert run_commits(runs[0]) == ["abc1234", "def5678+changes"] and run_commits(runs[2]) == []
+    (runs[2] / "code.json").write_text("[1, 2")  # damaged: read as nothing recorded
+    assert run_commits(runs[2]) == []
+    assert code_line(runs) == ("Code that made the runs (app commit; '+changes': uncommitted edits): abc1234 (2 runs), "
+                               "def5678+changes (1 run), not recorded (1 run).")
+    app = tmp_path / "app"
+    app.mkdir()
+    assert app_commit(app) == ""  # not a git checkout
+    git = ["git", "-C", str(app), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (app / "f.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "f.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert app_commit(app) == head
+    (app / "f.py").write_text("x = 2\n")
+    assert app_commit(app) == head + "+changes"
 
 
 def test_the_cli_writes_the_document_and_says_how_many_runs_it_used(tmp_path: Path,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..hparams import ConfigError
 from .presets import PRESETS, preset
-from .runs import RunResult, RunSpec, execute, parse_assignment, parse_seeds, plan
+from .runs import RunResult, RunSpec, app_commit, execute, parse_assignment, parse_seeds, plan, run_commits
 from .superlink import LocalSuperLink
 
 PROJECT = Path(__file__).resolve().parents[2]  # the Flower app: the folder holding pyproject.toml
@@ -84,6 +84,12 @@ def _run_all(specs: list[RunSpec], out: Path, app: Path, timeout: float, sweep: 
         return run_sweep(specs, out, one, lambda text: print(text, flush=True), "sweep" if sweep else "run")
 
 
+def other_code_runs(specs: list[RunSpec], out: Path, app: Path) -> int:
+    """How many kept runs under `out` recorded a commit other than the app's now (runs with none are not counted)."""
+    now = app_commit(app)
+    return sum(1 for s in specs if (commits := run_commits(out / s.name)) and commits[-1] != now)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `pflower` console script; returns the exit code (0: everything finished)."""
     args = _parser().parse_args(argv)
@@ -148,6 +154,10 @@ def _dispatch(args: argparse.Namespace) -> int:
                 print(f"{spec.name}: {run_state(out / spec.name)}{changed}")
             return 0
     check_kept_runs(specs, out)
+    other = other_code_runs(specs, out, app)
+    if other:
+        print(f"note: {other} kept run(s) were made with other code than {app} now holds; `pflower results` lists "
+              "the commits of every run")
     results = _run_all(specs, out, app, args.timeout, sweep=args.command == "sweep")
     line, ok = summary_line(results, len(specs), args.command)
     print(line)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -149,10 +150,48 @@ def execute(link: LocalSuperLink, app_dir: Path, spec: RunSpec, out_dir: Path, g
         outcome = link.run(app_dir, run_config_text(config), spec.clients, spec.preset.cpus_per_client,
                            timeout=timeout, echo=both, gpus_per_client=spec.preset.gpus_per_client if gpu else 0.0)
     seconds = time.monotonic() - started
+    if run_dir.is_dir():
+        record_code(run_dir, app_commit(app_dir))
     if outcome.status == "finished:completed" and (run_dir / "summary.json").is_file():
         return RunResult(spec, "finished", run_dir, seconds, log_path)
     reason = _last_error(outcome.output) or f"flwr run exited {outcome.returncode}, status {outcome.status}"
     return RunResult(spec, "failed", run_dir, seconds, log_path, reason)
+
+
+CODE_FILE = "code.json"  # the app's commit of every attempt that made a run (a resumed run may have several)
+
+
+def app_commit(app_dir: Path) -> str:
+    """The app folder's git commit (short), with '+changes' when its tracked files differ from it; '' when the
+    folder is not a git checkout (or git is missing)."""
+    try:
+        head = subprocess.run(["git", "-C", str(app_dir), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=30, check=False)
+        if head.returncode != 0:
+            return ""
+        changed = subprocess.run(["git", "-C", str(app_dir), "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, timeout=30, check=False).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return head.stdout.strip() + ("+changes" if changed else "")
+
+
+def record_code(run_dir: Path, commit: str) -> None:
+    """Add `commit` to the run folder's code.json (kept in the order the attempts ran)."""
+    path = run_dir / CODE_FILE
+    commits = run_commits(run_dir)
+    if commit and commit not in commits:
+        path.write_text(json.dumps({"commits": [*commits, commit]}) + "\n")
+
+
+def run_commits(run_dir: Path) -> list[str]:
+    """The commits recorded for a run folder (empty when none was: a run made outside a git checkout, or by an
+    older version of the CLI)."""
+    try:
+        commits = json.loads((run_dir / CODE_FILE).read_text()).get("commits", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [str(c) for c in commits] if isinstance(commits, list) else []
 
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
