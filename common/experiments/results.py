@@ -134,7 +134,8 @@ def _setting(groups: list[Group], spec: TableSpec) -> str:
     seeds = sorted({r.seed for g in groups for r in g.runs})
     hours = sum(float(r.summary.get("wall_seconds", 0.0)) for g in groups for r in g.runs) / 3600
     return (f"Runs: {', '.join(shared)}; clients {', '.join(map(str, sorted(clients)))}; seeds {seeds}; "
-            f"{sum(len(g.runs) for g in groups)} runs, {hours:.1f} h wall-clock on this machine.")
+            f"{sum(len(g.runs) for g in groups)} runs, {hours:.1f} h of run time summed over the runs (runs of sweep "
+            "shards side by side share the cores).")
 
 
 def section(groups: list[Group], spec: TableSpec, check: OrderCheck, figures_dir: Path, doc_dir: Path) -> list[str]:
