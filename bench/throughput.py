@@ -11,6 +11,7 @@ first, the evaluation round left out); efficiency is the ratio. Two settings:
 
     python bench/throughput.py --data-dir ../shared/data [--setting grouped] [--algorithms fedavg,fedamp,dmpfl]
     python bench/throughput.py --model cnn-cifar   # the 582,026-parameter CNN other PFL libraries use for MNIST
+    python bench/throughput.py --in-process        # also each algorithm in one process, no runtime: its own ceiling
 """
 
 from __future__ import annotations
@@ -59,6 +60,27 @@ def raw_rate(raw: dict, clients: int, max_clients: int = 20) -> float:
     return samples / seconds
 
 
+def in_process(raw: dict, clients: int) -> dict:
+    """The same algorithm's rounds with no runtime at all: server and client halves called in one process on one
+    thread (tests/inprocess.py), every message still encoded, checked and decoded. Its rate times the workers is
+    what a simulation of this algorithm could reach if being distributed cost nothing."""
+    from tests.inprocess import InProcessFederation
+
+    cfg = parse_run_config({**raw, "client-state-dir": "memory"})
+    torch.set_num_threads(1)
+    federation = InProcessFederation(cfg, clients)
+    rates, seconds = [], []
+    for rnd in range(1, cfg.num_rounds + 1):
+        started = time.perf_counter()
+        replies = federation.train_round(rnd)
+        elapsed = time.perf_counter() - started
+        samples = sum(federation.data[pid].num_train for pid in replies) * cfg.local_epochs
+        if rnd > 1:
+            rates.append(samples / elapsed)
+            seconds.append(elapsed)
+    return {"rate": statistics.median(rates), "round_s": statistics.median(seconds)}
+
+
 def simulated(link: LocalSuperLink, raw: dict, clients: int, results: Path, ray_cpus: int) -> dict:
     """Run through `flwr run`; the steady rounds' sample rate, their wall times, and the final accuracy."""
     config = " ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else repr(v)}" for k, v in raw.items())
@@ -89,6 +111,8 @@ def main() -> None:
     parser.add_argument("--ray-cpus", type=int, default=0,
                         help="CPUs Ray is told the machine has (init-args-num-cpus; 0: its own count); e.g. 4 on 2 "
                         "cores runs two clients per core")
+    parser.add_argument("--in-process", action="store_true", help="also run each algorithm in one process with no "
+                        "runtime (one thread, x workers): the ceiling for that algorithm, its own extra work included")
     parser.add_argument("--extra", default="", help="more run-config overrides, k=v separated by spaces")
     args = parser.parse_args()
     setting = dict(SETTINGS[args.setting])
@@ -108,18 +132,25 @@ def main() -> None:
         for algorithm in args.algorithms.split(","):
             out = simulated(link, {**base, "algorithm": algorithm, "run-name": algorithm}, clients, results,
                             args.ray_cpus)
+            if args.in_process:
+                alone = in_process({**base, "algorithm": algorithm, "run-name": algorithm}, clients)
+                out["in_process"] = alone["rate"] * args.workers
+                print(f"{algorithm} in one process: {alone['rate']:,.0f} samples/s on one thread, "
+                      f"{alone['round_s']:.2f} s per round", flush=True)
             rows.append((algorithm, out))
             print(f"{algorithm}: {out['rate']:,.0f} samples/s, {out['round_s']:.2f} s per round", flush=True)
     print(f"\n{args.setting}: {setting['dataset']} {setting['partition']}, {clients} clients, "
           f"{setting['fraction-train']:.0%} per round, {setting['local-epochs']} epoch(s), batch "
           f"{setting['batch-size']}, {args.model}, {args.rounds} rounds, {args.workers} cores, "
           f"Ray told of {args.ray_cpus or 'all'} CPUs")
-    print("| algorithm | samples/s (simulated) | raw loop x workers | efficiency | s per round (median) "
+    alone = " in one process x workers | share of that |" if args.in_process else ""
+    print("| algorithm | samples/s (simulated) | raw loop x workers | efficiency |" + alone + " s per round (median) "
           "| first round (s) | accuracy after the last round |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|" + ("---|---|" if args.in_process else "") + "---|---|---|")
     for algorithm, out in rows:
-        print(f"| {algorithm} | {out['rate']:,.0f} | {ideal:,.0f} | {out['rate'] / ideal:.1%} | {out['round_s']:.2f} "
-              f"| {out['first_round_s']:.2f} | {100 * out['accuracy']:.2f} |")
+        cells = f" {out['in_process']:,.0f} | {out['rate'] / out['in_process']:.1%} |" if args.in_process else ""
+        print(f"| {algorithm} | {out['rate']:,.0f} | {ideal:,.0f} | {out['rate'] / ideal:.1%} |{cells} "
+              f"{out['round_s']:.2f} | {out['first_round_s']:.2f} | {100 * out['accuracy']:.2f} |")
 
 
 if __name__ == "__main__":

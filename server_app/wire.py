@@ -5,9 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.app import Array, ArrayRecord, Message, RecordDict
+from flwr.supercore.constant import HEAD_BODY_DIVIDER, HEAD_VALUE_DIVIDER
 
 SizeCache = dict[str, dict[str, int]]  # an array record's object id -> {object id: size} of it and all under it
+
+
+def chunk_size(chunk: Any) -> int:
+    """Deflated size of an ArrayChunk (Flower's header, the divider, the data) without building it: the data is
+    up to 5 MiB, and deflating copies it twice."""
+    header = f"{type(chunk).__qualname__}{HEAD_VALUE_DIVIDER}{HEAD_VALUE_DIVIDER}{len(chunk.data)}"
+    return len(header.encode("utf-8")) + len(HEAD_BODY_DIVIDER) + memoryview(chunk.data).nbytes
 
 
 def _objects(obj: Any, cache: SizeCache | None) -> dict[str, int]:
@@ -16,8 +24,14 @@ def _objects(obj: Any, cache: SizeCache | None) -> dict[str, int]:
     if cache is not None and isinstance(obj, ArrayRecord) and object_id in cache:
         return cache[object_id]
     found: dict[str, int] = {}
-    for child in (obj.children or {}).values():
-        found.update(_objects(child, cache))
+    if isinstance(obj, Array):
+        # the chunks' ids as Flower computed them when it sliced the array (an ArrayChunk re-hashes its data on
+        # every object_id call, and each deflate copies it)
+        for chunk_id, chunk in obj.slice_array():
+            found[chunk_id] = chunk_size(chunk)
+    else:
+        for child in (obj.children or {}).values():
+            found.update(_objects(child, cache))
     found[object_id] = len(obj.deflate())
     if cache is not None and isinstance(obj, ArrayRecord):
         cache[object_id] = found

@@ -66,3 +66,24 @@ def test_the_count_is_the_sum_over_flowers_own_object_tree() -> None:
     for message in messages:
         expected = sum(len(obj.deflate()) for obj in get_all_nested_objects(message).values())
         assert wire_bytes(message, cache) == expected == wire_bytes(message)
+
+
+def test_chunk_sizes_are_flowers_deflated_sizes_for_every_dtype_and_length() -> None:
+    from flwr.app import Array, RecordDict
+    from flwr.app.message.array import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    from server_app.wire import chunk_size
+
+    limit = FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
+    arrays = {"empty": np.zeros(0, np.float32), "bits": np.packbits(np.arange(1001) % 3 == 0),
+              "ints": np.arange(12, dtype=np.int64).reshape(3, 4), "scalar": np.array(2.5, np.float32),
+              "edge": np.zeros(limit, np.uint8), "over": np.ones(limit + 1, np.uint8),
+              "float16": np.linspace(-1, 1, 777).astype(np.float16)}
+    record = ArrayRecord({name: Array(value) for name, value in arrays.items()})
+    for array in record.values():
+        for _, chunk in array.slice_array():
+            assert chunk_size(chunk) == len(chunk.deflate())
+    message = RecordDict({"arrays": record, "config": ConfigRecord({"k": 1})})
+    expected = sum(len(obj.deflate()) for obj in get_all_nested_objects(message).values())
+    assert wire_bytes(message) == expected == wire_bytes(message, {})
