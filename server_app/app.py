@@ -88,9 +88,22 @@ def open_run_dir(cfg: RunConfig) -> tuple[Path, Checkpoint | None]:
     return run_dir, checkpoint
 
 
+def single_threaded_math() -> None:
+    """The server's numpy and torch math on one thread. A multi-threaded BLAS that competes with the clients for
+    the cores (a simulation's workers hold every one) ran FedAMP's Gram blocks 20-40x slower here than one thread;
+    and how a BLAS splits a product over threads changes its last bits, so one thread also gives the same numbers
+    on every machine, whatever its core count."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1)
+    torch.set_num_threads(1)
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Build the configured strategy, run it, write the results folder and name its summary last."""
+    single_threaded_math()
     cfg = load_config(dict(context.run_config))
     try:
         data = dataset_for(cfg)
