@@ -34,7 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out", help="results folder (default results/<sweep name>)")
     sweep.add_argument("--list", action="store_true", help="list the runs and their state, run nothing")
     sweep.add_argument("--shard", help="K/N: run only every N-th run of the file, starting at the K-th (1-based), "
-                       "so that N sweeps on one results folder (side by side, or on machines sharing it) share the work")
+                       "so that N sweeps on one results folder (side by side, or on machines sharing it) share "
+                       "the work")
     report = sub.add_parser("report", help="markdown and figures across run folders (seeds pooled)")
     report.add_argument("runs", nargs="+", type=Path, help="run folders, or folders holding them (a sweep's)")
     report.add_argument("--out", type=Path, help="report folder (default: <first folder>/report)")
