@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from common.experiments.runs import RunResult, RunSpec, parse_assignment, parse_
 from common.experiments.stats import fmt_ci, mean_ci, paired_difference
 from common.experiments.sweep import load_sweep, run_sweep, shard, summary_line
 from common.hparams import ConfigError
+from tests.gitrepo import one_commit_checkout
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -261,3 +263,25 @@ def test_a_sweep_counts_kept_runs_made_with_other_code(tmp_path: Path) -> None:
     assert cli.other_code_runs(specs, tmp_path, app) == 1
     record_code(tmp_path / specs[0].name, "")
     assert cli.other_code_runs(specs, tmp_path, app) == 1  # '' is never recorded: the last commit stays abc1234
+
+
+def test_a_run_records_its_commit_as_soon_as_its_folder_exists(tmp_path: Path) -> None:
+    from common.experiments.runs import execute, run_commits
+
+    spec = _specs(1)[0]
+    seen: list[list[str]] = []
+
+    class KilledAtTheEnd:
+        """A SuperLink whose run makes the folder, prints, then is killed before execute's own last step."""
+
+        def run(self, *args: object, echo: Callable[[str], None], **kwargs: object) -> None:
+            (tmp_path / spec.name).mkdir()
+            echo("[round 1/2] ...")
+            seen.append(run_commits(tmp_path / spec.name))
+            raise KeyboardInterrupt
+
+    commit = one_commit_checkout(tmp_path / "app")
+    with pytest.raises(KeyboardInterrupt):
+        execute(KilledAtTheEnd(), tmp_path / "app", spec, tmp_path, False, lambda line: None)  # type: ignore[arg-type]
+    assert seen == [[commit]]  # recorded before the kill
+    assert run_commits(tmp_path / spec.name) == [commit]

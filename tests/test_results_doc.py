@@ -15,6 +15,7 @@ from common.experiments.results import write_results
 from common.experiments.sweep import load_sweep
 from common.experiments.tables import load_tables, metric_reader
 from common.hparams import ConfigError
+from tests.gitrepo import one_commit_checkout
 from tests.test_experiments import _fixture_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -193,8 +194,6 @@ def test_the_results_document_holds_the_runs_numbers_the_papers_and_the_order_di
 
 
 def test_each_run_records_the_commits_that_made_it_and_the_document_counts_them(tmp_path: Path) -> None:
-    import subprocess
-
     from common.experiments.results import code_line
     from common.experiments.runs import app_commit, record_code, run_commits
 
@@ -214,12 +213,7 @@ def test_each_run_records_the_commits_that_made_it_and_the_document_counts_them(
     app = tmp_path / "app"
     app.mkdir()
     assert app_commit(app) == ""  # not a git checkout
-    git = ["git", "-C", str(app), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    (app / "f.py").write_text("x = 1\n")
-    subprocess.run([*git, "add", "f.py"], check=True)
-    subprocess.run([*git, "commit", "-qm", "one"], check=True)
-    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    head = one_commit_checkout(app)
     assert app_commit(app) == head
     (app / "f.py").write_text("x = 2\n")
     assert app_commit(app) == head + "+changes"

@@ -141,17 +141,23 @@ def execute(link: LocalSuperLink, app_dir: Path, spec: RunSpec, out_dir: Path, g
     logs = out_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{spec.name}.log"
+    commit = app_commit(app_dir)
+    recorded = False
     started = time.monotonic()
     with log_path.open("a") as log_file:
         def both(line: str) -> None:
+            nonlocal recorded
             log_file.write(line + "\n")
             log_file.flush()
+            if not recorded and run_dir.is_dir():  # as soon as the server made the folder: a kill later keeps it
+                record_code(run_dir, commit)
+                recorded = True
             echo(line)
         outcome = link.run(app_dir, run_config_text(config), spec.clients, spec.preset.cpus_per_client,
                            timeout=timeout, echo=both, gpus_per_client=spec.preset.gpus_per_client if gpu else 0.0)
     seconds = time.monotonic() - started
     if run_dir.is_dir():
-        record_code(run_dir, app_commit(app_dir))
+        record_code(run_dir, commit)
     if outcome.status == "finished:completed" and (run_dir / "summary.json").is_file():
         return RunResult(spec, "finished", run_dir, seconds, log_path)
     reason = _last_error(outcome.output) or f"flwr run exited {outcome.returncode}, status {outcome.status}"
