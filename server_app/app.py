@@ -7,9 +7,11 @@ from logging import ERROR, INFO
 from pathlib import Path
 from typing import Any
 
+import torch
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
+from threadpoolctl import threadpool_limits
 
 from common import profiling
 from common.config import ConfigError, RunConfig, parse_run_config
@@ -93,9 +95,6 @@ def single_threaded_math() -> None:
     bits (FedAMP's Gram matrix differed by 1e-16 between one and two threads), so one thread gives the same numbers
     on every machine, whatever its core count. It also keeps the server's BLAS from spinning against busy client
     workers: with both cores training, a two-thread float64 Gram block took 1.5-1.8 s against 0.04-0.08 s on one."""
-    import torch
-    from threadpoolctl import threadpool_limits
-
     threadpool_limits(limits=1)
     torch.set_num_threads(1)
 

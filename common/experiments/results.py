@@ -8,7 +8,6 @@ import datetime
 import math
 import os
 import platform
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from ..hparams import ConfigError
 from ..persist import atomic_write_text
 from .collect import Group, find_runs, group_runs
 from .report import corruption_table, domain_table, overview, paired_table, shift_table, stage_table, unseen_table
-from .runs import RunSpec, run_commits, run_state
+from .runs import RunSpec, run_commits, run_state, short_commit
 from .stats import fmt_ci, mean_ci, paired_difference
 from .sweep import load_sweep
 from .tables import RATIOS, Column, TableSpec, find_row, load_tables, metric_reader, row_experiment
@@ -175,11 +174,7 @@ def section(groups: list[Group], spec: TableSpec, check: OrderCheck, figures_dir
 def _machine() -> str:
     import torch
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                check=False, cwd=Path(__file__).resolve().parent).stdout.strip()
-    except OSError:
-        commit = ""
+    commit = short_commit(Path(__file__).resolve().parent)
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, {gpu}, Python "
             f"{platform.python_version()}, torch {torch.__version__}" + (f", commit {commit}" if commit else ""))

@@ -167,19 +167,28 @@ def execute(link: LocalSuperLink, app_dir: Path, spec: RunSpec, out_dir: Path, g
 CODE_FILE = "code.json"  # the app's commit of every attempt that made a run (a resumed run may have several)
 
 
+def _git(folder: Path, *args: str) -> str | None:
+    """`git -C folder ARGS`'s output, stripped; None when it fails (not a checkout, or no git)."""
+    try:
+        done = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=30,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def short_commit(folder: Path) -> str:
+    """The git commit (short) the folder's checkout is at; '' outside a checkout."""
+    return _git(folder, "rev-parse", "--short", "HEAD") or ""
+
+
 def app_commit(app_dir: Path) -> str:
     """The app folder's git commit (short), with '+changes' when its tracked files differ from it; '' when the
     folder is not a git checkout (or git is missing)."""
-    try:
-        head = subprocess.run(["git", "-C", str(app_dir), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=30, check=False)
-        if head.returncode != 0:
-            return ""
-        changed = subprocess.run(["git", "-C", str(app_dir), "status", "--porcelain", "--untracked-files=no"],
-                                 capture_output=True, text=True, timeout=30, check=False).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
+    head = short_commit(app_dir)
+    if not head:
         return ""
-    return head.stdout.strip() + ("+changes" if changed else "")
+    return head + ("+changes" if _git(app_dir, "status", "--porcelain", "--untracked-files=no") else "")
 
 
 def record_code(run_dir: Path, commit: str) -> None:
