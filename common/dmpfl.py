@@ -94,6 +94,26 @@ class PersonalMaskStore:
         if row is not None:
             self.known[row] = False
 
+    def state(self) -> dict[str, np.ndarray]:
+        """What a checkpoint keeps: the partition id of each row, which rows are known, and the packed rows (the
+        memory-mapped table itself, streamed by the checkpoint writer; no rows while none was ever kept)."""
+        ids = np.array(sorted(self.rows, key=self.rows.__getitem__), dtype=np.int64)
+        bits = self.bits if self.bits is not None else np.zeros((0, self.width), np.uint8)
+        return {"ids": ids, "known": self.known.copy(), "bits": bits}
+
+    def restore(self, state: Mapping[str, np.ndarray]) -> None:
+        """Keep the known rows of `state` (from `state()`) for the clients this store has rows for; ValueError when
+        it does not fit these layers."""
+        ids, known, bits = (np.asarray(state[key]) for key in ("ids", "known", "bits"))
+        if ids.ndim != 1 or known.shape != ids.shape or known.dtype != bool or bits.dtype != np.uint8 \
+                or bits.ndim != 2 or bits.shape[1] != self.width or (known.any() and bits.shape[0] != len(ids)):
+            raise ValueError("checkpoint's personal masks do not match the configured model")
+        for index in np.flatnonzero(known):
+            row = self.rows.get(int(ids[index]))
+            if row is not None:
+                self._table()[row] = bits[index]
+                self.known[row] = True
+
     def close(self) -> None:
         """Delete the memory-mapped file, if any."""
         if isinstance(self.bits, np.memmap) and self.path is not None:

@@ -30,6 +30,7 @@ class InProcessFederation:
         self.strategy = strategy_class(cfg.algorithm)(cfg, ModelLayout.of(model), self.clients)
         self.runner = RoundRunner(cfg, self.strategy, self.clients)
         self.states = {pid: RecordDict() for pid in range(num_clients)}
+        self.sent: dict[int, dict[int, RecordDict]] = {}  # the training messages of each round, by partition
         self.data = {pid: client_data(cfg, pid, num_clients) for pid in range(num_clients)}
         for pid in range(num_clients):
             self.clients.add(ClientInfo(pid, 1000 + pid, self.data[pid].num_train, 1))
@@ -47,7 +48,8 @@ class InProcessFederation:
     def exchange(self, rnd: int, sampled: list[int]) -> tuple[dict[int, RecordDict], list[FakeReply]]:
         """Training messages to `sampled`, each answered by its client half (an error when told to fail)."""
         replies, messages = {}, []
-        for pid, content in zip(sampled, self.runner.message_contents(rnd, sampled, MessageType.TRAIN)):
+        self.sent[rnd] = dict(zip(sampled, self.runner.message_contents(rnd, sampled, MessageType.TRAIN)))
+        for pid, content in self.sent[rnd].items():
             if content.config_records["config"].get("simulate-drop"):
                 messages.append(FakeReply(1000 + pid, error="dropped"))
             else:

@@ -68,6 +68,10 @@ def test_resumed_run_continues_exactly(algorithm: str, tmp_path) -> None:
         assert sorted(first) == sorted(second)
         for pid in first:
             assert _flat(first[pid]) == _flat(second[pid]), f"client {pid} differs after resuming"
+    for rnd in (3, 4):  # the server sends what it would have sent (e.g. DM-PFL's cuts, not whole models)
+        assert sorted(fed.sent[rnd]) == sorted(resumed.sent[rnd])
+        for pid, content in fed.sent[rnd].items():
+            assert _flat(content) == _flat(resumed.sent[rnd][pid]), f"round {rnd}: message to {pid} differs"
     assert _state_bytes(fed.strategy.state_dict()) == _state_bytes(resumed.strategy.state_dict())
 
 

@@ -217,6 +217,43 @@ def test_personal_mask_store_keeps_packed_rows(tmp_path, on_disk: bool) -> None:
     assert not (tmp_path / "masks.npy").exists()
 
 
+def test_personal_mask_store_state_restores_known_rows_by_partition(tmp_path) -> None:
+    rng = np.random.default_rng(1)
+    shapes = {"a": (3, 5), "b": (17,)}
+    masks = {pid: {name: rng.random(shape) < 0.5 for name, shape in shapes.items()} for pid in (4, 9, 2)}
+    store = PersonalMaskStore([4, 9, 2], shapes, tmp_path / "masks.npy")
+    assert store.state()["bits"].shape == (0, 5), "an empty store saves no rows"
+    for pid in (4, 2):
+        store.put(pid, masks[pid])
+    state = store.state()
+    resumed = PersonalMaskStore([2, 9, 4, 11], shapes)  # other row order, a client the checkpoint lacks
+    resumed.restore(state)
+    for pid in (4, 2):
+        got = resumed.get(pid)
+        assert got is not None and all(np.array_equal(got[n], masks[pid][n]) for n in shapes)
+    assert resumed.get(9) is None and resumed.get(11) is None
+    resumed.restore(PersonalMaskStore([4], shapes).state())  # nothing known: nothing changes
+    assert resumed.get(4) is not None
+    with pytest.raises(ValueError, match="personal masks"):
+        PersonalMaskStore([4, 9, 2], {"a": (3, 5)}).restore(state)
+    with pytest.raises(ValueError, match="personal masks"):
+        resumed.restore({**state, "known": state["known"].astype(np.uint8)})
+
+
+def test_a_resumed_dmpfl_server_without_masks_in_its_checkpoint_sends_whole_models(tmp_path) -> None:
+    fed = _federation("dmpfl")
+    fed.train_round(1)
+    state = fed.strategy.state_dict()
+    old = {k: v for k, v in state.items() if k not in ("personal-masks", "delivered-partial")}  # an older checkpoint
+    resumed = _federation("dmpfl")
+    resumed.strategy.load_state_dict(old)
+    pid = next(p for p in fed.strategy.clients.ids() if fed.strategy.personal_masks.get(p) is not None)
+    assert resumed.strategy.personal_masks.get(pid) is None
+    resumed.strategy.load_state_dict(state)
+    restored, kept = resumed.strategy.personal_masks.get(pid), fed.strategy.personal_masks.get(pid)
+    assert restored is not None and kept is not None and all(np.array_equal(restored[n], kept[n]) for n in kept)
+
+
 def test_a_partial_download_for_another_mask_is_stale_and_then_sent_whole() -> None:
     fed = _federation("dmpfl")
     for rnd in range(1, 5):

@@ -82,10 +82,28 @@ class DMPFLStrategy(SparseGlobalStrategy):
         return self._personal_masks
 
     def close(self) -> None:
-        """Delete the memory-mapped mask store (a resumed run sends whole models until it learns the masks again)."""
+        """Delete the memory-mapped mask store (the checkpoint holds its known rows)."""
         super().close()
         if self._personal_masks is not None:
             self._personal_masks.close()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Adds the m_c the server knows and the cut each client holds, so that a resumed run sends the cuts an
+        uninterrupted one would."""
+        return {**super().state_dict(), "personal-masks": self.personal_masks.state(),
+                "delivered-partial": {str(pid): list(cut) for pid, cut in self.delivered_partial.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores them, like the versions clients hold, only when clients keep their state on disk (else a client
+        may not hold that m_c or cut); a checkpoint without them (older versions) sends whole models until the
+        clients upload their masks again."""
+        super().load_state_dict(state)
+        if not self.cfg.client_state_on_disk:
+            return
+        if "personal-masks" in state:
+            self.personal_masks.restore(state["personal-masks"])
+        self.delivered_partial = {int(pid): (int(cut[0]), int(cut[1]))
+                                  for pid, cut in state.get("delivered-partial", {}).items()}
 
     def train_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
         """In phases 1 and 3, w_g on m_g AND m_c alone (or nothing, if the client holds that cut) to a stale client
