@@ -7,11 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .pages import column_blocks, release_pages, row_blocks, store_file
+from .pages import block_threads, column_blocks, map_blocks, release_pages, row_blocks
 
-# Bytes of float64 column blocks converted at a time for the Gram matrix: bounds the extra memory
-# instead of a float64 copy of the whole (m x d) matrix.
-_GRAM_BLOCK_BYTES = 64 << 20
+# Bytes of a float64 column block of the Gram matrix (a float32 one for cloud models: half the columns) handled by
+# one thread at a time: bounds the extra memory instead of a float64 copy of the whole (m x d) matrix. Fixed, not
+# scaled by the thread count: the blocks decide the sums' order, so the numbers do not depend on the machine.
+_GRAM_BLOCK_BYTES = 32 << 20
 
 
 def _check_models(W: np.ndarray) -> np.ndarray:
@@ -22,19 +23,28 @@ def _check_models(W: np.ndarray) -> np.ndarray:
 
 
 def gram_rows(W: np.ndarray, rows: np.ndarray | list[int] | None = None) -> np.ndarray:
-    """(W[rows] W^T) in float64, column block by column block (all rows when `rows` is None).
+    """(W[rows] W^T) in float64, column block by column block (all rows when `rows` is None), the blocks' products
+    on block_threads() threads and summed in block order.
 
-    float64 because squared distances come from ||a||^2 + ||b||^2 - 2ab, which cancels badly in float32.
+    float64 because squared distances come from ||a||^2 + ||b||^2 - 2ab, which cancels badly in float32. When at
+    least half the rows are asked for, the whole symmetric W W^T (m^2 d multiply-adds) is cheaper than k rows of it
+    (2 k m d), and its rows are returned.
     """
     W = _check_models(W)
-    picked = np.arange(W.shape[0]) if rows is None else np.asarray(rows, dtype=np.int64)
-    out = np.zeros((len(picked), W.shape[0]), dtype=np.float64)
-    chunk = max(1024, _GRAM_BLOCK_BYTES // (8 * W.shape[0]))
-    for _, columns in column_blocks(W, chunk):
-        block = columns.astype(np.float64)
-        out += (block if rows is None else block[picked]) @ block.T  # A @ A.T is computed symmetric
-        del block  # before the next block is made: one block of scratch at a time, not two
-    return out
+    m = W.shape[0]
+    picked = np.arange(m) if rows is None else np.asarray(rows, dtype=np.int64)
+    whole = 2 * len(picked) >= m
+    chunk = max(1024, _GRAM_BLOCK_BYTES // (8 * m))
+    threads = block_threads()
+
+    def product(item: tuple[int, np.ndarray]) -> np.ndarray:
+        block = item[1].astype(np.float64)
+        return block @ block.T if whole else block[picked] @ block.T  # A @ A.T is computed symmetric
+
+    out = np.zeros((m if whole else len(picked), m), dtype=np.float64)
+    for part in map_blocks(product, column_blocks(W, chunk, buffers=threads), threads):
+        out += part
+    return out if rows is None or not whole else out[picked]
 
 
 def _gram(W: np.ndarray) -> np.ndarray:
@@ -262,16 +272,21 @@ def heurfedamp_weights_from_gram(G: np.ndarray, sigma: float, tau: float,
 
 
 def cloud_models(xi: np.ndarray, W: np.ndarray, rows: list[int] | None = None) -> np.ndarray:
-    """U = xi W (only `rows` of it when given) as one float32 GEMM; row i is client i's cloud model u_i."""
+    """U = xi W (only `rows` of it when given), row i client i's cloud model u_i: float32 products of column blocks
+    of W, on block_threads() threads (each block's columns of U depend on that block alone)."""
     W = _check_models(W)
     xi = np.asarray(xi)
     if xi.shape != (W.shape[0], W.shape[0]):
         raise ValueError(f"xi has shape {xi.shape}, expected {(W.shape[0], W.shape[0])}")
     weights = (xi if rows is None else xi[np.asarray(rows, dtype=np.int64)]).astype(np.float32)
-    if store_file(W) is None:
-        # float32 GEMM: a float64 one would first copy the whole (m x d) model matrix.
-        return weights @ W.astype(np.float32, copy=False)
     out = np.empty((weights.shape[0], W.shape[1]), dtype=np.float32)
-    for start, columns in column_blocks(W, max(1024, _GRAM_BLOCK_BYTES // (4 * W.shape[0]))):
-        out[:, start:start + columns.shape[1]] = weights @ columns
+    threads = block_threads()
+
+    def fill(item: tuple[int, np.ndarray]) -> None:  # float32: a float64 GEMM would copy every block
+        start, columns = item
+        np.matmul(weights, columns, out=out[:, start:start + columns.shape[1]])
+
+    chunk = max(1024, _GRAM_BLOCK_BYTES // (4 * W.shape[0]))
+    for _ in map_blocks(fill, column_blocks(W, chunk, buffers=threads), threads):
+        pass
     return out

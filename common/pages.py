@@ -5,12 +5,45 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
 
 import numpy as np
 
 # Bytes of a memory-mapped store's rows handled at a time by row_blocks.
 _RESIDENT_BYTES = 256 << 20
+# Threads for block products (each on a one-thread BLAS): the cores the process may use, at most this many.
+_MAX_BLOCK_THREADS = 8
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def block_threads() -> int:
+    """Threads `map_blocks` uses: the cores this process may run on (at most 8)."""
+    return max(1, min(_MAX_BLOCK_THREADS, len(os.sched_getaffinity(0))))
+
+
+def map_blocks(work: Callable[[T], R], blocks: Iterable[T], threads: int) -> Iterator[R]:
+    """work(block) for each block, on `threads` threads, results in the blocks' order; at most `threads` blocks are
+    taken from `blocks` ahead of the result being yielded (so column_blocks(..., buffers=threads) is safe).
+
+    Each block's work is done whole by one thread, so with a one-thread BLAS (the server's) the numbers are the same
+    for any thread count: the split is the blocks', fixed by the caller, not the machine's.
+    """
+    if threads <= 1:
+        yield from map(work, blocks)
+        return
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        pending: deque[Future[R]] = deque()
+        for block in blocks:
+            pending.append(pool.submit(work, block))
+            if len(pending) == threads:  # before the next block reuses the oldest's scratch
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 def release_pages(W: np.ndarray) -> None:
@@ -32,13 +65,13 @@ def store_file(W: np.ndarray) -> tuple[str, int] | None:
     return None
 
 
-def column_blocks(W: np.ndarray, width: int) -> Iterator[tuple[int, np.ndarray]]:
+def column_blocks(W: np.ndarray, width: int, buffers: int = 1) -> Iterator[tuple[int, np.ndarray]]:
     """(start, W[:, start:start + width]) for consecutive column blocks.
 
-    A memory-mapped store's blocks are read with pread into one scratch block, never through the mapping: the
-    kernel maps a file's pages in large folios (~2 MB here), so touching a few columns of every row through the
-    mapping would make the whole store resident. The scratch block is overwritten by the next one: use each block
-    before asking for the next.
+    A memory-mapped store's blocks are read with pread into `buffers` scratch blocks in turn, never through the
+    mapping: the kernel maps a file's pages in large folios (~2 MB here), so touching a few columns of every row
+    through the mapping would make the whole store resident. A block's scratch is overwritten `buffers` blocks
+    later: be done with it before asking for that one.
     """
     located = store_file(W)
     if located is None:
@@ -47,10 +80,10 @@ def column_blocks(W: np.ndarray, width: int) -> Iterator[tuple[int, np.ndarray]]
         return
     path, offset = located
     rows, cols = W.shape
-    scratch = np.empty((rows, width), dtype=np.float32)
+    scratches = [np.empty((rows, min(width, cols)), dtype=np.float32) for _ in range(max(1, buffers))]
     with open(path, "rb", buffering=0) as fh:
-        for start in range(0, cols, width):
-            block = scratch[:, :min(width, cols - start)]
+        for index, start in enumerate(range(0, cols, width)):
+            block = scratches[index % len(scratches)][:, :min(width, cols - start)]
             nbytes = block.shape[1] * 4
             for row in range(rows):
                 position = offset + (row * cols + start) * 4

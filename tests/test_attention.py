@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
+import common.attention as attention
 from common.attention import (
     cloud_models,
     fedamp_weights,
@@ -13,6 +17,7 @@ from common.attention import (
     pairwise_cosine,
     pairwise_sq_distances,
 )
+from common.pages import map_blocks
 
 
 def _models(seed: int, m: int = 7, d: int = 50, spread: float = 0.3) -> np.ndarray:
@@ -205,3 +210,48 @@ def test_constant_self_attention_survives_far_apart_models_and_lone_clients() ->
     np.testing.assert_allclose(xi[1], [0.25, 0.5, 0.25])
     lone, _ = fedamp_weights_from_gram(W @ W.T, 1.0, 1.0, active=np.array([True, False, False]), tau=0.5)
     np.testing.assert_allclose(lone, np.eye(3))
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_gram_and_cloud_models_are_the_same_bits_on_any_number_of_threads(tmp_path, monkeypatch,
+                                                                         on_disk: bool) -> None:
+    monkeypatch.setattr(attention, "_GRAM_BLOCK_BYTES", 8 * 6 * 1024 * 2)  # 2,048-column blocks: 5 of them
+    W = _models(3, m=6, d=9_000)
+    if on_disk:
+        W = attention.copy_to_store(W, tmp_path / "store.npy")
+    xi = np.random.default_rng(4).random((6, 6))
+    results = []
+    with threadpool_limits(limits=1):  # the server's BLAS
+        for threads in (1, 2, 3):
+            monkeypatch.setattr(attention, "block_threads", lambda threads=threads: threads)
+            results.append((attention.gram_rows(W), attention.gram_rows(W, [4, 1, 5]), attention.gram_rows(W, [2]),
+                            cloud_models(xi, W), cloud_models(xi, W, [5, 0])))
+    for other in results[1:]:
+        for first, again in zip(results[0], other):
+            assert first.tobytes() == again.tobytes()
+    whole, most, one, cloud, some = results[0]
+    exact = W.astype(np.float64) @ W.astype(np.float64).T
+    np.testing.assert_allclose(whole, exact, rtol=1e-12)
+    assert np.array_equal(most, whole[[4, 1, 5]]), "half the rows or more: rows of the whole symmetric product"
+    np.testing.assert_allclose(one, exact[[2]], rtol=1e-12)
+    np.testing.assert_allclose(cloud, xi @ W.astype(np.float64), rtol=1e-4, atol=1e-4)
+    assert np.array_equal(some, cloud[[5, 0]])
+
+
+def test_map_blocks_keeps_the_order_and_takes_no_block_before_its_scratch_is_free() -> None:
+    taken: list[int] = []
+    done: set[int] = set()
+
+    def blocks():
+        for k in range(10):
+            assert k < 3 or k - 3 in done, f"block {k} taken before block {k - 3} was done"
+            taken.append(k)
+            yield k
+
+    def work(k: int) -> int:
+        time.sleep(0.01)  # still busy when a careless pipeline would take the next blocks
+        done.add(k)
+        return k * k
+
+    assert list(map_blocks(work, blocks(), 3)) == [k * k for k in range(10)]
+    assert list(map_blocks(work, iter(range(4)), 1)) == [0, 1, 4, 9]
