@@ -120,14 +120,9 @@ def _write_npy(entry: IO[bytes], array: np.ndarray) -> None:
 def save_tree(path: Path, tree: Any) -> int:
     """Pack `tree` into an .npz (uncompressed, as np.savez writes it) written atomically and streamed to disk, with no
     copy in memory; returns its size."""
-    return save_packed(path, pack(tree))
-
-
-def save_packed(path: Path, arrays: dict[str, np.ndarray]) -> int:
-    """save_tree for a tree already packed (`pack`): the arrays are read as they are written."""
     with atomic_file(path) as fh:
         with zipfile.ZipFile(fh, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
-            for key, array in arrays.items():
+            for key, array in pack(tree).items():
                 with archive.open(f"{key}.npy", "w", force_zip64=True) as entry:
                     _write_npy(entry, array)
         size = fh.tell()

@@ -4,12 +4,11 @@ atomically written .npz (no pickle); `resume` continues a run folder from its ch
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.persist import CHECKPOINT_FILE, StateFileError, load_tree, pack, save_packed, save_tree
+from common.persist import CHECKPOINT_FILE, StateFileError, load_tree, save_tree
 
 from .clients import RunAborted
 from .results import ResultsWriter
@@ -34,59 +33,12 @@ class Checkpoint:
     resumes: list[int] = field(default_factory=list)  # rounds earlier resumptions started after
 
 
-def _tree(checkpoint: Checkpoint) -> dict[str, Any]:
-    return {"format": FORMAT, "round": checkpoint.round, "state": checkpoint.state,
-            "records": json.dumps(checkpoint.records, sort_keys=True), "elapsed_s": checkpoint.elapsed_s,
-            "resumes": list(checkpoint.resumes)}
-
-
 def save_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> int:
     """Write run_dir/checkpoint.npz atomically; returns its size in bytes."""
-    return save_tree(Path(run_dir) / CHECKPOINT_FILE, _tree(checkpoint))
-
-
-class CheckpointWriter:
-    """Writes each checkpoint on a thread while the next round's messages go out and its clients train.
-
-    `submit` takes the state's containers and JSON values at once (so later changes to them do not reach the file)
-    and leaves the arrays to the thread: a strategy changes its arrays in place only when it aggregates, and the
-    runner calls `wait` before that, so the file holds the state of its round. `wait` also raises what the write
-    raised. `completed` is the round of the last checkpoint known to be on disk: what clients are told they may
-    keep state for (it trails by one checkpoint, whatever the timing, so the messages do not depend on it).
-    """
-
-    def __init__(self) -> None:
-        self.completed = 0
-        self._thread: threading.Thread | None = None
-        self._round = 0
-        self._error: BaseException | None = None
-
-    def submit(self, run_dir: Path, checkpoint: Checkpoint) -> None:
-        """Start writing run_dir/checkpoint.npz (after the previous write has finished)."""
-        self.wait()
-        arrays = pack(_tree(checkpoint))
-        path = Path(run_dir) / CHECKPOINT_FILE
-
-        def write() -> None:
-            try:
-                save_packed(path, arrays)
-            except BaseException as exc:  # handed to the next wait(), on the runner's thread
-                self._error = exc
-
-        self._round = checkpoint.round
-        self._thread = threading.Thread(target=write, name="checkpoint-writer")
-        self._thread.start()
-
-    def wait(self) -> None:
-        """Until the write in progress (if any) is on disk; re-raises its error."""
-        if self._thread is None:
-            return
-        self._thread.join()
-        self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-        self.completed = self._round
+    tree = {"format": FORMAT, "round": checkpoint.round, "state": checkpoint.state,
+            "records": json.dumps(checkpoint.records, sort_keys=True), "elapsed_s": checkpoint.elapsed_s,
+            "resumes": list(checkpoint.resumes)}
+    return save_tree(Path(run_dir) / CHECKPOINT_FILE, tree)
 
 
 def load_checkpoint(run_dir: Path) -> Checkpoint:

@@ -36,8 +36,6 @@ class RunnerView(Protocol):
     def accept_train_replies(self, server_round: int, replies: Iterable[Message],
                              what: str = ...) -> tuple[list[TrainReply], int, int]: ...
 
-    def aggregate_accepted(self, server_round: int, accepted: list[TrainReply]) -> None: ...
-
 
 PULL_INTERVAL_S = 0.05  # between two looks for replies while none came
 

@@ -19,7 +19,7 @@ from common.evaluate import shifted_metric_keys
 from common.stages import summarize_stages
 from common.validation import PayloadError, echo_values
 
-from .checkpoint import Checkpoint, CheckpointWriter, due, restore
+from .checkpoint import Checkpoint, due, restore, save_checkpoint
 from .clients import ClientRegistry
 from .exchange import exchange_all, stream_replies
 from .faults import plan_faults
@@ -48,8 +48,7 @@ class RoundRunner(Strategy):
         self.cfg, self.strategy, self.clients, self.writer = cfg, strategy, clients, writer
         self.state_key = state_key  # names the clients' state dirs for this run (the run folder's name)
         self.resume_from = resume_from
-        self.checkpoint_round = 0  # last round whose checkpoint is known to be on disk (clients are told it)
-        self.checkpoints = CheckpointWriter()
+        self.checkpoint_round = 0  # last round whose checkpoint was written
         self.resumes: list[int] = []  # rounds after which earlier runs of this folder stopped and were resumed
         self.round_log = RoundLog()
         self._size_cache: SizeCache = {}
@@ -163,25 +162,14 @@ class RoundRunner(Strategy):
                         log(WARNING, "client %d: %s reply rejected: %s", pid, what, exc)
         return sorted(accepted, key=lambda r: r.partition_id), failed, rejected
 
-    def aggregate_accepted(self, server_round: int, accepted: list[TrainReply]) -> None:
-        """The strategy's step over the accepted replies, once the last checkpoint (which may share its arrays) is
-        on disk."""
-        with profiling.timer("aggregate"):
-            self.wait_for_checkpoint()
-            self.strategy.aggregate(server_round, accepted)
-
-    def wait_for_checkpoint(self) -> None:
-        """Until the checkpoint being written is on disk."""
-        self.checkpoints.wait()
-        self.checkpoint_round = max(self.checkpoint_round, self.checkpoints.completed)
-
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate replies (as they arrive), aggregate the accepted ones, record the counts."""
         accepted, failed, rejected = self.accept_train_replies(server_round, replies)
         train, started = self.round_log.train, time.perf_counter()
         if accepted:
-            self.aggregate_accepted(server_round, accepted)
+            with profiling.timer("aggregate"):
+                self.strategy.aggregate(server_round, accepted)
             self.round_log.aggregate_s = time.perf_counter() - started  # a timing: kept out of `train`
         flops = sum(reply_flops(r.content) for r in accepted) + train.get("pretrain", {}).get("flops", 0.0)
         total = sum(r.num_examples for r in accepted)
@@ -218,9 +206,9 @@ class RoundRunner(Strategy):
     def write_checkpoint(self, server_round: int, elapsed: float) -> None:
         """After every `checkpoint-every` rounds and the last one: the state needed to resume, atomically."""
         if self.writer is not None and due(server_round, self.cfg.checkpoint_every, self.cfg.num_rounds):
-            self.checkpoints.submit(self.writer.run_dir, Checkpoint(server_round, self.strategy.state_dict(),
-                                                                    self.writer.records, elapsed, self.resumes))
-            self.checkpoint_round = max(self.checkpoint_round, self.checkpoints.completed)
+            save_checkpoint(self.writer.run_dir, Checkpoint(server_round, self.strategy.state_dict(),
+                                                            self.writer.records, elapsed, self.resumes))
+            self.checkpoint_round = server_round
 
     def run(self, grid: Grid) -> None:
         """Handshake, then the rounds: train, aggregate, evaluate, record, checkpoint, log progress with ETA."""
@@ -234,12 +222,9 @@ class RoundRunner(Strategy):
             first, elapsed_before = self.resume_from.round + 1, self.resume_from.elapsed_s
         self.summary()
         start = time.monotonic() - elapsed_before
-        try:
-            for rnd in range(first, self.cfg.num_rounds + 1):
-                with profiling.record("server", round=rnd):
-                    self.run_round(grid, rnd, rnd > first, start)
-        finally:
-            self.wait_for_checkpoint()
+        for rnd in range(first, self.cfg.num_rounds + 1):
+            with profiling.record("server", round=rnd):
+                self.run_round(grid, rnd, rnd > first, start)
 
     def run_round(self, grid: Grid, rnd: int, refresh: bool, start: float) -> None:
         """One round: re-handshake joiners, (warm up,) train, aggregate, evaluate, record, checkpoint, progress."""

@@ -28,7 +28,7 @@ def pretrain_round(runner: RunnerView, grid: Grid) -> None:
     def fold() -> None:
         nonlocal used, failed, rejected, flops
         accepted, batch_failed, batch_rejected = runner.accept_train_replies(0, batch, "pre-training")
-        runner.aggregate_accepted(0, accepted)
+        runner.strategy.aggregate(0, accepted)
         used, failed, rejected = used + len(accepted), failed + batch_failed, rejected + batch_rejected
         flops += sum(reply_flops(r.content) for r in accepted)
         for key in ("dropped", "stragglers", "late"):

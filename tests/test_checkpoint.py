@@ -13,13 +13,7 @@ from client_app.state import StateDir
 from common.algorithms import SPECS
 from common.config import parse_run_config
 from common.persist import StateFileError
-from server_app.checkpoint import (
-    Checkpoint,
-    CheckpointWriter,
-    config_differences,
-    load_checkpoint,
-    save_checkpoint,
-)
+from server_app.checkpoint import Checkpoint, config_differences, load_checkpoint, save_checkpoint
 
 from .inprocess import InProcessFederation
 
@@ -122,44 +116,3 @@ def test_a_resumed_client_models_strategy_restores_its_rows_into_the_run_folders
     W = resumed.strategy.matrix.W
     assert isinstance(W, np.memmap) and Path(W.filename) == tmp_path / "resumed" / "client-models.npy"
     assert np.array_equal(W, fed.strategy.matrix.W)
-
-
-def test_a_checkpoint_written_in_the_background_holds_its_round_and_trails_by_one(tmp_path) -> None:
-    writer = CheckpointWriter()
-    records = [{"round": 1}]
-    state = {"global": [np.arange(3, dtype=np.float32)], "delivered": {"1": 1}}
-    writer.submit(tmp_path, Checkpoint(1, state, records, 1.0, []))
-    records.append({"round": 2})  # the next round goes on while the file is written
-    state["delivered"]["2"] = 2
-    assert writer.completed == 0, "not known to be on disk before a wait"
-    writer.submit(tmp_path, Checkpoint(2, state, records, 2.0, []))
-    assert writer.completed == 1, "a new write starts only after the last one is on disk"
-    writer.wait()
-    assert writer.completed == 2
-    saved = load_checkpoint(tmp_path)
-    assert saved.round == 2 and saved.records == [{"round": 1}, {"round": 2}]
-    assert saved.state["delivered"] == {"1": 1, "2": 2}
-
-    other = CheckpointWriter()
-    other.submit(tmp_path / "first", Checkpoint(1, state, records[:1], 1.0, []))  # a folder that is not there
-    records.clear()
-    with pytest.raises(FileNotFoundError):
-        other.wait()
-    assert other.completed == 0
-    other.wait()  # the error is raised once
-
-
-def test_the_runner_waits_for_the_checkpoint_before_the_strategy_aggregates(tmp_path) -> None:
-    fed = _federation("fedamp", "")
-    order: list[str] = []
-
-    class Writer(CheckpointWriter):
-        def wait(self) -> None:
-            order.append("wait")
-            super().wait()
-
-    fed.runner.checkpoints = Writer()
-    aggregate = fed.strategy.aggregate
-    fed.strategy.aggregate = lambda rnd, replies: (order.append("aggregate"), aggregate(rnd, replies))  # type: ignore[method-assign]
-    fed.train_round(1)
-    assert order == ["wait", "aggregate"]
