@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -14,12 +15,22 @@ from .pages import block_threads, column_blocks, map_blocks, release_pages, row_
 # scaled by the thread count: the blocks decide the sums' order, so the numbers do not depend on the machine.
 _GRAM_BLOCK_BYTES = 32 << 20
 
+R = TypeVar("R")
+
 
 def _check_models(W: np.ndarray) -> np.ndarray:
     W = np.asanyarray(W)  # keeps a memmap a memmap (its pages are released as they are read)
     if W.ndim != 2 or W.shape[0] < 1:
         raise ValueError(f"expected a (clients x params) matrix, got shape {W.shape}")
     return W
+
+
+def _over_column_blocks(W: np.ndarray, itemsize: int, work: Callable[[tuple[int, np.ndarray]], R]) -> Iterator[R]:
+    """work((start, columns)) for W's column blocks (_GRAM_BLOCK_BYTES at `itemsize` bytes a value), on
+    block_threads() threads, results in the blocks' order."""
+    threads = block_threads()
+    width = max(1024, _GRAM_BLOCK_BYTES // (itemsize * W.shape[0]))
+    return map_blocks(work, column_blocks(W, width, buffers=threads), threads)
 
 
 def gram_rows(W: np.ndarray, rows: np.ndarray | list[int] | None = None) -> np.ndarray:
@@ -34,15 +45,13 @@ def gram_rows(W: np.ndarray, rows: np.ndarray | list[int] | None = None) -> np.n
     m = W.shape[0]
     picked = np.arange(m) if rows is None else np.asarray(rows, dtype=np.int64)
     whole = 2 * len(picked) >= m
-    chunk = max(1024, _GRAM_BLOCK_BYTES // (8 * m))
-    threads = block_threads()
 
     def product(item: tuple[int, np.ndarray]) -> np.ndarray:
         block = item[1].astype(np.float64)
         return block @ block.T if whole else block[picked] @ block.T  # A @ A.T is computed symmetric
 
     out = np.zeros((m if whole else len(picked), m), dtype=np.float64)
-    for part in map_blocks(product, column_blocks(W, chunk, buffers=threads), threads):
+    for part in _over_column_blocks(W, 8, product):
         out += part
     return out if rows is None or not whole else out[picked]
 
@@ -280,13 +289,11 @@ def cloud_models(xi: np.ndarray, W: np.ndarray, rows: list[int] | None = None) -
         raise ValueError(f"xi has shape {xi.shape}, expected {(W.shape[0], W.shape[0])}")
     weights = (xi if rows is None else xi[np.asarray(rows, dtype=np.int64)]).astype(np.float32)
     out = np.empty((weights.shape[0], W.shape[1]), dtype=np.float32)
-    threads = block_threads()
 
     def fill(item: tuple[int, np.ndarray]) -> None:  # float32: a float64 GEMM would copy every block
         start, columns = item
         np.matmul(weights, columns, out=out[:, start:start + columns.shape[1]])
 
-    chunk = max(1024, _GRAM_BLOCK_BYTES // (4 * W.shape[0]))
-    for _ in map_blocks(fill, column_blocks(W, chunk, buffers=threads), threads):
+    for _ in _over_column_blocks(W, 4, fill):
         pass
     return out

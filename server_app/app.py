@@ -94,7 +94,8 @@ def single_threaded_math() -> None:
     """The server's numpy and torch math on one thread. How a BLAS splits a product over threads changes its last
     bits (FedAMP's Gram matrix differed by 1e-16 between one and two threads), so one thread gives the same numbers
     on every machine, whatever its core count. It also keeps the server's BLAS from spinning against busy client
-    workers: with both cores training, a two-thread float64 Gram block took 1.5-1.8 s against 0.04-0.08 s on one."""
+    workers: with both cores training, a two-thread float64 Gram block took 1.5-1.8 s against 0.04-0.08 s on one.
+    FedAMP's big products still use every core: common/pages.map_blocks gives each thread whole blocks of its own."""
     threadpool_limits(limits=1)
     torch.set_num_threads(1)
 
