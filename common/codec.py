@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from common.masked_ops import gather, scatter
 from common.validation import MAX_ABS_VALUE, PayloadError, check_values
 
 VALUE_DTYPES = ("float32", "float16")  # float16 is the lossy, off-by-default switch
@@ -50,9 +51,14 @@ def unpack_mask(bits: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 def mask_digest(mask: np.ndarray) -> int:
     """A deterministic 63-bit digest of the mask's bits and shape (fits an int64 metric)."""
     mask = np.asarray(mask)
+    return bits_digest(pack_mask(mask), mask.shape)
+
+
+def bits_digest(bits: np.ndarray, shape: tuple[int, ...]) -> int:
+    """mask_digest of the mask whose packed bits (zero padding) are `bits`."""
     h = hashlib.blake2b(digest_size=8)
-    h.update(np.asarray(mask.shape, dtype="<i8").tobytes())
-    h.update(pack_mask(mask).tobytes())
+    h.update(np.asarray(shape, dtype="<i8").tobytes())
+    h.update(np.ascontiguousarray(bits, dtype=np.uint8).tobytes())
     return int.from_bytes(h.digest(), "big") % 2**63
 
 
@@ -63,13 +69,14 @@ def _masked_values(dense: np.ndarray, mask: np.ndarray, value_dtype: str) -> np.
         raise ValueError(f"dense shape {dense.shape} differs from mask shape {mask.shape}")
     if value_dtype not in VALUE_DTYPES:
         raise ValueError(f"value_dtype must be one of {VALUE_DTYPES}, got {value_dtype!r}")
-    return np.ascontiguousarray(dense.astype(np.float32)[mask].astype(value_dtype))
+    return gather(dense, mask).astype(value_dtype, copy=False)
 
 
 def encode_sparse(dense: np.ndarray, mask: np.ndarray, value_dtype: str = "float32") -> SparseTensor:
     """Bits + values: the receiver learns the mask from the payload."""
     values = _masked_values(dense, mask, value_dtype)
-    return SparseTensor(tuple(np.shape(mask)), pack_mask(mask), values, mask_digest(mask))
+    bits = pack_mask(mask)
+    return SparseTensor(tuple(np.shape(mask)), bits, values, bits_digest(bits, np.shape(mask)))
 
 
 def encode_values(dense: np.ndarray, mask: np.ndarray, value_dtype: str = "float32") -> SparseTensor:
@@ -95,9 +102,10 @@ def decode_sparse(payload: SparseTensor, expected_shape: tuple[int, ...], known_
             or not 0 <= int(payload.digest) < 2**63:
         raise PayloadError(f"mask digest {payload.digest!r} is not an integer in [0, 2**63)")
     if payload.bits is not None:
-        mask = unpack_mask(payload.bits, expected)
-        if mask_digest(mask) != int(payload.digest):
-            raise PayloadError(f"mask digest mismatch: payload {payload.digest}, bits give {mask_digest(mask)}")
+        mask = unpack_mask(payload.bits, expected)  # checks the length and the zero padding the digest relies on
+        if bits_digest(payload.bits, expected) != int(payload.digest):
+            raise PayloadError(f"mask digest mismatch: payload {payload.digest}, bits give "
+                               f"{bits_digest(payload.bits, expected)}")
     else:
         if known_mask is None:
             raise PayloadError("values-only payload but no known mask to decode it with")
@@ -110,9 +118,7 @@ def decode_sparse(payload: SparseTensor, expected_shape: tuple[int, ...], known_
     if values.size != nnz:
         raise PayloadError(f"nnz mismatch: {values.size} values for {nnz} set mask bits")
     check_values("values", values, max_abs)
-    dense = np.zeros(expected, dtype=np.float32)
-    dense[mask] = values.astype(np.float32)
-    return dense, mask
+    return scatter(values, mask), mask
 
 
 def sparse_nbytes(payload: SparseTensor) -> int:

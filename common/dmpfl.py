@@ -11,6 +11,7 @@ import torch
 
 from .codec import decode_model, encode_model, mask_digest, pack_mask, unpack_mask
 from .evaluate import entropy
+from .masked_ops import gather, keep, scatter, select
 from .masks import topk_mask
 from .validation import PayloadError
 
@@ -36,12 +37,12 @@ def phase_schedule(num_rounds: int, iterations: int) -> list[int]:
 
 def compose_personal(w_g: np.ndarray, m_g: np.ndarray, w_c: np.ndarray, m_c: np.ndarray) -> np.ndarray:
     """Eq. 4: theta_c = w_g * (m_g AND m_c) + w_c * (m_c AND NOT m_g); zero outside m_c."""
-    return np.where(m_c & m_g, w_g, np.where(m_c, w_c, 0.0)).astype(np.float32)
+    return select(m_c & m_g, w_g, keep(m_c, w_c))
 
 
 def compose_global(w_g: np.ndarray, m_g: np.ndarray) -> np.ndarray:
     """theta_g = w_g * m_g."""
-    return np.where(m_g, w_g, 0.0).astype(np.float32)
+    return keep(m_g, w_g)
 
 
 class PersonalMaskStore:
@@ -131,8 +132,8 @@ def encode_partial_global(w_g: Mapping[str, np.ndarray], m_g: Mapping[str, np.nd
     """The part of theta_g a client with mask m_c uses in phases 1 and 3 (Eq. 4 reads w_g only on m_g AND m_c), in
     the one codec: per masked layer, bits over m_c's positions (which are in m_g) and the values there; dense
     layers whole."""
-    dense = {name: (w[m_c[name]] if name in m_c else w) for name, w in w_g.items()}
-    return encode_model(dense, {name: np.asarray(m_g[name])[m_c[name]] for name in m_c})
+    dense = {name: (gather(w, m_c[name]) if name in m_c else w) for name, w in w_g.items()}
+    return encode_model(dense, {name: np.compress(np.ravel(m_c[name]), np.ravel(m_g[name])) for name in m_c})
 
 
 def decode_partial_global(arrays: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]],
@@ -144,13 +145,11 @@ def decode_partial_global(arrays: Mapping[str, np.ndarray], shapes: Mapping[str,
         raise PayloadError(f"partial global model has sparse layers {sorted(inner)}, expected {sorted(m_c)}")
     weights: Named = {}
     masks: Named = {}
-    for name, shape in shapes.items():
+    for name in shapes:
         if name not in m_c:
             weights[name] = values[name]
             continue
-        weights[name], masks[name] = np.zeros(shape, np.float32), np.zeros(shape, bool)
-        weights[name][m_c[name]] = values[name]
-        masks[name][m_c[name]] = inner[name]
+        weights[name], masks[name] = scatter(values[name], m_c[name]), scatter(inner[name], m_c[name], bool)
     return weights, masks
 
 
@@ -164,7 +163,7 @@ def aggregate_masked(w_g: np.ndarray, weights: Sequence[np.ndarray], masks: Sequ
     denominator = np.zeros(w_g.shape, np.float64)
     votes = np.zeros(w_g.shape, np.int64)
     for w_c, m_c, size in zip(weights, masks, sizes, strict=True):
-        numerator += size * np.where(m_c, w_c, 0.0)
+        numerator += size * keep(m_c, w_c)
         denominator += size * m_c
         votes += m_c
     covered = denominator > 0

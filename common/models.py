@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import torch
@@ -149,8 +151,10 @@ _BUILDERS = {"mlp": mlp, "cnn-mnist": cnn_mnist, "cnn-cifar": cnn_cifar, "mlp-bn
 _NEEDS = {"cnn-mnist": 3, "cnn-cifar": 3, "cnn-mnist-bn": 3, "cnn-cifar-bn": 3, "resnet10": 3, "resnet10-s": 3}
 
 
-def build_model(name: str, dataset: str, input_shape: tuple[int, ...], num_classes: int, seed: int) -> SplitModel:
-    """A freshly initialized model; `auto` picks the dataset's usual one; the init depends only on `seed`."""
+def build_model(name: str, dataset: str, input_shape: tuple[int, ...], num_classes: int, seed: int,
+                arrays: Sequence[np.ndarray] | None = None) -> SplitModel:
+    """A freshly initialized model; `auto` picks the dataset's usual one; the init depends only on `seed`. Given
+    `arrays` (state-dict order), the model holds copies of them instead, as set_arrays would load them."""
     resolved = AUTO_MODEL[dataset] if name == "auto" else name
     if resolved not in _BUILDERS:
         raise ConfigError(f"run-config 'model' = {name!r} is not valid; allowed values: auto, {', '.join(_BUILDERS)}")
@@ -159,7 +163,23 @@ def build_model(name: str, dataset: str, input_shape: tuple[int, ...], num_class
     minimum = 8 if resolved.startswith("cnn-mnist") else 16 if resolved.startswith("cnn-cifar") else 0
     if minimum and min(input_shape[1:]) < minimum:
         raise ConfigError(f"model '{resolved}' needs larger images than {input_shape} of dataset '{dataset}'")
-    return copy.deepcopy(_initialized(resolved, tuple(input_shape), num_classes, seed))
+    template = _initialized(resolved, tuple(input_shape), num_classes, seed)
+    return copy.deepcopy(template) if arrays is None else _holding(template, arrays)
+
+
+def _holding(template: SplitModel, arrays: Sequence[np.ndarray]) -> SplitModel:
+    """deepcopy(template) + set_arrays(arrays), without first copying the template's tensors: each state-dict entry
+    is handed to deepcopy's memo as a copy of its array, in the entry's dtype."""
+    state = template.state_dict(keep_vars=True)
+    if len(state) != len(arrays):
+        raise ValueError(f"expected {len(state)} arrays, got {len(arrays)}")
+    memo: dict[int, Any] = {}
+    for (key, entry), array in zip(state.items(), arrays):
+        if tuple(entry.shape) != tuple(np.shape(array)):
+            raise ValueError(f"array for '{key}' has shape {tuple(np.shape(array))}, expected {tuple(entry.shape)}")
+        value = torch.tensor(np.asarray(array), dtype=entry.dtype)
+        memo[id(entry)] = nn.Parameter(value, entry.requires_grad) if isinstance(entry, nn.Parameter) else value
+    return copy.deepcopy(template, memo)
 
 
 @lru_cache(maxsize=4)
@@ -208,3 +228,11 @@ class ModelLayout:
             groups = ()
         return cls(get_arrays(model), array_specs(model), tuple(prunable_names(model)), tuple(norm_entries(model)),
                    groups)
+
+
+@lru_cache(maxsize=8)
+def model_layout(name: str, dataset: str, input_shape: tuple[int, ...], num_classes: int, seed: int) -> ModelLayout:
+    """The layout of build_model's model, made once per process (client halves read its names, shapes and layer
+    roles on every message; callers must not change its arrays)."""
+    return ModelLayout.of(build_model(name, dataset, input_shape, num_classes, seed))
+

@@ -10,6 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from . import profiling
+from .masked_ops import TensorRestore
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,9 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, settings: TrainSet
             p.requires_grad_(name in trainable)
     params = [p for p in named.values() if p.requires_grad]
     masks = {name: m.to(device=device, dtype=torch.bool) for name, m in (update_masks or {}).items() if name in named}
-    frozen = {name: named[name].detach().clone() for name in masks}
+    # the gradient is multiplied by the mask as a float (as by the bool mask, without a cast per step)
+    gradient_masks = {name: m.to(named[name].dtype) for name, m in masks.items()}
+    restores = {name: TensorRestore(m, named[name]) for name, m in masks.items()}
     n = len(y)
     stats = TrainStats(num_samples=n, steps=0, mean_loss=float("nan"))
     if n == 0 or settings.epochs == 0 or not params:
@@ -161,17 +164,17 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, settings: TrainSet
             loss.backward()
             if on_gradients is not None:
                 on_gradients(model)
-            for name, mask in masks.items():
+            for name, mask in gradient_masks.items():
                 grad = named[name].grad
                 if grad is not None:
                     grad.mul_(mask)
             optimizer.step()
             if proximal is not None:
                 proximal.apply(named, optimizer.param_groups[0]["lr"])
-            if masks:
+            if restores:
                 with torch.no_grad():
-                    for name, mask in masks.items():
-                        named[name].copy_(torch.where(mask, named[name], frozen[name]))
+                    for name, restore in restores.items():
+                        restore(named[name].detach())
             stats.steps += 1
             epoch_loss += float(loss.detach()) * len(batch)
             epoch_seen += len(batch)

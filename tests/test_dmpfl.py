@@ -7,7 +7,7 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
-from client_app.algorithms.dmpfl import PERSONAL
+from client_app.algorithms.dmpfl import BASE_ENTROPY_C, PERSONAL
 from client_app.algorithms.sparse import StaleGlobalModel
 from client_app.state import ClientState
 from common.config import parse_run_config
@@ -331,7 +331,7 @@ def test_dmpfl_evaluation_runs_each_model_once_per_set_with_identical_metrics(mo
         with monkeypatch.context() as patch:
             if not memo:
                 patch.setattr(client_dmpfl, "MemoLogits", lambda model: model)
-            fed = _federation("dmpfl", **{"shift-degrees": "0,0.5,1"})
+            fed = _federation("dmpfl", num_clients=6, **{"shift-degrees": "0,0.5,1", "fraction-train": 0.34})
             for rnd in range(1, 7):
                 fed.train_round(rnd)
             calls = _count_forwards(patch)
@@ -339,9 +339,14 @@ def test_dmpfl_evaluation_runs_each_model_once_per_set_with_identical_metrics(mo
             results[memo] = calls[0], {cid: dict(r.metric_records["metrics"]) for cid, r in replies.items()}
     (with_memo, metrics), (without, reference) = results[True], results[False]
     assert metrics == reference, "the memo changes no metric"
-    # per client: test + shift sets for theta_c, theta_g and the adaptive mix (2 models each) = 8 passes without
-    # the memo, 4 with it, plus the base entropies on the training data in both
-    assert without - with_memo == 4 * len(reference), (with_memo, without)
+    # with the memo, one pass per model and set: theta_c and theta_g on the test and shift sets (4), theta_g on the
+    # training data for BE_g (1) and theta_c there for BE_c unless its phase 3 stored it (1); a client that never
+    # trained holds theta_c = theta_g, one model: test, shift and training data once each (3)
+    kinds = [(ClientState(fed.states[pid]).load_named(PERSONAL) is not None,
+              ClientState(fed.states[pid]).load_named(BASE_ENTROPY_C) is not None) for pid in sorted(fed.states)]
+    assert {(False, False), (True, False), (True, True)} <= set(kinds), kinds
+    assert with_memo == sum(3 if not trained else 6 - stored_c for trained, stored_c in kinds), (with_memo, kinds)
+    assert without > with_memo
 
 
 def test_memo_logits_runs_a_batch_once_and_tells_inputs_apart() -> None:

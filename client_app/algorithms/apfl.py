@@ -8,7 +8,7 @@ from flwr.app import RecordDict
 from torch import nn
 
 from common.algorithms import GLOBAL, APFLParams
-from common.models import SplitModel, get_arrays, set_arrays
+from common.models import SplitModel, get_arrays
 from common.personal import Mixture, mixture_arrays
 from common.train import train
 
@@ -34,8 +34,7 @@ class APFLClient(ClientAlgorithm):
         """alpha * v + (1 - alpha) * w on the parameters, v's buffers (e.g. batch-norm statistics)."""
         params = {name for name, _ in v.named_parameters()}
         flags = [name in params for name in v.state_dict()]
-        model = self.new_model()
-        set_arrays(model, mixture_arrays(get_arrays(v), get_arrays(w), alpha, flags))
+        model = self.new_model(mixture_arrays(get_arrays(v), get_arrays(w), alpha, flags))
         return model
 
     def fit(self, server_round: int, content: RecordDict) -> RecordDict:

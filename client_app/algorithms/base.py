@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -19,7 +19,7 @@ from common.data.evalsets import corrupted_test, domain_tests
 from common.data.federated import ClientData, pooled_test
 from common.evaluate import EvalResult, corruption_key, evaluate_client, shift_key
 from common.flops import flops_per_sample, training_flops
-from common.models import SplitModel, array_specs, build_model, get_arrays, set_arrays
+from common.models import ModelLayout, SplitModel, array_specs, build_model, get_arrays, model_layout
 from common.records import to_record
 from common.seeding import derive_seed
 from common.stages import accuracy, stage_metrics
@@ -54,11 +54,17 @@ class ClientAlgorithm(ABC):
         self.cfg = env.cfg
 
     # ----- helpers -------------------------------------------------------------------------------
-    def new_model(self) -> SplitModel:
-        """The model at the run's common initialization (the same as the server's)."""
+    def new_model(self, arrays: Sequence[np.ndarray] | None = None) -> SplitModel:
+        """The model at the run's common initialization (the same as the server's), or holding `arrays`."""
         data = self.env.data
         return build_model(self.cfg.model, self.cfg.dataset, data.input_shape, data.num_classes,
-                           derive_seed(self.cfg.seed, "model"))
+                           derive_seed(self.cfg.seed, "model"), arrays)
+
+    def layout(self) -> ModelLayout:
+        """Names, shapes and layer roles of that model (made once per process)."""
+        data = self.env.data
+        return model_layout(self.cfg.model, self.cfg.dataset, tuple(data.input_shape), data.num_classes,
+                            derive_seed(self.cfg.seed, "model"))
 
     @staticmethod
     def instructions(content: RecordDict) -> ConfigRecord:
@@ -77,9 +83,7 @@ class ClientAlgorithm(ABC):
     @profiling.timed("decode")
     def received_model(self, content: RecordDict, key: str = "arrays") -> SplitModel:
         """A model holding the arrays the server sent (validated like any received payload)."""
-        model = self.new_model()
-        set_arrays(model, validate_arrays(content.array_records.get(key), array_specs(model)))
-        return model
+        return self.new_model(validate_arrays(content.array_records.get(key), self.layout().specs))
 
     def settings(self, server_round: int) -> TrainSettings:
         """Local training settings of this round (lr decayed per round)."""
@@ -125,13 +129,8 @@ class ClientAlgorithm(ABC):
     def stored_model(self, key: str, default: list[np.ndarray] | None = None) -> SplitModel:
         """A model holding the arrays kept in client state under `key`; on first use `default`, else the common
         initialization."""
-        model = self.new_model()
         saved = self.env.state.load_arrays(key)
-        if saved is None:
-            saved = default
-        if saved is not None:
-            set_arrays(model, saved)
-        return model
+        return self.new_model(default if saved is None else saved)
 
     def snapshot(self, model: torch.nn.Module) -> torch.nn.Module | None:
         """A copy of `model` for a later stage evaluation, when `stages` is on (None otherwise: no cost)."""

@@ -174,10 +174,11 @@ class DMPFLClient(SparseGlobalClient):
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
         """theta_c (DM-PFL), adaptive inference (DM-PFL+) and theta_g, at every shift degree."""
         w_g, m_g = self.refresh_global(content)
-        w_c, m_c = self.personal(w_g, m_g)
-        # the three rows run theta_c and theta_g on the same sets: each pays one forward pass per batch
-        model_c = MemoLogits(self.to_model(self.theta_c(w_g, m_g, w_c, m_c)))
+        personal = self.load_sparse(PERSONAL)
+        # the three rows run theta_c and theta_g on the same sets: each pays one forward pass per batch; a client
+        # that never trained holds w_c = w_g and m_c = m_g, so theta_c is theta_g and one model serves both
         model_g = MemoLogits(self.to_model(self.theta_g(w_g, m_g)))
+        model_c = model_g if personal is None else MemoLogits(self.to_model(self.theta_c(w_g, m_g, *personal)))
         plus = AdaptiveModel(model_c, model_g, *self.stored_base_entropies(content, model_c, model_g))
         extra = self.row(PLUS, plus)
         extra.update(self.row(GLOBAL, model_g))

@@ -8,7 +8,7 @@ from flwr.app import RecordDict
 
 from common.algorithms import FLIUParams
 from common.fliu import adaptive_gamma, individualized_update
-from common.models import SplitModel, get_arrays, set_arrays
+from common.models import SplitModel, get_arrays
 from common.train import TrainSettings, train
 from common.validation import PayloadError, read_count
 
@@ -39,11 +39,9 @@ class FLIUClient(ClientAlgorithm):
 
     def individualized(self, global_model: SplitModel, content: RecordDict) -> SplitModel:
         """The model after the individualized update (Theta itself before the first local training)."""
-        model = self.new_model()
         own = self.env.state.load_arrays(PERSONAL)
         arrays = get_arrays(global_model)
-        set_arrays(model, arrays if own is None else individualized_update(own, arrays, self.gamma(content)))
-        return model
+        return self.new_model(arrays if own is None else individualized_update(own, arrays, self.gamma(content)))
 
     def fit(self, server_round: int, content: RecordDict) -> RecordDict:
         """Individualize, train locally, keep and upload theta_k."""

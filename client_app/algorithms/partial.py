@@ -6,8 +6,8 @@ from __future__ import annotations
 from flwr.app import RecordDict
 
 from common.algorithms import SPECS
-from common.models import SplitModel, array_specs, get_arrays, set_arrays
-from common.personal import norm_entries, shared_names
+from common.models import SplitModel, get_arrays, set_arrays
+from common.personal import shared_names
 from common.records import to_record
 from common.train import TrainStats, train
 from common.validation import validate_arrays
@@ -22,10 +22,10 @@ class PartialClient(ClientAlgorithm):
 
     def __init__(self, env: ClientEnv) -> None:
         super().__init__(env)
-        template = self.new_model()
-        self.specs = array_specs(template)
+        layout = self.layout()
+        self.specs = layout.specs
         self.names = [name for name, _ in self.specs]
-        self.shared = shared_names(self.names, SPECS[self.cfg.algorithm].shares, norm_entries(template))
+        self.shared = shared_names(self.names, SPECS[self.cfg.algorithm].shares, layout.norm)
         self.shared_specs = [(name, shape) for name, shape in self.specs if name in set(self.shared)]
 
     def own_model(self, content: RecordDict) -> SplitModel:

@@ -10,8 +10,7 @@ from flwr.app import ArrayRecord, RecordDict
 
 from common.codec import decode_model, encode_model
 from common.dmpfl import Named, compose_global
-from common.masks import prunable_names
-from common.models import SplitModel, array_specs, get_arrays, set_arrays
+from common.models import SplitModel, get_arrays
 from common.records import to_plain_record
 from common.train import MeanGradient
 from common.validation import PayloadError, read_count, record_to_numpy
@@ -30,10 +29,10 @@ class SparseGlobalClient(ClientAlgorithm):
 
     def __init__(self, env: ClientEnv) -> None:
         super().__init__(env)
-        template = self.new_model()
-        self.shapes = dict(array_specs(template))
-        self.names = [name for name, _ in array_specs(template)]
-        self.prunable = prunable_names(template)
+        layout = self.layout()
+        self.shapes = dict(layout.specs)
+        self.names = [name for name, _ in layout.specs]
+        self.prunable = list(layout.prunable)
 
     def refresh_global(self, content: RecordDict) -> tuple[Named, Named]:
         """(w_g, m_g): from the message when sent (validated, then stored), else the stored copy of this version."""
@@ -71,9 +70,7 @@ class SparseGlobalClient(ClientAlgorithm):
 
     def to_model(self, named: Named) -> SplitModel:
         """A model holding these weights."""
-        model = self.new_model()
-        set_arrays(model, [named[name] for name in self.names])
-        return model
+        return self.new_model([named[name] for name in self.names])
 
     def named(self, model: torch.nn.Module) -> Named:
         """A model's weights by name."""

@@ -13,6 +13,7 @@ from flwr.supercore import log
 from common.algorithms import SparseParams
 from common.codec import decode_model, encode_model
 from common.config import RunConfig
+from common.masked_ops import select
 from common.masks import erk_densities, random_masks
 from common.models import ModelLayout
 from common.records import to_plain_record
@@ -158,7 +159,7 @@ class SparseGlobalStrategy(PFLStrategy):
         out = {}
         for name, old in self.global_named.items():
             mean = sum(r.num_examples * r.payload[0][name].astype(np.float64) for r in replies) / total
-            out[name] = np.where(self.global_masks[name], mean, old).astype(np.float32) \
+            out[name] = select(self.global_masks[name], mean, old) \
                 if name in self.global_masks else mean.astype(np.float32)
         return out
 
