@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from common.persist import StateFileError
 from server_app.checkpoint import load_checkpoint
 
 from .conftest import REPO
@@ -34,6 +35,14 @@ def _bytes(run_dir: Path) -> list[dict]:
     return [json.loads(line)["bytes"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def _checkpointed_round(run_dir: Path) -> int:
+    """The round of the run's last complete checkpoint, 0 while there is none (it is written atomically)."""
+    try:
+        return load_checkpoint(run_dir).round
+    except StateFileError:
+        return 0
+
+
 def test_killed_run_resumes_to_identical_metrics(tmp_path) -> None:
     with LocalSuperLink(tmp_path / "home-a") as link:
         outcome = link.run(REPO, _config(tmp_path / "a", tmp_path / "a-state"), num_supernodes=NODES)
@@ -46,10 +55,7 @@ def test_killed_run_resumes_to_identical_metrics(tmp_path) -> None:
     try:
         runner = link.start_run(REPO, _config(tmp_path / "b", tmp_path / "b-state"), num_supernodes=NODES)
         deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            done = (run_dir / "metrics.jsonl").is_file() and len((run_dir / "metrics.jsonl").read_text().splitlines())
-            if done and done >= 3:
-                break
+        while time.monotonic() < deadline and _checkpointed_round(run_dir) < 3:  # the metrics line comes first
             time.sleep(0.1)
         link.kill()  # the server machine dies mid-run: SuperLink, ServerApp, simulated clients at once
         runner.kill()

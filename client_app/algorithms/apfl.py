@@ -34,8 +34,7 @@ class APFLClient(ClientAlgorithm):
         """alpha * v + (1 - alpha) * w on the parameters, v's buffers (e.g. batch-norm statistics)."""
         params = {name for name, _ in v.named_parameters()}
         flags = [name in params for name in v.state_dict()]
-        model = self.new_model(mixture_arrays(get_arrays(v), get_arrays(w), alpha, flags))
-        return model
+        return self.new_model(mixture_arrays(get_arrays(v), get_arrays(w), alpha, flags))
 
     def fit(self, server_round: int, content: RecordDict) -> RecordDict:
         """Train w, then v and alpha on the mixture with that w; keep v and alpha, upload w."""
