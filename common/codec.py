@@ -64,12 +64,9 @@ def bits_digest(bits: np.ndarray, shape: tuple[int, ...]) -> int:
 
 def _masked_values(dense: np.ndarray, mask: np.ndarray, value_dtype: str) -> np.ndarray:
     """The values at set positions in row-major order, in the wire dtype."""
-    dense, mask = np.asarray(dense), np.asarray(mask)
-    if dense.shape != mask.shape:
-        raise ValueError(f"dense shape {dense.shape} differs from mask shape {mask.shape}")
     if value_dtype not in VALUE_DTYPES:
         raise ValueError(f"value_dtype must be one of {VALUE_DTYPES}, got {value_dtype!r}")
-    return gather(dense, mask).astype(value_dtype, copy=False)
+    return gather(dense, mask).astype(value_dtype, copy=False)  # gather refuses a mask of another shape
 
 
 def encode_sparse(dense: np.ndarray, mask: np.ndarray, value_dtype: str = "float32") -> SparseTensor:

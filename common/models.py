@@ -235,4 +235,3 @@ def model_layout(name: str, dataset: str, input_shape: tuple[int, ...], num_clas
     """The layout of build_model's model, made once per process (client halves read its names, shapes and layer
     roles on every message; callers must not change its arrays)."""
     return ModelLayout.of(build_model(name, dataset, input_shape, num_classes, seed))
-
