@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -160,6 +161,8 @@ def main() -> None:
         if outcome.status != "finished:completed":
             sys.exit(f"{algorithm} failed ({outcome.status}):\n{outcome.output[-3000:]}")
         profiles[algorithm] = read_lines(folder)
+        for bulky in (work / "results", work / f"flwr-home-{algorithm}"):  # checkpoints and client state: GBs
+            shutil.rmtree(bulky, ignore_errors=True)
         print(f"{algorithm}: {time.monotonic() - started:.0f} s", flush=True)
     print(f"\n{args.dataset} {args.partition}, {args.clients} clients, {args.fraction:.0%} per round, {args.epochs} "
           f"epoch(s), batch {args.batch_size}, {args.model}, {args.rounds} rounds (the last one also evaluates "

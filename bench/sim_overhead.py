@@ -44,13 +44,14 @@ def main() -> None:
     data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else ""
     common = (f"dataset='{args.dataset}' data-dir='{data_dir}' num-rounds={args.rounds} "
               f"fraction-train={args.fraction} local-epochs={args.epochs} batch-size=32 lr=0.05 seed=0")
-    apps = {
-        "bare Flower FedAvg": (REPO / "bench" / "bare_fedavg", common),
-        "pflower fedavg": (REPO, f"{common} algorithm='fedavg' eval-every=1 fraction-evaluate=1.0 "
-                                 f"results-dir='{tempfile.mkdtemp(prefix='pflower-bench-')}'"),
-    }
-    times: dict[str, list[float]] = {name: [] for name in apps}
+    times: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as home, LocalSuperLink(Path(home)) as link:
+        apps = {
+            "bare Flower FedAvg": (REPO / "bench" / "bare_fedavg", common),
+            "pflower fedavg": (REPO, f"{common} algorithm='fedavg' eval-every=1 fraction-evaluate=1.0 "
+                                     f"results-dir='{Path(home) / 'results'}'"),
+        }
+        times = {name: [] for name in apps}
         for repeat in range(args.repeats):
             for name, (app, config) in apps.items():
                 outcome = link.run(app, config, num_supernodes=args.clients)

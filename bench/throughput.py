@@ -126,9 +126,9 @@ def main() -> None:
     ideal = per_thread * args.workers
     print(f"raw training loop: {per_thread:,.0f} samples/s per thread, x {args.workers} workers = {ideal:,.0f}",
           flush=True)
-    results = Path(tempfile.mkdtemp(prefix="throughput-"))
     rows = []
-    with LocalSuperLink(results / "flwr-home") as link:
+    with tempfile.TemporaryDirectory(prefix="throughput-") as tmp, LocalSuperLink(Path(tmp) / "flwr-home") as link:
+        results = Path(tmp)  # run folders with checkpoints and client state: GBs, removed at the end
         for algorithm in args.algorithms.split(","):
             out = simulated(link, {**base, "algorithm": algorithm, "run-name": algorithm}, clients, results,
                             args.ray_cpus)

@@ -8,7 +8,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from .pages import block_threads, column_blocks, map_blocks, release_pages, row_blocks
+from .pages import block_threads, column_blocks, map_blocks, new_store, release_pages, row_blocks
 
 # Bytes of a float64 column block of the Gram matrix (a float32 one for cloud models: half the columns) handled by
 # one thread at a time: bounds the extra memory instead of a float64 copy of the whole (m x d) matrix. Fixed, not
@@ -65,7 +65,7 @@ def model_store(num_clients: int, initial: np.ndarray, path: Path | None = None)
     file (the operating system keeps in memory only the pages in use, and can drop clean ones under pressure)."""
     if path is None:
         return np.tile(initial, (num_clients, 1))
-    store = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(num_clients, initial.size))
+    store = new_store(path, np.float32, (num_clients, initial.size))
     step = max(1, _GRAM_BLOCK_BYTES // max(4 * initial.size, 1))
     for start in range(0, num_clients, step):  # block by block: no (clients x params) copy in memory
         store[start:start + step] = initial
@@ -77,7 +77,7 @@ def copy_to_store(W: np.ndarray, path: Path) -> np.ndarray:
     """A new memory-mapped float32 store at `path` holding W's rows, copied block by block (W may itself be
     memory-mapped: neither becomes resident in full)."""
     W = _check_models(W)
-    store = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=W.shape)
+    store = new_store(path, np.float32, W.shape)
     start = 0
     for block in row_blocks(W):
         store[start:start + len(block)] = block

@@ -13,6 +13,7 @@ from .codec import decode_model, encode_model, mask_digest, pack_mask, unpack_ma
 from .evaluate import entropy
 from .masked_ops import gather, keep, scatter, select
 from .masks import topk_mask
+from .pages import new_store
 from .validation import PayloadError
 
 Named = dict[str, np.ndarray]
@@ -67,8 +68,7 @@ class PersonalMaskStore:
     def _table(self) -> np.ndarray:
         if self.bits is None:
             shape = (len(self.rows), self.width)
-            self.bits = (np.lib.format.open_memmap(self.path, mode="w+", dtype=np.uint8, shape=shape)
-                         if self.path is not None else np.zeros(shape, np.uint8))
+            self.bits = new_store(self.path, np.uint8, shape) if self.path is not None else np.zeros(shape, np.uint8)
         return self.bits
 
     def put(self, partition_id: int, masks: Mapping[str, np.ndarray]) -> None:

@@ -8,6 +8,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
@@ -19,6 +20,29 @@ _MAX_BLOCK_THREADS = 8
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+class StoreSpaceError(OSError):
+    """The disk could not hold a new memory-mapped store."""
+
+
+def new_store(path: Path, dtype: type[np.generic], shape: tuple[int, ...]) -> np.memmap:
+    """A new zero-filled memory-mapped .npy file at `path`, its disk space reserved before any page is written.
+
+    Without the reservation the file is sparse, and a write to a page the full disk cannot back kills the process
+    with SIGBUS (no exception, no log line); reserved, a full disk is a StoreSpaceError here and the file is removed.
+    """
+    store = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+    size = os.path.getsize(path)
+    try:
+        with open(path, "r+b") as fh:
+            os.posix_fallocate(fh.fileno(), 0, size)
+    except OSError as exc:
+        del store
+        Path(path).unlink(missing_ok=True)
+        raise StoreSpaceError(exc.errno, f"cannot reserve {size / 1e6:,.1f} MB on disk for {path} "
+                              f"({exc.strerror}); free some space or point results-dir elsewhere") from None
+    return store
 
 
 def block_threads() -> int:

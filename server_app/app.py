@@ -18,6 +18,7 @@ from common.config import ConfigError, RunConfig, parse_run_config
 from common.data.datasets import DataError
 from common.data.federated import dataset_for
 from common.models import ModelLayout, build_model
+from common.pages import StoreSpaceError
 from common.persist import StateFileError
 from common.seeding import derive_seed
 from common.validation import is_folder_name
@@ -127,7 +128,7 @@ def main(grid: Grid, context: Context) -> None:
         profiling.time_method(grid, method, "flower")
     try:
         runner.run(grid)
-    except RunAborted as exc:
+    except (RunAborted, StoreSpaceError) as exc:
         log(ERROR, "run aborted: %s", exc)
         raise RunFailed(str(exc)) from None
     finally:
