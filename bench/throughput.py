@@ -12,6 +12,7 @@ first, the evaluation round left out); efficiency is the ratio. Two settings:
     python bench/throughput.py --data-dir ../shared/data [--setting grouped] [--algorithms fedavg,fedamp,dmpfl]
     python bench/throughput.py --model cnn-cifar   # the 582,026-parameter CNN other PFL libraries use for MNIST
     python bench/throughput.py --in-process        # also each algorithm in one process, no runtime: its own ceiling
+    python bench/throughput.py --bare              # also Flower's own FedAvg (bench/bare_fedavg): the runtime's share
 """
 
 from __future__ import annotations
@@ -98,6 +99,23 @@ def simulated(link: LocalSuperLink, raw: dict, clients: int, results: Path, ray_
             "accuracy": summary["final"]["mean"].get("acc-shift-0", float("nan"))}
 
 
+def bare_flower(link: LocalSuperLink, raw: dict, clients: int, results: Path, ray_cpus: int) -> dict:
+    """The same setting on a FedAvg built only from Flower's classes (bench/bare_fedavg): what the runtime itself
+    leaves of the raw loop, with none of this project's work (no codec, checks, state or results)."""
+    times = results / "bare-round-times.jsonl"
+    config = {**{k: v for k, v in raw.items() if k not in ("algorithm", "run-name", "eval-every", "pretrain-epochs")},
+              "fraction-evaluate": 0.0, "round-times": str(times)}
+    text = " ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else repr(v)}" for k, v in config.items())
+    outcome = link.run(REPO / "bench" / "bare_fedavg", text, num_supernodes=clients, ray_cpus=ray_cpus, timeout=3600)
+    if outcome.status != "finished:completed":
+        sys.exit(f"bare Flower FedAvg failed ({outcome.status}):\n{outcome.output[-3000:]}")
+    records = [json.loads(line) for line in times.read_text().splitlines()]
+    steady = [r for r in records if r["round"] > 1]
+    return {"rate": statistics.median(r["num_examples"] * raw["local-epochs"] / r["wall_s"] for r in steady),
+            "first_round_s": records[0]["wall_s"], "round_s": statistics.median(r["wall_s"] for r in steady),
+            "accuracy": float("nan")}
+
+
 def main() -> None:
     """Measure the raw loop, run each algorithm, print the table."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -113,6 +131,8 @@ def main() -> None:
                         "cores runs two clients per core")
     parser.add_argument("--in-process", action="store_true", help="also run each algorithm in one process with no "
                         "runtime (one thread, x workers): the ceiling for that algorithm, its own extra work included")
+    parser.add_argument("--bare", action="store_true", help="also run a FedAvg built only from Flower's classes "
+                        "(bench/bare_fedavg) at the same setting: the runtime's own share, none of this project's")
     parser.add_argument("--extra", default="", help="more run-config overrides, k=v separated by spaces")
     args = parser.parse_args()
     setting = dict(SETTINGS[args.setting])
@@ -139,6 +159,10 @@ def main() -> None:
                       f"{alone['round_s']:.2f} s per round", flush=True)
             rows.append((algorithm, out))
             print(f"{algorithm}: {out['rate']:,.0f} samples/s, {out['round_s']:.2f} s per round", flush=True)
+        if args.bare:
+            out = bare_flower(link, {**base, "run-name": "bare"}, clients, results, args.ray_cpus)
+            rows.append(("bare Flower FedAvg", out))
+            print(f"bare Flower FedAvg: {out['rate']:,.0f} samples/s, {out['round_s']:.2f} s per round", flush=True)
     print(f"\n{args.setting}: {setting['dataset']} {setting['partition']}, {clients} clients, "
           f"{setting['fraction-train']:.0%} per round, {setting['local-epochs']} epoch(s), batch "
           f"{setting['batch-size']}, {args.model}, {args.rounds} rounds, {args.workers} cores, "
@@ -148,9 +172,13 @@ def main() -> None:
           "| first round (s) | accuracy after the last round |")
     print("|---|---|---|---|" + ("---|---|" if args.in_process else "") + "---|---|---|")
     for algorithm, out in rows:
-        cells = f" {out['in_process']:,.0f} | {out['rate'] / out['in_process']:.1%} |" if args.in_process else ""
+        cells = ""
+        if args.in_process:
+            cells = (f" {out['in_process']:,.0f} | {out['rate'] / out['in_process']:.1%} |" if "in_process" in out
+                     else " - | - |")
+        accuracy = "-" if out["accuracy"] != out["accuracy"] else f"{100 * out['accuracy']:.2f}"
         print(f"| {algorithm} | {out['rate']:,.0f} | {ideal:,.0f} | {out['rate'] / ideal:.1%} |{cells} "
-              f"{out['round_s']:.2f} | {out['first_round_s']:.2f} | {100 * out['accuracy']:.2f} |")
+              f"{out['round_s']:.2f} | {out['first_round_s']:.2f} | {accuracy} |")
 
 
 if __name__ == "__main__":

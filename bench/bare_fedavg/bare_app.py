@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import time
+from collections.abc import Iterable
+
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -20,20 +24,50 @@ server = ServerApp()
 client = ClientApp()
 
 
+# Keys of this app only (not pflower's run config): the share of clients evaluated each round, and a file to which
+# each training round's wall time and samples are appended as JSON lines (bench/throughput.py).
+_OWN_KEYS = ("fraction-evaluate", "round-times")
+
+
 def _cfg(context: Context):
-    return parse_run_config(dict(context.run_config))
+    return parse_run_config({k: v for k, v in context.run_config.items() if k not in _OWN_KEYS})
+
+
+class _TimedFedAvg(FedAvg):
+    """Flower's FedAvg, unchanged, timing each training round from its messages' making to its aggregate."""
+
+    def __init__(self, times_file: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.times_file = times_file
+        self.started = 0.0
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config, grid: Grid) -> Iterable[Message]:
+        self.started = time.monotonic()
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        replies = list(replies)
+        out = super().aggregate_train(server_round, replies)
+        samples = sum(int(r.content["metrics"]["num-examples"]) for r in replies if r.has_content())
+        with open(self.times_file, "a") as fh:
+            fh.write(json.dumps({"round": server_round, "wall_s": time.monotonic() - self.started,
+                                 "num_examples": samples}) + "\n")
+        return out
 
 
 def _model(cfg):
     data = dataset_for(cfg)
-    return build_model("auto", cfg.dataset, data.input_shape, data.num_classes, derive_seed(cfg.seed, "model"))
+    return build_model(cfg.model, cfg.dataset, data.input_shape, data.num_classes, derive_seed(cfg.seed, "model"))
 
 
 @server.main()
 def main(grid: Grid, context: Context) -> None:
     """Flower's FedAvg, evaluating every client every round."""
     cfg = _cfg(context)
-    strategy = FedAvg(fraction_train=cfg.fraction_train, fraction_evaluate=1.0, min_available_nodes=2)
+    options = {"fraction_train": cfg.fraction_train, "min_available_nodes": 2,
+               "fraction_evaluate": float(context.run_config.get("fraction-evaluate", 1.0))}
+    times_file = str(context.run_config.get("round-times", ""))
+    strategy = _TimedFedAvg(times_file, **options) if times_file else FedAvg(**options)
     strategy.start(grid=grid, initial_arrays=ArrayRecord(_model(cfg).state_dict()), num_rounds=cfg.num_rounds)
 
 
