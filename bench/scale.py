@@ -10,6 +10,7 @@ as a share of the raw training loop (bench/throughput.py's, times the workers).
     python bench/scale.py --data-dir ../shared/data [--clients 1000] [--alphas 0.3,1.0]
                           [--algorithms fedavg,dmpfl,fedamp] [--model cnn-mnist]
     python bench/scale.py --data-dir ../shared/data --clients 10000 --model mlp --algorithms fedavg
+    python bench/scale.py --data-dir ../shared/data --alphas 1.0 --algorithms fedavg --bare   # beside Flower's own
 """
 
 from __future__ import annotations
@@ -92,6 +93,32 @@ def run_one(config: dict, clients: int, home: Path, ray_cpus: int = 0) -> dict:
             "accuracy": (summary.get("final") or {}).get("mean", {}).get("acc-shift-0", float("nan"))}
 
 
+def run_bare(config: dict, clients: int, home: Path, ray_cpus: int = 0) -> dict:
+    """The same setting on a FedAvg built only from Flower's classes (bench/bare_fedavg), evaluating every client
+    (on its test split, no shift) after every round: what the runtime costs with none of this project's work."""
+    times = Path(config["results-dir"]) / "bare-round-times.jsonl"
+    own = {k: v for k, v in config.items() if k not in ("algorithm", "run-name", "eval-every", "shift-degrees",
+                                                       "checkpoint-every", "results-dir")}
+    with LocalSuperLink(home) as link:
+        assert link.process is not None
+        with PeakMemory(link.process.pid) as memory:
+            started = time.monotonic()
+            outcome = link.run(REPO / "bench" / "bare_fedavg",
+                               run_config_text({**own, "fraction-evaluate": 1.0, "round-times": str(times)}),
+                               num_supernodes=clients, timeout=7200, ray_cpus=ray_cpus)
+            total = time.monotonic() - started
+    if outcome.status != "finished:completed":
+        return {"failed": (outcome.output.strip().splitlines() or ["no output"])[-1][-200:], "peak": memory.peak}
+    records = [json.loads(line) for line in times.read_text().splitlines()]
+    training = [r for r in records if r["kind"] == "train"]
+    evaluations = [r for r in records if r["kind"] == "evaluate"]
+    steady = [r for r in training if r["round"] > 1] or training
+    return {"round_s": statistics.median(r["wall_s"] for r in steady), "first_s": training[0]["wall_s"],
+            "eval_s": statistics.median(r["wall_s"] for r in evaluations), "total_s": total,
+            "samples": statistics.median(r["num_examples"] for r in steady),
+            "evaluated": evaluations[-1]["replies"], "peak": memory.peak, "accuracy": float("nan")}
+
+
 def main() -> None:
     """Run every algorithm at every alpha; print the table."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,6 +131,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="the cores the raw loop's rate is multiplied by")
     parser.add_argument("--ray-cpus", type=int, default=0, help="CPUs Ray is told the machine has (0: its cores); "
                         "more than the cores runs that many clients at once")
+    parser.add_argument("--bare", action="store_true", help="also run a FedAvg built only from Flower's classes "
+                        "(bench/bare_fedavg) at each alpha, evaluating every client after every round (the median "
+                        "of those): the runtime's own cost")
     args = parser.parse_args()
     base = {"dataset": "mnist", "data-dir": str(Path(args.data_dir).resolve()), "partition": "dirichlet",
             "num-rounds": args.rounds, "fraction-train": 0.1, "local-epochs": 1, "batch-size": 32, "lr": 0.05,
@@ -120,6 +150,12 @@ def main() -> None:
                 result = run_one(config, args.clients, Path(tmp) / f"home-{name}", args.ray_cpus)
                 rows.append((algorithm, alpha, result))
                 print(name, json.dumps(result), flush=True)
+            if args.bare:
+                name = f"bare-a{alpha:g}"
+                config = {**base, "dirichlet-alpha": alpha, "results-dir": tmp, "run-name": name}
+                result = run_bare(config, args.clients, Path(tmp) / f"home-{name}", args.ray_cpus)
+                rows.append(("bare Flower FedAvg", alpha, result))
+                print(name, json.dumps(result), flush=True)
     print(f"\n{args.clients} clients, {args.model}, MNIST Dir(alpha), 10% per round, 1 epoch, batch 32, "
           f"{args.rounds} rounds, every client evaluated after the last\n")
     print("| algorithm | alpha | s / training round | share of raw loop | evaluation round (s) | clients evaluated "
@@ -131,8 +167,9 @@ def main() -> None:
             print(f"| {algorithm} | {alpha:g} | failed: {r['failed']} | | | | {rss:.2f} | {anon:.2f} | |")
             continue
         share = r["samples"] / r["round_s"] / raw
+        accuracy = "-" if r["accuracy"] != r["accuracy"] else f"{100 * r['accuracy']:.2f}"
         print(f"| {algorithm} | {alpha:g} | {r['round_s']:.1f} | {100 * share:.0f}% | {r['eval_s']:.1f} | "
-              f"{r['evaluated']} | {rss:.2f} | {anon:.2f} | {100 * r['accuracy']:.2f} |")
+              f"{r['evaluated']} | {rss:.2f} | {anon:.2f} | {accuracy} |")
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ def bare_flower(link: LocalSuperLink, raw: dict, clients: int, results: Path, ra
     if outcome.status != "finished:completed":
         sys.exit(f"bare Flower FedAvg failed ({outcome.status}):\n{outcome.output[-3000:]}")
     records = [json.loads(line) for line in times.read_text().splitlines()]
-    steady = [r for r in records if r["round"] > 1]
+    steady = [r for r in records if r["round"] > 1 and r["kind"] == "train"]
     return {"rate": statistics.median(r["num_examples"] * raw["local-epochs"] / r["wall_s"] for r in steady),
             "first_round_s": records[0]["wall_s"], "round_s": statistics.median(r["wall_s"] for r in steady),
             "accuracy": float("nan")}

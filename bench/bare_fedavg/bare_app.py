@@ -25,7 +25,8 @@ client = ClientApp()
 
 
 # Keys of this app only (not pflower's run config): the share of clients evaluated each round, and a file to which
-# each training round's wall time and samples are appended as JSON lines (bench/throughput.py).
+# each training and evaluation round's wall time and samples are appended as JSON lines (bench/throughput.py,
+# bench/scale.py).
 _OWN_KEYS = ("fraction-evaluate", "round-times")
 
 
@@ -34,12 +35,19 @@ def _cfg(context: Context):
 
 
 class _TimedFedAvg(FedAvg):
-    """Flower's FedAvg, unchanged, timing each training round from its messages' making to its aggregate."""
+    """Flower's FedAvg, unchanged, timing each training and evaluation round from its messages' making to its
+    aggregate."""
 
     def __init__(self, times_file: str, **kwargs) -> None:
         super().__init__(**kwargs)
         self.times_file = times_file
         self.started = 0.0
+
+    def _record(self, kind: str, server_round: int, replies: list[Message]) -> None:
+        samples = sum(int(r.content["metrics"]["num-examples"]) for r in replies if r.has_content())
+        with open(self.times_file, "a") as fh:
+            fh.write(json.dumps({"round": server_round, "kind": kind, "wall_s": time.monotonic() - self.started,
+                                 "num_examples": samples, "replies": len(replies)}) + "\n")
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config, grid: Grid) -> Iterable[Message]:
         self.started = time.monotonic()
@@ -48,10 +56,17 @@ class _TimedFedAvg(FedAvg):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         replies = list(replies)
         out = super().aggregate_train(server_round, replies)
-        samples = sum(int(r.content["metrics"]["num-examples"]) for r in replies if r.has_content())
-        with open(self.times_file, "a") as fh:
-            fh.write(json.dumps({"round": server_round, "wall_s": time.monotonic() - self.started,
-                                 "num_examples": samples}) + "\n")
+        self._record("train", server_round, replies)
+        return out
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config, grid: Grid) -> Iterable[Message]:
+        self.started = time.monotonic()
+        return super().configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
+        replies = list(replies)
+        out = super().aggregate_evaluate(server_round, replies)
+        self._record("evaluate", server_round, replies)
         return out
 
 
