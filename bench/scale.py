@@ -131,13 +131,15 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="the cores the raw loop's rate is multiplied by")
     parser.add_argument("--ray-cpus", type=int, default=0, help="CPUs Ray is told the machine has (0: its cores); "
                         "more than the cores runs that many clients at once")
+    parser.add_argument("--shift-degrees", default="0,0.5,1", help="shift degrees each client is evaluated at: "
+                        "any above 0 adds a forward pass over as many pool draws as the client has test samples")
     parser.add_argument("--bare", action="store_true", help="also run a FedAvg built only from Flower's classes "
                         "(bench/bare_fedavg) at each alpha, evaluating every client after every round (the median "
                         "of those): the runtime's own cost")
     args = parser.parse_args()
     base = {"dataset": "mnist", "data-dir": str(Path(args.data_dir).resolve()), "partition": "dirichlet",
             "num-rounds": args.rounds, "fraction-train": 0.1, "local-epochs": 1, "batch-size": 32, "lr": 0.05,
-            "eval-every": args.rounds, "model": args.model, "shift-degrees": "0,0.5,1", "checkpoint-every": 0}
+            "eval-every": args.rounds, "model": args.model, "shift-degrees": args.shift_degrees, "checkpoint-every": 0}
     raw = raw_rate({**base, "dirichlet-alpha": 1.0}, args.clients) * args.workers
     print(f"raw training loop: {raw:,.0f} samples/s ({args.workers} workers)", flush=True)
     rows = []
@@ -157,7 +159,8 @@ def main() -> None:
                 rows.append(("bare Flower FedAvg", alpha, result))
                 print(name, json.dumps(result), flush=True)
     print(f"\n{args.clients} clients, {args.model}, MNIST Dir(alpha), 10% per round, 1 epoch, batch 32, "
-          f"{args.rounds} rounds, every client evaluated after the last\n")
+          f"{args.rounds} rounds, every client evaluated after the last at shift degrees {args.shift_degrees} "
+          "(bare Flower: after every round, no shift)\n")
     print("| algorithm | alpha | s / training round | share of raw loop | evaluation round (s) | clients evaluated "
           "| peak RSS (GiB) | peak anon (GiB) | accuracy |")
     print("|---|---|---|---|---|---|---|---|---|")
