@@ -4,8 +4,6 @@ chunks of `messages-in-flight`."""
 
 from __future__ import annotations
 
-import errno
-import os
 import shutil
 import tracemalloc
 from collections.abc import Iterator
@@ -15,11 +13,8 @@ import numpy as np
 import pytest
 from flwr.app import MessageType
 
-from common import pages
 from common.attention import ModelMatrix, cloud_models
 from common.config import parse_run_config
-from common.dmpfl import PersonalMaskStore
-from common.pages import StoreSpaceError, new_store
 from server_app.exchange import exchange
 from server_app.replies import TrainReply
 
@@ -40,31 +35,6 @@ def _room_for_stores(tmp_path: Path) -> Iterator[None]:
     yield
     for item in tmp_path.iterdir():
         shutil.rmtree(item) if item.is_dir() else item.unlink()
-
-
-def test_a_new_store_has_its_disk_space_reserved(tmp_path: Path) -> None:
-    """Every page of a new store is allocated on disk up front (a sparse file would die of SIGBUS at the first write
-    the full disk cannot back), and reads as zeros."""
-    store = new_store(tmp_path / "store.npy", np.float32, (50, 10_000))
-    size = os.path.getsize(tmp_path / "store.npy")
-    assert os.stat(tmp_path / "store.npy").st_blocks * 512 >= size
-    assert store.shape == (50, 10_000) and not store.any()
-
-
-@pytest.mark.parametrize("make", [
-    lambda path: ModelMatrix(4, np.zeros(1000, np.float32), True, path),
-    lambda path: PersonalMaskStore([1, 2], {"w": (64,)}, path).put(1, {"w": np.ones(64, bool)}),
-])
-def test_a_full_disk_is_a_clear_error_and_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         make) -> None:
-    """FedAMP's model store and DM-PFL's mask store on a full disk: a StoreSpaceError naming the file, no file."""
-    def full(fd: int, offset: int, length: int) -> None:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(pages.os, "posix_fallocate", full)
-    with pytest.raises(StoreSpaceError, match=r"cannot reserve .* MB on disk for .*store\.npy \(No space left"):
-        make(tmp_path / "store.npy")
-    assert not (tmp_path / "store.npy").exists()
 
 
 def _round_peak(workdir: Path | None) -> tuple[int, object]:
