@@ -77,7 +77,7 @@ def _model(cfg):
 
 @server.main()
 def main(grid: Grid, context: Context) -> None:
-    """Flower's FedAvg, evaluating every client every round."""
+    """Flower's FedAvg, evaluating `fraction-evaluate` of the clients (default all) every round."""
     cfg = _cfg(context)
     options = {"fraction_train": cfg.fraction_train, "min_available_nodes": 2,
                "fraction_evaluate": float(context.run_config.get("fraction-evaluate", 1.0))}
