@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -27,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.throughput import raw_rate  # noqa: E402
+from bench.throughput import bare_rounds, raw_rate  # noqa: E402
 from common.experiments.presets import run_config_text  # noqa: E402
 from common.experiments.superlink import LocalSuperLink, descendants  # noqa: E402
 
@@ -109,9 +110,7 @@ def run_bare(config: dict, clients: int, home: Path, ray_cpus: int = 0) -> dict:
             total = time.monotonic() - started
     if outcome.status != "finished:completed":
         return {"failed": (outcome.output.strip().splitlines() or ["no output"])[-1][-200:], "peak": memory.peak}
-    records = [json.loads(line) for line in times.read_text().splitlines()]
-    training = [r for r in records if r["kind"] == "train"]
-    evaluations = [r for r in records if r["kind"] == "evaluate"]
+    training, evaluations = bare_rounds(times)
     steady = [r for r in training if r["round"] > 1] or training
     return {"round_s": statistics.median(r["wall_s"] for r in steady), "first_s": training[0]["wall_s"],
             "eval_s": statistics.median(r["wall_s"] for r in evaluations), "total_s": total,
@@ -170,7 +169,7 @@ def main() -> None:
             print(f"| {algorithm} | {alpha:g} | failed: {r['failed']} | | | | {rss:.2f} | {anon:.2f} | |")
             continue
         share = r["samples"] / r["round_s"] / raw
-        accuracy = "-" if r["accuracy"] != r["accuracy"] else f"{100 * r['accuracy']:.2f}"
+        accuracy = "-" if math.isnan(r["accuracy"]) else f"{100 * r['accuracy']:.2f}"
         print(f"| {algorithm} | {alpha:g} | {r['round_s']:.1f} | {100 * share:.0f}% | {r['eval_s']:.1f} | "
               f"{r['evaluated']} | {rss:.2f} | {anon:.2f} | {accuracy} |")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -32,6 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from common.config import parse_run_config  # noqa: E402
 from common.data.federated import client_data  # noqa: E402
+from common.experiments.presets import run_config_text  # noqa: E402
 from common.models import build_model  # noqa: E402
 from common.seeding import derive_seed  # noqa: E402
 from common.train import TrainSettings, train  # noqa: E402
@@ -84,9 +86,8 @@ def in_process(raw: dict, clients: int) -> dict:
 
 def simulated(link: LocalSuperLink, raw: dict, clients: int, results: Path, ray_cpus: int) -> dict:
     """Run through `flwr run`; the steady rounds' sample rate, their wall times, and the final accuracy."""
-    config = " ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else repr(v)}" for k, v in raw.items())
     run_dir = results / raw["run-name"]
-    outcome = link.run(REPO, f"{config} results-dir='{results}'", num_supernodes=clients,
+    outcome = link.run(REPO, run_config_text({**raw, "results-dir": str(results)}), num_supernodes=clients,
                        ray_cpus=ray_cpus, timeout=3600)
     if outcome.status != "finished:completed":
         sys.exit(f"{raw['algorithm']} failed ({outcome.status}):\n{outcome.output[-3000:]}")
@@ -99,20 +100,26 @@ def simulated(link: LocalSuperLink, raw: dict, clients: int, results: Path, ray_
             "accuracy": summary["final"]["mean"].get("acc-shift-0", float("nan"))}
 
 
+def bare_rounds(path: Path) -> tuple[list[dict], list[dict]]:
+    """The training and the evaluation rounds bench/bare_fedavg recorded in its round-times file."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    return [r for r in records if r["kind"] == "train"], [r for r in records if r["kind"] == "evaluate"]
+
+
 def bare_flower(link: LocalSuperLink, raw: dict, clients: int, results: Path, ray_cpus: int) -> dict:
     """The same setting on a FedAvg built only from Flower's classes (bench/bare_fedavg): what the runtime itself
     leaves of the raw loop, with none of this project's work (no codec, checks, state or results)."""
     times = results / "bare-round-times.jsonl"
     config = {**{k: v for k, v in raw.items() if k not in ("algorithm", "run-name", "eval-every", "pretrain-epochs")},
               "fraction-evaluate": 0.0, "round-times": str(times)}
-    text = " ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else repr(v)}" for k, v in config.items())
-    outcome = link.run(REPO / "bench" / "bare_fedavg", text, num_supernodes=clients, ray_cpus=ray_cpus, timeout=3600)
+    outcome = link.run(REPO / "bench" / "bare_fedavg", run_config_text(config), num_supernodes=clients,
+                       ray_cpus=ray_cpus, timeout=3600)
     if outcome.status != "finished:completed":
         sys.exit(f"bare Flower FedAvg failed ({outcome.status}):\n{outcome.output[-3000:]}")
-    records = [json.loads(line) for line in times.read_text().splitlines()]
-    steady = [r for r in records if r["round"] > 1 and r["kind"] == "train"]
+    training, _ = bare_rounds(times)
+    steady = [r for r in training if r["round"] > 1]
     return {"rate": statistics.median(r["num_examples"] * raw["local-epochs"] / r["wall_s"] for r in steady),
-            "first_round_s": records[0]["wall_s"], "round_s": statistics.median(r["wall_s"] for r in steady),
+            "first_round_s": training[0]["wall_s"], "round_s": statistics.median(r["wall_s"] for r in steady),
             "accuracy": float("nan")}
 
 
@@ -135,6 +142,8 @@ def main() -> None:
                         "(bench/bare_fedavg) at the same setting: the runtime's own share, none of this project's")
     parser.add_argument("--extra", default="", help="more run-config overrides, k=v separated by spaces")
     args = parser.parse_args()
+    if args.rounds < 3:  # round 1 is the warm-up and the last one also evaluates: neither is a steady round
+        parser.error(f"--rounds must be at least 3 (a steady round besides the first and the last), got {args.rounds}")
     setting = dict(SETTINGS[args.setting])
     clients = setting.pop("clients")
     base = {**setting, "data-dir": str(Path(args.data_dir).resolve()), "model": args.model, "lr": 0.05,
@@ -176,7 +185,7 @@ def main() -> None:
         if args.in_process:
             cells = (f" {out['in_process']:,.0f} | {out['rate'] / out['in_process']:.1%} |" if "in_process" in out
                      else " - | - |")
-        accuracy = "-" if out["accuracy"] != out["accuracy"] else f"{100 * out['accuracy']:.2f}"
+        accuracy = "-" if math.isnan(out["accuracy"]) else f"{100 * out['accuracy']:.2f}"
         print(f"| {algorithm} | {out['rate']:,.0f} | {ideal:,.0f} | {out['rate'] / ideal:.1%} |{cells} "
               f"{out['round_s']:.2f} | {out['first_round_s']:.2f} | {accuracy} |")
 

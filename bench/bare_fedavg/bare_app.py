@@ -43,31 +43,27 @@ class _TimedFedAvg(FedAvg):
         self.times_file = times_file
         self.started = 0.0
 
-    def _record(self, kind: str, server_round: int, replies: list[Message]) -> None:
+    def _timed(self, kind: str, server_round: int, replies: list[Message], aggregate):
+        out = aggregate(server_round, replies)
         samples = sum(int(r.content["metrics"]["num-examples"]) for r in replies if r.has_content())
         with open(self.times_file, "a") as fh:
             fh.write(json.dumps({"round": server_round, "kind": kind, "wall_s": time.monotonic() - self.started,
                                  "num_examples": samples, "replies": len(replies)}) + "\n")
+        return out
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config, grid: Grid) -> Iterable[Message]:
         self.started = time.monotonic()
         return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        replies = list(replies)
-        out = super().aggregate_train(server_round, replies)
-        self._record("train", server_round, replies)
-        return out
+        return self._timed("train", server_round, list(replies), super().aggregate_train)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config, grid: Grid) -> Iterable[Message]:
         self.started = time.monotonic()
         return super().configure_evaluate(server_round, arrays, config, grid)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
-        replies = list(replies)
-        out = super().aggregate_evaluate(server_round, replies)
-        self._record("evaluate", server_round, replies)
-        return out
+        return self._timed("evaluate", server_round, list(replies), super().aggregate_evaluate)
 
 
 def _model(cfg):
