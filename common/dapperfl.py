@@ -23,9 +23,10 @@ def fusion_factor(server_round: int, alpha0: float, alpha_min: float, eps: float
 
 def fuse(global_state: Mapping[str, torch.Tensor], local_state: Mapping[str, torch.Tensor],
          alpha: float) -> dict[str, torch.Tensor]:
-    """w = alpha * W + (1 - alpha) * w_hat for every floating-point entry (Eq. 1); counters stay the local ones."""
-    return {name: (alpha * global_state[name] + (1.0 - alpha) * value) if value.is_floating_point() else value
-            for name, value in local_state.items()}
+    """w = alpha * W + (1 - alpha) * w_hat for every floating-point entry (Eq. 1), on the local model's device;
+    counters stay the local ones."""
+    return {name: (alpha * global_state[name].to(value.device) + (1.0 - alpha) * value)
+            if value.is_floating_point() else value for name, value in local_state.items()}
 
 
 def channel_scores(weight: np.ndarray) -> np.ndarray:

@@ -22,10 +22,11 @@ from .fakes import FakeReply
 class InProcessFederation:
     """A round runner with the configured strategy, plus one client half per partition with its own state."""
 
-    def __init__(self, cfg: RunConfig, num_clients: int) -> None:
+    def __init__(self, cfg: RunConfig, num_clients: int, device: str = "cpu") -> None:
         data = dataset_for(cfg)
         model = build_model(cfg.model, cfg.dataset, data.input_shape, data.num_classes, derive_seed(cfg.seed, "model"))
         self.cfg = cfg
+        self.device = device  # where the client halves train and evaluate
         self.clients = ClientRegistry()
         self.strategy = strategy_class(cfg.algorithm)(cfg, ModelLayout.of(model), self.clients)
         self.runner = RoundRunner(cfg, self.strategy, self.clients)
@@ -42,7 +43,7 @@ class InProcessFederation:
 
     def client(self, pid: int) -> ClientAlgorithm:
         """The algorithm's client half for partition `pid` (fresh object, persistent state)."""
-        env = ClientEnv(self.cfg, self.data[pid], ClientState(self.states[pid]), "cpu")
+        env = ClientEnv(self.cfg, self.data[pid], ClientState(self.states[pid]), self.device)
         return client_class(self.cfg.algorithm)(env)
 
     def exchange(self, rnd: int, sampled: list[int]) -> tuple[dict[int, RecordDict], list[FakeReply]]:

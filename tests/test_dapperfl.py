@@ -40,6 +40,13 @@ def test_fusion_mixes_floats_and_keeps_counters() -> None:
     assert int(fused["n"]) == 2
 
 
+def test_fusion_follows_the_local_models_device() -> None:
+    # the global snapshot is taken on the CPU before training moves the model to its device (a GPU on a Jetson):
+    # fusion must bring it to the local model's device, not fail there ('meta' stands in for a GPU here)
+    fused = fuse({"w": torch.ones(3)}, {"w": torch.ones(3, device="meta")}, alpha=0.5)
+    assert fused["w"].device.type == "meta"
+
+
 def test_l1_selection_keeps_the_largest_channels_and_breaks_ties_by_lower_index() -> None:
     weight = np.array([[1.0, -1.0], [0.5, 0.0], [3.0, 0.0], [-2.0, 0.0], [0.0, 0.5]], np.float32)
     np.testing.assert_allclose(channel_scores(weight), [2.0, 0.5, 3.0, 2.0, 0.5])
