@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from common.data.arrays import DataError
-from common.data.domains import DOMAINS, domain_partition, mnist_m, render_digits
+from common.data.domains import DOMAINS, domain_partition, grey32, mnist_m, render_digits
 
 
 def test_mnist_m_blend_inverts_the_background_where_the_digit_is() -> None:
@@ -27,6 +27,18 @@ def test_rendered_digits_are_seeded_rgb_32x32() -> None:
     np.testing.assert_array_equal(first, render_digits(labels, np.random.default_rng(3)))
     assert not np.array_equal(first, render_digits(labels, np.random.default_rng(4)))
     assert all(first[i].std() > 10 for i in range(10)), "every image shows a digit on its background"
+
+
+def test_grey_digits_are_resized_to_32x32_not_padded() -> None:
+    # MNIST (28x28) and USPS (16x16) both fill the 32x32 frame, as the Digits loader the paper ran on does
+    for size in (28, 16):
+        frame = np.zeros((1, size, size), dtype=np.uint8)
+        frame[0, 0, :] = frame[0, -1, :] = frame[0, :, 0] = frame[0, :, -1] = 255  # a one-pixel border
+        out = grey32(frame)
+        assert out.shape == (1, 3, 32, 32) and out.dtype == np.uint8
+        assert out[0, 0, 0, 0] == 255 and out[0, 0, 31, 31] == 255, "the border reaches the corners"
+        assert out[0, 0, 16, 16] == 0
+    np.testing.assert_array_equal(grey32(np.full((2, 28, 28), 200, np.uint8)), np.full((2, 3, 32, 32), 200))
 
 
 def test_the_domains_partition_covers_every_domain_and_keeps_clients_disjoint() -> None:
@@ -56,7 +68,7 @@ def test_the_built_domains_have_the_documented_shape_and_range(data_dir, tmp_pat
     assert np.bincount(data.domain).tolist() == [20_000, 9_298, 20_000, 20_000]
     assert set(np.unique(data.y)) == set(range(10))
     grey = data.x[data.domain == 0]
-    assert np.array_equal(grey[:, 0], grey[:, 2]) and grey[:, :, :2].max() == 0, "MNIST padded, grey"
+    assert np.array_equal(grey[:, 0], grey[:, 2]), "MNIST grey"
     coloured = data.x[data.domain == 2]
     assert not np.array_equal(coloured[:, 0], coloured[:, 2]), "MNIST-M over colour photos"
 
