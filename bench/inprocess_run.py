@@ -191,6 +191,12 @@ def main() -> None:
     if args.export:
         export(chosen, overrides, Path(args.export))
         return
+    import torch
+
+    try:
+        torch.empty(1, device=args.device)
+    except (RuntimeError, AssertionError) as exc:
+        sys.exit(f"--device {args.device}: {str(exc).splitlines()[0]}")
     if args.data:
         check_export(chosen, overrides, Path(args.data))
     Path(args.out).mkdir(parents=True, exist_ok=True)
