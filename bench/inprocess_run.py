@@ -83,25 +83,26 @@ def export(specs: list[RunSpec], overrides: dict[str, str], path: Path) -> None:
     print(f"wrote {path}: {len(index):,} of {len(data.y):,} samples, {path.stat().st_size / 1e6:.1f} MB")
 
 
-def load_export(path: Path) -> DatasetArrays:
-    """The data set of an `--export` file: the exported rows in place, zeros elsewhere (never read by its runs)."""
+def use_export(path: Path) -> set[int]:
+    """Serve the data set from an `--export` file in this process (the exported rows in place, zeros elsewhere,
+    never read by its runs); returns the rows it holds."""
+    import common.data.federated as federated
+
     z = np.load(path, allow_pickle=False)
     x = np.zeros((int(z["n"]), *z["x"].shape[1:]), dtype=z["x"].dtype)
     x[z["index"]] = z["x"]
-    return DatasetArrays(str(z["name"]), x, z["y"], int(z["num_classes"]), tuple(z["mean"].tolist()),
-                         tuple(z["std"].tolist()), float(z["scale"]), z["domain"] if "domain" in z else None,
-                         tuple(z["domain_names"].tolist()))
+    exported = DatasetArrays(str(z["name"]), x, z["y"], int(z["num_classes"]), tuple(z["mean"].tolist()),
+                             tuple(z["std"].tolist()), float(z["scale"]), z["domain"] if "domain" in z else None,
+                             tuple(z["domain_names"].tolist()))
+    federated.load_dataset = lambda *args, **kwargs: exported  # type: ignore[assignment]
+    return set(z["index"].tolist())
 
 
 def check_export(specs: list[RunSpec], overrides: dict[str, str], path: Path) -> None:
     """Exit with a message unless the --export file holds every row these runs read."""
-    import common.data.federated as federated
-
     if not path.is_file():
         sys.exit(f"--data {path}: no such file")
-    exported = load_export(path)
-    held = set(np.load(path)["index"].tolist())
-    federated.load_dataset = lambda *args, **kwargs: exported  # type: ignore[assignment]
+    held = use_export(path)
     for spec in specs:
         missing = rows_read(parse_run_config(run_config(spec, overrides, tempfile.gettempdir())), spec.clients) - held
         if missing:
@@ -128,14 +129,12 @@ def run_one(job: tuple[RunSpec, dict[str, str], str, str | None, str, int]) -> d
     spec, overrides, device, data_file, out, eval_every = job
     import torch
 
-    import common.data.federated as federated
     from tests.inprocess import InProcessFederation
 
     logging.getLogger("flwr").setLevel(logging.WARNING)
     torch.set_num_threads(2)
     if data_file:
-        exported = load_export(Path(data_file))
-        federated.load_dataset = lambda *args, **kwargs: exported  # type: ignore[assignment]
+        use_export(Path(data_file))
     with tempfile.TemporaryDirectory() as results:
         cfg = parse_run_config(run_config(spec, overrides, results))
         federation = InProcessFederation(cfg, spec.clients, device=device)
