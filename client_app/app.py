@@ -17,6 +17,7 @@ from common import profiling
 from common.config import ConfigError, RunConfig, parse_run_config
 from common.data.datasets import DataError
 from common.data.federated import client_data
+from common.persist import CLIENT_STATE_FOLDER
 from common.validation import PayloadError, is_folder_name, read_count
 
 from .algorithms import ClientEnv, answer, client_class
@@ -70,7 +71,7 @@ def state_dir(context: Context, msg: Message, cfg: RunConfig) -> StateDir | None
         return StateDir(Path(str(root)).expanduser() / str(key) / f"partition-{partition_id}")
     # a resumed run keeps its folder, whose name is the state key the server sends
     run_folder = Path(cfg.resume).expanduser() if cfg.resume else cfg.resolved_results_dir / str(key)
-    path = run_folder / "client-state" / f"partition-{partition_id}"
+    path = run_folder / CLIENT_STATE_FOLDER / f"partition-{partition_id}"
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent

@@ -22,6 +22,7 @@ class StateFileError(ValueError):
 
 
 CHECKPOINT_FILE = "checkpoint.npz"  # a run folder's server checkpoint (server_app/checkpoint.py writes it)
+CLIENT_STATE_FOLDER = "client-state"  # a run folder's simulated clients' state (client-state-dir=auto)
 
 
 @contextmanager

@@ -129,6 +129,29 @@ def test_a_sweep_runs_what_is_not_finished_and_resumes_from_checkpoints(tmp_path
     assert not ok and "1 of 3 runs failed: exp-seed0" in line
 
 
+def test_a_finished_runs_resume_state_is_dropped_and_an_unfinished_runs_kept(tmp_path: Path) -> None:
+    from common.experiments.runs import drop_resume_state
+
+    def run_folder(name: str, finished: bool) -> Path:
+        folder = tmp_path / name
+        (folder / "client-state" / "partition-3").mkdir(parents=True)
+        (folder / "client-state" / "partition-3" / "v1.npz").write_bytes(b"x" * 300)
+        (folder / "checkpoint.npz").write_bytes(b"y" * 700)
+        (folder / "metrics.jsonl").write_text("{}")
+        if finished:
+            (folder / "summary.json").write_text("{}")
+        return folder
+
+    done, midway = run_folder("done", True), run_folder("midway", False)
+    assert drop_resume_state(done) == 1000
+    assert sorted(p.name for p in done.iterdir()) == ["metrics.jsonl", "summary.json"]
+    assert run_state(done) == "finished"
+    assert drop_resume_state(midway) == 0 and run_state(midway) == "resumable"
+    assert (midway / "client-state" / "partition-3" / "v1.npz").is_file()
+    assert cli._parser().parse_args(["sweep", "x.toml", "--keep-state"]).keep_state
+    assert not cli._parser().parse_args(["sweep", "x.toml"]).keep_state
+
+
 def test_the_cli_reports_a_bad_key_in_one_line_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["run", "--set", "lr=-1"]) == 2
     err = capsys.readouterr().err

@@ -11,7 +11,17 @@ from pathlib import Path
 
 from ..hparams import ConfigError
 from .presets import PRESETS, preset
-from .runs import RunResult, RunSpec, app_commit, execute, parse_assignment, parse_seeds, plan, run_commits
+from .runs import (
+    RunResult,
+    RunSpec,
+    app_commit,
+    drop_resume_state,
+    execute,
+    parse_assignment,
+    parse_seeds,
+    plan,
+    run_commits,
+)
 from .superlink import LocalSuperLink
 
 PROJECT = Path(__file__).resolve().parents[2]  # the Flower app: the folder holding pyproject.toml
@@ -36,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--shard", help="K/N: run only every N-th run of the file, starting at the K-th (1-based), "
                        "so that N sweeps on one results folder (side by side, or on machines sharing it) share "
                        "the work")
+    sweep.add_argument("--keep-state", action="store_true",
+                       help="keep each finished run's checkpoint and client state (by default they are deleted "
+                            "once the run has finished: only a run stopped midway reads them)")
     report = sub.add_parser("report", help="markdown and figures across run folders (seeds pooled)")
     report.add_argument("runs", nargs="+", type=Path, help="run folders, or folders holding them (a sweep's)")
     report.add_argument("--out", type=Path, help="report folder (default: <first folder>/report)")
@@ -67,8 +80,10 @@ def _gpu() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _run_all(specs: list[RunSpec], out: Path, app: Path, timeout: float, sweep: bool) -> list[RunResult]:
-    """Start one private SuperLink, run the specs (a sweep: with progress and ETA), stop the SuperLink."""
+def _run_all(specs: list[RunSpec], out: Path, app: Path, timeout: float, sweep: bool,
+             keep_state: bool = True) -> list[RunResult]:
+    """Start one private SuperLink, run the specs (a sweep: with progress and ETA), stop the SuperLink; without
+    keep_state a finished run's checkpoint and client state are deleted."""
     from .sweep import run_sweep
 
     gpu = _gpu()
@@ -81,7 +96,10 @@ def _run_all(specs: list[RunSpec], out: Path, app: Path, timeout: float, sweep: 
 
     with tempfile.TemporaryDirectory(prefix="pflower-superlink-") as home, LocalSuperLink(Path(home)) as link:
         def one(spec: RunSpec) -> RunResult:
-            return execute(link, app, spec, out, gpu, echo, timeout)
+            result = execute(link, app, spec, out, gpu, echo, timeout)
+            if not keep_state and result.status == "finished":
+                drop_resume_state(result.run_dir)
+            return result
         return run_sweep(specs, out, one, lambda text: print(text, flush=True), "sweep" if sweep else "run")
 
 
@@ -159,7 +177,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if other:
         print(f"note: {other} kept run(s) were made with other code than {app} now holds; `pflower results` lists "
               "the commits of every run")
-    results = _run_all(specs, out, app, args.timeout, sweep=args.command == "sweep")
+    sweep = args.command == "sweep"
+    results = _run_all(specs, out, app, args.timeout, sweep, keep_state=not sweep or args.keep_state)
     line, ok = summary_line(results, len(specs), args.command)
     print(line)
     if ok and len(specs) > 1:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..config import parse_run_config
 from ..hparams import ConfigError
-from ..persist import CHECKPOINT_FILE
+from ..persist import CHECKPOINT_FILE, CLIENT_STATE_FOLDER
 from .presets import Preset, run_config_text
 from .superlink import LocalSuperLink
 
@@ -103,6 +103,23 @@ def run_state(run_dir: Path) -> str:
     if (run_dir / CHECKPOINT_FILE).is_file():
         return "resumable"
     return "incomplete" if run_dir.exists() else "new"
+
+
+def drop_resume_state(run_dir: Path) -> int:
+    """Delete a finished run's server checkpoint and simulated clients' state, which only a run stopped midway
+    reads (a FedAMP run's come to gigabytes); returns the bytes freed. An unfinished run is left as it is."""
+    if run_state(run_dir) != "finished":
+        return 0
+    freed = 0
+    checkpoint = run_dir / CHECKPOINT_FILE
+    if checkpoint.is_file():
+        freed += checkpoint.stat().st_size
+        checkpoint.unlink()
+    clients = run_dir / CLIENT_STATE_FOLDER
+    if clients.is_dir():
+        freed += sum(f.stat().st_size for f in clients.rglob("*") if f.is_file())
+        shutil.rmtree(clients)
+    return freed
 
 
 KEPT_ASIDE = ("seed", "run-name", "results-dir", "resume", "data-dir", "client-state-dir")  # not the setting
