@@ -10,7 +10,8 @@ compressed file that `--data` reads there.
         --set local-epochs=5 --data /tmp/digits-seed0.npz --device cuda --out /tmp/paper-scale
 
 Prints, per experiment, the mean accuracy of the clients' own evaluation (acc-shift-0) and, on multi-domain data,
-the global model's accuracy per domain and their mean, at every evaluation; `--out` keeps them as JSON lines.
+the global model's accuracy per domain and their mean, at every evaluation (and a progress line for every other
+round); `--out` keeps them as JSON lines.
 """
 
 from __future__ import annotations
@@ -142,6 +143,9 @@ def run_one(job: tuple[RunSpec, dict[str, str], str, str | None, str, int]) -> d
         started, rows = time.perf_counter(), []
         for rnd in range(1, cfg.num_rounds + 1):
             federation.train_round(rnd)
+            if rnd % eval_every and rnd != cfg.num_rounds:  # progress between evaluations
+                print(f"{spec.name} round {rnd}/{cfg.num_rounds} trained "
+                      f"({time.perf_counter() - started:.1f} s)", flush=True)
             if rnd % eval_every == 0 or rnd == cfg.num_rounds:
                 row = {"round": rnd, "elapsed_s": round(time.perf_counter() - started, 1),
                        **summarize(federation.evaluate(rnd))}
