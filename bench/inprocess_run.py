@@ -146,15 +146,15 @@ def run_one(job: tuple[RunSpec, dict[str, str], str, str | None, str, int]) -> d
             if rnd % eval_every and rnd != cfg.num_rounds:  # progress between evaluations
                 print(f"{spec.name} round {rnd}/{cfg.num_rounds} trained "
                       f"({time.perf_counter() - started:.1f} s)", flush=True)
-            if rnd % eval_every == 0 or rnd == cfg.num_rounds:
-                row = {"round": rnd, "elapsed_s": round(time.perf_counter() - started, 1),
-                       **summarize(federation.evaluate(rnd))}
-                rows.append(row)
-                with log.open("a") as handle:
-                    handle.write(json.dumps(row) + "\n")
-                print(f"{spec.name} round {rnd}: " + ", ".join(
-                    f"{k} {v:.4f}" for k, v in row.items() if isinstance(v, float) and k != "elapsed_s")
-                    + f" ({row['elapsed_s']} s)", flush=True)
+                continue
+            row = {"round": rnd, "elapsed_s": round(time.perf_counter() - started, 1),
+                   **summarize(federation.evaluate(rnd))}
+            rows.append(row)
+            with log.open("a") as handle:
+                handle.write(json.dumps(row) + "\n")
+            print(f"{spec.name} round {rnd}: " + ", ".join(
+                f"{k} {v:.4f}" for k, v in row.items() if isinstance(v, float) and k != "elapsed_s")
+                + f" ({row['elapsed_s']} s)", flush=True)
     return {"name": spec.name, "rows": rows}
 
 
