@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from common.algorithms import SPECS, eval_rows
 from common.experiments import cli
 from common.experiments.collect import Run
 from common.experiments.results import write_results
@@ -61,10 +62,13 @@ def test_the_committed_results_sweep_and_its_tables_load() -> None:
     name, specs = load_sweep(REPO / "bench" / "sweeps" / "results.toml")
     tables = load_tables(REPO / "bench" / "sweeps" / "results.toml")
     assert name == "results" and {s.seed for s in specs} == {0, 1, 2}
-    experiments = {s.experiment for s in specs}
+    algorithm_of = {s.experiment: s.run_config["algorithm"] for s in specs}
     for table in tables:
-        for row in table.rows:
-            assert row.rstrip("+") in experiments, row
+        for row in table.rows:  # an experiment, or one with an evaluation row its algorithm reports
+            named = [(row, "")] + [(row[: -len(extra.suffix)], extra.suffix) for extra in eval_rows()
+                                   if row.endswith(extra.suffix)]
+            assert any(name in algorithm_of and (not suffix or suffix in
+                       [extra.suffix for extra in SPECS[algorithm_of[name]].eval_rows]) for name, suffix in named), row
         for values in table.paper.values():
             assert len(values) == len(table.columns)
     assert {"dmpfl-mnist", "dmpfl-cifar", "fedamp-mnist", "fliu-path", "dapperfl-digits"} <= {t.id for t in tables}

@@ -13,6 +13,8 @@ import numpy as np
 from ..evaluate import shift_key
 from .collect import Group, corruptions_of
 
+PANELS_PER_ROW = 5
+
 
 def _plt() -> Any:
     import matplotlib
@@ -29,6 +31,18 @@ def _seed_mean(group: Group, value: Any) -> tuple[float, float]:
     if not values:
         return float("nan"), float("nan")
     return float(np.mean(values)), float(np.std(values)) if len(values) > 1 else 0.0
+
+
+def _panels(plt: Any, count: int, width: float, height: float, sharey: bool = False) -> tuple[Any, list[Any]]:
+    """A figure of `count` panels in rows of at most PANELS_PER_ROW (a single row of ten is unreadable once the
+    page scales it down); the unused cells of the last row are hidden."""
+    cols = min(count, PANELS_PER_ROW)
+    rows = math.ceil(count / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, sharey=sharey)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[count:]:
+        ax.set_visible(False)
+    return fig, flat[:count]
 
 
 def accuracy_vs_shift(groups: list[Group], out: Path) -> str:
@@ -62,8 +76,8 @@ def corruption_figure(groups: list[Group], found: dict[str, list[int]], out: Pat
     if not found:
         return None
     plt = _plt()
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 4), squeeze=False, sharey=True)
-    for ax, g in zip(axes[0], groups):
+    fig, axes = _panels(plt, len(groups), 4.2, 4, sharey=True)
+    for ax, g in zip(axes, groups):
         clean = _seed_mean(g, lambda r: r.final.get(shift_key(0.0)))[0]
         for name, severities in found.items():
             values = [_seed_mean(g, lambda r, k=f"acc-corrupt-{name}-{s}": r.final.get(k))[0] for s in severities]
@@ -71,8 +85,9 @@ def corruption_figure(groups: list[Group], found: dict[str, list[int]], out: Pat
         ax.set_title(g.label, fontsize=9)
         ax.set_xlabel("severity")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("accuracy (%)")
-    axes[0][-1].legend(fontsize=7)
+    for ax in axes[::PANELS_PER_ROW]:
+        ax.set_ylabel("accuracy (%)")
+    axes[-1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "corruptions.png", dpi=120)
     plt.close(fig)
@@ -137,8 +152,8 @@ def matrix_figure(groups: list[Group], key: str, title: str, name: str, out: Pat
     if not found:
         return None
     plt = _plt()
-    fig, axes = plt.subplots(1, len(found), figsize=(4.6 * len(found), 4), squeeze=False)
-    for ax, (g, arrays) in zip(axes[0], found):
+    fig, axes = _panels(plt, len(found), 4.6, 4)
+    for ax, (g, arrays) in zip(axes, found):
         matrix = np.array(arrays[key], dtype=np.float64)
         label = f"{g.label} (seed {g.runs[0].seed})"
         if off_diagonal:
