@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from common.algorithms import SPECS, eval_rows
+from common.algorithms import SPECS
 from common.experiments import cli
 from common.experiments.collect import Run
 from common.experiments.results import write_results
 from common.experiments.sweep import load_sweep
-from common.experiments.tables import load_tables, metric_reader
+from common.experiments.tables import load_tables, metric_reader, row_experiment
 from common.hparams import ConfigError
 from tests.gitrepo import one_commit_checkout
 from tests.test_experiments import _fixture_run
@@ -64,11 +64,11 @@ def test_the_committed_results_sweep_and_its_tables_load() -> None:
     assert name == "results" and {s.seed for s in specs} == {0, 1, 2}
     algorithm_of = {s.experiment: s.run_config["algorithm"] for s in specs}
     for table in tables:
-        for row in table.rows:  # an experiment, or one with an evaluation row its algorithm reports
-            named = [(row, "")] + [(row[: -len(extra.suffix)], extra.suffix) for extra in eval_rows()
-                                   if row.endswith(extra.suffix)]
-            assert any(name in algorithm_of and (not suffix or suffix in
-                       [extra.suffix for extra in SPECS[algorithm_of[name]].eval_rows]) for name, suffix in named), row
+        for row in table.rows:  # an experiment, or an evaluation row its algorithm reports ('+', ' (cloud model)')
+            experiment = row_experiment(row)
+            suffix = row[len(experiment):]
+            assert experiment in algorithm_of, row
+            assert not suffix or suffix in [extra.suffix for extra in SPECS[algorithm_of[experiment]].eval_rows], row
         for values in table.paper.values():
             assert len(values) == len(table.columns)
     assert {"dmpfl-mnist", "dmpfl-cifar", "fedamp-mnist", "fliu-path", "dapperfl-digits"} <= {t.id for t in tables}
@@ -250,3 +250,16 @@ def test_cost_ratios_pair_each_seed_with_the_baselines_run_of_that_seed(tmp_path
     assert _values(groups, spec, "x", Column("MB", "mb-ratio")) == {1: 0.5}  # not 2.0 / mean(2.0, 4.0)
     assert _values(groups, spec, "x", Column("FLOPs", "flops-ratio")) == {1: 0.5}
     assert _values(groups, spec, "base", Column("MB", "mb-ratio")) == {0: 1.0, 1: 1.0}
+
+
+def test_a_figure_of_many_panels_wraps_into_rows_of_five() -> None:
+    from common.experiments.figures import PANELS_PER_ROW, _panels, _plt
+
+    plt = _plt()
+    for count, rows in ((3, 1), (5, 1), (7, 2), (10, 2)):
+        fig, axes = _panels(plt, count, 4.0, 3.0)
+        grid = fig.axes
+        assert len(axes) == count and len(grid) == rows * min(count, PANELS_PER_ROW)
+        assert [ax.get_visible() for ax in grid] == [True] * count + [False] * (len(grid) - count)
+        assert tuple(fig.get_size_inches()) == (4.0 * min(count, PANELS_PER_ROW), 3.0 * rows)
+        plt.close(fig)
