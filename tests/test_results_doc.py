@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from common.algorithms import SPECS
 from common.experiments import cli
 from common.experiments.collect import Run
 from common.experiments.results import write_results
 from common.experiments.sweep import load_sweep
-from common.experiments.tables import load_tables, metric_reader, row_experiment
+from common.experiments.tables import load_tables, metric_reader
 from common.hparams import ConfigError
 from tests.gitrepo import one_commit_checkout
 from tests.test_experiments import _fixture_run
@@ -62,21 +61,18 @@ def test_the_committed_results_sweep_and_its_tables_load() -> None:
     name, specs = load_sweep(REPO / "bench" / "sweeps" / "results.toml")
     tables = load_tables(REPO / "bench" / "sweeps" / "results.toml")
     assert name == "results" and {s.seed for s in specs} == {0, 1, 2}
-    algorithm_of = {s.experiment: s.run_config["algorithm"] for s in specs}
+    assert any(row.endswith(" (cloud model)") for table in tables for row in table.rows)
     for table in tables:
-        for row in table.rows:  # an experiment, or an evaluation row its algorithm reports ('+', ' (cloud model)')
-            experiment = row_experiment(row)
-            suffix = row[len(experiment):]
-            assert experiment in algorithm_of, row
-            assert not suffix or suffix in [extra.suffix for extra in SPECS[algorithm_of[experiment]].eval_rows], row
         for values in table.paper.values():
             assert len(values) == len(table.columns)
     assert {"dmpfl-mnist", "dmpfl-cifar", "fedamp-mnist", "fliu-path", "dapperfl-digits"} <= {t.id for t in tables}
 
 
 def test_bad_tables_are_refused_in_one_line(tmp_path: Path) -> None:
-    head = "[[experiment]]\nname = 'a'\n[[experiment]]\nname = 'b'\n"
+    head = "[[experiment]]\nname = 'a'\n[[experiment]]\nname = 'b'\nalgorithm = 'dmpfl'\n"
     cases = {
+        "[[table]]\nid = 'x'\nrows = ['b (cloud model)']\n": "row 'b \\(cloud model\\)': dmpfl reports no "
+                                                              "'\\(cloud model\\)' row \\(its extra rows: '\\+'",
         "[[table]]\nid = 'x'\nrows = ['a']\ncolour = 1\n": "unknown key",
         "[[table]]\nid = 'x y'\nrows = ['a']\n": "`id` must be",
         "[[table]]\nid = 'x'\nrows = ['c']\n": "row 'c' names no experiment",
@@ -92,6 +88,13 @@ def test_bad_tables_are_refused_in_one_line(tmp_path: Path) -> None:
     for text, message in cases.items():
         with pytest.raises(ConfigError, match=message):
             load_sweep(_write(tmp_path / "s.toml", head + text))
+        with pytest.raises(ConfigError, match=message):
+            load_tables(_write(tmp_path / "s.toml", head + text))
+    load_tables(_write(tmp_path / "s.toml", head + "[[table]]\nid = 'x'\nrows = ['a', 'b+', 'b (global model)']\n"))
+    with pytest.raises(ConfigError, match="row 'a\\+': fedavg reports no '\\+' row \\(it reports none\\)"):
+        load_tables(_write(tmp_path / "s.toml", head + "[[table]]\nid = 'x'\nrows = ['a+']\n"))  # the default
+    grouped = "[groups.g]\nalgorithm = 'fedamp'\n[[experiment]]\nname = 'c'\ngroup = 'g'\n"
+    load_sweep(_write(tmp_path / "s.toml", head + grouped + "[[table]]\nid = 'x'\nrows = ['c (cloud model)']\n"))
     with pytest.raises(ConfigError, match="no \\[\\[table\\]\\] entries"):
         load_tables(_write(tmp_path / "s.toml", head))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..hparams import ConfigError
 from .presets import preset
 from .runs import RunResult, RunSpec, changed_settings, parse_seeds, plan, run_state
-from .tables import parse_table
+from .tables import experiment_algorithms, parse_table
 
 TOP_KEYS = {"name", "preset", "seeds", "defaults", "groups", "experiment", "table"}  # table: `pflower results`
 EXPERIMENT_KEYS = {"name", "preset", "seeds", "clients", "group"}  # besides run-config keys
@@ -54,8 +54,9 @@ def load_sweep(path: Path) -> tuple[str, list[RunSpec]]:
         if clients is not None and (not isinstance(clients, int) or clients < 1):
             raise ConfigError(f"sweep file {path}: experiment {name}: clients must be a positive integer")
         specs.extend(plan(name, preset(own.get("preset", raw.get("preset", "smoke"))), config, seeds, clients))
+    algorithms = experiment_algorithms(raw)
     for index, table in enumerate(raw.get("table", []), start=1):
-        parse_table(table, names, f"sweep file {path}: table {index}")
+        parse_table(table, algorithms, f"sweep file {path}: table {index}")
     return str(raw.get("name", Path(path).stem)), specs
 
 

@@ -72,8 +72,39 @@ def _choices(value: Any, allowed: tuple[str, ...], where: str) -> tuple[str, ...
     return got
 
 
-def parse_table(raw: dict[str, Any], experiments: set[str], where: str) -> TableSpec:
-    """One [[table]] entry checked against the sweep's experiment names (ConfigError naming what is wrong)."""
+def experiment_algorithms(raw: dict[str, Any]) -> dict[str, str]:
+    """Each [[experiment]] of a parsed sweep file -> its algorithm (the experiment's key over its group's over the
+    [defaults] over the run config's default)."""
+    from ..config import RunConfig
+
+    defaults, groups = dict(raw.get("defaults", {})), raw.get("groups", {})
+    algorithms: dict[str, str] = {}
+    for entry in raw.get("experiment", []):
+        group = groups.get(entry.get("group")) if isinstance(groups, dict) else None
+        own = {"algorithm": RunConfig().algorithm, **defaults, **(group if isinstance(group, dict) else {}), **entry}
+        algorithms[str(entry.get("name"))] = str(own["algorithm"])
+    return algorithms
+
+
+def _check_row(row: str, experiments: dict[str, str], where: str) -> None:
+    """A row names an experiment, or one of the evaluation rows its algorithm reports ('+', ' (cloud model)')."""
+    from ..algorithms import SPECS
+
+    experiment = row_experiment(row)
+    if experiment not in experiments:
+        raise ConfigError(f"{where}: row {row!r} names no experiment of the sweep")
+    suffix, algorithm = row[len(experiment):], experiments[experiment]
+    if suffix and algorithm in SPECS:
+        reported = [extra.suffix for extra in SPECS[algorithm].eval_rows]
+        if suffix not in reported:
+            raise ConfigError(f"{where}: row {row!r}: {algorithm} reports no {suffix.strip()!r} row"
+                              + (f" (its extra rows: {', '.join(repr(r.strip()) for r in reported)})" if reported
+                                 else " (it reports none)"))
+
+
+def parse_table(raw: dict[str, Any], experiments: dict[str, str], where: str) -> TableSpec:
+    """One [[table]] entry checked against the sweep's experiments and their algorithms (ConfigError naming what
+    is wrong)."""
     unknown = sorted(set(raw) - TABLE_KEYS)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(TABLE_KEYS)}")
@@ -84,8 +115,7 @@ def parse_table(raw: dict[str, Any], experiments: set[str], where: str) -> Table
     if not rows:
         raise ConfigError(f"{where} ({table_id}): no rows")
     for row in rows:
-        if row_experiment(row) not in experiments:
-            raise ConfigError(f"{where} ({table_id}): row {row!r} names no experiment of the sweep")
+        _check_row(row, experiments, f"{where} ({table_id})")
     columns = []
     for index, col in enumerate(raw.get("columns", []), start=1):
         if not isinstance(col, dict) or not isinstance(col.get("label"), str) or not isinstance(col.get("metric"), str):
@@ -113,7 +143,7 @@ def parse_table(raw: dict[str, Any], experiments: set[str], where: str) -> Table
 def load_tables(path: Path) -> list[TableSpec]:
     """The [[table]] entries of a sweep file, in order (ConfigError when it has none)."""
     raw = tomllib.loads(Path(path).read_text())
-    experiments = {str(e.get("name")) for e in raw.get("experiment", [])}
+    experiments = experiment_algorithms(raw)
     tables = [parse_table(t, experiments, f"sweep file {path}: table {i}")
               for i, t in enumerate(raw.get("table", []), start=1)]
     if not tables:
