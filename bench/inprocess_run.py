@@ -10,8 +10,8 @@ compressed file that `--data` reads there.
         --set local-epochs=5 --data /tmp/digits-seed0.npz --device cuda --out /tmp/paper-scale
 
 Prints, per experiment, the mean accuracy of the clients' own evaluation (acc-shift-0) and, on multi-domain data,
-the global model's accuracy per domain and their mean, at every evaluation (and a progress line for every other
-round); `--out` keeps them as JSON lines.
+the global model's accuracy per domain and their mean, at every evaluation (and a progress line for each round
+between evaluations); `--out` keeps them as JSON lines.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from .collect import Group, find_runs, group_runs
 from .report import corruption_table, domain_table, overview, paired_table, shift_table, stage_table, unseen_table
 from .runs import RunSpec, run_commits, run_state, short_commit
 from .stats import fmt_ci, mean_ci, paired_difference
-from .sweep import load_sweep
-from .tables import RATIOS, Column, TableSpec, find_row, load_tables, metric_reader, row_experiment
+from .sweep import read_sweep
+from .tables import RATIOS, Column, TableSpec, check_tables, find_row, metric_reader, row_experiment
 
 SETTING_KEYS = ("dataset", "model", "partition", "dirichlet-alpha", "max-samples", "num-rounds", "fraction-train",
                 "local-epochs", "batch-size", "optimizer", "lr")
@@ -183,8 +183,8 @@ def _machine() -> str:
 def write_results(sweep_file: Path, runs_dir: Path, out: Path, command: str | None = None) -> tuple[Path, int, int]:
     """The results document for a sweep file's tables over the finished runs in runs_dir; figures beside it in
     figures/; returns (path, finished runs, runs in the sweep)."""
-    _, specs = load_sweep(sweep_file)
-    tables = load_tables(sweep_file)
+    _, specs, tables = read_sweep(sweep_file)
+    tables = check_tables(sweep_file, tables)
     finished = [s for s in specs if run_state(runs_dir / s.name) == "finished"]
     if not finished:
         raise ConfigError(f"no finished run of {sweep_file} under {runs_dir}: run `pflower sweep {sweep_file}` first")

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..hparams import ConfigError
 from .presets import preset
 from .runs import RunResult, RunSpec, changed_settings, parse_seeds, plan, run_state
-from .tables import experiment_algorithms, parse_table
+from .tables import TableSpec, parse_table
 
 TOP_KEYS = {"name", "preset", "seeds", "defaults", "groups", "experiment", "table"}  # table: `pflower results`
 EXPERIMENT_KEYS = {"name", "preset", "seeds", "clients", "group"}  # besides run-config keys
@@ -18,6 +18,15 @@ EXPERIMENT_KEYS = {"name", "preset", "seeds", "clients", "group"}  # besides run
 
 def load_sweep(path: Path) -> tuple[str, list[RunSpec]]:
     """The sweep's name and its runs in order (experiments x seeds), every run config checked up front."""
+    name, specs, _ = read_sweep(path)
+    return name, specs
+
+
+def read_sweep(path: Path) -> tuple[str, list[RunSpec], list[TableSpec]]:
+    """The sweep's name, its runs and its [[table]] entries, each table's rows checked against the experiments
+    and the evaluation rows of their algorithms."""
+    from ..config import RunConfig
+
     try:
         raw = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -35,14 +44,13 @@ def load_sweep(path: Path) -> tuple[str, list[RunSpec]]:
     if not isinstance(groups, dict) or not all(isinstance(g, dict) for g in groups.values()):
         raise ConfigError(f"sweep file {path}: [groups.<name>] must be tables of run-config keys")
     specs: list[RunSpec] = []
-    names: set[str] = set()
+    algorithms: dict[str, str] = {}  # experiment -> algorithm, for the tables' rows
     for index, entry in enumerate(experiments, start=1):
         name = entry.get("name")
         if not isinstance(name, str) or not name:
             raise ConfigError(f"sweep file {path}: experiment {index} has no name")
-        if name in names:
+        if name in algorithms:
             raise ConfigError(f"sweep file {path}: two experiments are named {name!r}")
-        names.add(name)
         group = entry.get("group")
         if group is not None and group not in groups:
             raise ConfigError(f"sweep file {path}: experiment {name}: group {group!r} is not one of [groups.*]: "
@@ -54,10 +62,10 @@ def load_sweep(path: Path) -> tuple[str, list[RunSpec]]:
         if clients is not None and (not isinstance(clients, int) or clients < 1):
             raise ConfigError(f"sweep file {path}: experiment {name}: clients must be a positive integer")
         specs.extend(plan(name, preset(own.get("preset", raw.get("preset", "smoke"))), config, seeds, clients))
-    algorithms = experiment_algorithms(raw)
-    for index, table in enumerate(raw.get("table", []), start=1):
-        parse_table(table, algorithms, f"sweep file {path}: table {index}")
-    return str(raw.get("name", Path(path).stem)), specs
+        algorithms[name] = str(config.get("algorithm", RunConfig().algorithm))
+    tables = [parse_table(table, algorithms, f"sweep file {path}: table {index}")
+              for index, table in enumerate(raw.get("table", []), start=1)]
+    return str(raw.get("name", Path(path).stem)), specs, tables
 
 
 def shard(specs: list[RunSpec], text: str) -> list[RunSpec]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import re
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,20 +71,6 @@ def _choices(value: Any, allowed: tuple[str, ...], where: str) -> tuple[str, ...
     return got
 
 
-def experiment_algorithms(raw: dict[str, Any]) -> dict[str, str]:
-    """Each [[experiment]] of a parsed sweep file -> its algorithm (the experiment's key over its group's over the
-    [defaults] over the run config's default)."""
-    from ..config import RunConfig
-
-    defaults, groups = dict(raw.get("defaults", {})), raw.get("groups", {})
-    algorithms: dict[str, str] = {}
-    for entry in raw.get("experiment", []):
-        group = groups.get(entry.get("group")) if isinstance(groups, dict) else None
-        own = {"algorithm": RunConfig().algorithm, **defaults, **(group if isinstance(group, dict) else {}), **entry}
-        algorithms[str(entry.get("name"))] = str(own["algorithm"])
-    return algorithms
-
-
 def _check_row(row: str, experiments: dict[str, str], where: str) -> None:
     """A row names an experiment, or one of the evaluation rows its algorithm reports ('+', ' (cloud model)')."""
     from ..algorithms import SPECS
@@ -142,10 +127,13 @@ def parse_table(raw: dict[str, Any], experiments: dict[str, str], where: str) ->
 
 def load_tables(path: Path) -> list[TableSpec]:
     """The [[table]] entries of a sweep file, in order (ConfigError when it has none)."""
-    raw = tomllib.loads(Path(path).read_text())
-    experiments = experiment_algorithms(raw)
-    tables = [parse_table(t, experiments, f"sweep file {path}: table {i}")
-              for i, t in enumerate(raw.get("table", []), start=1)]
+    from .sweep import read_sweep  # sweep imports this module
+
+    return check_tables(path, read_sweep(path)[2])
+
+
+def check_tables(path: Path, tables: list[TableSpec]) -> list[TableSpec]:
+    """A results document's tables: at least one, each id once (ConfigError otherwise)."""
     if not tables:
         raise ConfigError(f"sweep file {path} has no [[table]] entries: nothing to put in a results document")
     ids = [t.id for t in tables]
