@@ -12,8 +12,8 @@ import pytest
 from common.experiments import cli
 from common.experiments.collect import Run
 from common.experiments.results import write_results
-from common.experiments.sweep import load_sweep
-from common.experiments.tables import load_tables, metric_reader
+from common.experiments.sweep import load_sweep, load_tables
+from common.experiments.tables import metric_reader
 from common.hparams import ConfigError
 from tests.gitrepo import one_commit_checkout
 from tests.test_experiments import _fixture_run

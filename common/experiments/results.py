@@ -17,8 +17,8 @@ from .collect import Group, find_runs, group_runs
 from .report import corruption_table, domain_table, overview, paired_table, shift_table, stage_table, unseen_table
 from .runs import RunSpec, run_commits, run_state, short_commit
 from .stats import fmt_ci, mean_ci, paired_difference
-from .sweep import read_sweep
-from .tables import RATIOS, Column, TableSpec, check_tables, find_row, metric_reader, row_experiment
+from .sweep import check_tables, read_sweep
+from .tables import RATIOS, Column, TableSpec, find_row, metric_reader, row_experiment
 
 SETTING_KEYS = ("dataset", "model", "partition", "dirichlet-alpha", "max-samples", "num-rounds", "fraction-train",
                 "local-epochs", "batch-size", "optimizer", "lr")

@@ -7,6 +7,7 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
+from ..config import RunConfig
 from ..hparams import ConfigError
 from .presets import preset
 from .runs import RunResult, RunSpec, changed_settings, parse_seeds, plan, run_state
@@ -25,8 +26,6 @@ def load_sweep(path: Path) -> tuple[str, list[RunSpec]]:
 def read_sweep(path: Path) -> tuple[str, list[RunSpec], list[TableSpec]]:
     """The sweep's name, its runs and its [[table]] entries, each table's rows checked against the experiments
     and the evaluation rows of their algorithms."""
-    from ..config import RunConfig
-
     try:
         raw = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -66,6 +65,21 @@ def read_sweep(path: Path) -> tuple[str, list[RunSpec], list[TableSpec]]:
     tables = [parse_table(table, algorithms, f"sweep file {path}: table {index}")
               for index, table in enumerate(raw.get("table", []), start=1)]
     return str(raw.get("name", Path(path).stem)), specs, tables
+
+
+def load_tables(path: Path) -> list[TableSpec]:
+    """The [[table]] entries of a sweep file, in order (ConfigError when it has none)."""
+    return check_tables(path, read_sweep(path)[2])
+
+
+def check_tables(path: Path, tables: list[TableSpec]) -> list[TableSpec]:
+    """A results document's tables: at least one, each id once (ConfigError otherwise)."""
+    if not tables:
+        raise ConfigError(f"sweep file {path} has no [[table]] entries: nothing to put in a results document")
+    ids = [t.id for t in tables]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"sweep file {path}: two tables share an id")
+    return tables
 
 
 def shard(specs: list[RunSpec], text: str) -> list[RunSpec]:

@@ -7,7 +7,6 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..hparams import ConfigError
@@ -123,23 +122,6 @@ def parse_table(raw: dict[str, Any], experiments: dict[str, str], where: str) ->
                      _choices(raw.get("sections", ["overview"]), SECTIONS, f"{where} ({table_id}): sections"),
                      _choices(raw.get("figures", []), FIGURES, f"{where} ({table_id}): figures"),
                      str(raw.get("notes", "")).strip())
-
-
-def load_tables(path: Path) -> list[TableSpec]:
-    """The [[table]] entries of a sweep file, in order (ConfigError when it has none)."""
-    from .sweep import read_sweep  # sweep imports this module
-
-    return check_tables(path, read_sweep(path)[2])
-
-
-def check_tables(path: Path, tables: list[TableSpec]) -> list[TableSpec]:
-    """A results document's tables: at least one, each id once (ConfigError otherwise)."""
-    if not tables:
-        raise ConfigError(f"sweep file {path} has no [[table]] entries: nothing to put in a results document")
-    ids = [t.id for t in tables]
-    if len(set(ids)) != len(ids):
-        raise ConfigError(f"sweep file {path}: two tables share an id")
-    return tables
 
 
 def _number(value: Any) -> float:
