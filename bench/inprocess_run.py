@@ -33,8 +33,8 @@ sys.path.insert(0, str(REPO))
 from common.config import ConfigError, RunConfig, parse_run_config  # noqa: E402
 from common.data.arrays import DatasetArrays  # noqa: E402
 from common.data.domains import DOMAINS  # noqa: E402
-from common.experiments.runs import RunSpec  # noqa: E402
-from common.experiments.sweep import load_sweep  # noqa: E402
+from experiments.runs import RunSpec  # noqa: E402
+from experiments.sweep import load_sweep  # noqa: E402
 
 
 def run_config(spec: RunSpec, overrides: dict[str, str], results: str) -> dict:

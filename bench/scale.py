@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.throughput import bare_rounds, raw_rate  # noqa: E402
-from common.experiments.presets import run_config_text  # noqa: E402
-from common.experiments.superlink import LocalSuperLink, descendants  # noqa: E402
+from experiments.presets import run_config_text  # noqa: E402
+from experiments.superlink import LocalSuperLink, descendants  # noqa: E402
 
 
 def tree_memory(pid: int) -> tuple[int, int]:

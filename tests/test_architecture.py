@@ -1,6 +1,7 @@
-"""The package layering, read from the source: no import cycles, the client never loads the server, the core
-never loads either app, and Flower types enter common/ through one adapter module only; every spec's halves
-resolve and the round runner and hook base stay small."""
+"""The package layering, read from the source: no import cycles; experiments -> server_app | client_app -> common
+(the client never loads the server, neither app loads the experiments, the core loads none of them, and Flower
+types enter common/ through one adapter module only); every spec's halves resolve and the round runner and hook
+base stay small."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from common.hparams import describe
 
 from .conftest import REPO
 
-PACKAGES = ("common", "server_app", "client_app")
+PACKAGES = ("common", "server_app", "client_app", "experiments")
 FLOWER_ADAPTER = "common.records"  # the ArrayRecord helpers both halves share
 
 
@@ -88,9 +89,11 @@ def test_layering() -> None:
         imported = _imports(name, path)
         if name.startswith("client_app"):
             assert not any(m.startswith("server_app") for m in imported), f"{name} imports the server app"
+        if name.split(".")[0] in ("server_app", "client_app"):
+            assert not any(m.split(".")[0] == "experiments" for m in imported), f"{name} imports the experiments"
         if name.startswith("common"):
-            assert not any(m.split(".")[0] in ("server_app", "client_app") for m in imported), \
-                f"{name} imports an app"
+            assert not any(m.split(".")[0] in ("server_app", "client_app", "experiments") for m in imported), \
+                f"{name} imports an app or the experiments"
             if name != FLOWER_ADAPTER:
                 assert not any(m == "flwr" or m.startswith("flwr.") for m in imported), \
                     f"{name} imports Flower; only {FLOWER_ADAPTER} may"

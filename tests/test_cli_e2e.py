@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from common.experiments.superlink import stop_process_tree
+from experiments.superlink import stop_process_tree
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "bench" / "sweeps" / "smoke.toml"

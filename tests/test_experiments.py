@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from common.experiments import cli
-from common.experiments.collect import find_runs, group_runs
-from common.experiments.presets import PRESETS, preset, run_config_text
-from common.experiments.report import write_report
-from common.experiments.runs import RunResult, RunSpec, parse_assignment, parse_seeds, plan, run_state
-from common.experiments.stats import fmt_ci, mean_ci, paired_difference
-from common.experiments.sweep import load_sweep, run_sweep, shard, summary_line
+from experiments import cli
+from experiments.collect import find_runs, group_runs
+from experiments.presets import PRESETS, preset, run_config_text
+from experiments.report import write_report
+from experiments.runs import RunResult, RunSpec, parse_assignment, parse_seeds, plan, run_state
+from experiments.stats import fmt_ci, mean_ci, paired_difference
+from experiments.sweep import load_sweep, run_sweep, shard, summary_line
 from common.hparams import ConfigError
 from tests.gitrepo import one_commit_checkout
 
@@ -130,7 +130,7 @@ def test_a_sweep_runs_what_is_not_finished_and_resumes_from_checkpoints(tmp_path
 
 
 def test_a_finished_runs_resume_state_is_dropped_and_an_unfinished_runs_kept(tmp_path: Path) -> None:
-    from common.experiments.runs import drop_resume_state
+    from experiments.runs import drop_resume_state
 
     def run_folder(name: str, finished: bool) -> Path:
         folder = tmp_path / name
@@ -224,7 +224,7 @@ def test_the_report_holds_exactly_the_runs_numbers(tmp_path: Path) -> None:
 
 
 def test_a_failed_run_is_explained_by_its_own_error_line_not_flowers() -> None:
-    from common.experiments.runs import _last_error
+    from experiments.runs import _last_error
 
     output = ("\x1b[92mINFO \x1b[0m:      starting\n"
               "\x1b[91mERROR \x1b[0m:     mnist: expected train-images-idx3-ubyte.gz in /x/MNIST/raw\n"
@@ -238,7 +238,7 @@ def test_a_failed_run_is_explained_by_its_own_error_line_not_flowers() -> None:
 def test_a_kept_run_made_with_other_settings_stops_the_sweep_before_anything_runs(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from common.config import parse_run_config
-    from common.experiments.runs import changed_settings
+    from experiments.runs import changed_settings
 
     sweep = _write(tmp_path / "s.toml", "name = 's'\npreset = 'smoke'\n[[experiment]]\nname = 'a'\nlr = 0.1\n")
     _, specs = load_sweep(sweep)
@@ -264,7 +264,7 @@ def test_the_superlink_finds_flower_beside_the_interpreter_or_says_what_to_insta
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from common.experiments.superlink import LocalSuperLink
+    from experiments.superlink import LocalSuperLink
 
     monkeypatch.setenv("PATH", "/nonexistent")  # an unactivated venv: its bin/ is not on PATH
     link = LocalSuperLink(tmp_path / "home")
@@ -275,7 +275,7 @@ def test_the_superlink_finds_flower_beside_the_interpreter_or_says_what_to_insta
 
 
 def test_a_sweep_counts_kept_runs_made_with_other_code(tmp_path: Path) -> None:
-    from common.experiments.runs import record_code
+    from experiments.runs import record_code
 
     specs = _specs(3)
     for spec, commit in zip(specs, ("abc1234", "", "")):
@@ -289,7 +289,7 @@ def test_a_sweep_counts_kept_runs_made_with_other_code(tmp_path: Path) -> None:
 
 
 def test_a_run_records_its_commit_as_soon_as_its_folder_exists(tmp_path: Path) -> None:
-    from common.experiments.runs import execute, run_commits
+    from experiments.runs import execute, run_commits
 
     spec = _specs(1)[0]
     seen: list[list[str]] = []

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from common.experiments import cli
-from common.experiments.collect import Run
-from common.experiments.results import write_results
-from common.experiments.sweep import load_sweep, load_tables
-from common.experiments.tables import metric_reader
+from experiments import cli
+from experiments.collect import Run
+from experiments.results import write_results
+from experiments.sweep import load_sweep, load_tables
+from experiments.tables import metric_reader
 from common.hparams import ConfigError
 from tests.gitrepo import one_commit_checkout
 from tests.test_experiments import _fixture_run
@@ -201,8 +201,8 @@ def test_the_results_document_holds_the_runs_numbers_the_papers_and_the_order_di
 
 
 def test_each_run_records_the_commits_that_made_it_and_the_document_counts_them(tmp_path: Path) -> None:
-    from common.experiments.results import code_line
-    from common.experiments.runs import app_commit, record_code, run_commits
+    from experiments.results import code_line
+    from experiments.runs import app_commit, record_code, run_commits
 
     runs = [tmp_path / name for name in ("a", "b", "c")]
     for run in runs:
@@ -241,9 +241,9 @@ def test_the_cli_writes_the_document_and_says_how_many_runs_it_used(tmp_path: Pa
 
 
 def test_cost_ratios_pair_each_seed_with_the_baselines_run_of_that_seed(tmp_path: Path) -> None:
-    from common.experiments.collect import find_runs, group_runs
-    from common.experiments.results import _values
-    from common.experiments.tables import Column, TableSpec
+    from experiments.collect import find_runs, group_runs
+    from experiments.results import _values
+    from experiments.tables import Column, TableSpec
 
     _fixture_run(tmp_path, "base-seed0", "fedavg", 0, 0.6, 0.4, 2.0, 1e9)
     _fixture_run(tmp_path, "base-seed1", "fedavg", 1, 0.6, 0.4, 4.0, 2e9)
@@ -256,7 +256,7 @@ def test_cost_ratios_pair_each_seed_with_the_baselines_run_of_that_seed(tmp_path
 
 
 def test_a_figure_of_many_panels_wraps_into_rows_of_five() -> None:
-    from common.experiments.figures import PANELS_PER_ROW, _panels, _plt
+    from experiments.figures import PANELS_PER_ROW, _panels, _plt
 
     plt = _plt()
     for count, rows in ((3, 1), (5, 1), (7, 2), (10, 2)):

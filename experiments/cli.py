@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..hparams import ConfigError
+from common.hparams import ConfigError
 from .presets import PRESETS, preset
 from .runs import (
     RunResult,
@@ -24,7 +24,7 @@ from .runs import (
 )
 from .superlink import LocalSuperLink
 
-PROJECT = Path(__file__).resolve().parents[2]  # the Flower app: the folder holding pyproject.toml
+PROJECT = Path(__file__).resolve().parents[1]  # the Flower app: the folder holding pyproject.toml
 
 
 def _parser() -> argparse.ArgumentParser:

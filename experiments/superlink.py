@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from ..hparams import ConfigError
+from common.hparams import ConfigError
 
 
 def free_port() -> int:

@@ -8,10 +8,10 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from ..algorithms import FINETUNED, SPECS
-from ..evaluate import shift_key
-from ..hparams import ConfigError
-from ..persist import atomic_write_text
+from common.algorithms import FINETUNED, SPECS
+from common.evaluate import shift_key
+from common.hparams import ConfigError
+from common.persist import atomic_write_text
 from .collect import Group, Run, corruptions_of, find_runs, group_runs
 from .stats import fmt_ci, mean_ci, paired_difference
 

@@ -11,8 +11,8 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..hparams import ConfigError
-from ..persist import atomic_write_text
+from common.hparams import ConfigError
+from common.persist import atomic_write_text
 from .collect import Group, find_runs, group_runs
 from .report import corruption_table, domain_table, overview, paired_table, shift_table, stage_table, unseen_table
 from .runs import RunSpec, run_commits, run_state, short_commit

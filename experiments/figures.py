@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..evaluate import shift_key
+from common.evaluate import shift_key
 from .collect import Group, corruptions_of
 
 PANELS_PER_ROW = 5

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import parse_run_config
-from ..hparams import ConfigError
-from ..persist import CHECKPOINT_FILE, CLIENT_STATE_FOLDER
+from common.config import parse_run_config
+from common.hparams import ConfigError
+from common.persist import CHECKPOINT_FILE, CLIENT_STATE_FOLDER
 from .presets import Preset, run_config_text
 from .superlink import LocalSuperLink
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..hparams import ConfigError
+from common.hparams import ConfigError
 
 CORRUPT = re.compile(r"^acc-corrupt-(.+)-(\d)$")
 SEED_SUFFIX = re.compile(r"-seed(\d+)$")

@@ -7,8 +7,8 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-from ..config import RunConfig
-from ..hparams import ConfigError
+from common.config import RunConfig
+from common.hparams import ConfigError
 from .presets import preset
 from .runs import RunResult, RunSpec, changed_settings, parse_seeds, plan, run_state
 from .tables import TableSpec, parse_table

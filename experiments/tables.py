@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..hparams import ConfigError
+from common.hparams import ConfigError
 from .collect import CORRUPT, Group, Run
 
 TABLE_KEYS = {"id", "title", "source", "setting", "rows", "baseline", "columns", "paper", "sections", "figures",
@@ -72,7 +72,7 @@ def _choices(value: Any, allowed: tuple[str, ...], where: str) -> tuple[str, ...
 
 def _check_row(row: str, experiments: dict[str, str], where: str) -> None:
     """A row names an experiment, or one of the evaluation rows its algorithm reports ('+', ' (cloud model)')."""
-    from ..algorithms import SPECS
+    from common.algorithms import SPECS
 
     experiment = row_experiment(row)
     if experiment not in experiments:
@@ -168,7 +168,7 @@ def metric_reader(metric: str, prefix: str = "") -> Callable[[Run], float]:
 
 def find_row(groups: list[Group], row: str) -> tuple[Group, str] | None:
     """The group of a row name and its evaluation row's metric prefix ('' for the main row); None if not run."""
-    from ..algorithms import SPECS
+    from common.algorithms import SPECS
 
     for group in groups:
         if row == group.label:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..hparams import ConfigError
+from common.hparams import ConfigError
 
 
 @dataclass(frozen=True)
