@@ -33,10 +33,10 @@ sys.path.insert(0, str(REPO))
 
 from common.config import parse_run_config  # noqa: E402
 from common.data.federated import client_data  # noqa: E402
-from experiments.presets import run_config_text  # noqa: E402
 from common.models import build_model  # noqa: E402
 from common.seeding import derive_seed  # noqa: E402
 from common.train import TrainSettings, train  # noqa: E402
+from experiments.presets import run_config_text  # noqa: E402
 from tests.harness.local_superlink import LocalSuperLink  # noqa: E402
 
 SETTINGS = {

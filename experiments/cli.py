@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from common.hparams import ConfigError
+
 from .presets import PRESETS, preset
 from .runs import (
     RunResult,

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from common.evaluate import shift_key
+
 from .collect import Group, corruptions_of
 
 PANELS_PER_ROW = 5

@@ -12,6 +12,7 @@ from common.algorithms import FINETUNED, SPECS
 from common.evaluate import shift_key
 from common.hparams import ConfigError
 from common.persist import atomic_write_text
+
 from .collect import Group, Run, corruptions_of, find_runs, group_runs
 from .stats import fmt_ci, mean_ci, paired_difference
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from common.hparams import ConfigError
 from common.persist import atomic_write_text
+
 from .collect import Group, find_runs, group_runs
 from .report import corruption_table, domain_table, overview, paired_table, shift_table, stage_table, unseen_table
 from .runs import RunSpec, run_commits, run_state, short_commit

@@ -16,6 +16,7 @@ from typing import Any
 from common.config import parse_run_config
 from common.hparams import ConfigError
 from common.persist import CHECKPOINT_FILE, CLIENT_STATE_FOLDER
+
 from .presets import Preset, run_config_text
 from .superlink import LocalSuperLink
 

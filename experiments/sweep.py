@@ -9,6 +9,7 @@ from pathlib import Path
 
 from common.config import RunConfig
 from common.hparams import ConfigError
+
 from .presets import preset
 from .runs import RunResult, RunSpec, changed_settings, parse_seeds, plan, run_state
 from .tables import TableSpec, parse_table

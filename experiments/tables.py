@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.hparams import ConfigError
+
 from .collect import CORRUPT, Group, Run
 
 TABLE_KEYS = {"id", "title", "source", "setting", "rows", "baseline", "columns", "paper", "sections", "figures",

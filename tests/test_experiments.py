@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from common.hparams import ConfigError
 from experiments import cli
 from experiments.collect import find_runs, group_runs
 from experiments.presets import PRESETS, preset, run_config_text
@@ -17,7 +18,6 @@ from experiments.report import write_report
 from experiments.runs import RunResult, RunSpec, parse_assignment, parse_seeds, plan, run_state
 from experiments.stats import fmt_ci, mean_ci, paired_difference
 from experiments.sweep import load_sweep, run_sweep, shard, summary_line
-from common.hparams import ConfigError
 from tests.gitrepo import one_commit_checkout
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from common.hparams import ConfigError
 from experiments import cli
 from experiments.collect import Run
 from experiments.results import write_results
 from experiments.sweep import load_sweep, load_tables
 from experiments.tables import metric_reader
-from common.hparams import ConfigError
 from tests.gitrepo import one_commit_checkout
 from tests.test_experiments import _fixture_run
 
