@@ -198,6 +198,9 @@ class RunConfig:
                                "grows with one round's clients, not with all, and a resumed run continues them; "
                                "`memory`: in the simulation's memory; or a folder (absolute path). On a device the "
                                "node config's `state-dir` does this")
+    message_digests: bool = hp(False, "write the digest (Flower's content-addressed object id) of every message sent "
+                               "and every reply received to `messages.jsonl` in the run folder: two runs (on two "
+                               "engines, or at two commits) compared message by message")
     params: Any = None
     algorithm_keys: dict[str, Any] = field(default_factory=dict)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from common.hparams import ConfigError
 
+from .engines import ENGINES, make_engine
 from .presets import PRESETS, preset
 from .runs import (
     RunResult,
@@ -23,7 +23,6 @@ from .runs import (
     plan,
     run_commits,
 )
-from .superlink import LocalSuperLink
 
 PROJECT = Path(__file__).resolve().parents[1]  # the Flower app: the folder holding pyproject.toml
 
@@ -60,9 +59,19 @@ def _parser() -> argparse.ArgumentParser:
     results.add_argument("--runs", type=Path, help="its results folder (default results/<sweep name>)")
     results.add_argument("--out", type=Path, default=Path("docs/results.md"),
                          help="the markdown file; figures go to figures/ beside it (default docs/results.md)")
+    results.add_argument("--run", action="store_true", help="first run the sweep's runs that have not finished "
+                         "(as `pflower sweep` does), then write the document")
     sub.add_parser("presets", help="list the presets")
-    for command in (run, sweep):
-        command.add_argument("--app", type=Path, default=PROJECT, help="the Flower app folder (default: this project)")
+    for command, default in ((run, "simulation"), (sweep, "inprocess"), (results, "inprocess")):
+        command.add_argument("--engine", choices=ENGINES, default=None,
+                             help=f"inprocess: the server in one process, the clients on worker processes, no Flower "
+                                  f"runtime in between (fastest, for studies); simulation: `flwr run` on a private "
+                                  f"SuperLink with Flower's Ray simulation (default: the sweep file's `engine`, "
+                                  f"else {default})")
+        command.add_argument("--workers", type=int, default=0,
+                             help="inprocess: client worker processes (default: one per core)")
+        command.add_argument("--app", type=Path, default=PROJECT,
+                             help="simulation: the Flower app folder (default: this project)")
         command.add_argument("--timeout", type=float, default=86_400.0, help="seconds a run may take")
     return parser
 
@@ -81,10 +90,10 @@ def _gpu() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _run_all(specs: list[RunSpec], out: Path, app: Path, timeout: float, sweep: bool,
+def _run_all(specs: list[RunSpec], out: Path, args: argparse.Namespace, engine_name: str, sweep: bool,
              keep_state: bool = True) -> list[RunResult]:
-    """Start one private SuperLink, run the specs (a sweep: with progress and ETA), stop the SuperLink; without
-    keep_state a finished run's checkpoint and client state are deleted."""
+    """Run the specs on the engine (a sweep: with progress and ETA; a simulation on one private SuperLink, stopped
+    at the end); without keep_state a finished run's checkpoint and client state are deleted."""
     from .sweep import run_sweep
 
     gpu = _gpu()
@@ -95,13 +104,18 @@ def _run_all(specs: list[RunSpec], out: Path, app: Path, timeout: float, sweep: 
         if not quiet or "[round " in line or "ERROR" in line:
             print(("  " if quiet else "") + line, flush=True)
 
-    with tempfile.TemporaryDirectory(prefix="pflower-superlink-") as home, LocalSuperLink(Path(home)) as link:
+    engine = make_engine(engine_name, args.app, args.workers)
+    try:
         def one(spec: RunSpec) -> RunResult:
-            result = execute(link, app, spec, out, gpu, echo, timeout)
+            result = execute(engine, args.app, spec, out, gpu, echo, args.timeout)
             if not keep_state and result.status == "finished":
                 drop_resume_state(result.run_dir)
             return result
-        return run_sweep(specs, out, one, lambda text: print(text, flush=True), "sweep" if sweep else "run")
+        label = "sweep" if sweep else "run"
+        print(f"{label}: engine {engine_name}", flush=True)
+        return run_sweep(specs, out, one, lambda text: print(text, flush=True), label)
+    finally:
+        engine.close()
 
 
 def other_code_runs(specs: list[RunSpec], out: Path, app: Path) -> int:
@@ -127,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from .sweep import check_kept_runs, load_sweep, shard, summary_line
+    from .sweep import read_sweep, shard
 
     if args.command == "presets":
         for item in PRESETS.values():
@@ -139,17 +153,21 @@ def _dispatch(args: argparse.Namespace) -> int:
         path = write_report(args.runs, args.out, args.baseline)
         print(f"report: {path}")
         return 0
+    if getattr(args, "workers", 0) < 0:
+        raise ConfigError("--workers must be 0 (one per core) or more")
     if args.command == "results":
         from .results import write_results
 
-        sweep_name, _ = load_sweep(args.file)
-        runs = Path(args.runs or Path("results") / sweep_name).expanduser().resolve()
+        sweep = read_sweep(args.file)
+        runs = Path(args.runs or Path("results") / sweep.name).expanduser().resolve()
+        status = 0
+        if args.run:
+            status = _execute(args, sweep.specs, runs, args.engine or sweep.engine or "inprocess", True, False)
         command = f"pflower results {args.file}" + (f" --runs {args.runs}" if args.runs else "") + (
             f" --out {args.out}" if args.out != Path("docs/results.md") else "")
         path, done, total = write_results(args.file, runs, args.out, command)
         print(f"results: {path} ({done} of {total} runs finished)")
-        return 0
-    app = _app_dir(args.app)
+        return status
     if args.command == "run":
         chosen = preset(args.preset)
         config = dict(parse_assignment(item) for item in args.set)
@@ -159,30 +177,37 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.clients is not None and args.clients < 1:
             raise ConfigError("--clients must be at least 1")
         specs = plan(name, chosen, config, parse_seeds(args.seeds), args.clients)
-        out = Path(args.out).expanduser().resolve()
-    else:
-        sweep_name, specs = load_sweep(args.file)
-        out = Path(args.out or Path("results") / sweep_name).expanduser().resolve()
-        if args.shard:
-            specs = shard(specs, args.shard)
-        if args.list:
-            from .runs import changed_settings, run_state
+        return _execute(args, specs, Path(args.out).expanduser().resolve(), args.engine or "simulation", False, True)
+    sweep = read_sweep(args.file)
+    out = Path(args.out or Path("results") / sweep.name).expanduser().resolve()
+    specs = shard(sweep.specs, args.shard) if args.shard else sweep.specs
+    if args.list:
+        from .runs import changed_settings, run_state
 
-            for spec in specs:
-                changed = " (made with other settings: " + "; ".join(diff) + ")" if (
-                    diff := changed_settings(spec, out / spec.name)) else ""
-                print(f"{spec.name}: {run_state(out / spec.name)}{changed}")
-            return 0
+        for spec in specs:
+            changed = " (made with other settings: " + "; ".join(diff) + ")" if (
+                diff := changed_settings(spec, out / spec.name)) else ""
+            print(f"{spec.name}: {run_state(out / spec.name)}{changed}")
+        return 0
+    return _execute(args, specs, out, args.engine or sweep.engine or "inprocess", True, args.keep_state)
+
+
+def _execute(args: argparse.Namespace, specs: list[RunSpec], out: Path, engine: str, sweep: bool,
+             keep_state: bool) -> int:
+    """Run the specs into `out` on the engine, say how it went; the exit status (0: every run finished)."""
+    from .sweep import check_kept_runs, summary_line
+
+    args.app = _app_dir(args.app) if engine == "simulation" else PROJECT
     check_kept_runs(specs, out)
-    other = other_code_runs(specs, out, app)
+    other = other_code_runs(specs, out, args.app)
     if other:
-        print(f"note: {other} kept run(s) were made with other code than {app} now holds; `pflower results` lists "
-              "the commits of every run")
-    sweep = args.command == "sweep"
-    results = _run_all(specs, out, app, args.timeout, sweep, keep_state=not sweep or args.keep_state)
-    line, ok = summary_line(results, len(specs), args.command)
+        print(f"note: {other} kept run(s) were made with other code than {args.app} now holds; `pflower results` "
+              "lists the commits of every run")
+    results = _run_all(specs, out, args, engine, sweep, keep_state=keep_state)
+    label = "sweep" if sweep else "run"
+    line, ok = summary_line(results, len(specs), label)
     print(line)
-    if ok and len(specs) > 1:
+    if ok and len(specs) > 1 and args.command != "results":
         print(f"next: pflower report {out}")
     return 0 if ok else 1
 

@@ -184,7 +184,8 @@ def _machine() -> str:
 def write_results(sweep_file: Path, runs_dir: Path, out: Path, command: str | None = None) -> tuple[Path, int, int]:
     """The results document for a sweep file's tables over the finished runs in runs_dir; figures beside it in
     figures/; returns (path, finished runs, runs in the sweep)."""
-    _, specs, tables = read_sweep(sweep_file)
+    sweep = read_sweep(sweep_file)
+    specs, tables = sweep.specs, sweep.tables
     tables = check_tables(sweep_file, tables)
     finished = [s for s in specs if run_state(runs_dir / s.name) == "finished"]
     if not finished:

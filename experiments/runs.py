@@ -1,5 +1,5 @@
 """One experiment run of the CLI: its run config and folder, whether it finished, resumes or starts, and running it
-through `flwr run` on a private SuperLink."""
+on an engine (in-process, or `flwr run` on a private SuperLink)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from common.config import parse_run_config
 from common.hparams import ConfigError
 from common.persist import CHECKPOINT_FILE, CLIENT_STATE_FOLDER
 
-from .presets import Preset, run_config_text
-from .superlink import LocalSuperLink
+from .engines import FINISHED, Engine
+from .presets import Preset
 
 
 @dataclass(frozen=True)
@@ -142,10 +142,11 @@ def changed_settings(spec: RunSpec, run_dir: Path) -> list[str]:
             if was.get(key) != now.get(key)]
 
 
-def execute(link: LocalSuperLink, app_dir: Path, spec: RunSpec, out_dir: Path, gpu: bool,
+def execute(engine: Engine, app_dir: Path, spec: RunSpec, out_dir: Path, gpu: bool,
             echo: Callable[[str], None], timeout: float = 86_400.0) -> RunResult:
-    """Run `spec` into out_dir/<name> (resumed from its checkpoint when an earlier attempt stopped); the full
-    output goes to out_dir/logs/<name>.log, each line also to `echo`."""
+    """Run `spec` on `engine` into out_dir/<name> (resumed from its checkpoint when an earlier attempt stopped); the
+    full output goes to out_dir/logs/<name>.log, each line also to `echo`. `app_dir` is the code that runs (its
+    commit is recorded in the run folder)."""
     run_dir = out_dir / spec.name
     state = run_state(run_dir)
     if state == "finished":
@@ -163,6 +164,8 @@ def execute(link: LocalSuperLink, app_dir: Path, spec: RunSpec, out_dir: Path, g
     recorded = False
     started = time.monotonic()
     with log_path.open("a") as log_file:
+        log_file.write(f"# engine: {engine.name}\n")
+
         def both(line: str) -> None:
             nonlocal recorded
             log_file.write(line + "\n")
@@ -171,14 +174,14 @@ def execute(link: LocalSuperLink, app_dir: Path, spec: RunSpec, out_dir: Path, g
                 record_code(run_dir, commit)
                 recorded = True
             echo(line)
-        outcome = link.run(app_dir, run_config_text(config), spec.clients, spec.preset.cpus_per_client,
-                           timeout=timeout, echo=both, gpus_per_client=spec.preset.gpus_per_client if gpu else 0.0)
+        outcome = engine.run(config, spec.clients, timeout, both, spec.preset.cpus_per_client,
+                             spec.preset.gpus_per_client if gpu else 0.0)
     seconds = time.monotonic() - started
     if run_dir.is_dir():
         record_code(run_dir, commit)
-    if outcome.status == "finished:completed" and (run_dir / "summary.json").is_file():
+    if outcome.status == FINISHED and (run_dir / "summary.json").is_file():
         return RunResult(spec, "finished", run_dir, seconds, log_path)
-    reason = _last_error(outcome.output) or f"flwr run exited {outcome.returncode}, status {outcome.status}"
+    reason = _last_error(outcome.output) or f"the run exited {outcome.returncode}, status {outcome.status}"
     return RunResult(spec, "failed", run_dir, seconds, log_path, reason)
 
 

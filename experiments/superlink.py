@@ -174,7 +174,7 @@ class LocalSuperLink:
             done = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=timeout)
             returncode, output = done.returncode, done.stdout + done.stderr
         else:
-            returncode, output = _streamed(command, self.env, timeout, echo)
+            returncode, output = run_streamed(command, self.env, timeout, echo)
         match = re.search(r"Successfully started run (\d+)", output)
         run_id = match.group(1) if match else None
         return RunOutcome(returncode, output, run_id, self.status(run_id) if run_id else None)
@@ -206,7 +206,7 @@ class LocalSuperLink:
             time.sleep(1.0)
 
 
-def _streamed(command: list[str], env: dict[str, str], timeout: float,
+def run_streamed(command: list[str], env: dict[str, str] | None, timeout: float,
               echo: Callable[[str], None]) -> tuple[int, str]:
     """Run `command`, passing each output line to `echo` as it comes; (exit code, whole output). Past `timeout`
     seconds the process tree is stopped and the exit code is 124."""

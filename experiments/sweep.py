@@ -5,28 +5,40 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.config import RunConfig
 from common.hparams import ConfigError
 
+from .engines import check_engine
 from .presets import preset
 from .runs import RunResult, RunSpec, changed_settings, parse_seeds, plan, run_state
 from .tables import TableSpec, parse_table
 
-TOP_KEYS = {"name", "preset", "seeds", "defaults", "groups", "experiment", "table"}  # table: `pflower results`
+TOP_KEYS = {"name", "preset", "seeds", "engine", "defaults", "groups", "experiment", "table"}  # table: results
 EXPERIMENT_KEYS = {"name", "preset", "seeds", "clients", "group"}  # besides run-config keys
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A sweep file read: its name, runs, [[table]] entries and the engine it asks for (None: the CLI's default)."""
+
+    name: str
+    specs: list[RunSpec]
+    tables: list[TableSpec]
+    engine: str | None = None
 
 
 def load_sweep(path: Path) -> tuple[str, list[RunSpec]]:
     """The sweep's name and its runs in order (experiments x seeds), every run config checked up front."""
-    name, specs, _ = read_sweep(path)
-    return name, specs
+    sweep = read_sweep(path)
+    return sweep.name, sweep.specs
 
 
-def read_sweep(path: Path) -> tuple[str, list[RunSpec], list[TableSpec]]:
-    """The sweep's name, its runs and its [[table]] entries, each table's rows checked against the experiments
-    and the evaluation rows of their algorithms."""
+def read_sweep(path: Path) -> Sweep:
+    """The sweep's name, its runs, its [[table]] entries (each table's rows checked against the experiments and the
+    evaluation rows of their algorithms) and its engine."""
     try:
         raw = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -65,12 +77,15 @@ def read_sweep(path: Path) -> tuple[str, list[RunSpec], list[TableSpec]]:
         algorithms[name] = str(config.get("algorithm", RunConfig().algorithm))
     tables = [parse_table(table, algorithms, f"sweep file {path}: table {index}")
               for index, table in enumerate(raw.get("table", []), start=1)]
-    return str(raw.get("name", Path(path).stem)), specs, tables
+    engine = raw.get("engine")
+    if engine is not None:
+        engine = check_engine(str(engine))
+    return Sweep(str(raw.get("name", Path(path).stem)), specs, tables, engine)
 
 
 def load_tables(path: Path) -> list[TableSpec]:
     """The [[table]] entries of a sweep file, in order (ConfigError when it has none)."""
-    return check_tables(path, read_sweep(path)[2])
+    return check_tables(path, read_sweep(path).tables)
 
 
 def check_tables(path: Path, tables: list[TableSpec]) -> list[TableSpec]:

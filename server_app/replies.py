@@ -96,12 +96,15 @@ class RoundLog:
     eval: dict[str, Any] | None = None
     unseen: dict[str, Any] | None = None  # the held-out clients' evaluation (newcomers), when the run has them
     aggregate_s: float | None = None  # server time of the round's aggregation
+    digests: list[dict[str, Any]] | None = None  # run-config message-digests: one entry per message (else None)
 
-    def add_bytes(self, kind: str, partition_id: int, num_bytes: int) -> None:
-        """Count bytes of one message, in total and for its client."""
+    def add_bytes(self, kind: str, partition_id: int, num_bytes: int, digest: str = "") -> None:
+        """Count bytes of one message, in total and for its client (and keep its digest when digests are kept)."""
         self.bytes[kind] += num_bytes
         per = self.per_client_bytes.setdefault(partition_id, {"down": 0, "up": 0})
         per["down" if kind.endswith("down") else "up"] += num_bytes
+        if self.digests is not None and digest:
+            self.digests.append({"kind": kind, "client": partition_id, "digest": digest})
 
 
 def parse_eval_metrics(metrics: Mapping[str, Any] | None, degrees: tuple[float, ...],

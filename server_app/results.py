@@ -88,19 +88,30 @@ class ResultsWriter:
         self.records: list[dict[str, Any]] = []
         atomic_write_text(run_dir / "config.json", json.dumps(config, indent=2, sort_keys=True))
         self._metrics = run_dir / "metrics.jsonl"
+        self._digests = run_dir / "messages.jsonl"
         if not resume:
             self._metrics.write_text("")
+            self._digests.unlink(missing_ok=True)
 
     def restart_from(self, records: list[dict[str, Any]]) -> None:
-        """Continue after the given rounds (a checkpoint's): metrics.jsonl is rewritten to hold just them."""
+        """Continue after the given rounds (a checkpoint's): metrics.jsonl is rewritten to hold just them, and
+        messages.jsonl (when the run keeps digests) just theirs."""
         self.records = list(records)
         atomic_write_text(self._metrics, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+        if self._digests.is_file():
+            last = records[-1]["round"] if records else 0
+            kept = [line for line in self._digests.read_text().splitlines()
+                    if line.strip() and json.loads(line)["round"] <= last]
+            atomic_write_text(self._digests, "".join(line + "\n" for line in kept))
 
-    def add_round(self, record: dict[str, Any]) -> None:
-        """Append one round's record to metrics.jsonl (flushed)."""
+    def add_round(self, record: dict[str, Any], digests: list[dict[str, Any]] | None = None) -> None:
+        """Append one round's record to metrics.jsonl (flushed), and its messages' digests to messages.jsonl."""
         self.records.append(record)
         with self._metrics.open("a") as fh:
             fh.write(json.dumps(record, sort_keys=True) + "\n")
+        if digests is not None:
+            with self._digests.open("a") as fh:
+                fh.writelines(json.dumps({"round": record["round"], **d}, sort_keys=True) + "\n" for d in digests)
 
     def finish(self, info: dict[str, Any], artifacts: dict[str, np.ndarray] | None = None) -> Path:
         """Write summary.md, the plots and the algorithm's artifacts.npz; return the summary's absolute path."""

@@ -1,16 +1,20 @@
-"""The round runner, the project's Flower Strategy: handshake, rounds, per-client messages and their bytes, reply
-checks, simulated faults, checkpoints, progress. What an algorithm does lives in its hooks (strategies/)."""
+"""The round runner: handshake, rounds, per-client messages and their bytes, reply checks, simulated faults,
+checkpoints, progress. What an algorithm does lives in its hooks (strategies/).
+
+It drives Flower's Grid itself and does not subclass Flower's `Strategy`: `Strategy.start()` is one fixed loop
+(configure, send and wait for all, aggregate, evaluate) that has no handshake, no nodes joining or taking a
+partition over mid-run, no replies checked and folded as they arrive, no windows of messages, no pre-training
+round, no held-out clients and no checkpoints; a subclass whose `start()` could not run a single one of our
+algorithms correctly would break that contract rather than honour it."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable
 from logging import INFO, WARNING
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 
 from common import profiling
@@ -36,10 +40,10 @@ from .replies import (
 from .results import ResultsWriter, progress_text, round_record, settings_text
 from .strategies.base import PFLStrategy
 from .warmup import pretrain_round
-from .wire import SizeCache, count_wire_bytes
+from .wire import SizeCache, content_digest, count_wire_bytes
 
 
-class RoundRunner(Strategy):
+class RoundRunner:
     """Drives one algorithm's hooks through a run on Flower's Grid and records every round."""
 
     def __init__(self, cfg: RunConfig, strategy: PFLStrategy, clients: ClientRegistry,
@@ -50,7 +54,7 @@ class RoundRunner(Strategy):
         self.resume_from = resume_from
         self.checkpoint_round = 0  # last round whose checkpoint was written
         self.resumes: list[int] = []  # rounds after which earlier runs of this folder stopped and were resumed
-        self.round_log = RoundLog()
+        self.round_log = self.new_round_log()
         self._size_cache: SizeCache = {}
         self._late: set[int] = set()  # simulated stragglers of the training round in progress
         self._limits = ReplyLimits.for_model(strategy.specs)
@@ -94,19 +98,17 @@ class RoundRunner(Strategy):
         contents = self.message_contents(server_round, partition_ids, message_type, newcomers)
         messages = [Message(content=content, dst_node_id=self.clients[pid].node_id, message_type=message_type)
                     for pid, content in zip(partition_ids, contents)]
-        for pid, size in zip(partition_ids, count_wire_bytes(messages, self._size_cache)):
-            self.round_log.add_bytes(kind, pid, size)
+        for pid, size, msg in zip(partition_ids, count_wire_bytes(messages, self._size_cache), messages):
+            self.round_log.add_bytes(kind, pid, size, self.digest(msg))
         return messages
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
-        """One training message per sampled client."""
-        return self.messages(server_round, self.strategy.sample(server_round), MessageType.TRAIN, "train_down")
+    def new_round_log(self) -> RoundLog:
+        """Empty counters for a round (with a list for the messages' digests when run-config message-digests)."""
+        return RoundLog(digests=[] if self.cfg.message_digests else None)
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
-        """One evaluation message per evaluated client."""
-        return self.messages(server_round, self.strategy.eval_clients(server_round), MessageType.EVALUATE, "eval_down")
+    def digest(self, msg: Message) -> str:
+        """The message's content digest when the run keeps digests ('' otherwise: no work)."""
+        return content_digest(msg) if self.round_log.digests is not None else ""
 
     # ----- replies ---------------------------------------------------------------------------------------
     @profiling.timed("check")
@@ -131,6 +133,7 @@ class RoundRunner(Strategy):
             self.strategy.on_client_reply(server_round, pid, not msg.has_error())
             if msg.has_error():
                 log(WARNING, "client %d (node %s) failed: %s", pid, node, msg.error.reason)
+                self.round_log.add_bytes(kind, pid, 0, self.digest(msg))
                 failed += 1
                 continue
             try:  # before counting its bytes: that re-serializes it
@@ -139,7 +142,7 @@ class RoundRunner(Strategy):
                 log(WARNING, "client %d: reply refused before decoding: %s", pid, exc)
                 oversized += 1
                 continue
-            self.round_log.add_bytes(kind, pid, count_wire_bytes([msg], self._size_cache)[0])
+            self.round_log.add_bytes(kind, pid, count_wire_bytes([msg], self._size_cache)[0], self.digest(msg))
             good.append((pid, msg))
         return sorted(good, key=lambda item: item[0]), failed, oversized
 
@@ -162,8 +165,7 @@ class RoundRunner(Strategy):
                         log(WARNING, "client %d: %s reply rejected: %s", pid, what, exc)
         return sorted(accepted, key=lambda r: r.partition_id), failed, rejected
 
-    def aggregate_train(self, server_round: int,
-                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> None:
         """Validate replies (as they arrive), aggregate the accepted ones, record the counts."""
         accepted, failed, rejected = self.accept_train_replies(server_round, replies)
         train, started = self.round_log.train, time.perf_counter()
@@ -180,9 +182,8 @@ class RoundRunner(Strategy):
                      clients=[r.partition_id for r in accepted], **fields)
         if stage_rows := [r.stages for r in accepted if r.stages]:
             train["stages"] = summarize_stages(stage_rows, self.cfg.rho_eps)
-        return None, MetricRecord({"train-loss": loss if accepted else 0.0, "used": len(accepted)})
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> None:
         """Per-client accuracies at every shift degree (and the algorithm's extra rows); mean and std."""
         good, failed, oversized = self.sort_replies(server_round, replies, "eval_up")
         with profiling.timer("aggregate"):
@@ -190,12 +191,6 @@ class RoundRunner(Strategy):
                                                    lambda m: self.strategy.eval_metrics(server_round, m),
                                                    required=shifted_metric_keys(self.cfg))
             self.round_log.eval = eval_statistics(per_client, failed + oversized + rejected) if per_client else None
-        means = self.round_log.eval["mean"] if self.round_log.eval else None
-        return None if means is None else MetricRecord({k: v for k, v in means.items() if math.isfinite(v)})
-
-    def summary(self) -> None:
-        """Log the run's settings."""
-        log(INFO, "%s", settings_text(self.cfg, len(self.clients)))
 
     # ----- the run ---------------------------------------------------------------------------------------
     def should_evaluate(self, server_round: int) -> bool:
@@ -220,7 +215,7 @@ class RoundRunner(Strategy):
             self.checkpoint_round = self.resume_from.round
             log(INFO, "resumed after round %d of %d from its checkpoint", self.checkpoint_round, self.cfg.num_rounds)
             first, elapsed_before = self.resume_from.round + 1, self.resume_from.elapsed_s
-        self.summary()
+        log(INFO, "%s", settings_text(self.cfg, len(self.clients)))
         start = time.monotonic() - elapsed_before
         for rnd in range(first, self.cfg.num_rounds + 1):
             with profiling.record("server", round=rnd):
@@ -229,13 +224,13 @@ class RoundRunner(Strategy):
     def run_round(self, grid: Grid, rnd: int, refresh: bool, start: float) -> None:
         """One round: re-handshake joiners, (warm up,) train, aggregate, evaluate, record, checkpoint, progress."""
         t0, timeout = time.monotonic(), self.cfg.round_timeout
-        self.round_log, self._size_cache = RoundLog(), {}
+        self.round_log, self._size_cache = self.new_round_log(), {}
         if refresh:
             for pid in self.clients.refresh(grid, timeout):
                 self.strategy.on_client_replaced(rnd, pid)
         if rnd == 1 and self.strategy.warmup_round():
             pretrain_round(self, grid)
-        messages = list(self.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid))
+        messages = self.messages(rnd, self.strategy.sample(rnd), MessageType.TRAIN, "train_down")
         self.aggregate_train(rnd, stream_replies(grid, messages, timeout) if messages else [])
         self.round_log.train["sent"] = len(messages)
         if self.should_evaluate(rnd):
@@ -245,6 +240,6 @@ class RoundRunner(Strategy):
         elapsed = time.monotonic() - start
         record = round_record(rnd, time.monotonic() - t0, elapsed, self.round_log, self.strategy.round_record(rnd))
         if self.writer is not None:
-            self.writer.add_round(record)
+            self.writer.add_round(record, self.round_log.digests)
         self.write_checkpoint(rnd, elapsed)
         log(INFO, "%s", progress_text(record, self.cfg.num_rounds, self.cfg.shift_degrees, elapsed))

@@ -1,4 +1,4 @@
-"""Bytes on the wire: the size of a Message as Flower serializes it for transport."""
+"""Bytes on the wire: the size of a Message as Flower serializes it for transport, and a digest of what it carries."""
 
 from __future__ import annotations
 
@@ -67,3 +67,13 @@ def release_chunks(message: Message | RecordDict) -> None:
     for record in content.array_records.values():
         for array in record.values():
             array.__dict__.pop("_chunks", None)
+
+
+def content_digest(message: Message) -> str:
+    """What a message carries, as one hash: its content's object id (Flower's sha256 over the serialized records,
+    arrays and chunks; computed once and kept while the content is unchanged), or for an error reply its error code
+    (its reason names the runtime's processes: Ray's actor and pid differ from run to run). Metadata (ids,
+    times) is left out: two runs that send the same things give the same digests."""
+    if message.has_content():
+        return str(message.content.object_id)
+    return f"error:{message.error.code}"

@@ -1,0 +1,7 @@
+"""`python -m experiments.engine`: one run on the in-process engine (see serve.py)."""
+
+import sys
+
+from .serve import main
+
+sys.exit(main())

@@ -1,0 +1,178 @@
+"""The in-process engine's Grid: Flower's Grid interface over a pool of worker processes instead of a SuperLink and
+SuperNodes. Every message is serialized into Flower's objects on the way out and on the way back (as on the wire),
+each node's context state travels with its messages, and replies are pulled as they finish, so the round runner
+works on it unchanged."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import time
+from collections.abc import Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from logging import ERROR
+from typing import Any
+from uuid import uuid4
+
+from flwr.app import Message, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.serverapp import Grid
+from flwr.supercore import log
+from flwr.supercore.run import Run
+
+from . import worker
+from .transport import Packed, pack, unpack_message
+from .worker import Outcome, Task
+
+PULL_WAIT_S = 0.05  # how long a pull waits for the first reply when none is ready (the runner's pull interval)
+MAX_RESTARTS = 3  # worker pools replaced before the run is given up
+FIRST_NODE_ID = 1_000  # node ids are FIRST_NODE_ID + partition id: readable in logs, never Flower's own id 1
+
+
+class InProcessGrid(Grid):
+    """`num_nodes` simulated nodes (partition ids 0..num_nodes-1) answered by `workers` worker processes, each
+    running the ClientApp on `threads` torch threads."""
+
+    def __init__(self, run_config: dict[str, Any], num_nodes: int, workers: int, threads: int = 1,
+                 run_id: int = 1, log_level: int = logging.INFO) -> None:
+        self._run = Run.create_empty(run_id)
+        self._run_config = dict(run_config)
+        self._workers, self._threads, self._log_level = workers, threads, log_level
+        self.node_config = {FIRST_NODE_ID + pid: {"partition-id": pid, "num-partitions": num_nodes}
+                            for pid in range(num_nodes)}
+        self.states: dict[int, Packed] = {}  # node -> its context state, serialized (absent: empty)
+        self._pending: dict[str, tuple[int, Message, Future[Outcome]]] = {}  # message id -> node, message, future
+        self._ready: dict[str, Message] = {}  # replies collected but not pulled yet
+        self._latest: dict[int, str] = {}  # node -> the id of its latest message still pending
+        self.clientapp_seconds = 0.0  # time the ClientApps took, summed over messages
+        self.bytes_moved = 0  # serialized bytes of messages and replies (states aside)
+        self.restarts = 0  # pools replaced after a worker died
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        # spawn: a fresh interpreter per worker (no forked torch or thread state), started once for the run
+        return ProcessPoolExecutor(max_workers=self._workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=worker.start,
+                                   initargs=(self._run_config, self._threads, self._log_level))
+
+    # ----- Grid ----------------------------------------------------------------------------------------------
+    def set_run(self, run: Run) -> None:
+        """Set the run this grid serves."""
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        """The run this grid serves."""
+        return self._run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:
+        """A new message (Flower deprecates this in favour of the Message constructor)."""
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        """The simulated nodes' ids."""
+        return list(self.node_config)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Hand each message to the pool; returns their ids. A message to an unknown node gets an error reply."""
+        ids = []
+        for msg in messages:
+            message_id = str(uuid4())
+            meta = msg.metadata.__dict__
+            meta["_message_id"], meta["_run_id"], meta["_src_node_id"] = message_id, self._run.run_id, SUPERLINK_NODE_ID
+            node = msg.metadata.dst_node_id
+            ids.append(message_id)
+            if node not in self.node_config:
+                self._ready[message_id] = _error(msg, f"node {node} is not a node of this run")
+                continue
+            if node in self._latest:  # its earlier message must finish first: its state goes into this one
+                self._collect(self._latest[node])
+            packed = pack(msg)
+            self.bytes_moved += packed.num_bytes
+            task = Task(self._run.run_id, node, self.node_config[node], message_id, packed, self.states.get(node))
+            self._pending[message_id] = (node, msg, self._pool.submit(worker.answer, task))
+            self._latest[node] = message_id
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """The replies that are ready among `message_ids`; when none is, wait up to PULL_WAIT_S for the first."""
+        wanted = list(message_ids)
+        if not any(mid in self._ready or (mid in self._pending and self._pending[mid][2].done()) for mid in wanted):
+            futures = [self._pending[mid][2] for mid in wanted if mid in self._pending]
+            if futures:
+                wait(futures, timeout=PULL_WAIT_S, return_when=FIRST_COMPLETED)
+        for mid in wanted:
+            if mid in self._pending and self._pending[mid][2].done():
+                self._collect(mid)
+        return [self._ready.pop(mid) for mid in wanted if mid in self._ready]
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """Push the messages and pull their replies until all came or `timeout` seconds passed."""
+        pending = set(self.push_messages(messages))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        replies: list[Message] = []
+        while pending and (deadline is None or time.monotonic() < deadline):
+            got = list(self.pull_messages(pending))
+            pending.difference_update(r.metadata.reply_to_message_id for r in got)
+            replies.extend(got)
+        return replies
+
+    # ----- replies -------------------------------------------------------------------------------------------
+    def _collect(self, message_id: str) -> None:
+        """Wait for a pending message's outcome; keep its node's new state and its reply (an error reply when the
+        worker could not answer: it died, or the outcome could not be sent back)."""
+        node, msg, future = self._pending.pop(message_id)
+        if self._latest.get(node) == message_id:
+            del self._latest[node]
+        try:
+            outcome = future.result()
+        except Exception as exc:  # the pool broke (a worker killed, e.g. out of memory) or a transfer failed
+            log(ERROR, "node %s: no reply from its worker process: %s: %s", node, type(exc).__name__, exc)
+            self._ready[message_id] = _error(msg, f"worker process failed: {type(exc).__name__}: {exc}")
+            self._restart_if_broken()
+            return
+        self.clientapp_seconds += outcome.seconds
+        self.bytes_moved += outcome.reply.num_bytes
+        if outcome.state is None:
+            self.states.pop(node, None)
+        else:
+            self.states[node] = outcome.state
+        self._ready[message_id] = unpack_message(outcome.reply, str(uuid4()))
+
+    def _restart_if_broken(self) -> None:
+        """A pool whose worker died refuses all work: replace it (messages in flight get error replies); give the
+        run up when workers keep dying (they cannot start, or every client runs out of memory)."""
+        from concurrent.futures.process import BrokenProcessPool
+
+        from server_app.clients import RunAborted
+
+        try:
+            self._pool.submit(int).result()
+        except BrokenProcessPool:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self.restarts += 1
+            if self.restarts > MAX_RESTARTS:
+                raise RunAborted(f"the worker processes died {self.restarts} times (out of memory? see the errors "
+                                 "above); giving the run up") from None
+            self._pool = self._new_pool()
+
+    def close(self) -> None:
+        """Stop the worker processes."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> InProcessGrid:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _error(msg: Message, reason: str) -> Message:
+    """An error reply to `msg`, as the SuperLink sends for a message no node answered."""
+    from flwr.app import Error
+    from flwr.common.constant import ErrorCode
+
+    reply = Message(Error(code=ErrorCode.UNKNOWN, reason=reason), reply_to=msg)
+    reply.metadata.__dict__["_message_id"] = str(uuid4())
+    return reply

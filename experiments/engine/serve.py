@@ -1,0 +1,85 @@
+"""One run on the in-process engine: this process runs the ServerApp (the same `server_app.app.main` that `flwr run`
+starts), a pool of worker processes runs the ClientApp for the simulated nodes.
+
+    python -m experiments.engine --run-config '{"algorithm": "dmpfl", ...}' --clients 100 [--workers 2]
+
+Exit status 0 when the run finished, 1 when it failed (the reason in one ERROR line), 2 for bad arguments."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from logging import ERROR, INFO
+from typing import Any
+
+from flwr.app import Context, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.supercore import log
+from flwr.supercore.task_identity import TaskIdentity
+
+from common.config import ConfigError, parse_run_config
+
+from .grid import InProcessGrid
+
+
+def available_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def default_workers(clients: int, threads: int) -> int:
+    """One worker per core (each on `threads` threads), never more than there are clients."""
+    return max(1, min(clients, available_cores() // max(1, threads)))
+
+
+def serve(run_config: dict[str, Any], clients: int, workers: int = 0) -> bool:
+    """Run the ServerApp on an in-process grid of `clients` nodes; True when the run finished (its summary written),
+    False when it failed (already explained in the log)."""
+    from server_app.app import RunFailed
+    from server_app.app import main as server_main
+
+    try:
+        cfg = parse_run_config(run_config)
+    except ConfigError as exc:
+        log(ERROR, "%s", exc)
+        return False
+    workers = workers or default_workers(clients, cfg.client_threads)
+    log(INFO, "in-process engine: %d simulated clients on %d worker process(es), %d thread(s) each, device %s",
+        clients, workers, cfg.client_threads, cfg.device)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1  # messages need them
+    context = Context(run_id=1, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
+                      run_config=dict(run_config))
+    with InProcessGrid(run_config, clients, workers, cfg.client_threads,
+                       log_level=logging.getLogger("flwr").level) as grid:
+        try:
+            server_main(grid, context)
+        except RunFailed:
+            return False
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the arguments, run, and give the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.engine", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-config", required=True, help="the run config as a JSON object")
+    parser.add_argument("--clients", type=int, required=True, help="simulated clients (nodes)")
+    parser.add_argument("--workers", type=int, default=0, help="worker processes (default: one per core)")
+    args = parser.parse_args(argv)
+    try:
+        run_config = json.loads(args.run_config)
+    except ValueError as exc:
+        parser.error(f"--run-config is not JSON: {exc}")
+    if not isinstance(run_config, dict):
+        parser.error("--run-config must be a JSON object")
+    if args.clients < 1 or args.workers < 0:
+        parser.error("--clients must be at least 1 and --workers at least 0")
+    return 0 if serve(run_config, args.clients, args.workers) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
