@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .aggregate import blocks, flat, weighted_sum
 from .codec import decode_model, encode_model, mask_digest, pack_mask, unpack_mask
 from .evaluate import entropy
 from .masked_ops import gather, keep, scatter, select
@@ -157,18 +158,25 @@ def aggregate_masked(w_g: np.ndarray, weights: Sequence[np.ndarray], masks: Sequ
                      sizes: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     """Eq. 5 for one layer: on the union of the masks, sum_c |D_c| w_c m_c / sum_c |D_c| m_c; elsewhere the old w_g.
 
-    Returns (new w_g, vote counts = number of client masks holding each position).
-    """
-    numerator = np.zeros(w_g.shape, np.float64)
-    denominator = np.zeros(w_g.shape, np.float64)
-    votes = np.zeros(w_g.shape, np.int64)
-    for w_c, m_c, size in zip(weights, masks, sizes, strict=True):
-        numerator += size * keep(m_c, w_c)
-        denominator += size * m_c
-        votes += m_c
-    covered = denominator > 0
-    out = np.where(covered, numerator / np.where(covered, denominator, 1.0), w_g)
-    return out.astype(np.float32), votes
+    Returns (new w_g, vote counts = number of client masks holding each position). Accumulated in client order a
+    cache-sized block of positions at a time (the same bits as whole-layer sums, without a trip to memory for
+    every client)."""
+    old = flat(w_g)
+    flat_weights, flat_masks = [flat(w) for w in weights], [flat(m) for m in masks]
+    out = np.empty(old.size, np.float32)
+    votes = np.empty(old.size, np.int64)
+    for part in blocks(old.size):
+        numerator = np.zeros(part.stop - part.start, np.float64)
+        denominator = np.zeros_like(numerator)
+        count = np.zeros(part.stop - part.start, np.int64)
+        for w_c, m_c, size in zip(flat_weights, flat_masks, sizes, strict=True):
+            numerator += size * keep(m_c[part], w_c[part])
+            denominator += size * m_c[part]
+            count += m_c[part]
+        covered = denominator > 0
+        out[part] = np.where(covered, numerator / np.where(covered, denominator, 1.0), old[part])
+        votes[part] = count
+    return out.reshape(w_g.shape), votes.reshape(w_g.shape)
 
 
 def select_global_mask(w_g: np.ndarray, votes: np.ndarray, num_received: int, density: float,
@@ -197,11 +205,7 @@ def aggregate_round(w_g: Mapping[str, np.ndarray], replies: Sequence[tuple[Mappi
             new_w[name], votes = aggregate_masked(old, weights, [m[name] for _, m, _ in replies], sizes)
             new_m[name] = select_global_mask(new_w[name], votes, len(replies), densities[name], min_vote_fraction)
         else:
-            total = float(sum(sizes))
-            summed = np.zeros(old.shape, np.float64)
-            for size, weight in zip(sizes, weights):
-                summed += size * weight.astype(np.float64)
-            new_w[name] = (summed / total).astype(np.float32)
+            new_w[name] = (weighted_sum(weights, sizes) / float(sum(sizes))).astype(np.float32)
     return new_w, new_m
 
 

@@ -199,14 +199,24 @@ def topk_mask(values: torch.Tensor, density: float, eligible: torch.Tensor | Non
     return out.reshape(values.shape)
 
 
-def mask_overlap(masks: list[dict[str, np.ndarray]]) -> np.ndarray:
-    """Pairwise intersection over union of clients' masks (all layers together): a symmetric matrix, 1 on the
-    diagonal (also for an empty mask)."""
-    flat = [np.concatenate([np.asarray(m[name], dtype=bool).ravel() for name in sorted(m)]) for m in masks]
-    n = len(flat)
+def packed_masks(masks: Mapping[str, np.ndarray]) -> np.ndarray:
+    """One client's masks (all layers, in name order) as one packed bit array: what mask_overlap compares."""
+    return np.packbits(np.concatenate([np.asarray(masks[name], dtype=bool).ravel() for name in sorted(masks)]))
+
+
+def overlap_of_packed(packed: list[np.ndarray]) -> np.ndarray:
+    """Pairwise intersection over union of packed masks (packed_masks): a symmetric matrix, 1 on the diagonal (also
+    for an empty mask); popcounts of the packed bytes, 8 positions a byte."""
+    n = len(packed)
     iou = np.eye(n)
     for i in range(n):
         for j in range(i + 1, n):
-            union = np.count_nonzero(flat[i] | flat[j])
-            iou[i, j] = iou[j, i] = np.count_nonzero(flat[i] & flat[j]) / union if union else 1.0
+            union = int(np.bitwise_count(packed[i] | packed[j]).sum())
+            iou[i, j] = iou[j, i] = int(np.bitwise_count(packed[i] & packed[j]).sum()) / union if union else 1.0
     return iou
+
+
+def mask_overlap(masks: list[dict[str, np.ndarray]]) -> np.ndarray:
+    """Pairwise intersection over union of clients' masks (all layers together): a symmetric matrix, 1 on the
+    diagonal (also for an empty mask)."""
+    return overlap_of_packed([packed_masks(m) for m in masks])

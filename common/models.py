@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -201,7 +202,11 @@ def set_arrays(model: nn.Module, arrays: list[np.ndarray]) -> None:
     keys = list(model.state_dict().keys())
     if len(keys) != len(arrays):
         raise ValueError(f"expected {len(keys)} arrays, got {len(arrays)}")
-    model.load_state_dict({k: torch.from_numpy(np.asarray(a)) for k, a in zip(keys, arrays)}, strict=True)
+    with warnings.catch_warnings():
+        # received arrays are read-only views of the message's bytes; load_state_dict only reads them (it copies
+        # into the model's own tensors), so torch's warning about tensors over non-writable memory does not apply
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        model.load_state_dict({k: torch.from_numpy(np.asarray(a)) for k, a in zip(keys, arrays)}, strict=True)
 
 
 def array_specs(model: nn.Module) -> list[tuple[str, tuple[int, ...]]]:

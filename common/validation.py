@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.lib import format as npy_format
 
 
 class PayloadError(ValueError):
@@ -29,7 +31,7 @@ def validate_arrays(arrays: Mapping[str, Any] | None, specs: Sequence[tuple[str,
 
     Checks: record present, exactly the expected keys, numpy serialization, declared and actual dtype
     (float32 unless told) and shape equal to the model's, all values finite and below `max_abs` in magnitude.
-    Arrays are decoded by numpy with pickling disabled.
+    Arrays are decoded in place (read-only views of the received bytes), never with pickle.
     """
     if arrays is None:
         raise PayloadError("missing 'arrays' record")
@@ -49,7 +51,7 @@ def validate_arrays(arrays: Mapping[str, Any] | None, specs: Sequence[tuple[str,
         if tuple(getattr(item, "shape", ())) != tuple(shape):
             raise PayloadError(f"array '{name}' declares shape {tuple(getattr(item, 'shape', ()))}, expected {shape}")
         try:
-            value = item.numpy()  # np.load(..., allow_pickle=False): object arrays are refused
+            value = decode_npy(item.data)  # in place, no pickle: object arrays are refused
         except Exception as exc:
             raise PayloadError(f"array '{name}' does not decode: {exc}") from None
         if value.dtype != np.dtype(dtype) or value.shape != tuple(shape):
@@ -57,6 +59,27 @@ def validate_arrays(arrays: Mapping[str, Any] | None, specs: Sequence[tuple[str,
         check_values(f"array '{name}'", value, max_abs)
         out.append(value)
     return out
+
+
+def decode_npy(data: bytes) -> np.ndarray:
+    """An array serialized in numpy's .npy format, read in place: a read-only view of `data`, no copy. Object
+    dtypes (which would need pickle) and truncated data are refused with a ValueError."""
+    stream = io.BytesIO(data)
+    version = npy_format.read_magic(stream)
+    if version == (1, 0):
+        shape, fortran, dtype = npy_format.read_array_header_1_0(stream)
+    elif version == (2, 0):
+        shape, fortran, dtype = npy_format.read_array_header_2_0(stream)
+    else:
+        raise ValueError(f"unsupported .npy version {version}")
+    if dtype.hasobject:
+        raise ValueError("object arrays are refused (they would need pickle)")
+    count = int(np.prod(shape, dtype=np.int64))
+    offset = stream.tell()
+    if len(data) - offset != count * dtype.itemsize:
+        raise ValueError(f"{len(data) - offset} data bytes for {count} values of {dtype}")
+    values = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
+    return values.reshape(shape, order="F" if fortran else "C")
 
 
 def check_values(label: str, values: np.ndarray, max_abs: float) -> None:
@@ -80,7 +103,7 @@ def record_to_numpy(arrays: Mapping[str, Any] | None, max_arrays: int = 10_000) 
         if getattr(item, "stype", None) != "numpy.ndarray":
             raise PayloadError(f"array '{name}' has serialization {getattr(item, 'stype', None)!r}, not numpy")
         try:
-            out[name] = item.numpy()
+            out[name] = decode_npy(item.data)
         except Exception as exc:
             raise PayloadError(f"array '{name}' does not decode: {exc}") from None
     return out

@@ -40,7 +40,7 @@ from .replies import (
 from .results import ResultsWriter, progress_text, round_record, settings_text
 from .strategies.base import PFLStrategy
 from .warmup import pretrain_round
-from .wire import SizeCache, content_digest, count_wire_bytes
+from .wire import content_digest, count_wire_bytes, wire_bytes
 
 
 class RoundRunner:
@@ -55,7 +55,6 @@ class RoundRunner:
         self.checkpoint_round = 0  # last round whose checkpoint was written
         self.resumes: list[int] = []  # rounds after which earlier runs of this folder stopped and were resumed
         self.round_log = self.new_round_log()
-        self._size_cache: SizeCache = {}
         self._late: set[int] = set()  # simulated stragglers of the training round in progress
         self._limits = ReplyLimits.for_model(strategy.specs)
         self._expected: dict[int, dict[str, int]] = {}  # per client: the round (and phase) its reply must name
@@ -98,7 +97,7 @@ class RoundRunner:
         contents = self.message_contents(server_round, partition_ids, message_type, newcomers)
         messages = [Message(content=content, dst_node_id=self.clients[pid].node_id, message_type=message_type)
                     for pid, content in zip(partition_ids, contents)]
-        for pid, size, msg in zip(partition_ids, count_wire_bytes(messages, self._size_cache), messages):
+        for pid, size, msg in zip(partition_ids, count_wire_bytes(messages), messages):
             self.round_log.add_bytes(kind, pid, size, self.digest(msg))
         return messages
 
@@ -142,7 +141,7 @@ class RoundRunner:
                 log(WARNING, "client %d: reply refused before decoding: %s", pid, exc)
                 oversized += 1
                 continue
-            self.round_log.add_bytes(kind, pid, count_wire_bytes([msg], self._size_cache)[0], self.digest(msg))
+            self.round_log.add_bytes(kind, pid, wire_bytes(msg), self.digest(msg))
             good.append((pid, msg))
         return sorted(good, key=lambda item: item[0]), failed, oversized
 
@@ -224,7 +223,7 @@ class RoundRunner:
     def run_round(self, grid: Grid, rnd: int, refresh: bool, start: float) -> None:
         """One round: re-handshake joiners, (warm up,) train, aggregate, evaluate, record, checkpoint, progress."""
         t0, timeout = time.monotonic(), self.cfg.round_timeout
-        self.round_log, self._size_cache = self.new_round_log(), {}
+        self.round_log = self.new_round_log()
         if refresh:
             for pid in self.clients.refresh(grid, timeout):
                 self.strategy.on_client_replaced(rnd, pid)

@@ -4,42 +4,26 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
-from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.supercore.task_identity import TaskIdentity
 
 from common.records import to_record
 
 
-@dataclass
-class _Meta:
-    src_node_id: int
-
-
-@dataclass
-class _Error:
-    reason: str
-
-
-class FakeReply:
-    """Quacks like a reply Message: metadata.src_node_id, has_error(), error, content, and an object tree."""
-
-    def __init__(self, node_id: int, content: RecordDict | None = None, error: str | None = None) -> None:
-        self.metadata = _Meta(node_id)
-        self.content = content if content is not None else RecordDict()
-        self.error = _Error(error) if error else None
-        self.object_id = f"fake-reply-{node_id}-{id(self)}"
-
-    def has_error(self) -> bool:
-        return self.error is not None
-
-    @property
-    def children(self):
-        return {self.content.object_id: self.content}
-
-    def deflate(self) -> bytes:
-        return b""
+def FakeReply(node_id: int, content: RecordDict | None = None, error: str | None = None) -> Message:
+    """A real reply Message from node `node_id`: `content`, or an error with `error` as its reason (as the runtime
+    delivers one), for strategies tested in-process without a running app."""
+    for name in ("run_id", "node_id", "task_id"):  # a Message needs the identity of the task that makes it
+        setattr(TaskIdentity, name, 1)
+    request = Message(RecordDict(), dst_node_id=node_id, message_type=MessageType.TRAIN)
+    request.metadata.__dict__["_message_id"] = f"request-to-{node_id}"
+    reply = (Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=error), reply_to=request) if error
+             else Message(content if content is not None else RecordDict(), reply_to=request))
+    reply.metadata.__dict__["_message_id"] = f"reply-from-{node_id}"
+    return reply
 
 
 def train_content(names, arrays, num_examples: int, loss: float = 0.5) -> RecordDict:

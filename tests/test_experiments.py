@@ -295,9 +295,12 @@ def test_a_run_records_its_commit_as_soon_as_its_folder_exists(tmp_path: Path) -
     seen: list[list[str]] = []
 
     class KilledAtTheEnd:
-        """A SuperLink whose run makes the folder, prints, then is killed before execute's own last step."""
+        """An engine whose run makes the folder, prints, then is killed before execute's own last step."""
 
-        def run(self, *args: object, echo: Callable[[str], None], **kwargs: object) -> None:
+        name = "test"
+
+        def run(self, config: object, clients: object, timeout: object, echo: Callable[[str], None],
+                *args: object) -> None:
             (tmp_path / spec.name).mkdir()
             echo("[round 1/2] ...")
             seen.append(run_commits(tmp_path / spec.name))

@@ -195,9 +195,8 @@ def test_oversized_replies_are_refused_before_decoding_or_counting(monkeypatch, 
     else:
         bad["arrays"] = ArrayRecord({"body.w": Array(np.zeros(1_000_000, np.float32))})
     counted = []
-    real = runner_module.count_wire_bytes
-    monkeypatch.setattr(runner_module, "count_wire_bytes",
-                        lambda msgs, cache=None: counted.extend(msgs) or real(msgs, cache))
+    real = runner_module.wire_bytes
+    monkeypatch.setattr(runner_module, "wire_bytes", lambda msg: counted.append(msg) or real(msg))
     good = FakeReply(100, train_content(["body.w"], [np.ones(2, np.float32)], 10))
     with caplog.at_level(logging.WARNING, logger="flwr"):
         runner.aggregate_train(1, [good, FakeReply(101, bad)])

@@ -1,27 +1,28 @@
 """The in-process engine's Grid: Flower's Grid interface over a pool of worker processes instead of a SuperLink and
-SuperNodes. Every message is serialized into Flower's objects on the way out and on the way back (as on the wire),
-each node's context state travels with its messages, and replies are pulled as they finish, so the round runner
-works on it unchanged."""
+SuperNodes. Each message's records cross to a worker as the bytes Flower serializes them into and are rebuilt there
+(transport.py), the reply likewise on the way back; each node's context state travels with its messages; replies are
+pulled as they finish. The round runner works on it unchanged."""
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
 import time
-from collections.abc import Iterable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from logging import ERROR
 from typing import Any
 from uuid import uuid4
 
-from flwr.app import Message, RecordDict
-from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.app import Error, Message, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore import log
 from flwr.supercore.run import Run
 
 from . import worker
-from .transport import Packed, pack, unpack_message
+from .blobs import BlobRef, SharedArrays, drop
+from .transport import blob_refs, num_bytes, records_in, records_out
 from .worker import Outcome, Task
 
 PULL_WAIT_S = 0.05  # how long a pull waits for the first reply when none is ready (the runner's pull interval)
@@ -29,9 +30,22 @@ MAX_RESTARTS = 3  # worker pools replaced before the run is given up
 FIRST_NODE_ID = 1_000  # node ids are FIRST_NODE_ID + partition id: readable in logs, never Flower's own id 1
 
 
+class InlineExecutor(Executor):
+    """Runs each submitted call at once in this process (workers=0)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        """A future that is already done."""
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+
 class InProcessGrid(Grid):
     """`num_nodes` simulated nodes (partition ids 0..num_nodes-1) answered by `workers` worker processes, each
-    running the ClientApp on `threads` torch threads."""
+    running the ClientApp on `threads` torch threads (workers=0: in this process, one message at a time)."""
 
     def __init__(self, run_config: dict[str, Any], num_nodes: int, workers: int, threads: int = 1,
                  run_id: int = 1, log_level: int = logging.INFO) -> None:
@@ -40,8 +54,10 @@ class InProcessGrid(Grid):
         self._workers, self._threads, self._log_level = workers, threads, log_level
         self.node_config = {FIRST_NODE_ID + pid: {"partition-id": pid, "num-partitions": num_nodes}
                             for pid in range(num_nodes)}
-        self.states: dict[int, Packed] = {}  # node -> its context state, serialized (absent: empty)
-        self._pending: dict[str, tuple[int, Message, Future[Outcome]]] = {}  # message id -> node, message, future
+        self.states: dict[int, RecordDict] = {}  # node -> its context state (absent: empty)
+        self._shared = SharedArrays()  # array payloads of the messages in flight, in shared memory
+        self._pending: dict[str, tuple[int, Message, Future[Outcome], list[BlobRef]]] = {}  # message id -> node,
+        # the message, its outcome to come and the shared-memory blocks it uses
         self._ready: dict[str, Message] = {}  # replies collected but not pulled yet
         self._latest: dict[int, str] = {}  # node -> the id of its latest message still pending
         self.clientapp_seconds = 0.0  # time the ClientApps took, summed over messages
@@ -49,7 +65,10 @@ class InProcessGrid(Grid):
         self.restarts = 0  # pools replaced after a worker died
         self._pool = self._new_pool()
 
-    def _new_pool(self) -> ProcessPoolExecutor:
+    def _new_pool(self) -> Executor:
+        if self._workers == 0:  # inline: the ClientApp in this process, one message at a time (profiling, tests)
+            worker.start(self._run_config, self._threads, self._log_level)
+            return InlineExecutor()
         # spawn: a fresh interpreter per worker (no forked torch or thread state), started once for the run
         return ProcessPoolExecutor(max_workers=self._workers, mp_context=multiprocessing.get_context("spawn"),
                                    initializer=worker.start,
@@ -88,10 +107,13 @@ class InProcessGrid(Grid):
                 continue
             if node in self._latest:  # its earlier message must finish first: its state goes into this one
                 self._collect(self._latest[node])
-            packed = pack(msg)
-            self.bytes_moved += packed.num_bytes
-            task = Task(self._run.run_id, node, self.node_config[node], message_id, packed, self.states.get(node))
-            self._pending[message_id] = (node, msg, self._pool.submit(worker.answer, task))
+            content = records_out(msg.content, self._shared.share)
+            state = records_out(self.states[node], self._shared.share) if node in self.states else None
+            self.bytes_moved += num_bytes(content)
+            task = Task(self._run.run_id, node, self.node_config[node], message_id, msg.metadata.message_type,
+                        msg.metadata.group_id, msg.metadata.ttl, content, state)
+            self._pending[message_id] = (node, msg, self._pool.submit(worker.answer, task),
+                                         blob_refs(content) + blob_refs(state))
             self._latest[node] = message_id
         return ids
 
@@ -122,23 +144,31 @@ class InProcessGrid(Grid):
     def _collect(self, message_id: str) -> None:
         """Wait for a pending message's outcome; keep its node's new state and its reply (an error reply when the
         worker could not answer: it died, or the outcome could not be sent back)."""
-        node, msg, future = self._pending.pop(message_id)
+        node, msg, future, shared = self._pending.pop(message_id)
         if self._latest.get(node) == message_id:
             del self._latest[node]
         try:
             outcome = future.result()
         except Exception as exc:  # the pool broke (a worker killed, e.g. out of memory) or a transfer failed
+            self._shared.release(shared)
             log(ERROR, "node %s: no reply from its worker process: %s: %s", node, type(exc).__name__, exc)
             self._ready[message_id] = _error(msg, f"worker process failed: {type(exc).__name__}: {exc}")
             self._restart_if_broken()
             return
+        self._shared.release(shared)
         self.clientapp_seconds += outcome.seconds
-        self.bytes_moved += outcome.reply.num_bytes
         if outcome.state is None:
             self.states.pop(node, None)
         else:
-            self.states[node] = outcome.state
-        self._ready[message_id] = unpack_message(outcome.reply, str(uuid4()))
+            self.states[node] = records_in(outcome.state, unlink=True)
+        if outcome.content is None:
+            code, reason = outcome.error or (ErrorCode.UNKNOWN, "no reply")
+            reply = Message(Error(code=code, reason=reason), reply_to=msg)
+        else:
+            self.bytes_moved += num_bytes(outcome.content)
+            reply = Message(records_in(outcome.content, unlink=True), reply_to=msg)
+        reply.metadata.__dict__["_message_id"] = str(uuid4())
+        self._ready[message_id] = reply
 
     def _restart_if_broken(self) -> None:
         """A pool whose worker died refuses all work: replace it (messages in flight get error replies); give the
@@ -158,8 +188,16 @@ class InProcessGrid(Grid):
             self._pool = self._new_pool()
 
     def close(self) -> None:
-        """Stop the worker processes."""
+        """Stop the worker processes; free the shared memory of messages never answered."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+        for message_id in list(self._pending):
+            _, _, future, _ = self._pending[message_id]
+            if future.done() and not future.cancelled() and future.exception() is None:
+                outcome = future.result()
+                for ref in blob_refs(outcome.content) + blob_refs(outcome.state):
+                    drop(ref)
+        self._pending.clear()
+        self._shared.close()
 
     def __enter__(self) -> InProcessGrid:
         return self
@@ -170,9 +208,6 @@ class InProcessGrid(Grid):
 
 def _error(msg: Message, reason: str) -> Message:
     """An error reply to `msg`, as the SuperLink sends for a message no node answered."""
-    from flwr.app import Error
-    from flwr.common.constant import ErrorCode
-
     reply = Message(Error(code=ErrorCode.UNKNOWN, reason=reason), reply_to=msg)
     reply.metadata.__dict__["_message_id"] = str(uuid4())
     return reply

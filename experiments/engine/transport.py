@@ -1,53 +1,70 @@
-"""Messages as they travel: Flower's content-addressed objects (a message, its records, arrays and array chunks, each
-the bytes its `deflate()` gives, as a SuperLink stores and forwards them), packed to cross a pipe to a worker
-process and inflated on the other side. No pickle of Flower objects: only bytes and strings cross."""
+"""Message contents as they cross the pipe between the server process and a worker process: the records exactly as
+Flower serializes them into a message (each array as its dtype, shape, serialization type and `.npy` bytes; metric
+and config values as they are), in plain Python values and bytes, rebuilt into the same Flower records on the other
+side. Rebuilt contents are identical to the originals: the same Flower object id (a hash over every record, array and
+chunk), so the same bytes counted and the same digests. Only plain values cross, never a Flower object: the engine's
+processes exchange what a SuperLink would forward, not live objects."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any
 
-from flwr.app import Message, RecordDict
-from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
-from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from server_app.wire import release_chunks
+from .blobs import SHARED_FROM_BYTES, BlobRef, take
 
-
-@dataclass(frozen=True)
-class Packed:
-    """One object tree: the root's object id and every object's serialized bytes by id."""
-
-    root: str
-    objects: dict[str, bytes]
-
-    @property
-    def num_bytes(self) -> int:
-        """The bytes of all its objects: what a SuperLink would move for it."""
-        return sum(len(body) for body in self.objects.values())
+ArrayItem = tuple[str, str, tuple[int, ...], str, "bytes | BlobRef"]  # key, dtype, shape, stype, data (or its block)
+Records = list[tuple[str, str, Any]]  # (record name, kind: "arrays" | "metrics" | "config", its items), in order
 
 
-def pack(obj: Message | RecordDict) -> Packed:
-    """Serialize a message (or a record dict) into its objects, as Flower pushes them; the array chunks Flower
-    caches on the arrays while slicing them are dropped afterwards (they are not part of the message)."""
-    objects = {object_id: item.deflate() for object_id, item in get_all_nested_objects(obj).items()}
-    packed = Packed(obj.object_id, objects)
-    if not isinstance(obj, Message) or obj.has_content():
-        release_chunks(obj)
-    return packed
+def records_out(content: RecordDict, share: Callable[[bytes], BlobRef] | None = None) -> Records:
+    """A record dict as plain values, in its order (the order is part of its serialized form); with `share`, array
+    payloads of SHARED_FROM_BYTES or more are handed to it and travel as its block reference."""
+    def data(payload: bytes) -> bytes | BlobRef:
+        return share(payload) if share is not None and len(payload) >= SHARED_FROM_BYTES else payload
+
+    out: Records = []
+    for name, record in content.items():
+        if isinstance(record, ArrayRecord):
+            out.append((name, "arrays", [(key, a.dtype, tuple(a.shape), a.stype, data(a.data))
+                                         for key, a in record.items()]))
+        elif isinstance(record, MetricRecord):
+            out.append((name, "metrics", dict(record)))
+        elif isinstance(record, ConfigRecord):
+            out.append((name, "config", dict(record)))
+        else:
+            raise TypeError(f"record {name!r} is a {type(record).__name__}, not a Flower record")
+    return out
 
 
-def unpack_message(packed: Packed, message_id: str) -> Message:
-    """The message a Packed holds, with the id it was sent under (the id is not part of the serialized message)."""
-    msg = inflate_object_from_contents(packed.root, dict(packed.objects))
-    if not isinstance(msg, Message):
-        raise TypeError(f"expected a Message, got {type(msg).__name__}")
-    msg.metadata.__dict__["_message_id"] = message_id
-    return msg
+def records_in(items: Records, unlink: bool = False) -> RecordDict:
+    """The record dict `records_out` gave these values for (payloads in shared memory copied out; `unlink`: and
+    their blocks freed, by their only reader)."""
+    def payload(data: bytes | BlobRef) -> bytes:
+        return take(data, unlink) if isinstance(data, BlobRef) else data
+
+    content = RecordDict()
+    for name, kind, values in items:
+        if kind == "arrays":
+            content[name] = ArrayRecord({key: Array(dtype=dtype, shape=tuple(shape), stype=stype, data=payload(data))
+                                         for key, dtype, shape, stype, data in values})
+        elif kind == "metrics":
+            content[name] = MetricRecord(values)
+        elif kind == "config":
+            content[name] = ConfigRecord(values)
+        else:
+            raise ValueError(f"record {name!r} has unknown kind {kind!r}")
+    return content
 
 
-def unpack_record(packed: Packed) -> RecordDict:
-    """The record dict a Packed holds."""
-    record = inflate_object_from_contents(packed.root, dict(packed.objects))
-    if not isinstance(record, RecordDict):
-        raise TypeError(f"expected a RecordDict, got {type(record).__name__}")
-    return record
+def num_bytes(items: Records) -> int:
+    """The array bytes the values hold (what dominates a message's size)."""
+    return sum(item[4].size if isinstance(item[4], BlobRef) else len(item[4])
+               for _, kind, values in items if kind == "arrays" for item in values)
+
+
+def blob_refs(items: Records | None) -> list[BlobRef]:
+    """The shared-memory blocks the values refer to."""
+    return [item[4] for _, kind, values in items or [] if kind == "arrays" for item in values
+            if isinstance(item[4], BlobRef)]

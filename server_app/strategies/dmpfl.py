@@ -17,7 +17,7 @@ from common.dmpfl import (
     masks_digest,
     phase_schedule,
 )
-from common.masks import cosine_decay, mask_overlap
+from common.masks import cosine_decay, overlap_of_packed, packed_masks
 from common.models import ModelLayout
 from common.records import to_plain_record
 
@@ -44,7 +44,8 @@ class DMPFLStrategy(SparseGlobalStrategy):
         self.params = cfg.params_as(DMPFLParams)
         self.phases = phase_schedule(cfg.num_rounds, self.params.iterations)
         self.phase1_rounds = [r for r, p in enumerate(self.phases, start=1) if p == 1]
-        self.overlap: tuple[int, list[int], np.ndarray] | None = None  # last phase-1 round's mask IoU
+        # the last phase-1 round: its clients and their masks, packed (their IoU is worked out once, at the end)
+        self.overlap: tuple[int, list[int], list[np.ndarray]] | None = None
         self._personal_masks: PersonalMaskStore | None = None  # m_c of accepted phase-1 uploads (made on first use)
         self.delivered_partial: dict[int, tuple[int, int]] = {}  # (version, m_c digest) of the cut a client holds
         self._partial_in_flight: dict[int, tuple[int, int]] = {}
@@ -157,7 +158,7 @@ class DMPFLStrategy(SparseGlobalStrategy):
             for reply in replies:
                 self.personal_masks.put(reply.partition_id, reply.payload[1])
             self.overlap = (server_round, [r.partition_id for r in replies],
-                            mask_overlap([r.payload[1] for r in replies]))
+                            [packed_masks(r.payload[1]) for r in replies])
             weights, masks = aggregate_round(self.global_named, uploads, self.densities,
                                              self.params.min_vote_fraction)
             self.set_global(weights, masks)
@@ -169,8 +170,8 @@ class DMPFLStrategy(SparseGlobalStrategy):
         """IoU of the masks the clients of the last phase-1 round uploaded (the report's mask-overlap heatmap)."""
         if self.overlap is None:
             return {}
-        server_round, pids, iou = self.overlap
-        return {"mask_overlap": iou, "mask_overlap_clients": np.asarray(pids),
+        server_round, pids, packed = self.overlap
+        return {"mask_overlap": overlap_of_packed(packed), "mask_overlap_clients": np.asarray(pids),
                 "mask_overlap_round": np.asarray(server_round)}
 
     def round_record(self, server_round: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import torch
 from flwr.app import ConfigRecord, RecordDict
 from flwr.supercore import log
 
+from common.aggregate import weighted_sum
 from common.algorithms import SparseParams
 from common.codec import decode_model, encode_model
 from common.config import RunConfig
@@ -158,7 +159,7 @@ class SparseGlobalStrategy(PFLStrategy):
         total = float(sum(r.num_examples for r in replies))
         out = {}
         for name, old in self.global_named.items():
-            mean = sum(r.num_examples * r.payload[0][name].astype(np.float64) for r in replies) / total
+            mean = weighted_sum([r.payload[0][name] for r in replies], [r.num_examples for r in replies]) / total
             out[name] = select(self.global_masks[name], mean, old) \
                 if name in self.global_masks else mean.astype(np.float32)
         return out

@@ -1,0 +1,114 @@
+"""What the benchmarks measure runs against: the raw training loop's samples per second (one thread alone, and every
+worker's share running at once), the steady rounds of a finished run, and the peak memory of a process tree."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .superlink import descendants
+
+
+def raw_seconds(raw: dict[str, Any], clients: int, partition_ids: list[int]) -> tuple[int, float]:
+    """The project's training loop alone (common/train.py), one thread, on the given clients' data, each from the
+    model's initialization: (samples trained, seconds)."""
+    import torch
+
+    from common.config import parse_run_config
+    from common.data.federated import client_data
+    from common.models import build_model
+    from common.seeding import derive_seed
+    from common.train import TrainSettings, train
+
+    cfg = parse_run_config(raw)
+    torch.set_num_threads(1)
+    device = torch.device("cuda" if cfg.device == "cuda" else "cpu")
+    samples, seconds = 0, 0.0
+    for pid in partition_ids:
+        data = client_data(cfg, pid, clients)
+        model = build_model(cfg.model, cfg.dataset, data.input_shape, data.num_classes,
+                            derive_seed(cfg.seed, "model")).to(device)
+        settings = TrainSettings(epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr)
+        started = time.perf_counter()
+        train(model, data.train_x, data.train_y, settings, torch.Generator().manual_seed(pid), device=device)
+        seconds += time.perf_counter() - started
+        samples += cfg.local_epochs * data.num_train
+    return samples, seconds
+
+
+def raw_rate(raw: dict[str, Any], clients: int, max_clients: int = 20) -> float:
+    """Samples per second of the training loop alone on one thread, over (up to `max_clients` of) the clients."""
+    samples, seconds = raw_seconds(raw, clients, list(range(min(clients, max_clients))))
+    return samples / seconds
+
+
+def raw_rate_together(raw: dict[str, Any], clients: int, workers: int, max_clients: int = 20) -> float:
+    """Samples per second of the training loop on `workers` processes at once (one thread each, the clients dealt
+    out among them): what the machine gives when every core trains, memory and caches shared."""
+    ids = list(range(min(clients, max(max_clients, workers))))
+    shares = [ids[w::workers] for w in range(workers)]
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        started = time.perf_counter()
+        done = pool.starmap(raw_seconds, [(raw, clients, share) for share in shares])
+        wall = time.perf_counter() - started
+    # each process's loop time, not the pool's start-up: the slowest worker bounds the round
+    return sum(samples for samples, _ in done) / max(seconds for _, seconds in done) if wall > 0 else 0.0
+
+
+def steady_rounds(run_dir: Path) -> list[dict[str, Any]]:
+    """A finished run's training rounds after the first, without the evaluation rounds (the steady state)."""
+    records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    steady = [r for r in records if r["round"] > 1 and not r.get("eval")]
+    return steady or [r for r in records if not r.get("eval")] or records
+
+
+def round_rate(run_dir: Path, local_epochs: int) -> dict[str, float]:
+    """Samples per second of a run's steady rounds (median) and their wall time, its first round's and its last
+    (evaluating) round's wall time."""
+    records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    steady = steady_rounds(run_dir)
+    return {"rate": statistics.median(r["train"]["num_examples"] * local_epochs / r["wall_s"] for r in steady),
+            "round_s": statistics.median(r["wall_s"] for r in steady), "first_round_s": records[0]["wall_s"],
+            "last_round_s": records[-1]["wall_s"]}
+
+
+def tree_memory(pid: int) -> tuple[int, int]:
+    """(RSS, anonymous RSS) in bytes summed over `pid` and every process below it."""
+    rss = anon = 0
+    for proc in [pid, *descendants(pid)]:
+        try:
+            fields = dict(line.split(":", 1) for line in Path(f"/proc/{proc}/status").read_text().splitlines()
+                          if ":" in line)
+        except OSError:
+            continue
+        rss += int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
+        anon += int(fields.get("RssAnon", "0 kB").split()[0]) * 1024
+    return rss, anon
+
+
+class PeakMemory:
+    """Samples a process tree's memory in a thread; `peak` holds the largest (RSS, anon) seen."""
+
+    def __init__(self, pid: int, every: float = 0.5) -> None:
+        self.pid, self.every, self.peak = pid, every, (0, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            rss, anon = tree_memory(self.pid)
+            self.peak = (max(self.peak[0], rss), max(self.peak[1], anon))
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
