@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from common.data.arrays import DataError
 from common.hparams import ConfigError
 
 from .engines import ENGINES, make_engine
@@ -61,6 +62,12 @@ def _parser() -> argparse.ArgumentParser:
                          help="the markdown file; figures go to figures/ beside it (default docs/results.md)")
     results.add_argument("--run", action="store_true", help="first run the sweep's runs that have not finished "
                          "(as `pflower sweep` does), then write the document")
+    export = sub.add_parser("export", help="write the samples a sweep's runs read to one file, for a machine without "
+                            "the data sets (then `pflower sweep FILE --data-export OUT` there)")
+    export.add_argument("file", type=Path, help="the sweep file")
+    export.add_argument("--experiments", help="comma-separated experiment names (default: all)")
+    export.add_argument("--out", type=Path, required=True, help="the export file (.npz)")
+    export.add_argument("--webp", action="store_true", help="images as lossless WebP (about 0.6 of their size)")
     sub.add_parser("presets", help="list the presets")
     for command, default in ((run, "simulation"), (sweep, "inprocess"), (results, "inprocess")):
         command.add_argument("--engine", choices=ENGINES, default=None,
@@ -70,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
                                   f"else {default})")
         command.add_argument("--workers", type=int, default=0,
                              help="inprocess: client worker processes (default: one per core)")
+        command.add_argument("--data-export", type=Path,
+                             help="inprocess: read the data from this file (`pflower export`) instead of the data sets")
         command.add_argument("--app", type=Path, default=PROJECT,
                              help="simulation: the Flower app folder (default: this project)")
         command.add_argument("--timeout", type=float, default=86_400.0, help="seconds a run may take")
@@ -104,7 +113,8 @@ def _run_all(specs: list[RunSpec], out: Path, args: argparse.Namespace, engine_n
         if not quiet or "[round " in line or "ERROR" in line:
             print(("  " if quiet else "") + line, flush=True)
 
-    engine = make_engine(engine_name, args.app, args.workers)
+    engine = make_engine(engine_name, args.app, args.workers,
+                         args.data_export.expanduser().resolve() if args.data_export else None)
     try:
         def one(spec: RunSpec) -> RunResult:
             result = execute(engine, args.app, spec, out, gpu, echo, args.timeout)
@@ -129,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _dispatch(args)
-    except ConfigError as exc:
+    except (ConfigError, DataError) as exc:
         print(f"pflower: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and the like: stop quietly
@@ -153,6 +163,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         path = write_report(args.runs, args.out, args.baseline)
         print(f"report: {path}")
         return 0
+    if args.command == "export":
+        return _export(args)
     if getattr(args, "workers", 0) < 0:
         raise ConfigError("--workers must be 0 (one per core) or more")
     if args.command == "results":
@@ -190,6 +202,34 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"{spec.name}: {run_state(out / spec.name)}{changed}")
         return 0
     return _execute(args, specs, out, args.engine or sweep.engine or "inprocess", True, args.keep_state)
+
+
+def _export(args: argparse.Namespace) -> int:
+    """Write the data export of a sweep's runs (one data set per export)."""
+    from common.config import parse_run_config
+    from common.data.federated import dataset_for
+
+    from .exports import rows_read, write_export
+    from .sweep import read_sweep
+
+    specs = read_sweep(args.file).specs
+    if args.experiments:
+        wanted = set(args.experiments.split(","))
+        unknown = sorted(wanted - {s.experiment for s in specs})
+        if unknown:
+            raise ConfigError(f"no experiment(s) {', '.join(unknown)} in {args.file}")
+        specs = [s for s in specs if s.experiment in wanted]
+    configs = [parse_run_config(s.run_config) for s in specs]
+    names = sorted({c.dataset for c in configs})
+    if len(names) != 1:
+        raise ConfigError(f"an export holds one data set; these runs read {', '.join(names)}: pick experiments")
+    rows: set[int] = set()
+    for spec, cfg in zip(specs, configs):
+        rows |= rows_read(cfg, spec.clients)
+    data = dataset_for(configs[0])
+    size = write_export(data, rows, args.out, webp=args.webp)
+    print(f"export: {args.out} ({len(rows):,} of {len(data.y):,} samples of {data.name}, {size / 1e6:.1f} MB)")
+    return 0
 
 
 def _execute(args: argparse.Namespace, specs: list[RunSpec], out: Path, engine: str, sweep: bool,

@@ -49,14 +49,15 @@ class InProcessEngine:
 
     name = "inprocess"
 
-    def __init__(self, workers: int = 0) -> None:
-        self.workers = workers
+    def __init__(self, workers: int = 0, data_export: Path | None = None) -> None:
+        self.workers, self.data_export = workers, data_export
 
     def run(self, run_config: dict[str, Any], clients: int, timeout: float, echo: Callable[[str], None],
             cpus_per_client: int = 1, gpus_per_client: float = 0.0) -> RunOutcome:
         """Run it; the status is FINISHED when the child exits 0, FAILED otherwise."""
         command = [sys.executable, "-m", "experiments.engine", "--run-config", json.dumps(run_config),
-                   "--clients", str(clients), "--workers", str(self.workers)]
+                   "--clients", str(clients), "--workers", str(self.workers),
+                   *(["--data-export", str(self.data_export)] if self.data_export else [])]
         returncode, output = run_streamed(command, None, timeout, echo)
         return RunOutcome(returncode, output, None, FINISHED if returncode == 0 else FAILED)
 
@@ -96,8 +97,11 @@ class SimulationEngine:
             self._home = None
 
 
-def make_engine(name: str, app_dir: Path, workers: int = 0) -> Engine:
-    """The named engine (`app_dir`: the Flower app the simulation runs; `workers`: the in-process engine's)."""
+def make_engine(name: str, app_dir: Path, workers: int = 0, data_export: Path | None = None) -> Engine:
+    """The named engine (`app_dir`: the Flower app the simulation runs; `workers` and `data_export`: the in-process
+    engine's)."""
     if check_engine(name) == "inprocess":
-        return InProcessEngine(workers)
+        return InProcessEngine(workers, data_export)
+    if data_export is not None:
+        raise ConfigError("--data-export serves the in-process engine only (a simulation reads the data sets)")
     return SimulationEngine(app_dir)

@@ -11,10 +11,12 @@ import argparse
 import json
 import logging
 import os
+import resource
 import sys
 import time
 from collections.abc import Sequence
 from logging import ERROR, INFO
+from pathlib import Path
 from typing import Any
 
 from flwr.app import Context, RecordDict
@@ -23,7 +25,9 @@ from flwr.supercore import log
 from flwr.supercore.task_identity import TaskIdentity
 
 from common.config import ConfigError, parse_run_config
+from common.data.arrays import DataError
 
+from ..exports import check_export, serve_export
 from .grid import InProcessGrid
 
 
@@ -37,15 +41,18 @@ def default_workers(clients: int, threads: int) -> int:
     return max(1, min(clients, available_cores() // max(1, threads)))
 
 
-def serve(run_config: dict[str, Any], clients: int, workers: int = 0) -> bool:
-    """Run the ServerApp on an in-process grid of `clients` nodes; True when the run finished (its summary written),
-    False when it failed (already explained in the log)."""
+def serve(run_config: dict[str, Any], clients: int, workers: int = 0, data_export: Path | None = None) -> bool:
+    """Run the ServerApp on an in-process grid of `clients` nodes (the data set served from `data_export` when
+    given); True when the run finished (its summary written), False when it failed (explained in the log)."""
+    os.environ["PFLOWER_FLOWER_SPEEDUPS"] = "0"  # they patch the simulation's link state, which is not used here
     from server_app.app import RunFailed
     from server_app.app import main as server_main
 
     try:
         cfg = parse_run_config(run_config)
-    except ConfigError as exc:
+        if data_export is not None:
+            check_export(serve_export(data_export), cfg, clients, data_export)
+    except (ConfigError, DataError) as exc:
         log(ERROR, "%s", exc)
         return False
     workers = workers or default_workers(clients, cfg.client_threads)
@@ -54,15 +61,19 @@ def serve(run_config: dict[str, Any], clients: int, workers: int = 0) -> bool:
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1  # messages need them
     context = Context(run_id=1, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
                       run_config=dict(run_config))
-    with InProcessGrid(run_config, clients, workers, cfg.client_threads,
-                       log_level=logging.getLogger("flwr").level) as grid:
-        try:
-            server_main(grid, context)
-        except RunFailed:
-            return False
-        finally:
-            log(INFO, "in-process engine: the ClientApps took %.1f s in all, the server %.1f s of CPU; %.1f MB of "
-                "messages and replies moved", grid.clientapp_seconds, time.process_time(), grid.bytes_moved / 1e6)
+    started, children = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    grid = InProcessGrid(run_config, clients, workers, cfg.client_threads, log_level=logging.getLogger("flwr").level)
+    try:
+        server_main(grid, context)
+    except RunFailed:
+        return False
+    finally:
+        grid.close()
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
+        workers_cpu = used.ru_utime + used.ru_stime - children.ru_utime - children.ru_stime
+        log(INFO, "in-process engine: %.1f s; CPU: server %.1f s, %d workers %.1f s (their ClientApps ran %.1f s); "
+            "%.1f MB of messages and replies moved", time.monotonic() - started, time.process_time(), workers,
+            workers_cpu, grid.clientapp_seconds, grid.bytes_moved / 1e6)
     return True
 
 
@@ -73,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run-config", required=True, help="the run config as a JSON object")
     parser.add_argument("--clients", type=int, required=True, help="simulated clients (nodes)")
     parser.add_argument("--workers", type=int, default=0, help="worker processes (default: one per core)")
+    parser.add_argument("--data-export", type=Path, help="serve the data set from this export (experiments/exports.py)")
     args = parser.parse_args(argv)
     try:
         run_config = json.loads(args.run_config)
@@ -82,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--run-config must be a JSON object")
     if args.clients < 1 or args.workers < 0:
         parser.error("--clients must be at least 1 and --workers at least 0")
-    return 0 if serve(run_config, args.clients, args.workers) else 1
+    return 0 if serve(run_config, args.clients, args.workers, args.data_export) else 1
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import os
 import time
 from dataclasses import dataclass
 from logging import ERROR
+from pathlib import Path
 from typing import Any
 
 from flwr.app import Context, Message, RecordDict
@@ -48,6 +49,7 @@ class Outcome:
 
 _APP: ClientApp | None = None
 _RUN_CONFIG: dict[str, Any] = {}
+_FAILURES: set[tuple[str, str]] = set()  # errors this worker has logged with their traceback
 
 
 def start(run_config: dict[str, Any], threads: int, log_level: int) -> None:
@@ -59,6 +61,10 @@ def start(run_config: dict[str, Any], threads: int, log_level: int) -> None:
     torch.set_num_threads(threads)
     from client_app.app import app
 
+    from ..exports import ENV, serve_export
+
+    if os.environ.get(ENV):  # the server serves the data set from an export: so do its workers
+        serve_export(Path(os.environ[ENV]))
     _APP, _RUN_CONFIG = app, dict(run_config)
     logging.getLogger("flwr").setLevel(log_level)
 
@@ -86,7 +92,11 @@ def answer(task: Task) -> Outcome:
         content = records_out(_APP(msg, context).content, put)
     except Exception as exc:  # the server gets an error reply
         if not isinstance(exc, SimulatedDrop):
-            logging.getLogger("flwr").log(ERROR, "client app failed on node %s", task.node_id, exc_info=True)
+            seen = (type(exc).__name__, str(exc))
+            logging.getLogger("flwr").log(ERROR, "client app failed on node %s%s", task.node_id,
+                                          f": {seen[0]}: {seen[1]} (traceback above)" if seen in _FAILURES else "",
+                                          exc_info=seen not in _FAILURES)
+            _FAILURES.add(seen)
         reason = f"ClientApp raised {type(exc).__name__}: {exc}".replace("\n", " ")
         error = (ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason)
     kept = records_out(context.state, put) if len(context.state) else None
