@@ -161,7 +161,8 @@ def prune_and_regrow(
         if not mask.shape == weights[name].shape == grads[name].shape:
             raise ValueError(f"mask, weight and grad of {name!r} differ in shape")
         flat_mask = mask.reshape(-1).clone()
-        w, g = weights[name].detach().reshape(-1), grads[name].detach().reshape(-1)
+        # gradients come from training, which may have run on a GPU: bring them to the weights' (and masks') device
+        w, g = weights[name].detach().reshape(-1), grads[name].detach().reshape(-1).to(mask.device)
         k = round(fraction * int(flat_mask.sum()))
         if k:
             pruned = _select(w.abs(), flat_mask.nonzero().flatten(), k, largest=False)

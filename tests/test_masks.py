@@ -257,3 +257,14 @@ def test_selection_is_the_first_k_of_a_stable_sort_ties_included(seed: int, larg
         order = torch.sort(scores[candidates], descending=largest, stable=True).indices
         expected = set(candidates[order][:k].tolist())
         assert set(_select(scores, candidates, k, largest).tolist()) == expected
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (gradients of a model trained there)")
+def test_prune_and_regrow_takes_gradients_from_a_gpu() -> None:
+    # a DM-PFL or FedDST client training on a GPU collects its gradients there, its weights and masks on the CPU
+    weights = {"w": torch.tensor([[0.5, -0.1], [0.0, 2.0]])}
+    masks = {"w": torch.tensor([[True, True], [False, True]])}
+    grads = {"w": torch.tensor([[0.0, 0.0], [3.0, 0.0]]).cuda()}
+    new_masks, new_weights = prune_and_regrow(weights, grads, masks, 1 / 3)
+    assert new_masks["w"].tolist() == [[True, False], [True, True]]  # -0.1 pruned, the gradient's 3.0 regrown
+    assert new_weights["w"].tolist() == [[0.5, 0.0], [0.0, 2.0]]
