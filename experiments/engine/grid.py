@@ -112,8 +112,7 @@ class InProcessGrid(Grid):
             self.bytes_moved += num_bytes(content)
             task = Task(self._run.run_id, node, self.node_config[node], message_id, msg.metadata.message_type,
                         msg.metadata.group_id, msg.metadata.ttl, content, state)
-            self._pending[message_id] = (node, msg, self._pool.submit(worker.answer, task),
-                                         blob_refs(content) + blob_refs(state))
+            self._pending[message_id] = (node, msg, self._submit(task), blob_refs(content) + blob_refs(state))
             self._latest[node] = message_id
         return ids
 
@@ -139,6 +138,16 @@ class InProcessGrid(Grid):
             pending.difference_update(r.metadata.reply_to_message_id for r in got)
             replies.extend(got)
         return replies
+
+    def _submit(self, task: Task) -> Future[Outcome]:
+        """Hand a task to the pool; a pool found broken (a worker died since the last message) is replaced first."""
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            return self._pool.submit(worker.answer, task)
+        except BrokenProcessPool:
+            self._restart_if_broken()
+            return self._pool.submit(worker.answer, task)
 
     # ----- replies -------------------------------------------------------------------------------------------
     def _collect(self, message_id: str) -> None:

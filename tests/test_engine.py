@@ -1,0 +1,190 @@
+"""The in-process engine: what crosses between its processes is rebuilt identical (shared memory freed), its grid
+answers like a SuperLink (unknown nodes, dead workers), a run killed midway resumes to the uninterrupted run's
+messages, and every algorithm sends and receives exactly the same messages on it as on Flower's simulation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from common.algorithms import SPECS
+from common.persist import StateFileError
+from experiments.engine.blobs import SHARED_FROM_BYTES, SharedArrays
+from experiments.engine.grid import FIRST_NODE_ID, InProcessGrid
+from experiments.engine.serve import serve
+from experiments.engine.transport import blob_refs, records_in, records_out
+from experiments.presets import run_config_text
+from experiments.superlink import LocalSuperLink, stop_process_tree
+from server_app.checkpoint import load_checkpoint
+
+from .conftest import REPO
+
+
+def _content() -> RecordDict:
+    rng = np.random.default_rng(0)
+    return RecordDict({
+        "arrays": ArrayRecord({"big": Array(rng.standard_normal(SHARED_FROM_BYTES // 2).astype(np.float32)),
+                               "small": Array(np.arange(6, dtype=np.int64).reshape(2, 3)),
+                               "empty": Array(np.zeros(0, np.float32))}),
+        "metrics": MetricRecord({"loss": 0.25, "n": 7, "curve": [0.5, 0.75]}),
+        "config": ConfigRecord({"phase": 2, "flag": True, "name": "x", "raw": b"\x00\x01"})})
+
+
+def _gone(name: str) -> bool:
+    from multiprocessing import shared_memory
+
+    try:
+        shared_memory.SharedMemory(name=name).close()
+    except FileNotFoundError:
+        return True
+    return False
+
+
+def test_contents_cross_identical_and_shared_blocks_are_freed_by_their_last_user() -> None:
+    content = _content()
+    shared = SharedArrays()
+    first, second = records_out(content, shared.share), records_out(content, shared.share)
+    refs = blob_refs(first)
+    assert len(refs) == 1 and refs == blob_refs(second), "one block for the one large array, shared by both"
+    for items in (first, second):
+        assert records_in(items).object_id == content.object_id  # Flower's hash over everything: the same
+    shared.release(refs)
+    assert not _gone(refs[0].name), "the second message still uses it"
+    shared.release(refs)
+    assert _gone(refs[0].name)
+
+
+def test_a_reply_block_is_freed_by_its_reader() -> None:
+    from experiments.engine.blobs import put
+
+    items = records_out(_content(), put)
+    (ref,) = blob_refs(items)
+    assert records_in(items, unlink=True).object_id == _content().object_id
+    assert _gone(ref.name)
+
+
+def _query(node: int) -> Message:
+    for name in ("run_id", "node_id", "task_id"):
+        setattr(TaskIdentity, name, 1)
+    return Message(RecordDict({"config": ConfigRecord({"server-round": 0})}), dst_node_id=node,
+                   message_type=MessageType.QUERY)
+
+
+def _replies(grid: InProcessGrid, ids: list[str], timeout: float = 120.0) -> list[Message]:
+    got: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < len(ids) and time.monotonic() < deadline:
+        got.extend(grid.pull_messages([i for i in ids if i not in {r.metadata.reply_to_message_id for r in got}]))
+    return got
+
+
+def test_the_grid_answers_queries_and_a_message_to_an_unknown_node_gets_an_error_reply(tmp_path: Path) -> None:
+    grid = InProcessGrid({"dataset": "digits", "results-dir": str(tmp_path)}, 3, workers=0)  # in this process
+    try:
+        assert sorted(grid.get_node_ids()) == [FIRST_NODE_ID, FIRST_NODE_ID + 1, FIRST_NODE_ID + 2]
+        ids = list(grid.push_messages([_query(FIRST_NODE_ID + 1), _query(7)]))
+        replies = {r.metadata.reply_to_message_id: r for r in _replies(grid, ids)}
+        answer, unknown = replies[ids[0]], replies[ids[1]]
+        assert answer.content.metric_records["metrics"]["partition-id"] == 1
+        assert answer.metadata.src_node_id == FIRST_NODE_ID + 1
+        assert unknown.has_error() and "node 7 is not a node of this run" in unknown.error.reason
+    finally:
+        grid.close()
+
+
+def test_a_worker_that_dies_gives_error_replies_and_the_pool_is_replaced(tmp_path: Path) -> None:
+    grid = InProcessGrid({"dataset": "digits", "results-dir": str(tmp_path)}, 2, workers=1)
+    try:
+        assert not _replies(grid, list(grid.push_messages([_query(FIRST_NODE_ID)])))[0].has_error()
+        (pid,) = list(grid._pool._processes)  # type: ignore[attr-defined]
+        os.kill(pid, signal.SIGSTOP)  # frozen: the next message waits in the pool, unanswered
+        ids = list(grid.push_messages([_query(FIRST_NODE_ID + 1)]))
+        os.kill(pid, signal.SIGKILL)  # then killed with it in flight (e.g. by the kernel's out-of-memory killer)
+        lost = _replies(grid, ids)
+        assert lost[0].has_error() and "worker process failed" in lost[0].error.reason
+        assert grid.restarts == 1
+        again = _replies(grid, list(grid.push_messages([_query(FIRST_NODE_ID + 1)])))
+        assert not again[0].has_error(), "a new pool serves the next message"
+    finally:
+        grid.close()
+
+
+# ----- whole runs ----------------------------------------------------------------------------------------------
+BASE = {"dataset": "digits", "num-rounds": 3, "iterations": 1, "fraction-train": 0.5, "local-epochs": 1, "lr": 0.1,
+        "readjust-ratio": 0.2, "seed": 3, "shift-degrees": "0,1", "message-digests": True, "drop-rate": 0.3,
+        "holdout-clients": 0.25, "holdout-finetune-epochs": 1, "eval-every": 1}
+CLIENTS = 4
+
+
+def _digests(run_dir: Path) -> list[str]:
+    """The run's message digests, each as 'round kind client digest', sorted (replies arrive in any order)."""
+    rows = [json.loads(line) for line in (run_dir / "messages.jsonl").read_text().splitlines()]
+    return sorted(f"{r['round']} {r['kind']} {r['client']} {r['digest']}" for r in rows)
+
+
+@pytest.fixture(scope="module")
+def superlink(tmp_path_factory):
+    link = LocalSuperLink(tmp_path_factory.mktemp("flwr-home")).start()
+    yield link
+    link.stop()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("algorithm", sorted(SPECS))
+def test_every_algorithm_sends_the_same_messages_on_both_engines(algorithm: str, superlink, tmp_path: Path) -> None:
+    config = {**BASE, "algorithm": algorithm, "run-name": "run"}
+    outcome = superlink.run(REPO, run_config_text({**config, "results-dir": str(tmp_path / "sim")}),
+                            num_supernodes=CLIENTS)
+    assert outcome.status == "finished:completed", outcome.output[-3000:]
+    assert serve({**config, "results-dir": str(tmp_path / "inp")}, CLIENTS, workers=2)
+    simulated, in_process = _digests(tmp_path / "sim" / "run"), _digests(tmp_path / "inp" / "run")
+    kinds = {line.split()[1] for line in simulated}
+    assert {"train_down", "train_up", "eval_down", "eval_up"} <= kinds
+    assert in_process == simulated
+
+
+def _checkpointed_round(run_dir: Path) -> int:
+    try:
+        return load_checkpoint(run_dir).round
+    except StateFileError:
+        return 0
+
+
+def test_a_killed_run_resumes_on_the_in_process_engine_to_the_uninterrupted_messages(tmp_path: Path) -> None:
+    from experiments.engines import InProcessEngine
+
+    config = {**BASE, "algorithm": "dmpfl", "num-rounds": 6, "drop-rate": 0.0, "run-name": "run"}
+    assert serve({**config, "results-dir": str(tmp_path / "a")}, CLIENTS, workers=2)
+    reference = _digests(tmp_path / "a" / "run")
+
+    run_dir = tmp_path / "b" / "run"
+    command = [sys.executable, "-m", "experiments.engine", "--run-config",
+               json.dumps({**config, "results-dir": str(tmp_path / "b")}), "--clients", str(CLIENTS)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and _checkpointed_round(run_dir) < 3 and process.poll() is None:
+            time.sleep(0.05)
+    finally:
+        stop_process_tree(process, graceful=False)  # killed: the server and its workers at once
+    stopped_after = load_checkpoint(run_dir).round
+    assert 3 <= stopped_after < 6, f"the kill came too late to test anything (round {stopped_after})"
+
+    lines: list[str] = []
+    outcome = InProcessEngine(workers=2).run({**config, "results-dir": str(tmp_path / "b"), "resume": str(run_dir)},
+                                             CLIENTS, 600, lines.append)
+    assert outcome.status == "finished:completed", "\n".join(lines[-30:])
+    assert any(f"resumed after round {stopped_after} of 6" in line for line in lines)
+    assert _digests(run_dir) == reference, "the resumed run sends and receives what the uninterrupted one did"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_after_rounds"] == [stopped_after] and summary["rounds_completed"] == 6
