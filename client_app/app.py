@@ -17,6 +17,22 @@ from common import profiling
 from common.config import ConfigError, RunConfig, parse_run_config
 from common.data.datasets import DataError
 from common.data.federated import client_data
+from common.messages import (
+    CHECKPOINT_ROUND,
+    CONFIG,
+    METRICS,
+    NEWCOMER_MODEL,
+    NUM_PARTITIONS,
+    NUM_TEST,
+    NUM_TRAIN,
+    PARTITION_ID,
+    REASON,
+    REFUSED,
+    SERVER_ROUND,
+    SIMULATE_DROP,
+    STATE_DIR,
+    STATE_KEY,
+)
 from common.persist import CLIENT_STATE_FOLDER
 from common.validation import PayloadError, is_folder_name, read_count
 
@@ -38,10 +54,10 @@ def _config(items: tuple) -> RunConfig:
 
 def _partition(context: Context) -> tuple[int, int]:
     node = context.node_config
-    if "partition-id" not in node or "num-partitions" not in node:
+    if PARTITION_ID not in node or NUM_PARTITIONS not in node:
         raise ValueError("node config needs 'partition-id' and 'num-partitions' "
                          "(simulation sets them; on a device pass --node-config)")
-    return int(node["partition-id"]), int(node["num-partitions"])
+    return int(node[PARTITION_ID]), int(node[NUM_PARTITIONS])
 
 
 def resolve_device(name: str) -> torch.device:
@@ -60,8 +76,8 @@ def state_dir(context: Context, msg: Message, cfg: RunConfig) -> StateDir | None
     """This client's state dir for the run: node config 'state-dir' (a device), else run config
     'client-state-dir' (a simulation; `auto`: the run folder's `client-state/`), under the run's state key and
     the partition; None to keep the state in memory (`memory`, or `auto` where the folder cannot be made)."""
-    root = context.node_config.get("state-dir") or cfg.client_state_dir
-    key = msg.content.config_records["config"].get("state-key") if "config" in msg.content.config_records else None
+    root = context.node_config.get(STATE_DIR) or cfg.client_state_dir
+    key = msg.content.config_records[CONFIG].get(STATE_KEY) if CONFIG in msg.content.config_records else None
     if root == "memory" or not key:
         return None
     if not is_folder_name(key):  # the server names the run's folder; it must stay inside the state dir
@@ -110,13 +126,13 @@ def _env(context: Context, msg: Message, training: bool = False) -> tuple[Client
 def _persist(env: ClientEnv, store: StateDir | None, msg: Message) -> None:
     """Write the state to the state dir (atomically) when the message changed it."""
     if store is not None and env.state.dirty:
-        config = msg.content.config_records["config"]
-        checkpoint = read_count(config, "checkpoint-round", allow_zero=True) if "checkpoint-round" in config else None
+        config = msg.content.config_records[CONFIG]
+        checkpoint = read_count(config, CHECKPOINT_ROUND, allow_zero=True) if CHECKPOINT_ROUND in config else None
         store.save(_round(msg), env.state.record, checkpoint)
 
 
 def _round(msg: Message) -> int:
-    return read_count(msg.content.config_records.get("config"), "server-round", allow_zero=True)
+    return read_count(msg.content.config_records.get(CONFIG), SERVER_ROUND, allow_zero=True)
 
 
 @app.query()
@@ -128,11 +144,11 @@ def query(msg: Message, context: Context) -> Message:
         try:
             env, _ = _env(context, msg)
         except (DataError, ConfigError) as exc:
-            return Message(RecordDict({"refused": ConfigRecord({"reason": str(exc)})}), reply_to=msg)
+            return Message(RecordDict({REFUSED: ConfigRecord({REASON: str(exc)})}), reply_to=msg)
     partition_id, num_partitions = _partition(context)
-    metrics = MetricRecord({"partition-id": partition_id, "num-partitions": num_partitions,
-                            "num-train": env.data.num_train, "num-test": len(env.data.test_y)})
-    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+    metrics = MetricRecord({PARTITION_ID: partition_id, NUM_PARTITIONS: num_partitions,
+                            NUM_TRAIN: env.data.num_train, NUM_TEST: len(env.data.test_y)})
+    return Message(RecordDict({METRICS: metrics}), reply_to=msg)
 
 
 @app.train()
@@ -140,8 +156,8 @@ def train(msg: Message, context: Context) -> Message:
     """One round of local training by the configured algorithm."""
     with profiling.record("client", kind="train", round=_round(msg)):
         env, store = _env(context, msg, training=True)
-        config = msg.content.config_records["config"]
-        if config.get("simulate-drop", False):
+        config = msg.content.config_records[CONFIG]
+        if config.get(SIMULATE_DROP, False):
             # drop-rate: the server picked this client to fail this round; the error reply exercises the real path.
             raise SimulatedDrop(f"client {env.partition_id} dropped this round "
                                 f"(simulated, drop-rate {env.cfg.drop_rate:g})")
@@ -156,8 +172,8 @@ def evaluate(msg: Message, context: Context) -> Message:
     """Evaluation at every shift degree by the configured algorithm."""
     with profiling.record("client", kind="evaluate", round=_round(msg)):
         env, store = _env(context, msg)
-        config = msg.content.config_records.get("config")
-        newcomer = config is not None and config.get("newcomer", False) is True  # a held-out client
+        config = msg.content.config_records.get(CONFIG)
+        newcomer = config is not None and config.get(NEWCOMER_MODEL, False) is True  # a held-out client
         algorithm = (NewcomerClient if newcomer else client_class(env.cfg.algorithm))(env)
         reply = Message(answer(algorithm, MessageType.EVALUATE, _round(msg), msg.content), reply_to=msg)
         _persist(env, store, msg)

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npy_format
 
+from .messages import PHASE, SERVER_ROUND
+
 
 class PayloadError(ValueError):
     """A reply that must not be used; the message says why."""
@@ -145,7 +147,7 @@ def read_finite(metrics: Mapping[str, Any] | None, key: str) -> float:
     return float(value)
 
 
-ECHO_KEYS = ("server-round", "phase")  # instruction values every reply names back
+ECHO_KEYS = (SERVER_ROUND, PHASE)  # instruction values every reply names back
 
 
 def echo_values(config: Mapping[str, Any]) -> dict[str, int]:

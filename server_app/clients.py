@@ -16,6 +16,17 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from common.messages import (
+    CONFIG,
+    METRICS,
+    NUM_PARTITIONS,
+    NUM_TEST,
+    NUM_TRAIN,
+    PARTITION_ID,
+    REASON,
+    REFUSED,
+    SERVER_ROUND,
+)
 from common.seeding import derive_seed
 from common.validation import PayloadError, read_count
 
@@ -25,8 +36,8 @@ def refusal(msg: Message) -> str | None:
     cannot be made under the run's settings); printable and at most 300 characters. None for an answer."""
     if msg.has_error():
         text = str(msg.error.reason)
-    elif "refused" in msg.content.config_records:
-        text = str(msg.content.config_records["refused"].get("reason", "no reason given"))
+    elif REFUSED in msg.content.config_records:
+        text = str(msg.content.config_records[REFUSED].get(REASON, "no reason given"))
     else:
         return None
     return "".join(ch if ch.isprintable() else "?" for ch in text)[:300]
@@ -113,7 +124,7 @@ class ClientRegistry:
         nodes = sorted(connected) if node_ids is None else sorted(node_ids)
         if not nodes:
             raise RunAborted("no SuperNode is connected")
-        messages = [Message(content=RecordDict({"config": ConfigRecord({"server-round": 0})}), dst_node_id=node,
+        messages = [Message(content=RecordDict({CONFIG: ConfigRecord({SERVER_ROUND: 0})}), dst_node_id=node,
                             message_type=MessageType.QUERY) for node in nodes]
         sizes: set[int] = set()
         replaced: list[int] = []
@@ -125,7 +136,7 @@ class ClientRegistry:
                 failures[why] += 1
                 continue
             try:
-                info, num_partitions = self._read_claim(node, msg.content.metric_records.get("metrics"))
+                info, num_partitions = self._read_claim(node, msg.content.metric_records.get(METRICS))
                 sizes.add(num_partitions)
                 took_over = self._admit(info, connected, joining)
             except PayloadError as exc:
@@ -149,9 +160,9 @@ class ClientRegistry:
 
     def _read_claim(self, node: int, metrics: Any) -> tuple[ClientInfo, int]:
         """The partition and sizes a node declares (PayloadError when malformed or out of bounds)."""
-        pid = read_count(metrics, "partition-id", allow_zero=True)
-        num_partitions = read_count(metrics, "num-partitions")
-        info = ClientInfo(pid, node, read_count(metrics, "num-train"), read_count(metrics, "num-test"))
+        pid = read_count(metrics, PARTITION_ID, allow_zero=True)
+        num_partitions = read_count(metrics, NUM_PARTITIONS)
+        info = ClientInfo(pid, node, read_count(metrics, NUM_TRAIN), read_count(metrics, NUM_TEST))
         if pid >= num_partitions:
             raise PayloadError(f"claims partition {pid} of {num_partitions}")
         if max(info.num_train, info.num_test) > self.max_samples:

@@ -14,6 +14,7 @@ from flwr.supercore import log
 from common.aggregate import mean_std
 from common.data.domains import DOMAINS
 from common.evaluate import shift_key
+from common.messages import DOMAIN_ACC, DOMAIN_ID, LOSS, METRICS, NUM_EXAMPLES, NUM_TEST, TRAIN_FLOPS, TRAIN_LOSS
 from common.stages import STAGE_KEYS
 from common.validation import PayloadError, check_echo, read_count, read_finite, read_fraction
 
@@ -36,8 +37,8 @@ class TrainReply:
 def parse_train_metrics(partition_id: int, content: RecordDict, declared: int) -> TrainReply:
     """The metrics every training reply carries (PayloadError when they are missing or malformed, or when the
     sample count exceeds the `declared` training samples of the client's handshake)."""
-    metrics = content.metric_records.get("metrics")
-    reply = TrainReply(partition_id, read_count(metrics, "num-examples"), read_finite(metrics, "train-loss"), content)
+    metrics = content.metric_records.get(METRICS)
+    reply = TrainReply(partition_id, read_count(metrics, NUM_EXAMPLES), read_finite(metrics, TRAIN_LOSS), content)
     if reply.num_examples > declared:
         raise PayloadError(f"num-examples = {reply.num_examples} exceeds the {declared} training samples the client "
                            "declared at the handshake")
@@ -76,13 +77,13 @@ class ReplyLimits:
                       for v in record.values())
         if entries > self.metrics:
             raise PayloadError(f"{entries} metric values, more than {self.metrics}")
-        check_echo(content.metric_records.get("metrics"), expected or {})
+        check_echo(content.metric_records.get(METRICS), expected or {})
 
 
 def reply_flops(content: RecordDict) -> float:
     """A reply's reported training FLOPs (0 when absent or malformed: a cost figure, never used in math)."""
-    metrics = content.metric_records.get("metrics")
-    value = metrics.get("train-flops", 0.0) if metrics is not None else 0.0
+    metrics = content.metric_records.get(METRICS)
+    value = metrics.get(TRAIN_FLOPS, 0.0) if metrics is not None else 0.0
     return float(value) if isinstance(value, (int, float)) and np.isfinite(value) and value >= 0 else 0.0
 
 
@@ -113,16 +114,16 @@ def parse_eval_metrics(metrics: Mapping[str, Any] | None, degrees: tuple[float, 
     """One client's evaluation row: accuracy at every shift degree, loss, the `required` accuracies (the run's
     corruptions and domains, common.evaluate.shifted_metric_keys) and the algorithm's `extra` rows (PayloadError
     when any is missing or out of range; metrics nobody asked for are ignored)."""
-    read_count(metrics, "num-test")
+    read_count(metrics, NUM_TEST)
     row = {shift_key(d): read_fraction(metrics, shift_key(d)) for d in degrees}
-    row["loss"] = read_finite(metrics, "loss")
+    row[LOSS] = read_finite(metrics, LOSS)
     row.update({key: read_fraction(metrics, key) for key in required})
     row.update(extra(metrics))
-    if metrics is not None and "domain-id" in metrics:  # multi-domain data: the global model on the client's domain
-        domain = read_count(metrics, "domain-id", allow_zero=True)
+    if metrics is not None and DOMAIN_ID in metrics:  # multi-domain data: the global model on the client's domain
+        domain = read_count(metrics, DOMAIN_ID, allow_zero=True)
         if domain >= len(DOMAINS):
             raise PayloadError(f"metric 'domain-id' = {domain} names no domain")
-        row[domain_key(DOMAINS[domain])] = read_fraction(metrics, "domain-acc")
+        row[domain_key(DOMAINS[domain])] = read_fraction(metrics, DOMAIN_ACC)
     return row
 
 
@@ -134,7 +135,7 @@ def evaluation_rows(good: list[tuple[int, Message]], degrees: tuple[float, ...],
     rejected = 0
     for pid, msg in good:
         try:
-            rows[pid] = parse_eval_metrics(msg.content.metric_records.get("metrics"), degrees, extra, required)
+            rows[pid] = parse_eval_metrics(msg.content.metric_records.get(METRICS), degrees, extra, required)
         except PayloadError as exc:
             log(WARNING, "%s %d: evaluation reply rejected: %s", who, pid, exc)
             rejected += 1

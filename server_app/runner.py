@@ -20,6 +20,7 @@ from flwr.supercore import log
 from common import profiling
 from common.config import RunConfig
 from common.evaluate import shifted_metric_keys
+from common.messages import CHECKPOINT_ROUND, CONFIG, SIMULATE_DROP, STATE_KEY
 from common.stages import summarize_stages
 from common.validation import PayloadError, echo_values
 
@@ -79,13 +80,13 @@ class RoundRunner:
         contents = []
         for pid in partition_ids:
             content = build(server_round, pid, shared)
-            config = content.config_records["config"]
+            config = content.config_records[CONFIG]
             if self.state_key:
-                config["state-key"] = self.state_key
+                config[STATE_KEY] = self.state_key
             if cfg.checkpoint_every > 0:
-                config["checkpoint-round"] = self.checkpoint_round
+                config[CHECKPOINT_ROUND] = self.checkpoint_round
             if pid in drops:
-                config["simulate-drop"] = True
+                config[SIMULATE_DROP] = True
             self._expected[pid] = echo_values(config)
             contents.append(content)
         return contents

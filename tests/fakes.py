@@ -80,5 +80,5 @@ class PushPullGrid:
         self.waiting = [(mid, msg) for mid, msg in self.waiting if mid not in taken]
         replies = self.answer([msg for _, msg in take])
         for (mid, _), reply in zip(take, replies, strict=True):
-            reply.metadata.reply_to_message_id = mid
+            reply.metadata.__dict__["_reply_to_message_id"] = mid  # the id this grid pushed it under
         return replies

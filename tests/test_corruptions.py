@@ -14,7 +14,7 @@ from common.data.corruptions import CORRUPTIONS, SEVERITIES, corrupt, require_im
 from common.evaluate import corruption_key, shifted_metric_keys
 from common.validation import PayloadError
 from server_app.replies import ReplyLimits, parse_eval_metrics
-from server_app.shift_report import corruption_lines, corruption_table, plot_corruptions
+from server_app.results.shift import corruption_lines, corruption_table, plot_corruptions
 
 from .inprocess import InProcessFederation
 

@@ -157,7 +157,7 @@ def test_every_client_reports_its_seen_and_unseen_domains(data_dir) -> None:
 
 
 def test_summary_shows_seen_and_unseen_domains() -> None:
-    from server_app.shift_report import domain_shift_lines
+    from server_app.results.shift import domain_shift_lines
 
     mean = {"acc-seen-domain": 0.8, "acc-unseen-domains": 0.3, **{f"acc-domain-{n}": 0.5 for n in DOMAINS}}
     lines = domain_shift_lines({"final": {"mean": mean, "std": dict.fromkeys(mean, 0.1)}})

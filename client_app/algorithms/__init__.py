@@ -7,6 +7,7 @@ from typing import cast
 from flwr.app import MessageType, RecordDict
 
 from common.algorithms import SPECS, resolve_half
+from common.messages import ARRAYS, METRICS
 from common.records import to_record
 from common.robust import boosted_upload
 from common.validation import echo_values, record_to_numpy
@@ -24,13 +25,13 @@ def answer(algorithm: ClientAlgorithm, message_type: str, server_round: int, con
     """The algorithm's reply to a training or evaluation message, naming the round (and phase) it answers."""
     if message_type == MessageType.TRAIN:
         reply = algorithm.fit(server_round, content)
-        if algorithm.env.data.attacker and "arrays" in reply.array_records and "arrays" in content.array_records:
-            upload = boosted_upload(record_to_numpy(reply.array_records["arrays"]),
-                                    record_to_numpy(content.array_records["arrays"]), algorithm.cfg.attack_boost)
-            reply["arrays"] = to_record(list(upload), list(upload.values()))
+        if algorithm.env.data.attacker and ARRAYS in reply.array_records and ARRAYS in content.array_records:
+            upload = boosted_upload(record_to_numpy(reply.array_records[ARRAYS]),
+                                    record_to_numpy(content.array_records[ARRAYS]), algorithm.cfg.attack_boost)
+            reply[ARRAYS] = to_record(list(upload), list(upload.values()))
     else:
         reply = algorithm.evaluate(server_round, content)
-    metrics = reply.metric_records["metrics"]
+    metrics = reply.metric_records[METRICS]
     for key, value in echo_values(algorithm.instructions(content)).items():
         metrics[key] = value
     return reply

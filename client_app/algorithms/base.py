@@ -19,6 +19,20 @@ from common.data.evalsets import corrupted_test, domain_tests
 from common.data.federated import ClientData, pooled_test
 from common.evaluate import EvalResult, corruption_key, evaluate_client, shift_key
 from common.flops import flops_per_sample, training_flops
+from common.messages import (
+    ARRAYS,
+    CONFIG,
+    DOMAIN_ACC,
+    DOMAIN_ID,
+    LOSS,
+    METRICS,
+    NUM_EXAMPLES,
+    NUM_TEST,
+    PROX_MU,
+    STEPS,
+    TRAIN_FLOPS,
+    TRAIN_LOSS,
+)
 from common.models import ModelLayout, SplitModel, array_specs, build_model, get_arrays, model_layout
 from common.records import to_record
 from common.seeding import derive_seed
@@ -69,19 +83,19 @@ class ClientAlgorithm(ABC):
     @staticmethod
     def instructions(content: RecordDict) -> ConfigRecord:
         """The round's instructions the server sent (its 'config' record)."""
-        if "config" not in content.config_records:
+        if CONFIG not in content.config_records:
             raise PayloadError("message has no 'config' record")
-        return content.config_records["config"]
+        return content.config_records[CONFIG]
 
     def proximal_mu(self, content: RecordDict) -> float:
         """The proximal coefficient the server sent ('prox-mu'): finite and >= 0."""
-        mu = read_finite(self.instructions(content), "prox-mu")
+        mu = read_finite(self.instructions(content), PROX_MU)
         if mu < 0.0:
             raise PayloadError(f"prox-mu must be a finite non-negative number, got {mu}")
         return mu
 
     @profiling.timed("decode")
-    def received_model(self, content: RecordDict, key: str = "arrays") -> SplitModel:
+    def received_model(self, content: RecordDict, key: str = ARRAYS) -> SplitModel:
         """A model holding the arrays the server sent (validated like any received payload)."""
         return self.new_model(validate_arrays(content.array_records.get(key), self.layout().specs))
 
@@ -151,12 +165,12 @@ class ClientAlgorithm(ABC):
         """Reply content of a training round: metrics (with FLOPs and stage accuracies), plus the model if uploaded.
         `flops` replaces the count of `stats` alone when the client trained more than one model."""
         metrics: MetricValues = {
-            "num-examples": stats.num_samples, "train-loss": _finite(stats.mean_loss), "steps": stats.steps,
-            "train-flops": self.train_flops(stats, densities) if flops is None else flops}
+            NUM_EXAMPLES: stats.num_samples, TRAIN_LOSS: _finite(stats.mean_loss), STEPS: stats.steps,
+            TRAIN_FLOPS: self.train_flops(stats, densities) if flops is None else flops}
         metrics.update(self.stage_metrics(stages or {}))
-        content = RecordDict({"metrics": MetricRecord(metrics)})
+        content = RecordDict({METRICS: MetricRecord(metrics)})
         if model is not None:
-            content["arrays"] = self.model_record(model)
+            content[ARRAYS] = self.model_record(model)
         return content
 
     def row(self, row: EvalRow, model: torch.nn.Module) -> dict[str, float]:
@@ -169,16 +183,16 @@ class ClientAlgorithm(ABC):
         data = self.env.data
         if data.domain < 0 or data.domain_x is None or data.domain_y is None:
             return {}
-        return {"domain-id": data.domain, "domain-acc": accuracy(model, data.domain_x, data.domain_y, self.env.device)}
+        return {DOMAIN_ID: data.domain, DOMAIN_ACC: accuracy(model, data.domain_x, data.domain_y, self.env.device)}
 
     def eval_reply(self, result: EvalResult, extra: dict[str, float] | None = None) -> RecordDict:
         """Reply content of an evaluation: loss and accuracy at each shift degree, under each corruption and on each
         domain."""
-        metrics: MetricValues = {"num-test": result.num_test, "loss": _finite(result.loss)}
+        metrics: MetricValues = {NUM_TEST: result.num_test, LOSS: _finite(result.loss)}
         metrics.update({shift_key(d): acc for d, acc in result.shift_accuracy.items()})
         metrics.update(result.extra)
         metrics.update(extra or {})
-        return RecordDict({"metrics": MetricRecord(metrics)})
+        return RecordDict({METRICS: MetricRecord(metrics)})
 
     # ----- the two handlers ------------------------------------------------------------------------
     @abstractmethod

@@ -15,6 +15,7 @@ from common.algorithms import GLOBAL, DapperFLParams
 from common.channels import channel_groups, pruned_model
 from common.dapperfl import dar_loss, fuse, fusion_factor, select_channels
 from common.flops import flops_per_sample, training_flops
+from common.messages import CHANNEL_MASKS
 from common.models import SplitModel, build_model, get_arrays, set_arrays
 from common.records import to_plain_record
 from common.train import train
@@ -66,7 +67,7 @@ class DapperFLClient(ClientAlgorithm):
                  + training_flops(self.flops_per_sample(tuple(int(m.sum()) for m in masks)), data.num_train,
                                   settings.epochs - full_epochs))
         reply = self.train_reply(stats, small, stages={"G": received, "L1": received, "L2": small}, flops=flops)
-        reply["masks"] = mask_record(masks)
+        reply[CHANNEL_MASKS] = mask_record(masks)
         return reply
 
     def flops_per_sample(self, kept: tuple[int, ...]) -> float:

@@ -10,6 +10,7 @@ from common.algorithms import GLOBAL, PLUS
 from common.dmpfl import PARTIAL, AdaptiveModel, compose_personal, decode_partial_global, masks_digest
 from common.evaluate import MemoLogits, entropy, predict_logits
 from common.masks import prune_and_regrow
+from common.messages import ARRAYS, GLOBAL_VERSION, PERSONAL_MASK_DIGEST, PHASE, READJUST_RATIO
 from common.train import TrainStats, train
 from common.validation import PayloadError, read_count, read_fraction, record_to_numpy
 
@@ -44,10 +45,10 @@ class DMPFLClient(SparseGlobalClient):
 
     def fit(self, server_round: int, content: RecordDict) -> RecordDict:
         """One round of the phase the server asks for."""
-        phase = read_count(self.instructions(content), "phase")
+        phase = read_count(self.instructions(content), PHASE)
         if phase not in (1, 2, 3):
             raise PayloadError(f"phase {phase} is not 1, 2 or 3")
-        if "personal-mask-digest" in self.instructions(content):
+        if PERSONAL_MASK_DIGEST in self.instructions(content):
             if phase == 2:
                 raise PayloadError("phase 2 trains the whole theta_g: a partial global model cannot serve it")
             w_g, m_g = self.partial_global(content)
@@ -63,10 +64,10 @@ class DMPFLClient(SparseGlobalClient):
         """(w_g, m_g) on m_c only: from the message's cut, or the stored cut of this version and m_c; a cut made for
         an m_c this client does not hold is stale (the server then sends the whole model)."""
         config = self.instructions(content)
-        expected = config.get("personal-mask-digest")
+        expected = config.get(PERSONAL_MASK_DIGEST)
         if not isinstance(expected, int) or isinstance(expected, bool):
             raise PayloadError("a partial global model needs an integer 'personal-mask-digest'")
-        version = read_count(config, "global-version", allow_zero=True)
+        version = read_count(config, GLOBAL_VERSION, allow_zero=True)
         state = self.env.state
         personal = self.load_sparse(PERSONAL)
         if personal is None or masks_digest(personal[1]) != expected:
@@ -115,7 +116,7 @@ class DMPFLClient(SparseGlobalClient):
         model, stats, before = self._train(server_round, self.theta_c(w_g, m_g, w_c, m_c), m_c,
                                            on_gradients=collector)
         trained = self.named(model)
-        fraction = read_fraction(self.instructions(content), "readjust-ratio")
+        fraction = read_fraction(self.instructions(content), READJUST_RATIO)
         grads = collector.mean()
         if fraction > 0 and set(grads) == set(m_c):
             weights = {n: torch.from_numpy(trained[n]) for n in m_c}
@@ -124,7 +125,7 @@ class DMPFLClient(SparseGlobalClient):
             trained.update({n: w.numpy() for n, w in new_weights.items()})
         self.save_sparse(PERSONAL, trained, m_c)
         reply = self.train_reply(stats, None, self.densities(m_c), stages=self.stages(w_g, m_g, before, model, True))
-        reply["arrays"] = self.upload(trained, m_c, values_only=False)
+        reply[ARRAYS] = self.upload(trained, m_c, values_only=False)
         return reply
 
     def _refine_global(self, server_round: int, w_g: Named, m_g: Named) -> RecordDict:
@@ -134,7 +135,7 @@ class DMPFLClient(SparseGlobalClient):
             w_c, m_c = self.personal(w_g, m_g)
             stages = self.stages(w_g, m_g, self.to_model(self.theta_c(w_g, m_g, w_c, m_c)), model, False)
         reply = self.train_reply(stats, None, self.densities(m_g), stages=stages)
-        reply["arrays"] = self.upload(self.named(model), m_g, values_only=True)
+        reply[ARRAYS] = self.upload(self.named(model), m_g, values_only=True)
         return reply
 
     def _refine_personal(self, server_round: int, w_g: Named, m_g: Named) -> RecordDict:
@@ -162,7 +163,7 @@ class DMPFLClient(SparseGlobalClient):
         computed once per version (phase 3 may have seen only part of theta_g)."""
         stored_c = self.env.state.load_named(BASE_ENTROPY_C)
         base_c = float(stored_c["be"][0]) if stored_c else self.mean_entropy(model_c)
-        version = read_count(self.instructions(content), "global-version", allow_zero=True)
+        version = read_count(self.instructions(content), GLOBAL_VERSION, allow_zero=True)
         stored_g = self.env.state.load_named(BASE_ENTROPY_G)
         if stored_g is not None and int(stored_g["version"][0]) == version:
             return base_c, float(stored_g["be"][0])

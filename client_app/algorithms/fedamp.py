@@ -7,6 +7,7 @@ from dataclasses import replace
 from flwr.app import RecordDict
 
 from common.algorithms import CLOUD, AMPParams
+from common.messages import PRETRAIN
 from common.models import get_arrays
 from common.train import ProximalStep, train
 
@@ -32,7 +33,7 @@ class FedAMPClient(ClientAlgorithm):
         model = self.received_model(content)
         settings = self.settings(server_round)
         pull: ProximalStep | None = None
-        if self.instructions(content).get("pretrain", False) is True:
+        if self.instructions(content).get(PRETRAIN, False) is True:
             settings = replace(settings, epochs=self.cfg.params_as(AMPParams).pretrain_epochs)
         else:
             self.env.state.save_arrays(CLOUD_MODEL, get_arrays(model))

@@ -6,6 +6,7 @@ import torch
 from flwr.app import RecordDict
 
 from common.masks import prune_and_regrow
+from common.messages import ARRAYS, READJUST_RATIO
 from common.train import train
 from common.validation import read_fraction
 
@@ -21,7 +22,7 @@ class FedDSTClient(SparseGlobalClient):
     def fit(self, server_round: int, content: RecordDict) -> RecordDict:
         """Train theta_g under m_g; readjust the mask when the server says so."""
         w_g, m_g = self.refresh_global(content)
-        fraction = read_fraction(self.instructions(content), "readjust-ratio")
+        fraction = read_fraction(self.instructions(content), READJUST_RATIO)
         model = self.to_model(self.theta_g(w_g, m_g))
         received = self.snapshot(model)
         collector = self.gradient_collector() if fraction > 0 else None
@@ -36,7 +37,7 @@ class FedDSTClient(SparseGlobalClient):
             trained.update({n: w.numpy() for n, w in new_weights.items()})
         reply = self.train_reply(stats, None, self.densities(masks),
                                  stages={"G": received, "L1": received, "L2": model})
-        reply["arrays"] = self.upload(trained, masks, values_only=fraction == 0.0)
+        reply[ARRAYS] = self.upload(trained, masks, values_only=fraction == 0.0)
         return reply
 
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:

@@ -10,6 +10,7 @@ from torch.nn import functional as F
 from common.algorithms import FedFomoParams
 from common.evaluate import predict_logits
 from common.fomo import WEIGHT_KEY, fomo_combine, fomo_weights
+from common.messages import METRICS
 from common.models import array_specs, get_arrays, set_arrays
 from common.seeding import derive_seed
 from common.train import train
@@ -67,5 +68,5 @@ class FedFomoClient(LocalClient):
         self.env.state.save_arrays(PERSONAL, get_arrays(model))
         reply = self.train_reply(stats, model, stages={"L1": before, "L2": model})
         for k, w in enumerate(weights):
-            reply.metric_records["metrics"][WEIGHT_KEY.format(k)] = w
+            reply.metric_records[METRICS][WEIGHT_KEY.format(k)] = w
         return reply

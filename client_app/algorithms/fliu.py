@@ -8,6 +8,7 @@ from flwr.app import RecordDict
 
 from common.algorithms import FLIUParams
 from common.fliu import adaptive_gamma, individualized_update
+from common.messages import NUM_CLIENTS, TOTAL_SAMPLES
 from common.models import SplitModel, get_arrays
 from common.train import TrainSettings, train
 from common.validation import PayloadError, read_count
@@ -31,8 +32,8 @@ class FLIUClient(ClientAlgorithm):
             return fixed
         config = self.instructions(content)
         try:
-            n_total = read_count(config, "total-samples")
-            num_clients = read_count(config, "num-clients")
+            n_total = read_count(config, TOTAL_SAMPLES)
+            num_clients = read_count(config, NUM_CLIENTS)
         except PayloadError as exc:
             raise PayloadError(f"FLIU needs the federation's sample count: {exc}") from None
         return adaptive_gamma(self.env.data.num_train, n_total, num_clients)

@@ -9,6 +9,7 @@ from flwr.app import RecordDict
 
 from common.algorithms import FINETUNED
 from common.evaluate import shift_key
+from common.messages import FINETUNE_EPOCHS
 from common.train import train
 from common.validation import PayloadError, read_count
 
@@ -26,7 +27,7 @@ class NewcomerClient(ClientAlgorithm):
 
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
         """Accuracy of the received model, and after `finetune-epochs` of local training on this client's data."""
-        epochs = read_count(self.instructions(content), "finetune-epochs", allow_zero=True)
+        epochs = read_count(self.instructions(content), FINETUNE_EPOCHS, allow_zero=True)
         if epochs > MAX_FINETUNE_EPOCHS:
             raise PayloadError(f"finetune-epochs = {epochs} is above {MAX_FINETUNE_EPOCHS}")
         model = self.received_model(content)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from flwr.app import RecordDict
 
 from common.algorithms import SPECS
+from common.messages import ARRAYS
 from common.models import SplitModel, get_arrays, set_arrays
 from common.personal import shared_names
 from common.records import to_record
@@ -31,7 +32,7 @@ class PartialClient(ClientAlgorithm):
     def own_model(self, content: RecordDict) -> SplitModel:
         """This client's model (stored, or the common initialization) with the received shared entries in place."""
         model = self.stored_model(PERSONAL)
-        received = dict(zip(self.shared, validate_arrays(content.array_records.get("arrays"), self.shared_specs)))
+        received = dict(zip(self.shared, validate_arrays(content.array_records.get(ARRAYS), self.shared_specs)))
         set_arrays(model, [received.get(name, value) for name, value in zip(self.names, get_arrays(model))])
         return model
 
@@ -50,7 +51,7 @@ class PartialClient(ClientAlgorithm):
         self.env.state.save_arrays(PERSONAL, arrays)
         reply = self.train_reply(stats, None, stages={"L1": before, "L2": model}, flops=flops)
         named = dict(zip(self.names, arrays))
-        reply["arrays"] = to_record(self.shared, [named[name] for name in self.shared])
+        reply[ARRAYS] = to_record(self.shared, [named[name] for name in self.shared])
         return reply
 
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:

@@ -10,6 +10,7 @@ from flwr.app import ArrayRecord, RecordDict
 
 from common.codec import decode_model, encode_model
 from common.dmpfl import Named, compose_global
+from common.messages import GLOBAL_MODEL, GLOBAL_VERSION
 from common.models import SplitModel, get_arrays
 from common.records import to_plain_record
 from common.train import MeanGradient
@@ -36,10 +37,10 @@ class SparseGlobalClient(ClientAlgorithm):
 
     def refresh_global(self, content: RecordDict) -> tuple[Named, Named]:
         """(w_g, m_g): from the message when sent (validated, then stored), else the stored copy of this version."""
-        version = read_count(self.instructions(content), "global-version", allow_zero=True)
+        version = read_count(self.instructions(content), GLOBAL_VERSION, allow_zero=True)
         state = self.env.state
-        if "global" in content.array_records:
-            weights, masks = decode_model(record_to_numpy(content.array_records["global"]), self.shapes)
+        if GLOBAL_MODEL in content.array_records:
+            weights, masks = decode_model(record_to_numpy(content.array_records[GLOBAL_MODEL]), self.shapes)
             if set(masks) != set(self.prunable):
                 raise PayloadError(f"global model has sparse layers {sorted(masks)}, expected {self.prunable}")
             self.save_sparse(GLOBAL, weights, masks)

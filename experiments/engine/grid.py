@@ -20,6 +20,8 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from flwr.supercore.run import Run
 
+from common.messages import NUM_PARTITIONS, PARTITION_ID
+
 from . import worker
 from .blobs import BlobRef, SharedArrays, drop
 from .transport import blob_refs, num_bytes, records_in, records_out
@@ -52,7 +54,7 @@ class InProcessGrid(Grid):
         self._run = Run.create_empty(run_id)
         self._run_config = dict(run_config)
         self._workers, self._threads, self._log_level = workers, threads, log_level
-        self.node_config = {FIRST_NODE_ID + pid: {"partition-id": pid, "num-partitions": num_nodes}
+        self.node_config = {FIRST_NODE_ID + pid: {PARTITION_ID: pid, NUM_PARTITIONS: num_nodes}
                             for pid in range(num_nodes)}
         self.states: dict[int, RecordDict] = {}  # node -> its context state (absent: empty)
         self._shared = SharedArrays()  # array payloads of the messages in flight, in shared memory

@@ -12,6 +12,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from common.algorithms import SPECS
 from common.config import RunConfig
 from common.evaluate import shift_key
+from common.messages import ARRAYS, CONFIG, FINETUNE_EPOCHS, NEWCOMER_MODEL, PARTITION_ID, SERVER_ROUND
 from common.models import ModelLayout
 from common.records import to_record
 from common.robust import robust_average
@@ -60,7 +61,7 @@ class PFLStrategy:
     # ----- messages --------------------------------------------------------------------------------------
     def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
         """Instructions sent with every message of a round (the runner adds its own keys)."""
-        return ConfigRecord({"server-round": server_round, "partition-id": partition_id})
+        return ConfigRecord({SERVER_ROUND: server_round, PARTITION_ID: partition_id})
 
     def global_record(self) -> ArrayRecord:
         """The current global model as one ArrayRecord (named like the model's state dict)."""
@@ -72,13 +73,13 @@ class PFLStrategy:
 
     def train_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
         """Content of one client's training message (default: the global model)."""
-        return RecordDict({"arrays": shared["global"], "config": self.round_config(server_round, partition_id)})
+        return RecordDict({ARRAYS: shared["global"], CONFIG: self.round_config(server_round, partition_id)})
 
     def eval_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
         """Content of one client's evaluation message (default: the global model)."""
-        content = RecordDict({"config": self.round_config(server_round, partition_id)})
+        content = RecordDict({CONFIG: self.round_config(server_round, partition_id)})
         if self.sends_weights_for_eval:
-            content["arrays"] = shared["global"]
+            content[ARRAYS] = shared["global"]
         return content
 
     def newcomer_record(self) -> ArrayRecord:
@@ -87,18 +88,18 @@ class PFLStrategy:
 
     def newcomer_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
         """A held-out client's evaluation message: the newcomer model, once per round, and its fine-tuning epochs."""
-        if "newcomer" not in shared:
-            shared["newcomer"] = self.newcomer_record()
+        if NEWCOMER_MODEL not in shared:
+            shared[NEWCOMER_MODEL] = self.newcomer_record()
         config = self.round_config(server_round, partition_id)
-        config["newcomer"] = True
-        config["finetune-epochs"] = self.cfg.holdout_finetune_epochs
-        return RecordDict({"arrays": shared["newcomer"], "config": config})
+        config[NEWCOMER_MODEL] = True
+        config[FINETUNE_EPOCHS] = self.cfg.holdout_finetune_epochs
+        return RecordDict({ARRAYS: shared[NEWCOMER_MODEL], CONFIG: config})
 
     # ----- replies ---------------------------------------------------------------------------------------
     def decode_train_reply(self, server_round: int, reply: TrainReply) -> None:
         """Decode and validate a reply's upload into `reply` (PayloadError if it must not be used)."""
         if self.uploads_weights:
-            reply.arrays = validate_arrays(reply.content.array_records.get("arrays"), self.specs)
+            reply.arrays = validate_arrays(reply.content.array_records.get(ARRAYS), self.specs)
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Fold validated replies into the server state (default: sample-weighted average, FedAvg)."""

@@ -12,6 +12,7 @@ from common.algorithms import DapperFLParams
 from common.channels import entry_indices, keep_count, pruned_shapes
 from common.config import ConfigError, RunConfig
 from common.dapperfl import aggregate
+from common.messages import ARRAYS, CHANNEL_MASKS
 from common.models import ModelLayout
 from common.validation import PayloadError, validate_arrays
 
@@ -42,7 +43,7 @@ class DapperFLStrategy(PFLStrategy):
         """Masks: one 0/1 uint8 vector per channel group keeping exactly the channels the client's ratio keeps;
         arrays: the model's entries at the widths those masks give, float32, finite."""
         content, ratio = reply.content, self.ratio(reply.partition_id)
-        flags = validate_arrays(content.array_records.get("masks"),
+        flags = validate_arrays(content.array_records.get(CHANNEL_MASKS),
                                 [(f"group-{i}", (g.size,)) for i, g in enumerate(self.groups)], dtype="uint8")
         masks = []
         for i, (group, flag) in enumerate(zip(self.groups, flags, strict=True)):
@@ -54,7 +55,7 @@ class DapperFLStrategy(PFLStrategy):
                                    f"pruning ratio {ratio:g} keeps {expected}")
             masks.append(flag.astype(bool))
         indices = entry_indices(self.groups, masks, self.specs)
-        arrays = validate_arrays(content.array_records.get("arrays"), pruned_shapes(self.specs, indices))
+        arrays = validate_arrays(content.array_records.get(ARRAYS), pruned_shapes(self.specs, indices))
         reply.payload = (dict(zip(self.names, arrays, strict=True)), indices)
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:

@@ -18,6 +18,7 @@ from common.dmpfl import (
     phase_schedule,
 )
 from common.masks import cosine_decay, overlap_of_packed, packed_masks
+from common.messages import CONFIG, PERSONAL_MASK_DIGEST, PHASE, READJUST_RATIO
 from common.models import ModelLayout
 from common.records import to_plain_record
 
@@ -67,10 +68,10 @@ class DMPFLStrategy(SparseGlobalStrategy):
     def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
         """Adds the phase and, in phase 1, the readjust ratio (cosine-decayed over the run's phase-1 rounds)."""
         config = super().round_config(server_round, partition_id)
-        config["phase"] = self.phase(server_round)
+        config[PHASE] = self.phase(server_round)
         if self.phase(server_round) == 1:
             step = self.phase1_rounds.index(server_round)
-            config["readjust-ratio"] = cosine_decay(self.params.readjust_ratio, step, len(self.phase1_rounds))
+            config[READJUST_RATIO] = cosine_decay(self.params.readjust_ratio, step, len(self.phase1_rounds))
         return config
 
     @property
@@ -118,8 +119,8 @@ class DMPFLStrategy(SparseGlobalStrategy):
             return super().train_content(server_round, partition_id, shared)
         cut = (self.version, masks_digest(m_c))
         config = self.round_config(server_round, partition_id)
-        config["personal-mask-digest"] = cut[1]
-        content = RecordDict({"config": config})
+        config[PERSONAL_MASK_DIGEST] = cut[1]
+        content = RecordDict({CONFIG: config})
         if self.delivered_partial.get(partition_id) != cut:
             content[PARTIAL] = to_plain_record(encode_partial_global(self.global_named, self.global_masks, m_c))
             self._partial_in_flight[partition_id] = cut

@@ -12,6 +12,7 @@ from flwr.supercore import log
 from common.algorithms import AMPParams, FedAMPParams, HeurFedAMPParams
 from common.attention import cloud_models, fedamp_weights_from_gram, heurfedamp_weights_from_gram
 from common.config import RunConfig
+from common.messages import ARRAYS, CONFIG, PRETRAIN, PROX_MU
 from common.models import ModelLayout
 
 from ..clients import ClientRegistry
@@ -69,9 +70,9 @@ class FedAMPStrategy(ClientModelsStrategy):
         """Adds the proximal coefficient lambda / alpha_k (or, in round 0, the pre-training flag)."""
         config = super().round_config(server_round, partition_id)
         if server_round == 0:
-            config["pretrain"] = True
+            config[PRETRAIN] = True
         else:
-            config["prox-mu"] = self.amp.fedamp_lambda / self.alpha_k(server_round)
+            config[PROX_MU] = self.amp.fedamp_lambda / self.alpha_k(server_round)
         return config
 
     def shared_payload(self, server_round: int) -> dict[str, Any]:
@@ -82,7 +83,7 @@ class FedAMPStrategy(ClientModelsStrategy):
         """u_i for this client (all the round's u_i come from one xi and one GEMM)."""
         config = self.round_config(server_round, partition_id)
         if server_round == 0:
-            return RecordDict({"arrays": shared["global"], "config": config})
+            return RecordDict({ARRAYS: shared["global"], CONFIG: config})
         matrix = self.ensure_matrix()
         if "cloud" not in shared:
             wanted = sorted(set(self.sample(server_round)) | {partition_id})
@@ -94,7 +95,7 @@ class FedAMPStrategy(ClientModelsStrategy):
         u = shared["cloud"].get(partition_id)
         if u is None:
             u = cloud_models(self.attention(server_round), matrix.W, [self.rows[partition_id]])[0]
-        return RecordDict({"arrays": self.model_record(u), "config": config})
+        return RecordDict({ARRAYS: self.model_record(u), CONFIG: config})
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Store each reply as its client's new row (and the Gram matrix's row/column)."""

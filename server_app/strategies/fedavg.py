@@ -5,6 +5,7 @@ from __future__ import annotations
 from flwr.app import ConfigRecord
 
 from common.algorithms import FedProxParams
+from common.messages import PROX_MU
 
 from .base import PFLStrategy
 
@@ -20,5 +21,5 @@ class FedProxStrategy(FedAvgStrategy):
     def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
         """Adds the proximal coefficient `prox-mu`."""
         config = super().round_config(server_round, partition_id)
-        config["prox-mu"] = self.cfg.params_as(FedProxParams).proximal_mu
+        config[PROX_MU] = self.cfg.params_as(FedProxParams).proximal_mu
         return config

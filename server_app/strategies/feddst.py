@@ -6,6 +6,7 @@ from flwr.app import ConfigRecord
 
 from common.algorithms import FedDSTParams
 from common.dmpfl import aggregate_round
+from common.messages import READJUST_RATIO
 
 from ..replies import TrainReply
 from .sparse import SparseGlobalStrategy
@@ -26,7 +27,7 @@ class FedDSTStrategy(SparseGlobalStrategy):
     def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
         """Tells clients whether this is a readjustment round and by how much."""
         config = super().round_config(server_round, partition_id)
-        config["readjust-ratio"] = self.readjust_ratio(server_round)
+        config[READJUST_RATIO] = self.readjust_ratio(server_round)
         return config
 
     def values_only_round(self, server_round: int) -> bool:

@@ -11,6 +11,7 @@ from common.algorithms import FedFomoParams
 from common.attention import ModelMatrix
 from common.config import RunConfig
 from common.fomo import WEIGHT_KEY, choose_peers
+from common.messages import CONFIG, METRICS, PEER_IDS
 from common.models import ModelLayout
 from common.seeding import derive_seed
 from common.validation import PayloadError
@@ -67,7 +68,7 @@ class FedFomoStrategy(ClientModelsStrategy):
     def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
         """Adds the ids of the peers sent."""
         config = super().round_config(server_round, partition_id)
-        config["peer-ids"] = list(self.sent_peers.get(partition_id, []))
+        config[PEER_IDS] = list(self.sent_peers.get(partition_id, []))
         return config
 
     def shared_payload(self, server_round: int) -> dict[str, Any]:
@@ -80,7 +81,7 @@ class FedFomoStrategy(ClientModelsStrategy):
         peers = self.peers_for(server_round, partition_id)
         self.sent_peers[partition_id] = peers
         matrix = self.ensure_matrix()
-        content = RecordDict({"config": self.round_config(server_round, partition_id)})
+        content = RecordDict({CONFIG: self.round_config(server_round, partition_id)})
         for k, peer in enumerate(peers):
             content[f"peer-{k}"] = self.model_record(matrix.W[self.rows[peer]])
         return content
@@ -88,7 +89,7 @@ class FedFomoStrategy(ClientModelsStrategy):
     def decode_train_reply(self, server_round: int, reply: TrainReply) -> None:
         """The model, plus one finite non-negative weight per peer sent this round."""
         super().decode_train_reply(server_round, reply)
-        metrics = reply.content.metric_records.get("metrics")
+        metrics = reply.content.metric_records.get(METRICS)
         weights = []
         for k in range(len(self.sent_peers.get(reply.partition_id, []))):
             value = metrics.get(WEIGHT_KEY.format(k)) if metrics is not None else None

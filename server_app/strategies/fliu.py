@@ -5,6 +5,7 @@ from __future__ import annotations
 from flwr.app import ConfigRecord
 
 from common.algorithms import FLIUParams
+from common.messages import NUM_CLIENTS, TOTAL_SAMPLES
 
 from ..replies import TrainReply
 from .base import PFLStrategy
@@ -16,8 +17,8 @@ class FLIUStrategy(PFLStrategy):
     def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
         """Adds n (all clients' training samples) and K (clients) for the adaptive gamma."""
         config = super().round_config(server_round, partition_id)
-        config["total-samples"] = self.clients.total_train()
-        config["num-clients"] = len(self.clients)
+        config[TOTAL_SAMPLES] = self.clients.total_train()
+        config[NUM_CLIENTS] = len(self.clients)
         return config
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:

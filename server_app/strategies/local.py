@@ -6,6 +6,8 @@ from typing import Any
 
 from flwr.app import RecordDict
 
+from common.messages import CONFIG
+
 from ..replies import TrainReply
 from .base import PFLStrategy
 
@@ -22,7 +24,7 @@ class LocalStrategy(PFLStrategy):
 
     def train_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
         """Only the round's instructions."""
-        return RecordDict({"config": self.round_config(server_round, partition_id)})
+        return RecordDict({CONFIG: self.round_config(server_round, partition_id)})
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Nothing to aggregate."""

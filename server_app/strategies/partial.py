@@ -7,6 +7,7 @@ from flwr.app import ArrayRecord
 
 from common.algorithms import SPECS
 from common.config import ConfigError, RunConfig
+from common.messages import ARRAYS
 from common.models import ModelLayout
 from common.personal import shared_names
 from common.records import to_record
@@ -41,7 +42,7 @@ class PartialStrategy(PFLStrategy):
 
     def decode_train_reply(self, server_round: int, reply: TrainReply) -> None:
         """The upload must hold exactly the shared entries, float32, finite, of the model's shapes."""
-        reply.arrays = validate_arrays(reply.content.array_records.get("arrays"), self.shared_specs)
+        reply.arrays = validate_arrays(reply.content.array_records.get(ARRAYS), self.shared_specs)
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Sample-weighted average of the shared entries; the others keep their values."""

@@ -16,6 +16,7 @@ from common.codec import decode_model, encode_model
 from common.config import RunConfig
 from common.masked_ops import select
 from common.masks import erk_densities, random_masks
+from common.messages import ARRAYS, CONFIG, GLOBAL_MODEL, GLOBAL_VERSION
 from common.models import ModelLayout
 from common.records import to_plain_record
 from common.seeding import derive_seed
@@ -92,23 +93,23 @@ class SparseGlobalStrategy(PFLStrategy):
     def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
         """Adds the global version the client must hold."""
         config = super().round_config(server_round, partition_id)
-        config["global-version"] = self.version
+        config[GLOBAL_VERSION] = self.version
         return config
 
     def _with_global(self, content: RecordDict, partition_id: int, shared: dict[str, Any]) -> RecordDict:
         if self.delivered.get(partition_id) != self.version:
-            content["global"] = shared["global"]
+            content[GLOBAL_MODEL] = shared["global"]
             self._in_flight[partition_id] = self.version
         return content
 
     def train_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
         """Instructions, plus the sparse global model if the client's copy is stale."""
-        return self._with_global(RecordDict({"config": self.round_config(server_round, partition_id)}),
+        return self._with_global(RecordDict({CONFIG: self.round_config(server_round, partition_id)}),
                                  partition_id, shared)
 
     def eval_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
         """Evaluation needs the whole current global model (sent only if stale)."""
-        return self._with_global(RecordDict({"config": self.round_config(server_round, partition_id)}),
+        return self._with_global(RecordDict({CONFIG: self.round_config(server_round, partition_id)}),
                                  partition_id, shared)
 
     def on_client_reply(self, server_round: int, partition_id: int, ok: bool) -> None:
@@ -122,7 +123,7 @@ class SparseGlobalStrategy(PFLStrategy):
     # ----- replies ---------------------------------------------------------------------------------------
     def decode_upload(self, content: RecordDict, values_only: bool) -> tuple[Named, Named]:
         """Validated (weights, masks) of a sparse upload: every prunable layer sparse, the rest dense."""
-        arrays = record_to_numpy(content.array_records.get("arrays"))
+        arrays = record_to_numpy(content.array_records.get(ARRAYS))
         carried = sorted(key.rsplit("/", 1)[0] for key in arrays if key.endswith("/bits"))
         if values_only and carried:  # e.g. a phase-1 upload replayed in phase 2: it would average zeros into m_g
             raise PayloadError(f"this round takes values on the global mask only, but the upload carries its own mask "

@@ -1,0 +1,73 @@
+"""Every name that travels in a message, declared once (as run-config keys are in config.py): the records a message
+holds, the server's instructions in its 'config' record, what a client reports in its 'metrics' record, and the node
+config a SuperNode is started with. Code uses these constants; tests/test_messages.py checks that no module spells a
+declared name out instead. Families of names made by a function (accuracies per shift degree, corruption and domain:
+common.evaluate; stage accuracies: common.stages) are declared there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MessageKey:
+    """A name in messages: where it travels and what it means."""
+
+    name: str
+    where: tuple[str, ...]  # "record" (a record's name), "config" (server -> client), "metrics" (client -> server),
+    # "node" (a SuperNode's node config)
+    help: str
+
+
+KEYS: dict[str, MessageKey] = {}
+
+
+def _key(name: str, where: tuple[str, ...], help_text: str) -> str:
+    KEYS[name] = MessageKey(name, where, help_text)
+    return name
+
+
+# ----- records -------------------------------------------------------------------------------------------------
+CONFIG = _key("config", ("record",), "the server's instructions for this message")
+METRICS = _key("metrics", ("record",), "what the client reports: sample counts, losses, accuracies, FLOPs")
+ARRAYS = _key("arrays", ("record",), "model weights, dense or encoded by the codec")
+REFUSED = _key("refused", ("record",), "a node's handshake answer when its data cannot be made, with the reason")
+REASON = _key("reason", ("refused",), "why a node refused the handshake (one line)")
+GLOBAL_MODEL = _key("global", ("record",), "sparse algorithms: the global model (weights and mask, by the codec), sent "
+                    "only to a client whose copy is stale")
+CHANNEL_MASKS = _key("masks", ("record",), "DapperFL: which output channels of each layer group a client kept")
+NEWCOMER_MODEL = _key("newcomer", ("record", "config"), "a held-out client's model (record); in the config: "
+                      "evaluate as a newcomer that never trained")
+
+# ----- instructions (server -> client) -------------------------------------------------------------------------
+SERVER_ROUND = _key("server-round", ("config",), "the round the message belongs to; the reply names it back")
+PARTITION_ID = _key("partition-id", ("config", "metrics", "node"), "the partition (client) the message is for; in "
+                    "the handshake, the one a node claims; a SuperNode is started with it")
+STATE_DIR = _key("state-dir", ("node",), "a device's folder for its client state (survives restarts)")
+NUM_PARTITIONS = _key("num-partitions", ("metrics", "node"), "how many partitions the data set is split into")
+STATE_KEY = _key("state-key", ("config",), "names the run's client state folders (the run folder's name)")
+CHECKPOINT_ROUND = _key("checkpoint-round", ("config",), "the server's last checkpointed round: client state a "
+                        "resume may need is kept")
+SIMULATE_DROP = _key("simulate-drop", ("config",), "simulation (drop-rate): fail this round")
+PROX_MU = _key("prox-mu", ("config",), "the proximal coefficient of the round (FedProx, FedAMP's lambda / alpha_k)")
+PRETRAIN = _key("pretrain", ("config",), "FedAMP: train from the common initialization (round 0)")
+PHASE = _key("phase", ("config",), "DM-PFL: the phase of the round (1, 2 or 3); the reply names it back")
+READJUST_RATIO = _key("readjust-ratio", ("config",), "DM-PFL, FedDST: the fraction of weights pruned and regrown")
+GLOBAL_VERSION = _key("global-version", ("config",), "sparse algorithms: the version of the global model sent or held")
+PERSONAL_MASK_DIGEST = _key("personal-mask-digest", ("config",), "DM-PFL: the digest of the personal mask a partial "
+                            "global model was cut for")
+TOTAL_SAMPLES = _key("total-samples", ("config",), "FLIU: the training samples of all clients (n of Eq. 4)")
+NUM_CLIENTS = _key("num-clients", ("config",), "FLIU: the number of clients (K of Eq. 4)")
+PEER_IDS = _key("peer-ids", ("config",), "FedFomo: the partitions whose models the message carries")
+FINETUNE_EPOCHS = _key("finetune-epochs", ("config",), "a newcomer's local fine-tuning epochs before evaluating")
+
+# ----- reports (client -> server) ------------------------------------------------------------------------------
+NUM_TRAIN = _key("num-train", ("metrics",), "handshake: the training samples the client holds (bounds its replies)")
+NUM_TEST = _key("num-test", ("metrics",), "test samples held (handshake) or evaluated (evaluation reply)")
+NUM_EXAMPLES = _key("num-examples", ("metrics",), "training samples of the round (at most num-train)")
+TRAIN_LOSS = _key("train-loss", ("metrics",), "mean training loss of the round")
+TRAIN_FLOPS = _key("train-flops", ("metrics",), "training FLOPs of the round (a cost figure, never used in math)")
+STEPS = _key("steps", ("metrics",), "optimizer steps of the round")
+LOSS = _key("loss", ("metrics",), "evaluation loss")
+DOMAIN_ID = _key("domain-id", ("metrics",), "multi-domain data: the client's domain")
+DOMAIN_ACC = _key("domain-acc", ("metrics",), "multi-domain data: the global model's accuracy on that domain")
