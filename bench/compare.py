@@ -8,7 +8,10 @@ and rounds; the table is read from each run's summary.json.
 
     python bench/compare.py --algorithms fedavg,local --dataset mnist --data-dir ../shared/data \\
         --clients 100 --rounds 30 --fraction 0.1 --epochs 5 --batch-size 64 --lr 0.05 --eval-every 5
-"""
+
+
+Paper: Hussaini, Theiss, Stein, "Local Performance vs. Out-of-Distribution Generalization: An Empirical Analysis of
+Personalized Federated Learning in Heterogeneous Data Environments", arXiv:2510.24503."""
 
 from __future__ import annotations
 
@@ -52,7 +55,7 @@ def accuracy_table(summaries: dict[str, dict]) -> str:
 
 
 def stage_table(summaries: dict[str, dict]) -> str:
-    """Markdown like papers/003 Table I: Acc(L), Acc(G), Acc at stages L1, L2 and Acc(G) at G (%), plus a '+' row
+    """Markdown like the FLIU paper's Table I: Acc(L), Acc(G), Acc at stages L1, L2 and Acc(G) at G (%), plus a '+' row
     for DM-PFL+'s stages L1+ and L2+; '' if none."""
     with_stages = {name: s for name, s in summaries.items() if s.get("stages")}
     if not with_stages:
@@ -187,7 +190,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     print(cost_table(summaries, reference=fedavg_runs[0] if fedavg_runs else "fedavg"))
     stages = stage_table(summaries)
     if stages:
-        print("\nStages (papers/003 Table I) of the clients trained in the last round, %:")
+        print("\nStages (FLIU [arXiv:2510.24503] Table I) of the clients trained in the last round, %:")
         print(stages)
     print(f"\nresults: {results}")
     return summaries

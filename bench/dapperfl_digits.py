@@ -1,4 +1,4 @@
-"""DapperFL on the four-domain Digits benchmark (papers/dapperfl-neurips24-full.txt, Table 1 and Table 3):
+"""DapperFL on the four-domain Digits benchmark (DapperFL [arXiv:2412.05823], Table 1 and Table 3):
 FedAvg, FedProx, DapperFL and its three ablations, 10 clients over the domains, three seeds.
 
 The same experiments as a sweep: bench/sweeps/dapperfl_digits.toml (PFL_DATA_DIR=... pflower sweep
@@ -12,7 +12,10 @@ over the seeds, beside the paper's Table 1 (its SVHN and SYN are our MNIST-M-sty
 
     python bench/dapperfl_digits.py [--data-dir ../shared/data] [--rounds 20] [--seeds 0,1,2]
 Further flags go to bench/compare.py.
-"""
+
+
+Paper: Jia et al., "DapperFL: Domain Adaptive Federated Learning with Model Fusion Pruning for Edge Devices", NeurIPS
+2024, arXiv:2412.05823."""
 
 from __future__ import annotations
 

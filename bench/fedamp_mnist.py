@@ -1,4 +1,4 @@
-"""FedAMP's grouped "challenging non-IID" MNIST (papers/004 Sec. 4, Table 1): FedAvg, FedAvg-FT, Local, FedAMP,
+"""FedAMP's grouped "challenging non-IID" MNIST (the FedAMP paper's Sec. 4, Table 1): FedAvg, FedAvg-FT, Local, FedAMP,
 HeurFedAMP, then FedAMP, HeurFedAMP and FedAvg-FT with 30% of each round's clients dropped and with dirty labels
 (2 of 5 clients, 40% of their training labels flipped).
 
@@ -13,7 +13,10 @@ metric: the best mean client accuracy over the evaluated rounds.
 
     python bench/fedamp_mnist.py [--data-dir ../shared/data] [--rounds 20]
 Further flags go to bench/compare.py.
-"""
+
+
+Paper: Huang et al., "Personalized Federated Learning: An Attentive Collaboration Approach" (FedAMP),
+arXiv:2007.03797."""
 
 from __future__ import annotations
 

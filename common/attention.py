@@ -1,4 +1,7 @@
-"""FedAMP / HeurFedAMP attention weights and personalized cloud models on a (clients x params) matrix."""
+"""FedAMP / HeurFedAMP attention weights and personalized cloud models on a (clients x params) matrix.
+
+Paper: Huang et al., "Personalized Federated Learning: An Attentive Collaboration Approach" (FedAMP),
+arXiv:2007.03797."""
 
 from __future__ import annotations
 
@@ -239,7 +242,7 @@ def fedamp_weights_from_gram(G: np.ndarray, alpha_k: float, sigma: float,
 
 
 def _constant_self_attention(D: np.ndarray, peers: np.ndarray, sigma: float, tau: float) -> np.ndarray:
-    """FedAMP with a constant self-attention (papers/004, Appendix C.1): xi_ii = 1 - tau, and the peers share tau in
+    """FedAMP with a constant self-attention (its paper, App. C.1): xi_ii = 1 - tau, and the peers share tau in
     proportion to A'(D_ij) = exp(-D_ij / sigma) / sigma (computed shifted by the row's smallest distance, so far-apart
     models cannot underflow to 0 / 0). A client without peers keeps xi_ii = 1."""
     if not 0.0 <= tau <= 1.0:

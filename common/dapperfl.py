@@ -1,6 +1,9 @@
-"""DapperFL's math (papers/dapperfl-neurips24-full.txt, Sec. 3; SPEC 3.4): the fusion factor schedule (Eq. 2),
+"""DapperFL's math (DapperFL [arXiv:2412.05823], Sec. 3; SPEC 3.4): the fusion factor schedule (Eq. 2),
 fusion (Eq. 1), l1 channel selection, the domain adaptive regularizer (Eq. 3), and the server's recovery of
-pruned uploads (Eq. 6) and their aggregation (Eq. 7)."""
+pruned uploads (Eq. 6) and their aggregation (Eq. 7).
+
+Paper: Jia et al., "DapperFL: Domain Adaptive Federated Learning with Model Fusion Pruning for Edge Devices", NeurIPS
+2024, arXiv:2412.05823."""
 
 from __future__ import annotations
 

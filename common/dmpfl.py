@@ -1,4 +1,7 @@
-"""DM-PFL math (papers/001 Sec. 3): phase schedule, Eq. 4 composition, Eq. 5 aggregation, global mask, Alg. 4."""
+"""DM-PFL math (DM-PFL [KDD 2023] Sec. 3): phase schedule, Eq. 4 composition, Eq. 5 aggregation, global mask, Alg. 4.
+
+Paper: Zhang, Zhou, Wang, Tong, "DM-PFL: Hitchhiking Generic Federated Learning for Efficient Shift-Robust
+Personalization", KDD 2023, doi:10.1145/3580305.3599311 (not on arXiv)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""FLIU individualized update (papers/003 Eq. 3) and its adaptive personalization factor (Eq. 4)."""
+"""FLIU individualized update (FLIU [arXiv:2510.24503] Eq. 3) and its adaptive personalization factor (Eq. 4).
+
+Paper: Hussaini, Theiss, Stein, "Local Performance vs. Out-of-Distribution Generalization: An Empirical Analysis of
+Personalized Federated Learning in Heterogeneous Data Environments", arXiv:2510.24503."""
 
 from __future__ import annotations
 

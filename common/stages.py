@@ -1,7 +1,10 @@
-"""FLIU's evaluation stages (papers/003 Sec. III): G, L1, L2 with Acc(L), Acc(G), Acc and rho_eps.
+"""FLIU's evaluation stages (FLIU [arXiv:2510.24503] Sec. III): G, L1, L2 with Acc(L), Acc(G), Acc and rho_eps.
 
 "L1+" and "L2+" are L1 and L2 under DM-PFL+'s adaptive inference (the personal model of the stage and G).
-"""
+
+
+Paper: Hussaini, Theiss, Stein, "Local Performance vs. Out-of-Distribution Generalization: An Empirical Analysis of
+Personalized Federated Learning in Heterogeneous Data Environments", arXiv:2510.24503."""
 
 from __future__ import annotations
 

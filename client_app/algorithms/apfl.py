@@ -1,5 +1,8 @@
 """APFL client half (Deng et al., 2020): a local copy of the global model w, a personal model v and a mixing weight
-alpha; the personalized model is alpha * v + (1 - alpha) * w. v and alpha stay on the device."""
+alpha; the personalized model is alpha * v + (1 - alpha) * w. v and alpha stay on the device.
+
+Paper: Zhang, Zhou, Wang, Tong, "DM-PFL: Hitchhiking Generic Federated Learning for Efficient Shift-Robust
+Personalization", KDD 2023, doi:10.1145/3580305.3599311 (not on arXiv)."""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ class APFLClient(ClientAlgorithm):
     """`local-epochs` on w (uploaded, as FedAvg), then as many on v and alpha through the mixture with the received
     global model held fixed: the mixture a client evaluates. APFL interleaves the two updates step by step and mixes
     with the local w as it trains; running them one after the other through the shared training loop keeps one loop
-    for every algorithm and the same number of steps (papers/001 A.1.4), and mixing with a w already fitted to the
+    for every algorithm and the same number of steps (DM-PFL paper, A.1.4), and mixing with a w already fitted to the
     local data would teach alpha to trust that w (it fell to 0 in a check), not the global model used at inference."""
 
     def alpha(self) -> float:

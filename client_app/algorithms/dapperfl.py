@@ -1,6 +1,9 @@
-"""DapperFL client (papers/dapperfl-neurips24-full.txt Alg. 1-2, SPEC 3.4): fine-tune the global model one epoch,
+"""DapperFL client (DapperFL [arXiv:2412.05823] Alg. 1-2, SPEC 3.4): fine-tune the global model one epoch,
 fuse it with the global model, prune output channels by l1 to the device's ratio, train the physically smaller
-model with the domain adaptive regularizer for the remaining epochs, upload it with its channel masks."""
+model with the domain adaptive regularizer for the remaining epochs, upload it with its channel masks.
+
+Paper: Jia et al., "DapperFL: Domain Adaptive Federated Learning with Model Fusion Pruning for Edge Devices", NeurIPS
+2024, arXiv:2412.05823."""
 
 from __future__ import annotations
 

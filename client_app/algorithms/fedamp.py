@@ -1,4 +1,7 @@
-"""FedAMP / HeurFedAMP client half: train toward the personalized cloud model u_i with a proximal term."""
+"""FedAMP / HeurFedAMP client half: train toward the personalized cloud model u_i with a proximal term.
+
+Paper: Huang et al., "Personalized Federated Learning: An Attentive Collaboration Approach" (FedAMP),
+arXiv:2007.03797."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ CLOUD_MODEL = "cloud"
 
 
 class FedAMPClient(ClientAlgorithm):
-    """Minimizes F_i(w) + (lambda / (2 alpha_k)) ||w - u_i||^2 from u_i (papers/004 Eq. 5); keeps w_i and u_i.
+    """Minimizes F_i(w) + (lambda / (2 alpha_k)) ||w - u_i||^2 from u_i (the FedAMP paper's Eq. 5); keeps w_i and u_i.
 
     The proximal term is applied in closed form after each SGD step (common.train.ProximalStep), not as a
     gradient: with the paper's decaying alpha_k the coefficient grows 10x per decay, and the gradient form

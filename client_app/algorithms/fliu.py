@@ -1,4 +1,7 @@
-"""FLIU client half: individualized update theta_k <- gamma theta_k + (1 - gamma) Theta, then local training."""
+"""FLIU client half: individualized update theta_k <- gamma theta_k + (1 - gamma) Theta, then local training.
+
+Paper: Hussaini, Theiss, Stein, "Local Performance vs. Out-of-Distribution Generalization: An Empirical Analysis of
+Personalized Federated Learning in Heterogeneous Data Environments", arXiv:2510.24503."""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ class FLIUClient(ClientAlgorithm):
 
 
     def settings(self, server_round: int) -> TrainSettings:
-        """FLIU trains locally with Adam (papers/003 Sec. IV) at the configured lr and its per-round decay."""
+        """FLIU trains locally with Adam (the FLIU paper's Sec. IV) at the configured lr and its per-round decay."""
         return replace(super().settings(server_round), optimizer="adam")
 
     def gamma(self, content: RecordDict) -> float:

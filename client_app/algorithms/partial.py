@@ -1,5 +1,8 @@
 """Client half of the split methods: LG-FedAvg (global head), FedPer and FedRep (global body), FedBN (all but
-batch-norm layers). The client keeps its whole model; only the shared part comes and goes."""
+batch-norm layers). The client keeps its whole model; only the shared part comes and goes.
+
+Paper: Zhang, Zhou, Wang, Tong, "DM-PFL: Hitchhiking Generic Federated Learning for Efficient Shift-Robust
+Personalization", KDD 2023, doi:10.1145/3580305.3599311 (not on arXiv)."""
 
 from __future__ import annotations
 
@@ -61,7 +64,7 @@ class PartialClient(ClientAlgorithm):
 
 class FedRepClient(PartialClient):
     """FedRep (Collins et al., 2021): `local-epochs` on the head with the body frozen, then as many on the body with
-    the head frozen (papers/001 A.1.4: the extra steps equal the local steps)."""
+    the head frozen (DM-PFL [KDD 2023] A.1.4: the extra steps equal the local steps)."""
 
     def local_training(self, server_round: int, model: SplitModel) -> tuple[TrainStats, float]:
         """Head epochs, then body epochs; FLOPs of each phase counted with its frozen part."""

@@ -1,6 +1,9 @@
-"""DapperFL server half (papers/dapperfl-neurips24-full.txt Sec. 3.4, SPEC 3.4): check each device's pruned upload
+"""DapperFL server half (DapperFL [arXiv:2412.05823] Sec. 3.4, SPEC 3.4): check each device's pruned upload
 and channel masks against its pruning ratio, recover the pruned channels from the previous global model (Eq. 6)
-and average by sample count (Eq. 7)."""
+and average by sample count (Eq. 7).
+
+Paper: Jia et al., "DapperFL: Domain Adaptive Federated Learning with Model Fusion Pruning for Edge Devices", NeurIPS
+2024, arXiv:2412.05823."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""DM-PFL and DM-PFL+ server half (papers/001 Alg. 1-3, Eq. 5): dual masks, three phases per cycle."""
+"""DM-PFL and DM-PFL+ server half (DM-PFL [KDD 2023] Alg. 1-3, Eq. 5): dual masks, three phases per cycle.
+
+Paper: Zhang, Zhou, Wang, Tong, "DM-PFL: Hitchhiking Generic Federated Learning for Efficient Shift-Robust
+Personalization", KDD 2023, doi:10.1145/3580305.3599311 (not on arXiv)."""
 
 from __future__ import annotations
 

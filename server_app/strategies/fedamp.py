@@ -1,4 +1,7 @@
-"""FedAMP and HeurFedAMP server half (papers/004 Alg. 1-2): attentive personalized cloud models, one per client."""
+"""FedAMP and HeurFedAMP server half (the FedAMP paper's Alg. 1-2): attentive personalized cloud models, one per client.
+
+Paper: Huang et al., "Personalized Federated Learning: An Attentive Collaboration Approach" (FedAMP),
+arXiv:2007.03797."""
 
 from __future__ import annotations
 

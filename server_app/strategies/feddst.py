@@ -1,4 +1,7 @@
-"""FedDST server half (Bibikar et al., 2022; papers/001 A.1.1): a sparse global model with periodic readjustment."""
+"""FedDST server half (Bibikar et al., 2022; DM-PFL [KDD 2023] A.1.1): a sparse global model with periodic readjustment.
+
+Paper: Zhang, Zhou, Wang, Tong, "DM-PFL: Hitchhiking Generic Federated Learning for Efficient Shift-Robust
+Personalization", KDD 2023, doi:10.1145/3580305.3599311 (not on arXiv)."""
 
 from __future__ import annotations
 

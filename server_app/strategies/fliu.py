@@ -1,4 +1,7 @@
-"""FLIU server half (papers/003 Alg. 1): average the clients' models; each client individualizes the result."""
+"""FLIU server half (the FLIU paper's Alg. 1): average the clients' models; each client individualizes the result.
+
+Paper: Hussaini, Theiss, Stein, "Local Performance vs. Out-of-Distribution Generalization: An Empirical Analysis of
+Personalized Federated Learning in Heterogeneous Data Environments", arXiv:2510.24503."""
 
 from __future__ import annotations
 
