@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common.models import array_specs, build_model
 from common.robust import ROBUST_METHODS, RobustRule, robust_average

@@ -24,12 +24,10 @@ Further flags go to bench/compare.py (e.g. --seed 1).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from compare import main, merge_config
 from shift_mnist import DEFAULTS
+
+from experiments.compare import main, merge_config
 
 ALGORITHMS = "fedavg,feddst,dmpfl,dmpfl-whole:dmpfl[partial-download=false]"
 SETTINGS = {"paper": ["--clients", "20", "--fraction", "0.5", "--rounds", "60", "--eval-every", "60"],

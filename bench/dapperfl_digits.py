@@ -20,16 +20,12 @@ Paper: Jia et al., "DapperFL: Domain Adaptive Federated Learning with Model Fusi
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from compare import main
-
 from common.data.domains import DOMAINS
+from experiments.compare import main
 
 RUNS = {  # name: (title, algorithm[overrides])
     "fedavg": ("FedAvg", "fedavg"),

@@ -18,11 +18,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from compare import main
-
 from common.algorithms import CLOUD
+from experiments.compare import main
 
 ALGORITHMS = {"fedavg": "FedAvg", "dmpfl": "DM-PFL", "fedamp": "FedAMP"}
 RATES = (0.0, 0.1, 0.3, 0.5)

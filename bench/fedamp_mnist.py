@@ -23,9 +23,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from compare import main
+from experiments.compare import main
 
 DROP = "drop-rate=0.3"
 DIRTY = "dirty-clients=0.4 dirty-fraction=0.4"

@@ -19,14 +19,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 import tracemalloc
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common.attention import (
     ModelMatrix,

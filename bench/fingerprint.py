@@ -1,8 +1,8 @@
-"""One hash per algorithm of everything its small in-process runs send and compute: every training message and reply
-(arrays, metrics, configs) and every evaluation reply. Run it at two commits and compare the lines: a speed-up that
-claims to change nothing must leave every hash as it was.
+"""One hash per algorithm of everything its small runs send and receive: the digest of every training message, every
+reply and every evaluation message and reply (run-config message-digests). Run it at two commits, or on both engines,
+and compare the lines: a speed-up that claims to change nothing must leave every hash as it was.
 
-    python bench/fingerprint.py [--data-dir ../shared/data] [--algorithms dmpfl,feddst,...]
+    python bench/fingerprint.py [--data-dir ../shared/data] [--algorithms dmpfl,feddst,...] [--engine simulation]
     git stash; python bench/fingerprint.py > before.txt; git stash pop; python bench/fingerprint.py | diff before.txt -
 
 Digits (embedded) for every algorithm; with real MNIST present also DM-PFL and FedDST on cnn-mnist with 10 clients,
@@ -15,72 +15,57 @@ import argparse
 import hashlib
 import json
 import logging
-import sys
+import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from common.algorithms import SPECS
+from experiments.engines import ENGINES, make_engine
 
-from flwr.app import RecordDict  # noqa: E402
-
-from common.config import parse_run_config  # noqa: E402
-from tests.inprocess import InProcessFederation  # noqa: E402
-
-DIGITS = ["dmpfl", "feddst", "fedavg", "fedprox", "dapperfl", "lg-fedavg", "fedper", "fedrep", "apfl", "fliu",
-          "ditto", "fedamp", "heurfedamp", "fedfomo", "local", "fedavg-ft"]
 ROUNDS = 6
 
 
-def hash_record(digest: hashlib._Hash, content: RecordDict) -> None:
-    """Feed a message's arrays (bytes), metrics and configs into `digest` in a fixed order."""
-    for name in sorted(content.array_records):
-        for key, array in sorted(content.array_records[name].items()):
-            digest.update(f"{name}/{key}".encode())
-            digest.update(array.numpy().tobytes())
-    for name in sorted(content.metric_records):
-        digest.update(json.dumps(dict(content.metric_records[name]), sort_keys=True).encode())
-    for name in sorted(content.config_records):
-        digest.update(json.dumps({k: str(v) for k, v in content.config_records[name].items()}, sort_keys=True).encode())
-
-
-def fingerprint(raw: dict, clients: int) -> str:
-    """Hash of ROUNDS training rounds (every message both ways) and an evaluation every third round."""
-    fed = InProcessFederation(parse_run_config(raw), clients)
+def fingerprint(engine_name: str, raw: dict, clients: int, workers: int) -> str:
+    """Hash of the sorted message digests of a ROUNDS-round run (an evaluation every third round)."""
+    with tempfile.TemporaryDirectory(prefix="fingerprint-") as tmp:
+        engine = make_engine(engine_name, Path(__file__).resolve().parent.parent, workers)
+        try:
+            lines: list[str] = []
+            config = {**raw, "results-dir": tmp, "run-name": "run", "message-digests": True}
+            outcome = engine.run(config, clients, 3600, lines.append)
+        finally:
+            engine.close()
+        if outcome.status != "finished:completed":
+            raise SystemExit("run failed:\n" + "\n".join(lines[-30:]))
+        rows = [json.loads(line) for line in (Path(tmp) / "run" / "messages.jsonl").read_text().splitlines()]
     digest = hashlib.sha256()
-    for rnd in range(1, ROUNDS + 1):
-        replies = fed.train_round(rnd)
-        for pid in sorted(fed.sent[rnd]):
-            hash_record(digest, fed.sent[rnd][pid])
-        for pid in sorted(replies):
-            hash_record(digest, replies[pid])
-        if rnd % 3 == 0:
-            evaluated = fed.evaluate(rnd)
-            for pid in sorted(evaluated):
-                hash_record(digest, evaluated[pid])
+    for row in sorted(f"{r['round']} {r['kind']} {r['client']} {r['digest']}" for r in rows):
+        digest.update(row.encode())
     return digest.hexdigest()[:16]
 
 
 def main() -> None:
     """Print `name hash` per case."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
-    parser.add_argument("--algorithms", default=",".join(DIGITS))
+    parser.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+    parser.add_argument("--algorithms", default=",".join(sorted(SPECS)))
+    parser.add_argument("--engine", choices=ENGINES, default="inprocess")
+    parser.add_argument("--workers", type=int, default=0, help="inprocess: worker processes (default: one per core)")
     args = parser.parse_args()
     logging.getLogger("flwr").setLevel(logging.WARNING)
-    base = {"dataset": "digits", "num-rounds": ROUNDS, "iterations": 1, "fraction-train": 0.5, "local-epochs": 1,
-            "lr": 0.1, "readjust-ratio": 0.2, "seed": 3}
+    base = {"dataset": "digits", "num-rounds": ROUNDS, "eval-every": 3, "iterations": 1, "fraction-train": 0.5,
+            "local-epochs": 1, "lr": 0.1, "readjust-ratio": 0.2, "seed": 3}
     cases = [(algorithm, {**base, "algorithm": algorithm}, 6) for algorithm in args.algorithms.split(",")]
     cases.append(("dmpfl-stages-momentum-wd", {**base, "algorithm": "dmpfl", "stages": True, "momentum": 0.9,
                                                "weight-decay": 0.01}, 6))
     if (Path(args.data_dir) / "MNIST").is_dir():
-        mnist = {**base, "dataset": "mnist", "data-dir": args.data_dir, "model": "cnn-mnist", "max-samples": 3000,
-                 "fraction-train": 0.2, "shift-degrees": "0,0.5,1"}
+        mnist = {**base, "dataset": "mnist", "data-dir": str(Path(args.data_dir).resolve()), "model": "cnn-mnist",
+                 "max-samples": 3000, "fraction-train": 0.2, "shift-degrees": "0,0.5,1"}
         cases.append(("dmpfl-mnist", {**mnist, "algorithm": "dmpfl"}, 10))
         cases.append(("feddst-mnist-adam", {**mnist, "algorithm": "feddst", "optimizer": "adam", "lr": 0.001}, 10))
     else:
         print(f"# no MNIST under {args.data_dir}: the cnn-mnist cases are left out", flush=True)
     for name, raw, clients in cases:
-        print(name, fingerprint(raw, clients), flush=True)
+        print(name, fingerprint(args.engine, raw, clients, args.workers), flush=True)
 
 
 if __name__ == "__main__":

@@ -22,12 +22,9 @@ Personalized Federated Learning in Heterogeneous Data Environments", arXiv:2510.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from compare import main
+from experiments.compare import main
 
 ALGORITHMS = "fedavg,local,fedfomo,fliu,fliu-gamma0.5:fliu[fliu-gamma=0.5]"
 SETTINGS = {  # name: (partition, clients, fraction)

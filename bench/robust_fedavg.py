@@ -20,9 +20,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from compare import main
+from experiments.compare import main
 
 ATTACK = "attack-clients=0.1 attack-boost=10"
 RUNS = {  # name: (title, run-config overrides)

@@ -32,10 +32,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from experiments.superlink import LocalSuperLink
 
-from tests.harness.local_superlink import LocalSuperLink  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent  # the Flower app the simulation runs
 
 CLIENT_PHASES = ("env", "decode", "train", "evaluate", "encode", "flops", "persist")
 SERVER_PHASES = ("build", "messages", "flower", "check", "aggregate", "checkpoint")

@@ -21,9 +21,7 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from compare import main
+from experiments.compare import main
 
 ALGORITHMS = "fedavg,fedavg-ft,lg-fedavg,fedper,fedrep,ditto,apfl,feddst,dmpfl"
 DEFAULTS = ["--algorithms", ALGORITHMS, "--dataset", "mnist",

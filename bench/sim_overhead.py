@@ -17,10 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from experiments.superlink import LocalSuperLink
 
-from tests.harness.local_superlink import LocalSuperLink  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent  # the Flower app the simulation runs
 
 
 def elapsed(link: LocalSuperLink, run_id: str) -> float:

@@ -124,3 +124,18 @@ def test_a_spec_naming_a_wrong_class_is_refused() -> None:
         resolve_half("server_app.strategies", "fedavg:FedAvgClient", PFLStrategy)
     with pytest.raises(ModuleNotFoundError):
         resolve_half("server_app.strategies", "nosuchmodule:X", PFLStrategy)
+
+
+def test_benchmarks_import_the_installed_package_and_never_the_tests() -> None:
+    offenders = []
+    for path in sorted((REPO / "bench").rglob("*.py")):
+        text = path.read_text()
+        tree = ast.parse(text)
+        imported = _imports(f"bench.{path.stem}", path)
+        if any(m == "tests" or m.startswith("tests.") for m in imported):
+            offenders.append(f"{path.name} imports the tests")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "insert" and \
+                    isinstance(node.value, ast.Attribute) and node.value.attr == "path":
+                offenders.append(f"{path.name} edits sys.path")
+    assert not offenders, offenders
