@@ -10,12 +10,10 @@ from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 
-def flops_per_sample(model: nn.Module, input_shape: tuple[int, ...], num_classes: int,
-                     densities: Mapping[str, float] | None = None, batch_size: int = 8,
-                     trainable: set[str] | None = None) -> float:
-    """Forward + backward FLOPs of one training sample; a layer whose weight has density d counts d of its FLOPs.
+def layer_flops(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, batch_size: int = 8,
+                trainable: set[str] | None = None) -> tuple[float, dict[str, float]]:
+    """Forward + backward FLOPs of one batch in all and per module (torch's FLOP counter on the dense model).
 
-    densities: parameter name (e.g. 'body.3.weight') -> fraction of its weights that are active.
     trainable: parameter names that get gradients (None: all); autograd skips the backward work of the rest
     (FedRep's head epochs cost a forward pass and the head's backward).
     """
@@ -35,14 +33,30 @@ def flops_per_sample(model: nn.Module, input_shape: tuple[int, ...], num_classes
         for name, p in named.items():
             p.requires_grad_(saved[name])
     model.zero_grad(set_to_none=True)
-    counts = counter.get_flop_counts()
-    total = float(counter.get_total_flops())
-    prefix = type(model).__name__
+    per_module = {key: float(sum(ops.values())) for key, ops in counter.get_flop_counts().items()}
+    return float(counter.get_total_flops()), per_module
+
+
+def scaled_per_sample(model_name: str, counted: tuple[float, dict[str, float]],
+                      densities: Mapping[str, float] | None, batch_size: int = 8) -> float:
+    """One sample's FLOPs from a batch's counts (layer_flops of a model of class `model_name`): a layer whose weight
+    has density d counts d of its FLOPs."""
+    total, per_module = counted
     for name, density in (densities or {}).items():
-        module_key = f"{prefix}.{name.rsplit('.', 1)[0]}"
-        layer = float(sum(counts.get(module_key, {}).values()))
-        total -= (1.0 - density) * layer
+        total -= (1.0 - density) * per_module.get(f"{model_name}.{name.rsplit('.', 1)[0]}", 0.0)
     return total / batch_size
+
+
+def flops_per_sample(model: nn.Module, input_shape: tuple[int, ...], num_classes: int,
+                     densities: Mapping[str, float] | None = None, batch_size: int = 8,
+                     trainable: set[str] | None = None) -> float:
+    """Forward + backward FLOPs of one training sample; a layer whose weight has density d counts d of its FLOPs.
+
+    densities: parameter name (e.g. 'body.3.weight') -> fraction of its weights that are active.
+    trainable: parameter names that get gradients (None: all).
+    """
+    counted = layer_flops(model, input_shape, num_classes, batch_size, trainable)
+    return scaled_per_sample(type(model).__name__, counted, densities, batch_size)
 
 
 def training_flops(per_sample: float, num_samples: int, epochs: int) -> float:

@@ -18,7 +18,7 @@ from common.config import RunConfig
 from common.data.evalsets import corrupted_test, domain_tests
 from common.data.federated import ClientData, pooled_test
 from common.evaluate import EvalResult, corruption_key, evaluate_client, shift_key
-from common.flops import flops_per_sample, training_flops
+from common.flops import layer_flops, scaled_per_sample, training_flops
 from common.messages import (
     ARRAYS,
     CONFIG,
@@ -205,12 +205,20 @@ class ClientAlgorithm(ABC):
         return self.eval_reply(self.evaluate_model(model), self.domain_metrics(model))
 
 
-@lru_cache(maxsize=32)
 def _flops_per_sample(model_name: str, dataset: str, input_shape: tuple[int, ...], num_classes: int,
                       densities: tuple[tuple[str, float], ...], trainable: tuple[str, ...] | None = None) -> float:
+    """One sample's training FLOPs: the dense model's per-layer counts (counted once per process), scaled by the
+    layers' densities (which change with every mask)."""
+    model_class, counted = _dense_counts(model_name, dataset, input_shape, num_classes, trainable)
+    return scaled_per_sample(model_class, counted, dict(densities))
+
+
+@lru_cache(maxsize=32)
+def _dense_counts(model_name: str, dataset: str, input_shape: tuple[int, ...], num_classes: int,
+                  trainable: tuple[str, ...] | None) -> tuple[str, tuple[float, dict[str, float]]]:
     model = build_model(model_name, dataset, input_shape, num_classes, seed=0)
-    return flops_per_sample(model, input_shape, num_classes, dict(densities),
-                            trainable=None if trainable is None else set(trainable))
+    counted = layer_flops(model, input_shape, num_classes, trainable=None if trainable is None else set(trainable))
+    return type(model).__name__, counted
 
 
 def _finite(value: float) -> float:
