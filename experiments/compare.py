@@ -81,24 +81,40 @@ def stage_table(summaries: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def cost_table(summaries: dict[str, dict], reference: str = "fedavg") -> str:
+def cost_table(summaries: dict[str, dict], reference: str = "fedavg",
+               round_seconds: dict[str, float] | None = None) -> str:
     """Markdown: measured training MB per client (down, up, total), training FLOPs per client, ratios to the
-    reference run (the first FedAvg run)."""
+    reference run (the first FedAvg run), wall time, and (when given) the median training round's wall time with its
+    ratio to the reference's."""
     ref = summaries.get(reference)
+    rounds = round_seconds or {}
     lines = [f"| algorithm | MB down / client | MB up / client | MB total / client | bytes vs {reference} "
-             f"| training FLOPs / client | FLOPs vs {reference} | wall (s) |", "|---|---|---|---|---|---|---|---|"]
+             f"| training FLOPs / client | FLOPs vs {reference} | wall (s) | training round (s, median) "
+             f"| round vs {reference} |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in summaries.items():
         mb = s["mb_per_client"]
         total = mb["train_down"] + mb["train_up"]
         flops = s.get("train_flops_per_client", 0.0)
-        ratio_b = ratio_f = "n/a"
+        ratio_b = ratio_f = ratio_r = "n/a"
         if ref:
             ref_total = ref["mb_per_client"]["train_down"] + ref["mb_per_client"]["train_up"]
             ratio_b = f"{total / ref_total:.3f}" if ref_total else "n/a"
             ratio_f = f"{flops / ref['train_flops_per_client']:.3f}" if ref.get("train_flops_per_client") else "n/a"
+        if name in rounds and rounds.get(reference):
+            ratio_r = f"{rounds[name] / rounds[reference]:.2f}"
+        round_s = f"{rounds[name]:.2f}" if name in rounds else "n/a"
         lines.append(f"| {name} | {mb['train_down']:.2f} | {mb['train_up']:.2f} | {total:.2f} | {ratio_b} "
-                     f"| {flops:.3e} | {ratio_f} | {s['wall_seconds']:.0f} |")
+                     f"| {flops:.3e} | {ratio_f} | {s['wall_seconds']:.0f} | {round_s} | {ratio_r} |")
     return "\n".join(lines)
+
+
+def median_round_seconds(run_dir: Path) -> float:
+    """The median wall time of a run's training rounds after the first, evaluation rounds left out."""
+    import statistics
+
+    from .measure import steady_rounds
+
+    return statistics.median(r["wall_s"] for r in steady_rounds(run_dir))
 
 
 def parse_overrides(text: str) -> dict[str, str]:
@@ -201,7 +217,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     print(accuracy_table(summaries))
     print()
     fedavg_runs = [name for name, algorithm, _ in parse_algorithms(args.algorithms) if algorithm == "fedavg"]
-    print(cost_table(summaries, reference=fedavg_runs[0] if fedavg_runs else "fedavg"))
+    round_seconds = {name: median_round_seconds(results / name) for name in summaries
+                     if (results / name / "metrics.jsonl").is_file()}
+    print(cost_table(summaries, reference=fedavg_runs[0] if fedavg_runs else "fedavg", round_seconds=round_seconds))
     stages = stage_table(summaries)
     if stages:
         print("\nStages (FLIU [arXiv:2510.24503] Table I) of the clients trained in the last round, %:")

@@ -122,6 +122,7 @@ def test_a_worker_that_dies_gives_error_replies_and_the_pool_is_replaced(tmp_pat
 # ----- whole runs ----------------------------------------------------------------------------------------------
 BASE = {"dataset": "digits", "num-rounds": 3, "iterations": 1, "fraction-train": 0.5, "local-epochs": 1, "lr": 0.1,
         "readjust-ratio": 0.2, "seed": 3, "shift-degrees": "0,1", "message-digests": True, "drop-rate": 0.3,
+        "straggler-rate": 0.3,
         "holdout-clients": 0.25, "holdout-finetune-epochs": 1, "eval-every": 1}
 CLIENTS = 4
 
@@ -163,7 +164,7 @@ def _checkpointed_round(run_dir: Path) -> int:
 def test_a_killed_run_resumes_on_the_in_process_engine_to_the_uninterrupted_messages(tmp_path: Path) -> None:
     from experiments.engines import InProcessEngine
 
-    config = {**BASE, "algorithm": "dmpfl", "num-rounds": 6, "drop-rate": 0.0, "run-name": "run"}
+    config = {**BASE, "algorithm": "dmpfl", "num-rounds": 6, "drop-rate": 0.0, "straggler-rate": 0.0, "run-name": "run"}
     assert serve({**config, "results-dir": str(tmp_path / "a")}, CLIENTS, workers=2)
     reference = _digests(tmp_path / "a" / "run")
 

@@ -1,0 +1,50 @@
+"""The run's figures: accuracy by round and by shift degree (and by corruption severity)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from common.evaluate import shift_key
+
+from .shift import plot_corruptions
+
+
+def plot_run(records: list[dict[str, Any]], summary: dict[str, Any], run_dir: Path) -> None:
+    """accuracy_vs_round.png, accuracy_vs_shift.png and, with corruptions, accuracy_vs_corruption.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    evaluated = [r for r in records if r.get("eval")]
+    if not evaluated:
+        return
+    degrees = summary["shift_degrees"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    rounds = [r["round"] for r in evaluated]
+    for d in degrees:
+        ax.plot(rounds, [100 * r["eval"]["mean"][shift_key(d)] for r in evaluated], marker=".",
+                label=f"shift {100 * d:g}%")
+    ax.set_xlabel("round")
+    ax.set_ylabel("mean client accuracy (%)")
+    ax.set_title(f"{summary.get('algorithm')} on {summary.get('dataset')}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(run_dir / "accuracy_vs_round.png", dpi=120)
+    plt.close(fig)
+
+    final = summary["final"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    means = [100 * final["mean"][shift_key(d)] for d in degrees]
+    stds = [100 * final["std"][shift_key(d)] for d in degrees]
+    ax.errorbar([100 * d for d in degrees], means, yerr=stds, marker="o", capsize=3)
+    ax.set_xlabel("test-time shift degree (%)")
+    ax.set_ylabel("accuracy (%), mean +/- std over clients")
+    ax.set_title(f"{summary.get('algorithm')}: accuracy under shift (round {summary['final_round']})")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(run_dir / "accuracy_vs_shift.png", dpi=120)
+    plt.close(fig)
+    plot_corruptions(summary, run_dir)
