@@ -26,8 +26,9 @@ def main() -> None:
     specs = array_specs(build_model("cnn-mnist", "mnist", (1, 28, 28), 10, seed=0))
     rng = np.random.default_rng(0)
     reference = [rng.standard_normal(shape).astype(np.float32) for _, shape in specs]
-    models = [[r + 0.01 * rng.standard_normal(r.shape).astype(np.float32) for r in reference]
-              for _ in range(args.clients)]
+    models = [
+        [r + 0.01 * rng.standard_normal(r.shape).astype(np.float32) for r in reference] for _ in range(args.clients)
+    ]
     weights = rng.integers(100, 1000, size=args.clients).tolist()
     times = {}
     for method in ROBUST_METHODS:
@@ -37,8 +38,10 @@ def main() -> None:
             robust_average(models, weights, reference, RobustRule(method))
             samples.append(time.perf_counter() - started)
         times[method] = statistics.median(samples)
-    print(f"{args.clients} uploads of the MNIST CNN ({sum(int(np.prod(s)) for _, s in specs):,} parameters), median "
-          f"of {args.repeats} calls:")
+    print(
+        f"{args.clients} uploads of the MNIST CNN ({sum(int(np.prod(s)) for _, s in specs):,} parameters), median "
+        f"of {args.repeats} calls:"
+    )
     print("| rule | ms per aggregation | vs plain average |\n|---|---|---|")
     for method, seconds in times.items():
         print(f"| {method} | {1e3 * seconds:.0f} | {seconds / times['none']:.1f}x |")

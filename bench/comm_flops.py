@@ -30,8 +30,10 @@ from shift_mnist import DEFAULTS
 from experiments.compare import main, merge_config
 
 ALGORITHMS = "fedavg,feddst,dmpfl,dmpfl-whole:dmpfl[partial-download=false]"
-SETTINGS = {"paper": ["--clients", "20", "--fraction", "0.5", "--rounds", "60", "--eval-every", "60"],
-            "short": ["--clients", "100", "--fraction", "0.1", "--rounds", "30", "--eval-every", "30"]}
+SETTINGS = {
+    "paper": ["--clients", "20", "--fraction", "0.5", "--rounds", "60", "--eval-every", "60"],
+    "short": ["--clients", "100", "--fraction", "0.1", "--rounds", "30", "--eval-every", "30"],
+}
 MAX_SAMPLES = {"paper": 14_000, "short": 0}  # 700 per client on average in both
 
 
@@ -41,7 +43,7 @@ def arguments(argv: list[str]) -> list[str]:
     if "--setting" in argv:
         at = argv.index("--setting")
         setting = argv[at + 1]
-        argv = argv[:at] + argv[at + 2:]
+        argv = argv[:at] + argv[at + 2 :]
         if setting not in SETTINGS:
             sys.exit(f"--setting must be one of {', '.join(SETTINGS)}, got {setting!r}")
     args = list(DEFAULTS) + SETTINGS[setting]

@@ -36,15 +36,39 @@ RUNS = {  # name: (title, algorithm[overrides])
     "dapperfl": ("DapperFL", "dapperfl"),
 }
 PAPER = {  # Table 1 (MNIST, USPS, SVHN, SYN, global) and Table 3 (global)
-    "fedavg": (95.89, 86.84, 78.39, 33.63, 71.81), "fedprox": (96.68, 83.96, 76.69, 30.95, 70.74),
-    "dapperfl-plain": (None, None, None, None, 71.94), "dapperfl-nodar": (None, None, None, None, 72.37),
-    "dapperfl-nomfp": (None, None, None, None, 73.34), "dapperfl": (96.25, 86.30, 82.45, 37.26, 74.30)}
-DEFAULTS = ["--algorithms", ",".join(f"{name}:{spec}" for name, (_, spec) in RUNS.items()),
-            "--dataset", "digit-domains", "--data-dir",
-            str(Path(__file__).resolve().parent.parent.parent / "shared" / "data"),
-            "--partition", "domains", "--clients", "10", "--rounds", "20", "--fraction", "1.0", "--epochs", "5",
-            "--batch-size", "64", "--lr", "0.01", "--eval-every", "20",
-            "--extra", "model='resnet10-s' momentum=0.9 weight-decay=1e-5 shift-degrees='0'"]
+    "fedavg": (95.89, 86.84, 78.39, 33.63, 71.81),
+    "fedprox": (96.68, 83.96, 76.69, 30.95, 70.74),
+    "dapperfl-plain": (None, None, None, None, 71.94),
+    "dapperfl-nodar": (None, None, None, None, 72.37),
+    "dapperfl-nomfp": (None, None, None, None, 73.34),
+    "dapperfl": (96.25, 86.30, 82.45, 37.26, 74.30),
+}
+DEFAULTS = [
+    "--algorithms",
+    ",".join(f"{name}:{spec}" for name, (_, spec) in RUNS.items()),
+    "--dataset",
+    "digit-domains",
+    "--data-dir",
+    str(Path(__file__).resolve().parent.parent.parent / "shared" / "data"),
+    "--partition",
+    "domains",
+    "--clients",
+    "10",
+    "--rounds",
+    "20",
+    "--fraction",
+    "1.0",
+    "--epochs",
+    "5",
+    "--batch-size",
+    "64",
+    "--lr",
+    "0.01",
+    "--eval-every",
+    "20",
+    "--extra",
+    "model='resnet10-s' momentum=0.9 weight-decay=1e-5 shift-degrees='0'",
+]
 
 
 def domain_accuracies(summary: dict) -> list[float]:
@@ -56,8 +80,10 @@ def domain_accuracies(summary: dict) -> list[float]:
 
 def table(by_seed: list[dict[str, dict]]) -> str:
     """Markdown: per run, each domain and the global accuracy, mean +/- std over seeds, with the paper's."""
-    lines = ["| run | " + " | ".join(DOMAINS) + " | global accuracy | paper (MNIST, USPS, SVHN, SYN, global) |",
-             "|---|" + "---|" * (len(DOMAINS) + 2)]
+    lines = [
+        "| run | " + " | ".join(DOMAINS) + " | global accuracy | paper (MNIST, USPS, SVHN, SYN, global) |",
+        "|---|" + "---|" * (len(DOMAINS) + 2),
+    ]
     for name, (title, _) in RUNS.items():
         rows = np.array([domain_accuracies(s[name]) for s in by_seed if name in s])
         if not len(rows):
@@ -72,8 +98,9 @@ def ratio_table(summary: dict) -> str:
     """Markdown: DapperFL's per-client costs by pruning ratio."""
     lines = ["| ratio | values uploaded | training FLOPs per client-round | MB up | MB down |", "|---|---|---|---|---|"]
     for ratio, row in sorted(summary.get("by_ratio", {}).items(), key=lambda item: float(item[0])):
-        lines.append(f"| {ratio} | {row['values']:,} | {row['train_flops']:.3e} | {row['mb_up']:.3f} | "
-                     f"{row['mb_down']:.3f} |")
+        lines.append(
+            f"| {ratio} | {row['values']:,} | {row['train_flops']:.3e} | {row['mb_up']:.3f} | {row['mb_down']:.3f} |"
+        )
     return "\n".join(lines)
 
 

@@ -23,18 +23,39 @@ from experiments.compare import main
 
 ALGORITHMS = {"fedavg": "FedAvg", "dmpfl": "DM-PFL", "fedamp": "FedAMP"}
 RATES = (0.0, 0.1, 0.3, 0.5)
-DEFAULTS = ["--algorithms", ",".join(f"{algo}-drop{int(100 * rate)}:{algo}[drop-rate={rate}]"
-                                     for algo in ALGORITHMS for rate in RATES),
-            "--dataset", "mnist", "--data-dir", str(Path(__file__).resolve().parent.parent.parent / "shared" / "data"),
-            "--partition", "dirichlet", "--alpha", "0.3", "--clients", "100", "--rounds", "20",
-            "--fraction", "0.1", "--epochs", "2", "--batch-size", "64", "--lr", "0.05", "--eval-every", "20",
-            "--extra", "sparsity=0.5 iterations=2 pretrain-epochs=1"]
+DEFAULTS = [
+    "--algorithms",
+    ",".join(f"{algo}-drop{int(100 * rate)}:{algo}[drop-rate={rate}]" for algo in ALGORITHMS for rate in RATES),
+    "--dataset",
+    "mnist",
+    "--data-dir",
+    str(Path(__file__).resolve().parent.parent.parent / "shared" / "data"),
+    "--partition",
+    "dirichlet",
+    "--alpha",
+    "0.3",
+    "--clients",
+    "100",
+    "--rounds",
+    "20",
+    "--fraction",
+    "0.1",
+    "--epochs",
+    "2",
+    "--batch-size",
+    "64",
+    "--lr",
+    "0.05",
+    "--eval-every",
+    "20",
+    "--extra",
+    "sparsity=0.5 iterations=2 pretrain-epochs=1",
+]
 
 
 def dropout_table(summaries: dict[str, dict]) -> str:
     """Markdown: one row per algorithm, per drop rate the final accuracy and the replies used per round."""
-    lines = ["| algorithm | " + " | ".join(f"drop {100 * r:g}%" for r in RATES) + " |",
-             "|---|" + "---|" * len(RATES)]
+    lines = ["| algorithm | " + " | ".join(f"drop {100 * r:g}%" for r in RATES) + " |", "|---|" + "---|" * len(RATES)]
     for algo, title in ALGORITHMS.items():
         for key, suffix in (("acc-shift-0", ""), (f"{CLOUD.prefix}acc-shift-0", f" ({CLOUD.label})")):
             cells = []

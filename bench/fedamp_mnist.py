@@ -28,18 +28,47 @@ from experiments.compare import main
 DROP = "drop-rate=0.3"
 DIRTY = "dirty-clients=0.4 dirty-fraction=0.4"
 FT = "eval-every=1000"  # evaluated after the last round only
-ALGORITHMS = ",".join([
-    "fedavg", f"fedavg-ft[{FT}]", "local", "fedamp", "heurfedamp",
-    f"fedavg-ft-drop30:fedavg-ft[{FT} {DROP}]", f"fedamp-drop30:fedamp[{DROP}]",
-    f"heurfedamp-drop30:heurfedamp[{DROP}]",
-    f"fedavg-ft-dirty:fedavg-ft[{FT} {DIRTY}]", f"fedamp-dirty:fedamp[{DIRTY}]",
-    f"heurfedamp-dirty:heurfedamp[{DIRTY}]",
-])
-DEFAULTS = ["--algorithms", ALGORITHMS, "--dataset", "mnist",
-            "--data-dir", str(Path(__file__).resolve().parent.parent.parent / "shared" / "data"),
-            "--partition", "grouped", "--clients", "100", "--rounds", "15", "--fraction", "0.2", "--epochs", "2",
-            "--batch-size", "100", "--lr", "0.001", "--eval-every", "5",
-            "--extra", "optimizer='adam' fedamp-sigma=100.0 heurfedamp-sigma=25.0 heurfedamp-tau=0.95"]
+ALGORITHMS = ",".join(
+    [
+        "fedavg",
+        f"fedavg-ft[{FT}]",
+        "local",
+        "fedamp",
+        "heurfedamp",
+        f"fedavg-ft-drop30:fedavg-ft[{FT} {DROP}]",
+        f"fedamp-drop30:fedamp[{DROP}]",
+        f"heurfedamp-drop30:heurfedamp[{DROP}]",
+        f"fedavg-ft-dirty:fedavg-ft[{FT} {DIRTY}]",
+        f"fedamp-dirty:fedamp[{DIRTY}]",
+        f"heurfedamp-dirty:heurfedamp[{DIRTY}]",
+    ]
+)
+DEFAULTS = [
+    "--algorithms",
+    ALGORITHMS,
+    "--dataset",
+    "mnist",
+    "--data-dir",
+    str(Path(__file__).resolve().parent.parent.parent / "shared" / "data"),
+    "--partition",
+    "grouped",
+    "--clients",
+    "100",
+    "--rounds",
+    "15",
+    "--fraction",
+    "0.2",
+    "--epochs",
+    "2",
+    "--batch-size",
+    "100",
+    "--lr",
+    "0.001",
+    "--eval-every",
+    "5",
+    "--extra",
+    "optimizer='adam' fedamp-sigma=100.0 heurfedamp-sigma=25.0 heurfedamp-tau=0.95",
+]
 
 if __name__ == "__main__":
     main(DEFAULTS + sys.argv[1:])

@@ -59,13 +59,18 @@ def loop_step(W: np.ndarray, sampled: list[int], heur: bool) -> np.ndarray:
         wi = W[i].astype(np.float64)
         if heur:
             ni = np.linalg.norm(wi)
-            scores = np.array([np.exp(25.0 * float(wi @ W[j]) / (ni * np.linalg.norm(W[j]) + 1e-30)) if j != i else 0.0
-                               for j in range(m)])
+            scores = np.array(
+                [
+                    np.exp(25.0 * float(wi @ W[j]) / (ni * np.linalg.norm(W[j]) + 1e-30)) if j != i else 0.0
+                    for j in range(m)
+                ]
+            )
             weights = 0.95 * scores / scores.sum()
             weights[i] = 0.05
         else:
-            weights = np.array([np.exp(-float(np.sum((wi - W[j]) ** 2)) / 1e4) / 1e4 if j != i else 0.0
-                                for j in range(m)])
+            weights = np.array(
+                [np.exp(-float(np.sum((wi - W[j]) ** 2)) / 1e4) / 1e4 if j != i else 0.0 for j in range(m)]
+            )
             off = weights.sum()
             weights = weights / off if off > 1 else weights
             weights[i] = 0.0 if off > 1 else 1.0 - off
@@ -109,10 +114,20 @@ def run(m: int, d: int, fraction: float, loop_clients: int, heur: bool, repeats:
         np.testing.assert_allclose(U_inc, U_full, rtol=1e-4, atol=1e-5)
     probe = sampled[:loop_clients]
     t, peak_loop, U_loop = measured(lambda: loop_step(matrix.W, probe, heur))
-    np.testing.assert_allclose(U_loop, U_full[:len(probe)], rtol=1e-3, atol=1e-4)
-    return {"m": m, "d": d, "k": k, "incremental": statistics.median(incremental), "full": statistics.median(full),
-            "loop": t * k / len(probe), "loop_measured_clients": len(probe), "peak_inc": peak_inc,
-            "peak_full": peak_full, "peak_loop": peak_loop, "matrix_mb": matrix.W.nbytes / 2**20}
+    np.testing.assert_allclose(U_loop, U_full[: len(probe)], rtol=1e-3, atol=1e-4)
+    return {
+        "m": m,
+        "d": d,
+        "k": k,
+        "incremental": statistics.median(incremental),
+        "full": statistics.median(full),
+        "loop": t * k / len(probe),
+        "loop_measured_clients": len(probe),
+        "peak_inc": peak_inc,
+        "peak_full": peak_full,
+        "peak_loop": peak_loop,
+        "matrix_mb": matrix.W.nbytes / 2**20,
+    }
 
 
 def main() -> None:
@@ -126,19 +141,27 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    rows = [run(int(m), args.params, args.fraction, args.loop_clients, args.heur, args.repeats, args.seed)
-            for m in args.clients.split(",")]
+    rows = [
+        run(int(m), args.params, args.fraction, args.loop_clients, args.heur, args.repeats, args.seed)
+        for m in args.clients.split(",")
+    ]
     name = "HeurFedAMP" if args.heur else "FedAMP"
-    print(f"\n{name} server step, d = {args.params:,} parameters, {100 * args.fraction:g}% of clients upload and "
-          f"{100 * args.fraction:g}% are sampled per round (median of {args.repeats}; loop scaled from "
-          f"{args.loop_clients} sampled clients)\n")
-    print("| clients | matrix (MB) | incremental (s) | full Gram (s) | direct loop (s) | loop / incremental | "
-          "peak extra MB inc / full / loop |")
+    print(
+        f"\n{name} server step, d = {args.params:,} parameters, {100 * args.fraction:g}% of clients upload and "
+        f"{100 * args.fraction:g}% are sampled per round (median of {args.repeats}; loop scaled from "
+        f"{args.loop_clients} sampled clients)\n"
+    )
+    print(
+        "| clients | matrix (MB) | incremental (s) | full Gram (s) | direct loop (s) | loop / incremental | "
+        "peak extra MB inc / full / loop |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['m']} | {r['matrix_mb']:.0f} | {r['incremental']:.2f} | {r['full']:.2f} | {r['loop']:.1f} | "
-              f"{r['loop'] / r['incremental']:.0f}x | {r['peak_inc']:.0f} / {r['peak_full']:.0f} / "
-              f"{r['peak_loop']:.0f} |")
+        print(
+            f"| {r['m']} | {r['matrix_mb']:.0f} | {r['incremental']:.2f} | {r['full']:.2f} | {r['loop']:.1f} | "
+            f"{r['loop'] / r['incremental']:.0f}x | {r['peak_inc']:.0f} / {r['peak_full']:.0f} / "
+            f"{r['peak_loop']:.0f} |"
+        )
 
 
 if __name__ == "__main__":

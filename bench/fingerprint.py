@@ -52,14 +52,35 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0, help="inprocess: worker processes (default: one per core)")
     args = parser.parse_args()
     logging.getLogger("flwr").setLevel(logging.WARNING)
-    base = {"dataset": "digits", "num-rounds": ROUNDS, "eval-every": 3, "iterations": 1, "fraction-train": 0.5,
-            "local-epochs": 1, "lr": 0.1, "readjust-ratio": 0.2, "seed": 3}
+    base = {
+        "dataset": "digits",
+        "num-rounds": ROUNDS,
+        "eval-every": 3,
+        "iterations": 1,
+        "fraction-train": 0.5,
+        "local-epochs": 1,
+        "lr": 0.1,
+        "readjust-ratio": 0.2,
+        "seed": 3,
+    }
     cases = [(algorithm, {**base, "algorithm": algorithm}, 6) for algorithm in args.algorithms.split(",")]
-    cases.append(("dmpfl-stages-momentum-wd", {**base, "algorithm": "dmpfl", "stages": True, "momentum": 0.9,
-                                               "weight-decay": 0.01}, 6))
+    cases.append(
+        (
+            "dmpfl-stages-momentum-wd",
+            {**base, "algorithm": "dmpfl", "stages": True, "momentum": 0.9, "weight-decay": 0.01},
+            6,
+        )
+    )
     if (Path(args.data_dir) / "MNIST").is_dir():
-        mnist = {**base, "dataset": "mnist", "data-dir": str(Path(args.data_dir).resolve()), "model": "cnn-mnist",
-                 "max-samples": 3000, "fraction-train": 0.2, "shift-degrees": "0,0.5,1"}
+        mnist = {
+            **base,
+            "dataset": "mnist",
+            "data-dir": str(Path(args.data_dir).resolve()),
+            "model": "cnn-mnist",
+            "max-samples": 3000,
+            "fraction-train": 0.2,
+            "shift-degrees": "0,0.5,1",
+        }
         cases.append(("dmpfl-mnist", {**mnist, "algorithm": "dmpfl"}, 10))
         cases.append(("feddst-mnist-adam", {**mnist, "algorithm": "feddst", "optimizer": "adam", "lr": 0.001}, 10))
     else:

@@ -28,8 +28,10 @@ from experiments.compare import main
 
 ALGORITHMS = "fedavg,local,fedfomo,fliu,fliu-gamma0.5:fliu[fliu-gamma=0.5]"
 SETTINGS = {  # name: (partition, clients, fraction)
-    "path-10": ("pathological", 10, 0.5), "lsqs-10": ("lsqs", 10, 0.5),
-    "path-100": ("pathological", 100, 0.1), "lsqs-100": ("lsqs", 100, 0.1),
+    "path-10": ("pathological", 10, 0.5),
+    "lsqs-10": ("lsqs", 10, 0.5),
+    "path-100": ("pathological", 100, 0.1),
+    "lsqs-100": ("lsqs", 100, 0.1),
 }
 
 
@@ -45,12 +47,37 @@ def run() -> None:
     for name in args.settings.split(","):
         partition, clients, fraction = SETTINGS[name]
         print(f"\n## {name}: {partition}, K = {clients}, {100 * fraction:g}% per round", flush=True)
-        main(["--algorithms", ALGORITHMS, "--dataset", "mnist", "--data-dir", args.data_dir,
-              "--partition", partition, "--alpha", "1.0", "--clients", str(clients), "--rounds", args.rounds,
-              "--fraction", str(fraction), "--epochs", "2", "--batch-size", "50", "--lr", "0.001",
-              "--eval-every", args.rounds,
-              "--extra", f"optimizer='adam' stages=true max-samples={args.max_samples} "
-              f"stage-test-size={args.stage_test_size}", *rest])
+        main(
+            [
+                "--algorithms",
+                ALGORITHMS,
+                "--dataset",
+                "mnist",
+                "--data-dir",
+                args.data_dir,
+                "--partition",
+                partition,
+                "--alpha",
+                "1.0",
+                "--clients",
+                str(clients),
+                "--rounds",
+                args.rounds,
+                "--fraction",
+                str(fraction),
+                "--epochs",
+                "2",
+                "--batch-size",
+                "50",
+                "--lr",
+                "0.001",
+                "--eval-every",
+                args.rounds,
+                "--extra",
+                f"optimizer='adam' stages=true max-samples={args.max_samples} stage-test-size={args.stage_test_size}",
+                *rest,
+            ]
+        )
 
 
 if __name__ == "__main__":

@@ -30,17 +30,40 @@ RUNS = {  # name: (title, run-config overrides)
     "attack-trimmed": ("2 attackers, trimmed mean (20%)", f"{ATTACK} robust-aggregation='trimmed-mean'"),
     "attack-median": ("2 attackers, coordinate-wise median", f"{ATTACK} robust-aggregation='median'"),
 }
-DEFAULTS = ["--algorithms", ",".join(f"{name}:fedavg[{extra}]" if extra else f"{name}:fedavg"
-                                     for name, (_, extra) in RUNS.items()),
-            "--dataset", "mnist", "--data-dir", str(Path(__file__).resolve().parent.parent.parent / "shared" / "data"),
-            "--partition", "dirichlet", "--alpha", "0.3", "--clients", "20", "--rounds", "10",
-            "--fraction", "1.0", "--epochs", "1", "--batch-size", "64", "--lr", "0.05", "--eval-every", "10"]
+DEFAULTS = [
+    "--algorithms",
+    ",".join(f"{name}:fedavg[{extra}]" if extra else f"{name}:fedavg" for name, (_, extra) in RUNS.items()),
+    "--dataset",
+    "mnist",
+    "--data-dir",
+    str(Path(__file__).resolve().parent.parent.parent / "shared" / "data"),
+    "--partition",
+    "dirichlet",
+    "--alpha",
+    "0.3",
+    "--clients",
+    "20",
+    "--rounds",
+    "10",
+    "--fraction",
+    "1.0",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "64",
+    "--lr",
+    "0.05",
+    "--eval-every",
+    "10",
+]
 
 
 def robust_table(summaries: dict[str, dict]) -> str:
     """Markdown: one row per run, final accuracy without shift, updates clipped, aggregation time."""
-    lines = ["| run | accuracy (%, mean +/- std over clients) | updates clipped | aggregation per round (ms) |",
-             "|---|---|---|---|"]
+    lines = [
+        "| run | accuracy (%, mean +/- std over clients) | updates clipped | aggregation per round (ms) |",
+        "|---|---|---|---|",
+    ]
     for name, (title, _) in RUNS.items():
         s = summaries.get(name)
         if s is None:

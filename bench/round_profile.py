@@ -113,8 +113,11 @@ def table(profiles: dict[str, list[dict]]) -> str:
             later = [row[key] for rnd, row in rows.items() if rnd > min(rows) and key in row]
             cells += [_fmt(key, first), _fmt(key, statistics.median(later) if later else float("nan"))]
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
-    lines.append("| worker start-up (s, process start to first message) | " + " | ".join(
-        f"{startup_seconds(lines_):.2f} | " for lines_ in profiles.values()) + "|")
+    lines.append(
+        "| worker start-up (s, process start to first message) | "
+        + " | ".join(f"{startup_seconds(lines_):.2f} | " for lines_ in profiles.values())
+        + "|"
+    )
     return "\n".join(lines)
 
 
@@ -140,14 +143,20 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--model", default="cnn-mnist")
     parser.add_argument("--extra", default="", help="more run-config overrides")
-    parser.add_argument("--ray-cpus", type=int, default=0, help="CPUs Ray is told the machine has (0: its cores); "
-                        "more than the cores runs that many clients at once")
+    parser.add_argument(
+        "--ray-cpus",
+        type=int,
+        default=0,
+        help="CPUs Ray is told the machine has (0: its cores); more than the cores runs that many clients at once",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="round-profile-"))
-    base = (f"dataset='{args.dataset}' data-dir='{Path(args.data_dir).resolve()}' partition='{args.partition}' "
-            f"num-rounds={args.rounds} fraction-train={args.fraction} local-epochs={args.epochs} "
-            f"batch-size={args.batch_size} model='{args.model}' eval-every={args.rounds} pretrain-epochs=0 "
-            f"results-dir='{work / 'results'}' {args.extra}")
+    base = (
+        f"dataset='{args.dataset}' data-dir='{Path(args.data_dir).resolve()}' partition='{args.partition}' "
+        f"num-rounds={args.rounds} fraction-train={args.fraction} local-epochs={args.epochs} "
+        f"batch-size={args.batch_size} model='{args.model}' eval-every={args.rounds} pretrain-epochs=0 "
+        f"results-dir='{work / 'results'}' {args.extra}"
+    )
     profiles: dict[str, list[dict]] = {}
     for algorithm in args.algorithms.split(","):
         folder = work / algorithm
@@ -155,17 +164,24 @@ def main() -> None:
         os.environ["PFLOWER_PROFILE"] = str(folder)  # inherited by the SuperLink, the simulation and its workers
         started = time.monotonic()
         with LocalSuperLink(work / f"flwr-home-{algorithm}") as link:
-            outcome = link.run(REPO, f"{base} algorithm='{algorithm}'", num_supernodes=args.clients, timeout=3600,
-                               ray_cpus=args.ray_cpus)
+            outcome = link.run(
+                REPO,
+                f"{base} algorithm='{algorithm}'",
+                num_supernodes=args.clients,
+                timeout=3600,
+                ray_cpus=args.ray_cpus,
+            )
         if outcome.status != "finished:completed":
             sys.exit(f"{algorithm} failed ({outcome.status}):\n{outcome.output[-3000:]}")
         profiles[algorithm] = read_lines(folder)
         for bulky in (work / "results", work / f"flwr-home-{algorithm}"):  # checkpoints and client state: GBs
             shutil.rmtree(bulky, ignore_errors=True)
         print(f"{algorithm}: {time.monotonic() - started:.0f} s", flush=True)
-    print(f"\n{args.dataset} {args.partition}, {args.clients} clients, {args.fraction:.0%} per round, {args.epochs} "
-          f"epoch(s), batch {args.batch_size}, {args.model}, {args.rounds} rounds (the last one also evaluates "
-          f"every client); seconds per round, ms per client message:")
+    print(
+        f"\n{args.dataset} {args.partition}, {args.clients} clients, {args.fraction:.0%} per round, {args.epochs} "
+        f"epoch(s), batch {args.batch_size}, {args.model}, {args.rounds} rounds (the last one also evaluates "
+        f"every client); seconds per round, ms per client message:"
+    )
     print(table(profiles))
     print(f"\nprofiles: {work}")
 

@@ -36,8 +36,17 @@ def run_one(config: dict, clients: int, home: Path, engine: str, workers: int) -
     """One run on the engine; seconds per training round, the evaluation round, peak memory of the process tree."""
     started = time.monotonic()
     if engine == "inprocess":
-        command = [sys.executable, "-m", "experiments.engine", "--run-config", json.dumps(config),
-                   "--clients", str(clients), "--workers", str(workers)]
+        command = [
+            sys.executable,
+            "-m",
+            "experiments.engine",
+            "--run-config",
+            json.dumps(config),
+            "--clients",
+            str(clients),
+            "--workers",
+            str(workers),
+        ]
         log = home.with_suffix(".log")
         with log.open("w") as out:
             process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
@@ -60,10 +69,16 @@ def run_one(config: dict, clients: int, home: Path, engine: str, workers: int) -
     round_s = statistics.median(r["wall_s"] for r in steady)
     last = records[-1]
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"round_s": round_s, "first_s": records[0]["wall_s"], "eval_s": last["wall_s"] - round_s,
-            "samples": statistics.median(r["train"]["num_examples"] for r in steady), "total_s": total,
-            "evaluated": (last.get("eval") or {}).get("num_clients", 0), "peak": memory.peak,
-            "accuracy": (summary.get("final") or {}).get("mean", {}).get("acc-shift-0", float("nan"))}
+    return {
+        "round_s": round_s,
+        "first_s": records[0]["wall_s"],
+        "eval_s": last["wall_s"] - round_s,
+        "samples": statistics.median(r["train"]["num_examples"] for r in steady),
+        "total_s": total,
+        "evaluated": (last.get("eval") or {}).get("num_clients", 0),
+        "peak": memory.peak,
+        "accuracy": (summary.get("final") or {}).get("mean", {}).get("acc-shift-0", float("nan")),
+    }
 
 
 def main() -> None:
@@ -77,12 +92,27 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--engine", choices=("inprocess", "simulation"), default="inprocess")
     parser.add_argument("--workers", type=int, default=available_cores(), help="cores to use (default: all)")
-    parser.add_argument("--shift-degrees", default="0,0.5,1", help="shift degrees each client is evaluated at: "
-                        "any above 0 adds a forward pass over as many pool draws as the client has test samples")
+    parser.add_argument(
+        "--shift-degrees",
+        default="0,0.5,1",
+        help="shift degrees each client is evaluated at: "
+        "any above 0 adds a forward pass over as many pool draws as the client has test samples",
+    )
     args = parser.parse_args()
-    base = {"dataset": "mnist", "data-dir": str(Path(args.data_dir).resolve()), "partition": "dirichlet",
-            "num-rounds": args.rounds, "fraction-train": 0.1, "local-epochs": 1, "batch-size": 32, "lr": 0.05,
-            "eval-every": args.rounds, "model": args.model, "shift-degrees": args.shift_degrees, "checkpoint-every": 0}
+    base = {
+        "dataset": "mnist",
+        "data-dir": str(Path(args.data_dir).resolve()),
+        "partition": "dirichlet",
+        "num-rounds": args.rounds,
+        "fraction-train": 0.1,
+        "local-epochs": 1,
+        "batch-size": 32,
+        "lr": 0.05,
+        "eval-every": args.rounds,
+        "model": args.model,
+        "shift-degrees": args.shift_degrees,
+        "checkpoint-every": 0,
+    }
     raw = raw_rate({**base, "dirichlet-alpha": 1.0}, args.clients) * args.workers
     print(f"raw training loop: {raw:,.0f} samples/s ({args.workers} workers)", flush=True)
     rows = []
@@ -90,16 +120,25 @@ def main() -> None:
         for alpha in [float(a) for a in args.alphas.split(",")]:
             for algorithm in args.algorithms.split(","):
                 name = f"{algorithm}-a{alpha:g}"
-                config = {**base, "algorithm": algorithm, "dirichlet-alpha": alpha, "results-dir": tmp,
-                          "run-name": name}
+                config = {
+                    **base,
+                    "algorithm": algorithm,
+                    "dirichlet-alpha": alpha,
+                    "results-dir": tmp,
+                    "run-name": name,
+                }
                 result = run_one(config, args.clients, Path(tmp) / f"home-{name}", args.engine, args.workers)
                 rows.append((algorithm, alpha, result))
                 print(name, json.dumps(result), flush=True)
-    print(f"\n{args.clients} clients on the {args.engine} engine ({args.workers} workers), {args.model}, MNIST "
-          f"Dir(alpha), 10% per round, 1 epoch, batch 32, {args.rounds} rounds, every client evaluated after the last "
-          f"at shift degrees {args.shift_degrees}\n")
-    print("| algorithm | alpha | s / training round | share of raw loop | evaluation of all clients (s) | x a training "
-          "round | clients evaluated | peak RSS (GiB) | peak anon (GiB) | accuracy |")
+    print(
+        f"\n{args.clients} clients on the {args.engine} engine ({args.workers} workers), {args.model}, MNIST "
+        f"Dir(alpha), 10% per round, 1 epoch, batch 32, {args.rounds} rounds, every client evaluated after the last "
+        f"at shift degrees {args.shift_degrees}\n"
+    )
+    print(
+        "| algorithm | alpha | s / training round | share of raw loop | evaluation of all clients (s) | x a training "
+        "round | clients evaluated | peak RSS (GiB) | peak anon (GiB) | accuracy |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for algorithm, alpha, r in rows:
         rss, anon = (v / 2**30 for v in r["peak"])
@@ -108,8 +147,10 @@ def main() -> None:
             continue
         share = r["samples"] / r["round_s"] / raw
         accuracy = "-" if math.isnan(r["accuracy"]) else f"{100 * r['accuracy']:.2f}"
-        print(f"| {algorithm} | {alpha:g} | {r['round_s']:.1f} | {100 * share:.0f}% | {r['eval_s']:.1f} | "
-              f"{r['eval_s'] / r['round_s']:.1f} | {r['evaluated']} | {rss:.2f} | {anon:.2f} | {accuracy} |")
+        print(
+            f"| {algorithm} | {alpha:g} | {r['round_s']:.1f} | {100 * share:.0f}% | {r['eval_s']:.1f} | "
+            f"{r['eval_s'] / r['round_s']:.1f} | {r['evaluated']} | {rss:.2f} | {anon:.2f} | {accuracy} |"
+        )
 
 
 if __name__ == "__main__":

@@ -24,20 +24,58 @@ from pathlib import Path
 from experiments.compare import main
 
 ALGORITHMS = "fedavg,fedavg-ft,lg-fedavg,fedper,fedrep,ditto,apfl,feddst,dmpfl"
-DEFAULTS = ["--algorithms", ALGORITHMS, "--dataset", "mnist",
-            "--data-dir", str(Path(__file__).resolve().parent.parent.parent / "shared" / "data"),
-            "--partition", "dirichlet", "--alpha", "0.3", "--clients", "100", "--rounds", "30",
-            "--fraction", "0.1", "--epochs", "5", "--batch-size", "64", "--lr", "0.05", "--eval-every", "30",
-            "--extra", "sparsity=0.5 iterations=3"]
+DEFAULTS = [
+    "--algorithms",
+    ALGORITHMS,
+    "--dataset",
+    "mnist",
+    "--data-dir",
+    str(Path(__file__).resolve().parent.parent.parent / "shared" / "data"),
+    "--partition",
+    "dirichlet",
+    "--alpha",
+    "0.3",
+    "--clients",
+    "100",
+    "--rounds",
+    "30",
+    "--fraction",
+    "0.1",
+    "--epochs",
+    "5",
+    "--batch-size",
+    "64",
+    "--lr",
+    "0.05",
+    "--eval-every",
+    "30",
+    "--extra",
+    "sparsity=0.5 iterations=3",
+]
 
 # DM-PFL [KDD 2023] Table 7 (MNIST Dir(0.3), 300 rounds): accuracy (%) without shift and at 100% shift
-PAPER_MNIST = {"fedavg+ft": (98.91, 97.05), "lg-fedavg": (97.01, 60.18), "fedper": (99.08, 69.06),
-               "fedrep": (99.10, 75.58), "ditto": (99.11, 96.87), "apfl": (99.22, 97.14),
-               "dmpfl": (99.24, 97.76), "dmpfl+": (99.05, 98.22)}
+PAPER_MNIST = {
+    "fedavg+ft": (98.91, 97.05),
+    "lg-fedavg": (97.01, 60.18),
+    "fedper": (99.08, 69.06),
+    "fedrep": (99.10, 75.58),
+    "ditto": (99.11, 96.87),
+    "apfl": (99.22, 97.14),
+    "dmpfl": (99.24, 97.76),
+    "dmpfl+": (99.05, 98.22),
+}
 # DM-PFL [KDD 2023] Table 4 (CIFAR-10 Dir(0.3)): bytes and training FLOPs per client as fractions of FedAvg's
-PAPER_COSTS = {"fedavg": (1.0, 1.0), "fedavg-ft": (1.0, 1.03), "lg-fedavg": (0.669, 1.0), "fedper": (0.997, 1.0),
-               "fedrep": (0.997, 1.31), "ditto": (1.0, 2.01), "apfl": (1.0, 2.0), "feddst": (0.512, 0.637),
-               "dmpfl": (0.403, 0.639)}
+PAPER_COSTS = {
+    "fedavg": (1.0, 1.0),
+    "fedavg-ft": (1.0, 1.03),
+    "lg-fedavg": (0.669, 1.0),
+    "fedper": (0.997, 1.0),
+    "fedrep": (0.997, 1.31),
+    "ditto": (1.0, 2.01),
+    "apfl": (1.0, 2.0),
+    "feddst": (0.512, 0.637),
+    "dmpfl": (0.403, 0.639),
+}
 
 
 def _rows(summaries: dict[str, dict]) -> list[tuple[str, str, dict, dict]]:
@@ -46,7 +84,7 @@ def _rows(summaries: dict[str, dict]) -> list[tuple[str, str, dict, dict]]:
     for name, s in summaries.items():
         rows.append((name, name, s["final"]["mean"], s["final"]["std"]))
         if "plus-acc-shift-0" in s["final"]["mean"]:
-            plus = {k[len("plus-"):]: v for k, v in s["final"]["mean"].items() if k.startswith("plus-")}
+            plus = {k[len("plus-") :]: v for k, v in s["final"]["mean"].items() if k.startswith("plus-")}
             rows.append((f"{name}+", name, plus, {}))
     return rows
 
@@ -58,8 +96,11 @@ def _total_mb(summary: dict) -> float:
 def paper_table(summaries: dict[str, dict]) -> str:
     """Ours beside DM-PFL [KDD 2023] Table 7 (accuracy at 0% and 100% shift) and Table 4 (cost ratios to FedAvg)."""
     ref = summaries.get("fedavg")
-    lines = ["| algorithm | ours 0% | paper 0% | ours 100% | paper 100% | bytes vs FedAvg (ours / paper) "
-             "| FLOPs vs FedAvg (ours / paper) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| algorithm | ours 0% | paper 0% | ours 100% | paper 100% | bytes vs FedAvg (ours / paper) "
+        "| FLOPs vs FedAvg (ours / paper) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for label, algorithm, mean, _ in _rows(summaries):
         paper = PAPER_MNIST.get("fedavg+ft" if label == "fedavg-ft" else label, (math.nan, math.nan))
         s = summaries[algorithm]
@@ -70,8 +111,10 @@ def paper_table(summaries: dict[str, dict]) -> str:
             cost = f"{bytes_ratio:.3f} / {paper_b:.3f} | {flops_ratio:.3f} / {paper_f:.3f}"
         else:
             cost = "- | -"
-        lines.append(f"| {label} | {100 * mean['acc-shift-0']:.2f} | {paper[0]:.2f} | {100 * mean['acc-shift-1']:.2f} "
-                     f"| {paper[1]:.2f} | {cost} |")
+        lines.append(
+            f"| {label} | {100 * mean['acc-shift-0']:.2f} | {paper[0]:.2f} | {100 * mean['acc-shift-1']:.2f} "
+            f"| {paper[1]:.2f} | {cost} |"
+        )
     return "\n".join(lines).replace("| nan |", "| - |").replace("nan", "-")
 
 

@@ -24,8 +24,14 @@ REPO = Path(__file__).resolve().parent.parent  # the Flower app the simulation r
 
 def elapsed(link: LocalSuperLink, run_id: str) -> float:
     """Seconds from running to finished, as `flwr ls` reports them."""
-    done = subprocess.run(["flwr", "ls", "--run-id", run_id, "--format", "json"], env=link.env,
-                          capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run(
+        ["flwr", "ls", "--run-id", run_id, "--format", "json"],
+        env=link.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return float(json.loads(done.stdout)["runs"][0]["elapsed"])
 
 
@@ -41,14 +47,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else ""
-    common = (f"dataset='{args.dataset}' data-dir='{data_dir}' num-rounds={args.rounds} "
-              f"fraction-train={args.fraction} local-epochs={args.epochs} batch-size=32 lr=0.05 seed=0")
+    common = (
+        f"dataset='{args.dataset}' data-dir='{data_dir}' num-rounds={args.rounds} "
+        f"fraction-train={args.fraction} local-epochs={args.epochs} batch-size=32 lr=0.05 seed=0"
+    )
     times: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as home, LocalSuperLink(Path(home)) as link:
         apps = {
             "bare Flower FedAvg": (REPO / "bench" / "bare_fedavg", common),
-            "pflower fedavg": (REPO, f"{common} algorithm='fedavg' eval-every=1 fraction-evaluate=1.0 "
-                                     f"results-dir='{Path(home) / 'results'}'"),
+            "pflower fedavg": (
+                REPO,
+                f"{common} algorithm='fedavg' eval-every=1 fraction-evaluate=1.0 "
+                f"results-dir='{Path(home) / 'results'}'",
+            ),
         }
         times = {name: [] for name in apps}
         for repeat in range(args.repeats):
@@ -61,8 +72,10 @@ def main() -> None:
     bare = statistics.median(times["bare Flower FedAvg"])
     ours = statistics.median(times["pflower fedavg"])
     print()
-    print(f"{args.dataset}, {args.clients} clients, {args.rounds} rounds, {args.fraction:.0%} per round, "
-          f"{args.epochs} local epoch(s), every client evaluated every round")
+    print(
+        f"{args.dataset}, {args.clients} clients, {args.rounds} rounds, {args.fraction:.0%} per round, "
+        f"{args.epochs} local epoch(s), every client evaluated every round"
+    )
     print("| app | runs (s) | median (s) |")
     print("|---|---|---|")
     for name, values in times.items():

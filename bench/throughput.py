@@ -37,10 +37,22 @@ from experiments.superlink import LocalSuperLink
 
 BENCH = Path(__file__).resolve().parent
 SETTINGS = {
-    "grouped": {"dataset": "mnist", "partition": "grouped", "clients": 100, "fraction-train": 1.0, "local-epochs": 1,
-                "batch-size": 100},
-    "fmnist": {"dataset": "fashion-mnist", "partition": "dirichlet", "clients": 50, "fraction-train": 0.2,
-               "local-epochs": 2, "batch-size": 64},
+    "grouped": {
+        "dataset": "mnist",
+        "partition": "grouped",
+        "clients": 100,
+        "fraction-train": 1.0,
+        "local-epochs": 1,
+        "batch-size": 100,
+    },
+    "fmnist": {
+        "dataset": "fashion-mnist",
+        "partition": "dirichlet",
+        "clients": 50,
+        "fraction-train": 0.2,
+        "local-epochs": 2,
+        "batch-size": 64,
+    },
 }
 
 
@@ -53,8 +65,7 @@ def in_process(raw: dict, clients: int, workers: int, results: Path) -> dict:
 
 def simulated(link: LocalSuperLink, raw: dict, clients: int, results: Path, app: Path) -> dict:
     """The run through `flwr run` on the Ray simulation."""
-    outcome = link.run(app, run_config_text({**raw, "results-dir": str(results)}), num_supernodes=clients,
-                       timeout=3600)
+    outcome = link.run(app, run_config_text({**raw, "results-dir": str(results)}), num_supernodes=clients, timeout=3600)
     if outcome.status != "finished:completed":
         sys.exit(f"{raw['algorithm']} failed on the simulation ({outcome.status}):\n{outcome.output[-3000:]}")
     return round_rate(results / raw["run-name"], raw["local-epochs"])
@@ -66,15 +77,21 @@ def bare_flower(link: LocalSuperLink, raw: dict, clients: int, results: Path) ->
     import statistics
 
     times = results / "bare-round-times.jsonl"
-    config = {**{k: v for k, v in raw.items() if k not in ("algorithm", "run-name", "eval-every", "pretrain-epochs")},
-              "fraction-evaluate": 0.0, "round-times": str(times)}
+    config = {
+        **{k: v for k, v in raw.items() if k not in ("algorithm", "run-name", "eval-every", "pretrain-epochs")},
+        "fraction-evaluate": 0.0,
+        "round-times": str(times),
+    }
     outcome = link.run(BENCH / "bare_fedavg", run_config_text(config), num_supernodes=clients, timeout=3600)
     if outcome.status != "finished:completed":
         sys.exit(f"bare Flower FedAvg failed ({outcome.status}):\n{outcome.output[-3000:]}")
     rounds = [r for r in map(json.loads, times.read_text().splitlines()) if r["kind"] == "train"]
     steady = [r for r in rounds if r["round"] > 1] or rounds
-    return {"rate": statistics.median(r["num_examples"] * raw["local-epochs"] / r["wall_s"] for r in steady),
-            "round_s": statistics.median(r["wall_s"] for r in steady), "first_round_s": rounds[0]["wall_s"]}
+    return {
+        "rate": statistics.median(r["num_examples"] * raw["local-epochs"] / r["wall_s"] for r in steady),
+        "round_s": statistics.median(r["wall_s"] for r in steady),
+        "first_round_s": rounds[0]["wall_s"],
+    }
 
 
 def main() -> None:
@@ -97,15 +114,26 @@ def main() -> None:
         parser.error(f"--engines takes inprocess and/or simulation, got {args.engines}")
     setting = dict(SETTINGS[args.setting])
     clients = setting.pop("clients")
-    base = {**setting, "data-dir": str(Path(args.data_dir).resolve()), "model": args.model, "lr": 0.05,
-            "num-rounds": args.rounds, "eval-every": args.rounds, "pretrain-epochs": 0, "client-threads": 1}
+    base = {
+        **setting,
+        "data-dir": str(Path(args.data_dir).resolve()),
+        "model": args.model,
+        "lr": 0.05,
+        "num-rounds": args.rounds,
+        "eval-every": args.rounds,
+        "pretrain-epochs": 0,
+        "client-threads": 1,
+    }
     from experiments.runs import parse_assignment
 
     base.update(dict(parse_assignment(item) for item in args.extra.split()))
     alone = raw_rate({**base, "algorithm": "fedavg"}, clients) * args.workers
     together = raw_rate_together({**base, "algorithm": "fedavg"}, clients, args.workers)
-    print(f"raw training loop: {alone:,.0f} samples/s alone x {args.workers} workers, {together:,.0f} with all "
-          f"{args.workers} training at once", flush=True)
+    print(
+        f"raw training loop: {alone:,.0f} samples/s alone x {args.workers} workers, {together:,.0f} with all "
+        f"{args.workers} training at once",
+        flush=True,
+    )
     rows = []
     with tempfile.TemporaryDirectory(prefix="throughput-") as tmp:
         results = Path(tmp)  # run folders with checkpoints and client state: removed at the end
@@ -120,8 +148,10 @@ def main() -> None:
                         assert link is not None
                         out = simulated(link, raw, clients, results, BENCH.parent)
                     rows.append((algorithm, engine, out))
-                    print(f"{algorithm} on {engine}: {out['rate']:,.0f} samples/s, {out['round_s']:.2f} s a round",
-                          flush=True)
+                    print(
+                        f"{algorithm} on {engine}: {out['rate']:,.0f} samples/s, {out['round_s']:.2f} s a round",
+                        flush=True,
+                    )
             if args.bare:
                 assert link is not None
                 out = bare_flower(link, {**base, "run-name": "bare"}, clients, results)
@@ -130,19 +160,27 @@ def main() -> None:
         finally:
             if link is not None:
                 link.stop()
-    print(f"\n{args.setting}: {setting['dataset']} {setting['partition']}, {clients} clients, "
-          f"{setting['fraction-train']:.0%} per round, {setting['local-epochs']} epoch(s), batch "
-          f"{setting['batch-size']}, {args.model}, {args.rounds} rounds, {args.workers} workers of one thread\n")
-    print(f"raw loop: alone x {args.workers} = {alone:,.0f} samples/s; all {args.workers} at once = {together:,.0f} "
-          "samples/s\n")
-    print("| algorithm | engine | samples/s | share of raw loop (alone x workers) | share of raw loop (at once) "
-          "| s per round (median) | first round (s) |")
+    print(
+        f"\n{args.setting}: {setting['dataset']} {setting['partition']}, {clients} clients, "
+        f"{setting['fraction-train']:.0%} per round, {setting['local-epochs']} epoch(s), batch "
+        f"{setting['batch-size']}, {args.model}, {args.rounds} rounds, {args.workers} workers of one thread\n"
+    )
+    print(
+        f"raw loop: alone x {args.workers} = {alone:,.0f} samples/s; all {args.workers} at once = {together:,.0f} "
+        "samples/s\n"
+    )
+    print(
+        "| algorithm | engine | samples/s | share of raw loop (alone x workers) | share of raw loop (at once) "
+        "| s per round (median) | first round (s) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for algorithm, engine, out in rows:
         share_alone = out["rate"] / alone if alone else math.nan
         share_together = out["rate"] / together if together else math.nan
-        print(f"| {algorithm} | {engine} | {out['rate']:,.0f} | {share_alone:.1%} | {share_together:.1%} "
-              f"| {out['round_s']:.2f} | {out['first_round_s']:.2f} |")
+        print(
+            f"| {algorithm} | {engine} | {out['rate']:,.0f} | {share_alone:.1%} | {share_together:.1%} "
+            f"| {out['round_s']:.2f} | {out['first_round_s']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

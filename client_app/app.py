@@ -55,8 +55,10 @@ def _config(items: tuple) -> RunConfig:
 def _partition(context: Context) -> tuple[int, int]:
     node = context.node_config
     if PARTITION_ID not in node or NUM_PARTITIONS not in node:
-        raise ValueError("node config needs 'partition-id' and 'num-partitions' "
-                         "(simulation sets them; on a device pass --node-config)")
+        raise ValueError(
+            "node config needs 'partition-id' and 'num-partitions' "
+            "(simulation sets them; on a device pass --node-config)"
+        )
     return int(node[PARTITION_ID]), int(node[NUM_PARTITIONS])
 
 
@@ -94,8 +96,7 @@ def state_dir(context: Context, msg: Message, cfg: RunConfig) -> StateDir | None
     if not os.access(existing, os.W_OK):  # folders are made by the first save, only where there is state
         if path.parent not in _unwritable:
             _unwritable.add(path.parent)
-            log(WARNING, "client state kept in memory: %s is not writable; set the node config's state-dir",
-                existing)
+            log(WARNING, "client state kept in memory: %s is not writable; set the node config's state-dir", existing)
         return None
     return StateDir(path)
 
@@ -146,8 +147,14 @@ def query(msg: Message, context: Context) -> Message:
         except (DataError, ConfigError) as exc:
             return Message(RecordDict({REFUSED: ConfigRecord({REASON: str(exc)})}), reply_to=msg)
     partition_id, num_partitions = _partition(context)
-    metrics = MetricRecord({PARTITION_ID: partition_id, NUM_PARTITIONS: num_partitions,
-                            NUM_TRAIN: env.data.num_train, NUM_TEST: len(env.data.test_y)})
+    metrics = MetricRecord(
+        {
+            PARTITION_ID: partition_id,
+            NUM_PARTITIONS: num_partitions,
+            NUM_TRAIN: env.data.num_train,
+            NUM_TEST: len(env.data.test_y),
+        }
+    )
     return Message(RecordDict({METRICS: metrics}), reply_to=msg)
 
 
@@ -159,8 +166,9 @@ def train(msg: Message, context: Context) -> Message:
         config = msg.content.config_records[CONFIG]
         if config.get(SIMULATE_DROP, False):
             # drop-rate: the server picked this client to fail this round; the error reply exercises the real path.
-            raise SimulatedDrop(f"client {env.partition_id} dropped this round "
-                                f"(simulated, drop-rate {env.cfg.drop_rate:g})")
+            raise SimulatedDrop(
+                f"client {env.partition_id} dropped this round (simulated, drop-rate {env.cfg.drop_rate:g})"
+            )
         algorithm = client_class(env.cfg.algorithm)(env)
         reply = Message(answer(algorithm, MessageType.TRAIN, _round(msg), msg.content), reply_to=msg)
         _persist(env, store, msg)

@@ -73,8 +73,12 @@ class StateDir:
         for version in reversed(self.versions()):
             try:
                 tree = load_tree(self._file(version))
-                return version, RecordDict({key: ArrayRecord({name: Array(np.asarray(a)) for name, a in arrays.items()})
-                                            for key, arrays in tree.items()})
+                return version, RecordDict(
+                    {
+                        key: ArrayRecord({name: Array(np.asarray(a)) for name, a in arrays.items()})
+                        for key, arrays in tree.items()
+                    }
+                )
             except (StateFileError, AttributeError, TypeError) as exc:
                 log(WARNING, "client state %s unreadable, skipped: %s", self._file(version), exc)
         return None
@@ -82,8 +86,9 @@ class StateDir:
     def save(self, server_round: int, record: RecordDict, checkpoint_round: int | None) -> None:
         """Write the state of `server_round` atomically and drop versions no resume can need."""
         self.path.mkdir(parents=True, exist_ok=True)
-        tree = {key: {name: array.numpy() for name, array in arrays.items()}
-                for key, arrays in record.array_records.items()}
+        tree = {
+            key: {name: array.numpy() for name, array in arrays.items()} for key, arrays in record.array_records.items()
+        }
         save_tree(self._file(server_round), tree)
         older = [v for v in self.versions() if v < server_round]
         if checkpoint_round is None:
@@ -94,4 +99,3 @@ class StateDir:
         for version in older:
             if version not in keep:
                 self._file(version).unlink(missing_ok=True)
-

@@ -20,8 +20,8 @@ class EvalRow:
     """An accuracy an algorithm reports beside its main model, as metrics '<prefix>acc-shift-<d>'."""
 
     prefix: str
-    label: str      # row label in summary.md
-    suffix: str     # appended to the algorithm's name in comparison tables
+    label: str  # row label in summary.md
+    suffix: str  # appended to the algorithm's name in comparison tables
     required: bool  # a reply without it is rejected (else the row is kept when present)
 
 
@@ -40,16 +40,21 @@ class NoParams:
 class FedProxParams:
     """FedProx's proximal coefficient (sent to clients in every training message)."""
 
-    proximal_mu: float = hp(0.05, "FedProx's mu: clients add (mu/2)||w - w_global||^2 (with SGD, lr x mu < "
-                            "2 (1 + momentum) or it diverges: refused)", low=0.0)
+    proximal_mu: float = hp(
+        0.05,
+        "FedProx's mu: clients add (mu/2)||w - w_global||^2 (with SGD, lr x mu < "
+        "2 (1 + momentum) or it diverges: refused)",
+        low=0.0,
+    )
 
 
 @dataclass(frozen=True)
 class SparseParams:
     """Keys of every algorithm with a sparse global model."""
 
-    sparsity: float = hp(0.5, "fraction of zeros S of the global model (ERK layer densities)", low=0.0, high=1.0,
-                         high_open=True)
+    sparsity: float = hp(
+        0.5, "fraction of zeros S of the global model (ERK layer densities)", low=0.0, high=1.0, high_open=True
+    )
 
 
 @dataclass(frozen=True)
@@ -57,14 +62,19 @@ class DMPFLParams(SparseParams):
     """DM-PFL's schedule and mask readjustment (SPEC 3.1)."""
 
     iterations: int = hp(3, "cycles of the three phases (0: phase 1 only)", low=0, high=10_000)
-    readjust_ratio: float = hp(0.05, "initial prune/regrow fraction alpha_s of m_c (cosine decay over the "
-                               "phase-1 rounds)", low=0.0, high=1.0)
-    min_vote_fraction: float = hp(0.3, "a position enters m_g only if more than this fraction of the round's "
-                                  "clients kept it", low=0.0, high=1.0)
+    readjust_ratio: float = hp(
+        0.05, "initial prune/regrow fraction alpha_s of m_c (cosine decay over the phase-1 rounds)", low=0.0, high=1.0
+    )
+    min_vote_fraction: float = hp(
+        0.3, "a position enters m_g only if more than this fraction of the round's clients kept it", low=0.0, high=1.0
+    )
     phase3_all_clients: bool = hp(False, "phase 3 with every client instead of the sampled ones")
-    partial_download: bool = hp(True, "phases 1 and 3 send a client whose m_c the server knows (from its last "
-                                "phase-1 upload) only w_g on m_g AND m_c, the part it uses (same results, fewer bytes; "
-                                "off with `stages`, which evaluate the whole theta_g)")
+    partial_download: bool = hp(
+        True,
+        "phases 1 and 3 send a client whose m_c the server knows (from its last "
+        "phase-1 upload) only w_g on m_g AND m_c, the part it uses (same results, fewer bytes; "
+        "off with `stages`, which evaluate the whole theta_g)",
+    )
 
 
 @dataclass(frozen=True)
@@ -72,8 +82,7 @@ class FedDSTParams(SparseParams):
     """FedDST's mask readjustment."""
 
     readjust_interval: int = hp(10, "readjust the mask every N rounds", low=1)
-    dst_readjust_ratio: float = hp(0.01, "fraction of the mask pruned and regrown at a readjustment", low=0.0,
-                                   high=1.0)
+    dst_readjust_ratio: float = hp(0.01, "fraction of the mask pruned and regrown at a readjustment", low=0.0, high=1.0)
 
 
 def _minus_one_or_unit(meaning: str) -> Callable[[str, object], float]:
@@ -93,24 +102,35 @@ class AMPParams:
     """Keys shared by FedAMP and HeurFedAMP (SPEC 3.2)."""
 
     fedamp_alpha: float = hp(1.0, "alpha_0 of the attention step", low=0.0, low_open=True)
-    fedamp_lambda: float = hp(1e-4, "lambda: clients' proximal coefficient is lambda / alpha_k (the defaults give "
-                              "the paper's beta_0 = alpha/lambda = 1e4)", low=0.0, low_open=True)
-    fedamp_decay: float = hp(0.1, "alpha_k = alpha_0 * decay^floor((k-1)/decay-every)", low=0.0, high=1.0,
-                             low_open=True)
+    fedamp_lambda: float = hp(
+        1e-4,
+        "lambda: clients' proximal coefficient is lambda / alpha_k (the defaults give "
+        "the paper's beta_0 = alpha/lambda = 1e4)",
+        low=0.0,
+        low_open=True,
+    )
+    fedamp_decay: float = hp(
+        0.1, "alpha_k = alpha_0 * decay^floor((k-1)/decay-every)", low=0.0, high=1.0, low_open=True
+    )
     fedamp_decay_every: int = hp(30, "rounds between two decays of alpha_k", low=1)
-    pretrain_epochs: int = hp(1, "local epochs every client trains from the common initialization before round 1",
-                              low=0, high=10_000)
+    pretrain_epochs: int = hp(
+        1, "local epochs every client trains from the common initialization before round 1", low=0, high=10_000
+    )
 
 
 @dataclass(frozen=True)
 class FedAMPParams(AMPParams):
     """FedAMP's exp-distance attention."""
 
-    fedamp_sigma: float = hp(100.0, "sigma of FedAMP's attention A'(t) = exp(-t/sigma)/sigma", low=0.0,
-                             low_open=True)
-    fedamp_tau: float = hp(-1.0, "-1: Eq. 4 (xi_ii = 1 - the peers' sum); else a constant self-attention, as the "
-                           "paper's experiments (Appendix C.1): xi_ii = 1 - tau, the peers share tau in proportion to "
-                           "A'(||w_i - w_j||^2)", parse=_minus_one_or_unit("off"), allowed="-1 or [0.0, 1.0]")
+    fedamp_sigma: float = hp(100.0, "sigma of FedAMP's attention A'(t) = exp(-t/sigma)/sigma", low=0.0, low_open=True)
+    fedamp_tau: float = hp(
+        -1.0,
+        "-1: Eq. 4 (xi_ii = 1 - the peers' sum); else a constant self-attention, as the "
+        "paper's experiments (Appendix C.1): xi_ii = 1 - tau, the peers share tau in proportion to "
+        "A'(||w_i - w_j||^2)",
+        parse=_minus_one_or_unit("off"),
+        allowed="-1 or [0.0, 1.0]",
+    )
 
 
 @dataclass(frozen=True)
@@ -125,8 +145,12 @@ class HeurFedAMPParams(AMPParams):
 class FLIUParams:
     """FLIU's gamma and server weighting (SPEC 3.3)."""
 
-    fliu_gamma: float = hp(-1.0, "-1: adaptive gamma_k(n_k) (Eq. 4); else a fixed gamma in [0, 1]",
-                           parse=_minus_one_or_unit("adaptive, Eq. 4"), allowed="-1 or [0.0, 1.0]")
+    fliu_gamma: float = hp(
+        -1.0,
+        "-1: adaptive gamma_k(n_k) (Eq. 4); else a fixed gamma in [0, 1]",
+        parse=_minus_one_or_unit("adaptive, Eq. 4"),
+        allowed="-1 or [0.0, 1.0]",
+    )
     fliu_weighting: str = hp("uniform", "server average of the round's models", choices=("uniform", "samples"))
 
 
@@ -137,8 +161,9 @@ class FedFomoParams:
     fomo_models: int = hp(5, "peer models downloaded per client", low=1, high=64)
     fomo_epsilon: float = hp(0.3, "epsilon-greedy exploration of peers", low=0.0, high=1.0)
     fomo_epsilon_decay: float = hp(0.95, "per-round decay of epsilon", low=0.0, high=1.0, low_open=True)
-    fomo_val_fraction: float = hp(0.2, "share of the training data held out to score peers", low=0.0, high=1.0,
-                                  low_open=True, high_open=True)
+    fomo_val_fraction: float = hp(
+        0.2, "share of the training data held out to score peers", low=0.0, high=1.0, low_open=True, high_open=True
+    )
 
 
 def _ratios(key: str, value: object) -> tuple[float, ...]:
@@ -156,13 +181,15 @@ def _ratios(key: str, value: object) -> tuple[float, ...]:
 class DapperFLParams:
     """DapperFL's device levels, model fusion pruning and domain adaptive regularization (SPEC 3.4)."""
 
-    dapperfl_ratios: tuple[float, ...] = hp((0.0, 0.2, 0.4, 0.6, 0.8), "pruning ratio of each client, the list "
-                                            "cycled over partition ids (device capability levels)", parse=_ratios,
-                                            allowed="comma-separated numbers in [0, 1)")
+    dapperfl_ratios: tuple[float, ...] = hp(
+        (0.0, 0.2, 0.4, 0.6, 0.8),
+        "pruning ratio of each client, the list cycled over partition ids (device capability levels)",
+        parse=_ratios,
+        allowed="comma-separated numbers in [0, 1)",
+    )
     dapperfl_alpha0: float = hp(0.9, "MFP: initial fusion factor alpha_0 (Eq. 2)", low=0.0, high=1.0)
     dapperfl_alpha_min: float = hp(0.1, "MFP: smallest fusion factor alpha_min", low=0.0, high=1.0)
-    dapperfl_epsilon: float = hp(0.2, "MFP: alpha_t = max((1 - epsilon)^(t-1) alpha_0, alpha_min)", low=0.0,
-                                 high=1.0)
+    dapperfl_epsilon: float = hp(0.2, "MFP: alpha_t = max((1 - epsilon)^(t-1) alpha_0, alpha_min)", low=0.0, high=1.0)
     dapperfl_gamma: float = hp(0.01, "DAR: weight of mean ||z||^2 of the encoder output (Eq. 5)", low=0.0)
     dapperfl_mfp: bool = hp(True, "model fusion pruning (off: prune the received model by l1 directly)")
     dapperfl_dar: bool = hp(True, "domain adaptive regularization (off: cross-entropy only)")
@@ -172,16 +199,21 @@ class DapperFLParams:
 class DittoParams:
     """Ditto's pull of the personal model toward the global one."""
 
-    ditto_lambda: float = hp(0.1, "lambda of the personal model's term (lambda/2)||v - w||^2 (with SGD, lr x lambda < "
-                              "2 (1 + momentum): refused otherwise)", low=0.0)
+    ditto_lambda: float = hp(
+        0.1,
+        "lambda of the personal model's term (lambda/2)||v - w||^2 (with SGD, lr x lambda < "
+        "2 (1 + momentum): refused otherwise)",
+        low=0.0,
+    )
 
 
 @dataclass(frozen=True)
 class APFLParams:
     """APFL's initial mixing weight."""
 
-    apfl_alpha: float = hp(0.5, "initial alpha of the personalized model alpha v + (1 - alpha) w (then learned)",
-                           low=0.0, high=1.0)
+    apfl_alpha: float = hp(
+        0.5, "initial alpha of the personalized model alpha v + (1 - alpha) w (then learned)", low=0.0, high=1.0
+    )
 
 
 @dataclass(frozen=True)
@@ -199,42 +231,140 @@ class AlgorithmSpec:
     averages_models: bool = False  # the server averages uploaded weights: `robust-aggregation` and attacks apply
 
 
-SPECS: dict[str, AlgorithmSpec] = {spec.name: spec for spec in (
-    AlgorithmSpec("fedavg", "FedAvg: sample-weighted average of the clients' models",
-                  "fedavg:FedAvgStrategy", "fedavg:FedAvgClient", averages_models=True),
-    AlgorithmSpec("fedprox", "FedProx: FedAvg with a proximal term toward the global model",
-                  "fedavg:FedProxStrategy", "fedavg:FedProxClient", FedProxParams, averages_models=True),
-    AlgorithmSpec("fedavg-ft", "FedAvg+FT: FedAvg, then `local-epochs` of fine-tuning before each evaluation",
-                  "fedavg:FedAvgStrategy", "fedavg:FedAvgFTClient", averages_models=True),
-    AlgorithmSpec("local", "Local: every client trains alone; no weights travel",
-                  "local:LocalStrategy", "local:LocalClient"),
-    AlgorithmSpec("feddst", "FedDST: sparse global model with periodic prune/regrow",
-                  "feddst:FedDSTStrategy", "feddst:FedDSTClient", FedDSTParams),
-    AlgorithmSpec("dmpfl", "DM-PFL (and DM-PFL+ in the same run): dual global/personal masks",
-                  "dmpfl:DMPFLStrategy", "dmpfl:DMPFLClient", DMPFLParams, (PLUS, GLOBAL)),
-    AlgorithmSpec("fedamp", "FedAMP: attentive personalized cloud models held by the server",
-                  "fedamp:FedAMPStrategy", "fedamp:FedAMPClient", FedAMPParams, (CLOUD,)),
-    AlgorithmSpec("heurfedamp", "HeurFedAMP: FedAMP with cosine-similarity attention",
-                  "fedamp:HeurFedAMPStrategy", "fedamp:FedAMPClient", HeurFedAMPParams, (CLOUD,)),
-    AlgorithmSpec("fliu", "FLIU: individualized updates with adaptive gamma",
-                  "fliu:FLIUStrategy", "fliu:FLIUClient", FLIUParams, averages_models=True),
-    AlgorithmSpec("fedfomo", "FedFomo: each client combines peers' models weighted by validation gain",
-                  "fedfomo:FedFomoStrategy", "fedfomo:FedFomoClient", FedFomoParams),
-    AlgorithmSpec("lg-fedavg", "LG-FedAvg: local body, global head; only the head travels",
-                  "partial:PartialStrategy", "partial:PartialClient", shares="head", averages_models=True),
-    AlgorithmSpec("fedper", "FedPer: global body, local head, trained together; only the body travels",
-                  "partial:PartialStrategy", "partial:PartialClient", shares="body", averages_models=True),
-    AlgorithmSpec("fedrep", "FedRep: global body, local head; head epochs, then body epochs; only the body travels",
-                  "partial:PartialStrategy", "partial:FedRepClient", shares="body", averages_models=True),
-    AlgorithmSpec("fedbn", "FedBN: FedAvg except batch-norm layers, which stay local (needs a `-bn` model)",
-                  "partial:PartialStrategy", "partial:PartialClient", shares="no-norm", averages_models=True),
-    AlgorithmSpec("dapperfl", "DapperFL: each device trains and sends an l1-pruned fusion of the global model",
-                  "dapperfl:DapperFLStrategy", "dapperfl:DapperFLClient", DapperFLParams, (GLOBAL,)),
-    AlgorithmSpec("ditto", "Ditto: FedAvg's global model plus a personal model pulled toward it",
-                  "fedavg:FedAvgStrategy", "ditto:DittoClient", DittoParams, (GLOBAL,), averages_models=True),
-    AlgorithmSpec("apfl", "APFL: personalized mixture alpha v + (1 - alpha) w with a learned alpha",
-                  "fedavg:FedAvgStrategy", "apfl:APFLClient", APFLParams, (GLOBAL,), averages_models=True),
-)}
+SPECS: dict[str, AlgorithmSpec] = {
+    spec.name: spec
+    for spec in (
+        AlgorithmSpec(
+            "fedavg",
+            "FedAvg: sample-weighted average of the clients' models",
+            "fedavg:FedAvgStrategy",
+            "fedavg:FedAvgClient",
+            averages_models=True,
+        ),
+        AlgorithmSpec(
+            "fedprox",
+            "FedProx: FedAvg with a proximal term toward the global model",
+            "fedavg:FedProxStrategy",
+            "fedavg:FedProxClient",
+            FedProxParams,
+            averages_models=True,
+        ),
+        AlgorithmSpec(
+            "fedavg-ft",
+            "FedAvg+FT: FedAvg, then `local-epochs` of fine-tuning before each evaluation",
+            "fedavg:FedAvgStrategy",
+            "fedavg:FedAvgFTClient",
+            averages_models=True,
+        ),
+        AlgorithmSpec(
+            "local", "Local: every client trains alone; no weights travel", "local:LocalStrategy", "local:LocalClient"
+        ),
+        AlgorithmSpec(
+            "feddst",
+            "FedDST: sparse global model with periodic prune/regrow",
+            "feddst:FedDSTStrategy",
+            "feddst:FedDSTClient",
+            FedDSTParams,
+        ),
+        AlgorithmSpec(
+            "dmpfl",
+            "DM-PFL (and DM-PFL+ in the same run): dual global/personal masks",
+            "dmpfl:DMPFLStrategy",
+            "dmpfl:DMPFLClient",
+            DMPFLParams,
+            (PLUS, GLOBAL),
+        ),
+        AlgorithmSpec(
+            "fedamp",
+            "FedAMP: attentive personalized cloud models held by the server",
+            "fedamp:FedAMPStrategy",
+            "fedamp:FedAMPClient",
+            FedAMPParams,
+            (CLOUD,),
+        ),
+        AlgorithmSpec(
+            "heurfedamp",
+            "HeurFedAMP: FedAMP with cosine-similarity attention",
+            "fedamp:HeurFedAMPStrategy",
+            "fedamp:FedAMPClient",
+            HeurFedAMPParams,
+            (CLOUD,),
+        ),
+        AlgorithmSpec(
+            "fliu",
+            "FLIU: individualized updates with adaptive gamma",
+            "fliu:FLIUStrategy",
+            "fliu:FLIUClient",
+            FLIUParams,
+            averages_models=True,
+        ),
+        AlgorithmSpec(
+            "fedfomo",
+            "FedFomo: each client combines peers' models weighted by validation gain",
+            "fedfomo:FedFomoStrategy",
+            "fedfomo:FedFomoClient",
+            FedFomoParams,
+        ),
+        AlgorithmSpec(
+            "lg-fedavg",
+            "LG-FedAvg: local body, global head; only the head travels",
+            "partial:PartialStrategy",
+            "partial:PartialClient",
+            shares="head",
+            averages_models=True,
+        ),
+        AlgorithmSpec(
+            "fedper",
+            "FedPer: global body, local head, trained together; only the body travels",
+            "partial:PartialStrategy",
+            "partial:PartialClient",
+            shares="body",
+            averages_models=True,
+        ),
+        AlgorithmSpec(
+            "fedrep",
+            "FedRep: global body, local head; head epochs, then body epochs; only the body travels",
+            "partial:PartialStrategy",
+            "partial:FedRepClient",
+            shares="body",
+            averages_models=True,
+        ),
+        AlgorithmSpec(
+            "fedbn",
+            "FedBN: FedAvg except batch-norm layers, which stay local (needs a `-bn` model)",
+            "partial:PartialStrategy",
+            "partial:PartialClient",
+            shares="no-norm",
+            averages_models=True,
+        ),
+        AlgorithmSpec(
+            "dapperfl",
+            "DapperFL: each device trains and sends an l1-pruned fusion of the global model",
+            "dapperfl:DapperFLStrategy",
+            "dapperfl:DapperFLClient",
+            DapperFLParams,
+            (GLOBAL,),
+        ),
+        AlgorithmSpec(
+            "ditto",
+            "Ditto: FedAvg's global model plus a personal model pulled toward it",
+            "fedavg:FedAvgStrategy",
+            "ditto:DittoClient",
+            DittoParams,
+            (GLOBAL,),
+            averages_models=True,
+        ),
+        AlgorithmSpec(
+            "apfl",
+            "APFL: personalized mixture alpha v + (1 - alpha) w with a learned alpha",
+            "fedavg:FedAvgStrategy",
+            "apfl:APFLClient",
+            APFLParams,
+            (GLOBAL,),
+            averages_models=True,
+        ),
+    )
+}
 
 
 def eval_rows() -> tuple[EvalRow, ...]:

@@ -71,7 +71,7 @@ def model_store(num_clients: int, initial: np.ndarray, path: Path | None = None)
     store = new_store(path, np.float32, (num_clients, initial.size))
     step = max(1, _GRAM_BLOCK_BYTES // max(4 * initial.size, 1))
     for start in range(0, num_clients, step):  # block by block: no (clients x params) copy in memory
-        store[start:start + step] = initial
+        store[start : start + step] = initial
         release_pages(store)
     return store
 
@@ -83,7 +83,7 @@ def copy_to_store(W: np.ndarray, path: Path) -> np.ndarray:
     store = new_store(path, np.float32, W.shape)
     start = 0
     for block in row_blocks(W):
-        store[start:start + len(block)] = block
+        store[start : start + len(block)] = block
         release_pages(store)
         start += len(block)
     return store
@@ -96,8 +96,9 @@ class ModelMatrix:
     from 10% of the clients updates 10% of it.
     """
 
-    def __init__(self, num_clients: int, initial: np.ndarray, track_gram: bool = True,
-                 path: Path | None = None) -> None:
+    def __init__(
+        self, num_clients: int, initial: np.ndarray, track_gram: bool = True, path: Path | None = None
+    ) -> None:
         initial = np.asarray(initial, dtype=np.float32).ravel()
         if num_clients < 1:
             raise ValueError(f"need at least one client, got {num_clients}")
@@ -108,8 +109,9 @@ class ModelMatrix:
         self.heard = np.zeros(num_clients, dtype=bool)  # rows replaced by an upload at least once
 
     @classmethod
-    def from_state(cls, W: np.ndarray, G: np.ndarray, heard: np.ndarray, track_gram: bool,
-                   path: Path | None = None) -> ModelMatrix:
+    def from_state(
+        cls, W: np.ndarray, G: np.ndarray, heard: np.ndarray, track_gram: bool, path: Path | None = None
+    ) -> ModelMatrix:
         """A matrix restored from a checkpoint (rows, Gram matrix, which rows were ever uploaded); with `path` the
         rows are copied block by block into a new memory-mapped store there."""
         matrix = cls.__new__(cls)
@@ -119,8 +121,9 @@ class ModelMatrix:
         matrix.track_gram = track_gram
         m = matrix.W.shape[0]
         if matrix.heard.shape != (m,) or matrix.G.shape != ((m, m) if track_gram else (0, 0)):
-            raise ValueError(f"inconsistent model matrix state: W {matrix.W.shape}, G {matrix.G.shape}, "
-                             f"heard {matrix.heard.shape}")
+            raise ValueError(
+                f"inconsistent model matrix state: W {matrix.W.shape}, G {matrix.G.shape}, heard {matrix.heard.shape}"
+            )
         return matrix
 
     @property
@@ -148,7 +151,7 @@ class ModelMatrix:
                 raise ValueError(f"a model of {sum(sizes)} values for rows of {self.W.shape[1]}")
             ends = np.cumsum(sizes)
             for a, end, size in zip(arrays, ends, sizes):
-                self.W[row, end - size:end] = np.ravel(a)
+                self.W[row, end - size : end] = np.ravel(a)
         self._refresh(rows_arr)
 
     @staticmethod
@@ -212,14 +215,16 @@ def _peer_mask(mask: np.ndarray) -> np.ndarray:
     return peers
 
 
-def fedamp_weights(W: np.ndarray, alpha_k: float, sigma: float,
-                   active: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
+def fedamp_weights(
+    W: np.ndarray, alpha_k: float, sigma: float, active: np.ndarray | None = None
+) -> tuple[np.ndarray, bool]:
     """FedAMP xi from the model matrix (see fedamp_weights_from_gram)."""
     return fedamp_weights_from_gram(_gram(W), alpha_k, sigma, active)
 
 
-def fedamp_weights_from_gram(G: np.ndarray, alpha_k: float, sigma: float,
-                             active: np.ndarray | None = None, tau: float | None = None) -> tuple[np.ndarray, bool]:
+def fedamp_weights_from_gram(
+    G: np.ndarray, alpha_k: float, sigma: float, active: np.ndarray | None = None, tau: float | None = None
+) -> tuple[np.ndarray, bool]:
     """FedAMP xi (Eq. 4/6 with A(t) = 1 - exp(-t/sigma)); True when some row needed the guard.
 
     xi_ij = alpha_k * exp(-||w_i - w_j||^2 / sigma) / sigma for j != i, xi_ii = 1 - sum_{j != i} xi_ij.
@@ -263,8 +268,9 @@ def heurfedamp_weights(W: np.ndarray, sigma: float, tau: float, active: np.ndarr
     return heurfedamp_weights_from_gram(_gram(W), sigma, tau, active)
 
 
-def heurfedamp_weights_from_gram(G: np.ndarray, sigma: float, tau: float,
-                                 active: np.ndarray | None = None) -> np.ndarray:
+def heurfedamp_weights_from_gram(
+    G: np.ndarray, sigma: float, tau: float, active: np.ndarray | None = None
+) -> np.ndarray:
     """HeurFedAMP weights (Alg. 2, Eq. 10-11): 1 - tau on the diagonal, tau * softmax_j(sigma cos) off it.
 
     A client with no active peer (or an inactive one) keeps weight 1 on itself.
@@ -295,7 +301,7 @@ def cloud_models(xi: np.ndarray, W: np.ndarray, rows: list[int] | None = None) -
 
     def fill(item: tuple[int, np.ndarray]) -> None:  # float32: a float64 GEMM would copy every block
         start, columns = item
-        np.matmul(weights, columns, out=out[:, start:start + columns.shape[1]])
+        np.matmul(weights, columns, out=out[:, start : start + columns.shape[1]])
 
     for _ in _over_column_blocks(W, 4, fill):
         pass

@@ -31,8 +31,9 @@ class ChannelGroup:
         return self.out[0]
 
 
-def sequential_groups(body: nn.Sequential, head: nn.Module, prefix: str = "body",
-                      head_name: str = "head") -> list[ChannelGroup]:
+def sequential_groups(
+    body: nn.Sequential, head: nn.Module, prefix: str = "body", head_name: str = "head"
+) -> list[ChannelGroup]:
     """The channel groups of a plain stack of conv/linear layers (normalization, activations, pooling and
     flattening between them), ending in the classifier `head`, whose outputs are never pruned."""
     groups: list[ChannelGroup] = []
@@ -75,8 +76,9 @@ def keep_count(size: int, ratio: float) -> int:
     return max(1, size - int(np.floor(ratio * size + 1e-9)))
 
 
-def entry_indices(groups: Sequence[ChannelGroup], keep: Sequence[np.ndarray],
-                  specs: Sequence[tuple[str, tuple[int, ...]]]) -> dict[str, dict[int, np.ndarray]]:
+def entry_indices(
+    groups: Sequence[ChannelGroup], keep: Sequence[np.ndarray], specs: Sequence[tuple[str, tuple[int, ...]]]
+) -> dict[str, dict[int, np.ndarray]]:
     """For every state entry touched by pruning: dim -> the kept indices along it (sorted)."""
     if len(keep) != len(groups):
         raise ValueError(f"{len(keep)} channel masks for {len(groups)} channel groups")
@@ -98,8 +100,9 @@ def entry_indices(groups: Sequence[ChannelGroup], keep: Sequence[np.ndarray],
     return out
 
 
-def pruned_shapes(specs: Sequence[tuple[str, tuple[int, ...]]],
-                  indices: Mapping[str, Mapping[int, np.ndarray]]) -> list[tuple[str, tuple[int, ...]]]:
+def pruned_shapes(
+    specs: Sequence[tuple[str, tuple[int, ...]]], indices: Mapping[str, Mapping[int, np.ndarray]]
+) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of the smaller model's entries."""
     out = []
     for name, shape in specs:
@@ -166,8 +169,9 @@ def pruned_model(model: nn.Module, groups: Sequence[ChannelGroup], keep: Sequenc
     small = copy.deepcopy(model)
     paths = {name.rsplit(".", 1)[0] for name in indices}
     for path in sorted(paths):
-        out_dims = next((indices[name][0] for name in (f"{path}.{e}" for e in OUT_ENTRIES)
-                         if 0 in indices.get(name, {})), None)
+        out_dims = next(
+            (indices[name][0] for name in (f"{path}.{e}" for e in OUT_ENTRIES) if 0 in indices.get(name, {})), None
+        )
         in_dims = indices.get(f"{path}.weight", {}).get(1)
         _replace(small, path, _smaller(model.get_submodule(path), out_dims, in_dims))
     return small

@@ -82,8 +82,13 @@ def encode_values(dense: np.ndarray, mask: np.ndarray, value_dtype: str = "float
     return SparseTensor(tuple(np.shape(mask)), None, values, mask_digest(mask))
 
 
-def decode_sparse(payload: SparseTensor, expected_shape: tuple[int, ...], known_mask: np.ndarray | None = None,
-                  value_dtype: str = "float32", max_abs: float = MAX_ABS_VALUE) -> tuple[np.ndarray, np.ndarray]:
+def decode_sparse(
+    payload: SparseTensor,
+    expected_shape: tuple[int, ...],
+    known_mask: np.ndarray | None = None,
+    value_dtype: str = "float32",
+    max_abs: float = MAX_ABS_VALUE,
+) -> tuple[np.ndarray, np.ndarray]:
     """(dense float32 with zeros off-mask, bool mask) from a validated payload; PayloadError otherwise.
 
     When the payload carries bits, `known_mask` is ignored (the sender's mask may legitimately differ).
@@ -93,16 +98,22 @@ def decode_sparse(payload: SparseTensor, expected_shape: tuple[int, ...], known_
         raise PayloadError(f"shape {tuple(payload.shape)} differs from the expected {expected}")
     values = payload.values
     if not isinstance(values, np.ndarray) or values.dtype != np.dtype(value_dtype) or values.ndim != 1:
-        raise PayloadError(f"values must be a 1-D {value_dtype} array, got "
-                           f"{getattr(values, 'dtype', type(values))} {getattr(values, 'shape', '')}")
-    if isinstance(payload.digest, bool) or not isinstance(payload.digest, (int, np.integer)) \
-            or not 0 <= int(payload.digest) < 2**63:
+        raise PayloadError(
+            f"values must be a 1-D {value_dtype} array, got "
+            f"{getattr(values, 'dtype', type(values))} {getattr(values, 'shape', '')}"
+        )
+    if (
+        isinstance(payload.digest, bool)
+        or not isinstance(payload.digest, (int, np.integer))
+        or not 0 <= int(payload.digest) < 2**63
+    ):
         raise PayloadError(f"mask digest {payload.digest!r} is not an integer in [0, 2**63)")
     if payload.bits is not None:
         mask = unpack_mask(payload.bits, expected)  # checks the length and the zero padding the digest relies on
         if bits_digest(payload.bits, expected) != int(payload.digest):
-            raise PayloadError(f"mask digest mismatch: payload {payload.digest}, bits give "
-                               f"{bits_digest(payload.bits, expected)}")
+            raise PayloadError(
+                f"mask digest mismatch: payload {payload.digest}, bits give {bits_digest(payload.bits, expected)}"
+            )
     else:
         if known_mask is None:
             raise PayloadError("values-only payload but no known mask to decode it with")
@@ -144,8 +155,10 @@ def _get(arrays: Mapping[str, np.ndarray], key: str, dtypes: tuple[str, ...], nd
         raise PayloadError(f"missing key '{key}'")
     value = arrays[key]
     if not isinstance(value, np.ndarray) or value.dtype.name not in dtypes or value.ndim != ndim:
-        raise PayloadError(f"key '{key}' must be a {ndim}-D {'/'.join(dtypes)} array, got "
-                           f"{getattr(value, 'dtype', type(value))} {getattr(value, 'shape', '')}")
+        raise PayloadError(
+            f"key '{key}' must be a {ndim}-D {'/'.join(dtypes)} array, got "
+            f"{getattr(value, 'dtype', type(value))} {getattr(value, 'shape', '')}"
+        )
     return value
 
 
@@ -162,8 +175,9 @@ def from_arrays(name: str, arrays: Mapping[str, np.ndarray]) -> SparseTensor:
     return SparseTensor(tuple(int(d) for d in shape), bits, values, int(digest[0]))
 
 
-def encode_model(dense: dict[str, np.ndarray], masks: dict[str, np.ndarray], values_only: bool = False,
-                 value_dtype: str = "float32") -> dict[str, np.ndarray]:
+def encode_model(
+    dense: dict[str, np.ndarray], masks: dict[str, np.ndarray], values_only: bool = False, value_dtype: str = "float32"
+) -> dict[str, np.ndarray]:
     """All tensors as plain arrays: masked ones sparse (or values-only), the rest under name/dense."""
     if set(masks) - set(dense):
         raise ValueError(f"masks for unknown tensors {sorted(set(masks) - set(dense))[:3]}")
@@ -188,9 +202,13 @@ def _group_keys(arrays: Mapping[str, np.ndarray]) -> dict[str, set[str]]:
     return groups
 
 
-def decode_model(arrays: Mapping[str, np.ndarray], expected_shapes: dict[str, tuple[int, ...]],
-                 known_masks: dict[str, np.ndarray] | None = None, value_dtype: str = "float32",
-                 max_abs: float = MAX_ABS_VALUE) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def decode_model(
+    arrays: Mapping[str, np.ndarray],
+    expected_shapes: dict[str, tuple[int, ...]],
+    known_masks: dict[str, np.ndarray] | None = None,
+    value_dtype: str = "float32",
+    max_abs: float = MAX_ABS_VALUE,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """(dense tensors, masks of the tensors sent sparse) from encode_model's arrays, all validated."""
     groups = _group_keys(arrays)
     if set(groups) != set(expected_shapes):
@@ -211,8 +229,7 @@ def decode_model(arrays: Mapping[str, np.ndarray], expected_shapes: dict[str, tu
         else:
             known = None if known_masks is None else known_masks.get(name)
             try:
-                dense[name], masks[name] = decode_sparse(from_arrays(name, arrays), shape, known, value_dtype,
-                                                         max_abs)
+                dense[name], masks[name] = decode_sparse(from_arrays(name, arrays), shape, known, value_dtype, max_abs)
             except PayloadError as exc:
                 raise PayloadError(f"tensor '{name}': {exc}") from None
     return dense, masks

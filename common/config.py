@@ -17,10 +17,29 @@ from .validation import is_folder_name
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "digit-domains", "femnist", "har", "usps")
 PARTITIONS = ("iid", "dirichlet", "pathological", "ls", "qs", "lsqs", "grouped", "domains", "natural", "file")
-MODELS = ("auto", "mlp", "cnn-mnist", "cnn-cifar", "mlp-bn", "cnn-mnist-bn", "cnn-cifar-bn", "resnet10", "resnet10-s",
-          "dnn-har", "dnn-har-bn")
-AUTO_MODEL = {"digits": "mlp", "mnist": "cnn-mnist", "fashion-mnist": "cnn-mnist", "cifar10": "cnn-cifar",
-              "digit-domains": "resnet10-s", "femnist": "cnn-mnist", "har": "dnn-har", "usps": "cnn-mnist"}
+MODELS = (
+    "auto",
+    "mlp",
+    "cnn-mnist",
+    "cnn-cifar",
+    "mlp-bn",
+    "cnn-mnist-bn",
+    "cnn-cifar-bn",
+    "resnet10",
+    "resnet10-s",
+    "dnn-har",
+    "dnn-har-bn",
+)
+AUTO_MODEL = {
+    "digits": "mlp",
+    "mnist": "cnn-mnist",
+    "fashion-mnist": "cnn-mnist",
+    "cifar10": "cnn-cifar",
+    "digit-domains": "resnet10-s",
+    "femnist": "cnn-mnist",
+    "har": "dnn-har",
+    "usps": "cnn-mnist",
+}
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -45,8 +64,10 @@ def _folder_name(key: str, value: Any) -> str:
     """A name that stays one folder inside results-dir (empty: the default name)."""
     if value == "" or is_folder_name(value):
         return str(value)
-    raise ConfigError(f"run-config '{key}' = {value!r} must be a folder name of letters, digits, '.', '_' and '-' "
-                      "(no path separators, not starting with '.', at most 100 characters)")
+    raise ConfigError(
+        f"run-config '{key}' = {value!r} must be a folder name of letters, digits, '.', '_' and '-' "
+        "(no path separators, not starting with '.', at most 100 characters)"
+    )
 
 
 def _absolute_path(key: str, value: Any) -> str:
@@ -62,71 +83,122 @@ class RunConfig:
     dataclass) and `algorithm_keys` every registered algorithm's keys, validated (for config.json)."""
 
     algorithm: str = hp("fedavg", "the algorithm", choices=tuple(sorted(SPECS)), allowed="see the next table")
-    dataset: str = hp("digits", "the data set; `digits` (scikit-learn's 8x8 digits) is embedded: no download; "
-                      "`digit-domains`: MNIST, USPS, MNIST-M-style and SYN-style digits at 32x32 RGB, built from "
-                      "`data-dir` (MNIST, USPS, CIFAR-10); `cifar10` reads every `data_batch_*` present (the "
-                      "staged 30k-image subset or all 50k); `femnist` (LEAF's FEMNIST sample, 28x28, 62 classes, by "
-                      "writer), `har` (UCI HAR's inertial windows, 9 channels x 128 steps, 6 activities, by subject), "
-                      "`usps` (16x16 digits, its train and test files pooled)",
-                      choices=DATASETS)
-    data_dir: str = hp("", "folder with `MNIST/raw`, `FashionMNIST/raw`, `cifar-10-batches-py`, `USPS` (torchvision "
-                       "layout), `FEMNIST_LEAF/femnist_leaf_niid_sf005.npz`, `UCI_HAR/` "
-                       "(`inertial_x_float32_N-128-9.npy.xz`, `labels_subjects.npz`); empty: `$PFL_DATA_DIR`, "
-                       "else `~/.cache/pflower/data`. Use an absolute path.")
+    dataset: str = hp(
+        "digits",
+        "the data set; `digits` (scikit-learn's 8x8 digits) is embedded: no download; "
+        "`digit-domains`: MNIST, USPS, MNIST-M-style and SYN-style digits at 32x32 RGB, built from "
+        "`data-dir` (MNIST, USPS, CIFAR-10); `cifar10` reads every `data_batch_*` present (the "
+        "staged 30k-image subset or all 50k); `femnist` (LEAF's FEMNIST sample, 28x28, 62 classes, by "
+        "writer), `har` (UCI HAR's inertial windows, 9 channels x 128 steps, 6 activities, by subject), "
+        "`usps` (16x16 digits, its train and test files pooled)",
+        choices=DATASETS,
+    )
+    data_dir: str = hp(
+        "",
+        "folder with `MNIST/raw`, `FashionMNIST/raw`, `cifar-10-batches-py`, `USPS` (torchvision "
+        "layout), `FEMNIST_LEAF/femnist_leaf_niid_sf005.npz`, `UCI_HAR/` "
+        "(`inertial_x_float32_N-128-9.npy.xz`, `labels_subjects.npz`); empty: `$PFL_DATA_DIR`, "
+        "else `~/.cache/pflower/data`. Use an absolute path.",
+    )
     allow_download: bool = hp(False, "let torchvision download a missing dataset (needs internet)")
-    partition: str = hp("dirichlet", "`iid`; `dirichlet` (per class, a Dir(alpha) vector over clients splits its "
-                        "samples: label and quantity skew); `pathological` (2 classes per client; 10% of the "
-                        "clients hold half of the samples); FLIU's `ls` (Dirichlet label rows balanced by "
-                        "Sinkhorn-Knopp: equal client sizes, every sample used), `qs` (Dirichlet client sizes, "
-                        "balanced labels), `lsqs` (both); FedAMP's `grouped` (5 groups of clients, 80% of each "
-                        "client's data from its group's 2 classes, 500/400/300/200/100 samples per client); "
-                        "DapperFL's `domains` (digit-domains: each client holds `domain-share` of one domain); "
-                        "`natural` (femnist, har: one client per writer or subject); `file` (every client's train "
-                        "and test indices from `partition-file`)",
-                        choices=PARTITIONS)
-    domain_share: float = hp(0.01, "`domains` partition (digit-domains): share of its domain each client takes "
-                             "(DapperFL: 1%)", low=0.0, high=1.0, low_open=True)
-    domain_test_size: int = hp(1000, "`domains` partition: samples of each domain held out to test the global "
-                               "model on that domain", low=1)
-    domain_eval_size: int = hp(0, "`domains` partition: each client's evaluated model is tested on this many "
-                               "(seeded) of every domain's held-out samples, its own domain and the others (metrics "
-                               "`acc-domain-<name>`, `acc-seen-domain`, `acc-unseen-domains`); 0: all "
-                               "`domain-test-size`", low=0)
-    natural_min_samples: int = hp(20, "`natural` partition: writers or subjects with fewer samples are dropped "
-                                  "(DM-PFL, A.1.2, excludes clients with only few samples, without a number); "
-                                  "client k holds the k-th largest kept writer or subject, so a run may have fewer "
-                                  "clients than are kept (the largest), not more; each client's samples are split "
-                                  "by `test-fraction` (FEMNIST's own LEAF train/test split is not used)", low=2)
-    partition_file: str = hp("", "`file` partition: absolute path of an .npz with 1-D integer arrays `train_0`, "
-                             "`test_0`, `train_1`, ... (indices into the dataset in load order, see the README); "
-                             "a run with N clients uses the file's first N; `test-fraction` and `max-samples` do "
-                             "not apply", parse=_absolute_path, allowed="an absolute path")
+    partition: str = hp(
+        "dirichlet",
+        "`iid`; `dirichlet` (per class, a Dir(alpha) vector over clients splits its "
+        "samples: label and quantity skew); `pathological` (2 classes per client; 10% of the "
+        "clients hold half of the samples); FLIU's `ls` (Dirichlet label rows balanced by "
+        "Sinkhorn-Knopp: equal client sizes, every sample used), `qs` (Dirichlet client sizes, "
+        "balanced labels), `lsqs` (both); FedAMP's `grouped` (5 groups of clients, 80% of each "
+        "client's data from its group's 2 classes, 500/400/300/200/100 samples per client); "
+        "DapperFL's `domains` (digit-domains: each client holds `domain-share` of one domain); "
+        "`natural` (femnist, har: one client per writer or subject); `file` (every client's train "
+        "and test indices from `partition-file`)",
+        choices=PARTITIONS,
+    )
+    domain_share: float = hp(
+        0.01,
+        "`domains` partition (digit-domains): share of its domain each client takes (DapperFL: 1%)",
+        low=0.0,
+        high=1.0,
+        low_open=True,
+    )
+    domain_test_size: int = hp(
+        1000, "`domains` partition: samples of each domain held out to test the global model on that domain", low=1
+    )
+    domain_eval_size: int = hp(
+        0,
+        "`domains` partition: each client's evaluated model is tested on this many "
+        "(seeded) of every domain's held-out samples, its own domain and the others (metrics "
+        "`acc-domain-<name>`, `acc-seen-domain`, `acc-unseen-domains`); 0: all "
+        "`domain-test-size`",
+        low=0,
+    )
+    natural_min_samples: int = hp(
+        20,
+        "`natural` partition: writers or subjects with fewer samples are dropped "
+        "(DM-PFL, A.1.2, excludes clients with only few samples, without a number); "
+        "client k holds the k-th largest kept writer or subject, so a run may have fewer "
+        "clients than are kept (the largest), not more; each client's samples are split "
+        "by `test-fraction` (FEMNIST's own LEAF train/test split is not used)",
+        low=2,
+    )
+    partition_file: str = hp(
+        "",
+        "`file` partition: absolute path of an .npz with 1-D integer arrays `train_0`, "
+        "`test_0`, `train_1`, ... (indices into the dataset in load order, see the README); "
+        "a run with N clients uses the file's first N; `test-fraction` and `max-samples` do "
+        "not apply",
+        parse=_absolute_path,
+        allowed="an absolute path",
+    )
     dirichlet_alpha: float = hp(0.3, "alpha of every Dirichlet draw of the partition", low=0.0, low_open=True)
-    test_fraction: float = hp(0.25, "each client's samples are split into train and test sets by this fraction",
-                              low=0.0, high=0.9, low_open=True)
-    max_samples: int = hp(0, "partition a seeded subset of this many samples of the dataset (0: all); for quick "
-                          "CPU runs", low=0)
-    model: str = hp("auto", "`mlp` (digits), `cnn-mnist` (McMahan et al. CNN, 1.66M parameters), `cnn-cifar` (5x5 "
-                    "convolutions without padding, FC 512; on 28x28 inputs the 582k-parameter CNN other PFL libraries "
-                    "use for MNIST); "
-                    "`-bn`: the same with batch normalization; `resnet10` (32x32 images, 4.9M parameters) and "
-                    "`resnet10-s` (a quarter of its widths, for CPUs); `dnn-har` (HAR: an MLP on the flattened "
-                    "window, 1152-256-128 with ReLU, 329k parameters; DM-PFL's HAR \"DNN\" is not specified "
-                    "further); `auto` picks by dataset (the `-bn` one for "
-                    "`fedbn`)",
-                    choices=MODELS)
+    test_fraction: float = hp(
+        0.25,
+        "each client's samples are split into train and test sets by this fraction",
+        low=0.0,
+        high=0.9,
+        low_open=True,
+    )
+    max_samples: int = hp(
+        0, "partition a seeded subset of this many samples of the dataset (0: all); for quick CPU runs", low=0
+    )
+    model: str = hp(
+        "auto",
+        "`mlp` (digits), `cnn-mnist` (McMahan et al. CNN, 1.66M parameters), `cnn-cifar` (5x5 "
+        "convolutions without padding, FC 512; on 28x28 inputs the 582k-parameter CNN other PFL libraries "
+        "use for MNIST); "
+        "`-bn`: the same with batch normalization; `resnet10` (32x32 images, 4.9M parameters) and "
+        "`resnet10-s` (a quarter of its widths, for CPUs); `dnn-har` (HAR: an MLP on the flattened "
+        'window, 1152-256-128 with ReLU, 329k parameters; DM-PFL\'s HAR "DNN" is not specified '
+        "further); `auto` picks by dataset (the `-bn` one for "
+        "`fedbn`)",
+        choices=MODELS,
+    )
     num_rounds: int = hp(20, "federated rounds", low=1, high=100_000)
-    fraction_train: float = hp(0.5, "fraction of clients sampled per round (seeded, at least `min-train-clients`)",
-                               low=0.0, high=1.0, low_open=True)
+    fraction_train: float = hp(
+        0.5,
+        "fraction of clients sampled per round (seeded, at least `min-train-clients`)",
+        low=0.0,
+        high=1.0,
+        low_open=True,
+    )
     min_train_clients: int = hp(2, "lower bound on clients per round", low=1)
     fraction_evaluate: float = hp(1.0, "fraction of clients evaluated (all by default)", low=0.0, high=1.0)
     eval_every: int = hp(1, "evaluate every N rounds and after the last one (0: never)", low=0)
-    holdout_clients: float = hp(0.0, "this fraction of the clients (seeded, at least 1 when > 0, never all) never "
-                                "trains; at every evaluation they receive what a new client would (the algorithm's "
-                                "newcomer model) and are evaluated as received and after `holdout-finetune-epochs` "
-                                "of local fine-tuning: the `unseen` row", low=0.0, high=0.9)
-    holdout_finetune_epochs: int = hp(1, "local fine-tuning epochs of a held-out client before its second "
-                                      "evaluation (0: evaluated as received only)", low=0, high=100)
+    holdout_clients: float = hp(
+        0.0,
+        "this fraction of the clients (seeded, at least 1 when > 0, never all) never "
+        "trains; at every evaluation they receive what a new client would (the algorithm's "
+        "newcomer model) and are evaluated as received and after `holdout-finetune-epochs` "
+        "of local fine-tuning: the `unseen` row",
+        low=0.0,
+        high=0.9,
+    )
+    holdout_finetune_epochs: int = hp(
+        1,
+        "local fine-tuning epochs of a held-out client before its second evaluation (0: evaluated as received only)",
+        low=0,
+        high=100,
+    )
     local_epochs: int = hp(2, "local training epochs per round", low=0, high=10_000)
     batch_size: int = hp(32, "local training batch size", low=1)
     optimizer: str = hp("sgd", "local optimizer", choices=OPTIMIZERS)
@@ -134,73 +206,149 @@ class RunConfig:
     momentum: float = hp(0.0, "SGD momentum", low=0.0, high=0.999)
     weight_decay: float = hp(0.0, "weight decay of the local optimizer", low=0.0, high=1.0)
     lr_decay: float = hp(1.0, "lr is multiplied by this every round", low=0.0, high=1.0, low_open=True)
-    shift_degrees: tuple[float, ...] = hp((0.0, 0.2, 0.4, 0.6, 0.8, 1.0), "test-time shift degrees evaluated "
-                                          "every time", parse=parse_degrees,
-                                          allowed="comma-separated numbers in [0, 1]")
-    corruptions: tuple[str, ...] = hp((), "image data sets: every client's test split is also evaluated under these "
-                                      "corruptions (CIFAR-10-C style, comma-separated; `all`: every one; empty: off), "
-                                      "at each of `corruption-severities`: metrics `acc-corrupt-<name>-<severity>`",
-                                      parse=parse_corruptions,
-                                      allowed="`all`, or names from " + ", ".join(f"`{n}`" for n in CORRUPTIONS))
-    corruption_severities: tuple[int, ...] = hp((1, 2, 3, 4, 5), "severities evaluated for each of `corruptions`",
-                                                parse=parse_severities, allowed="comma-separated numbers from 1 to 5")
-    corruption_eval_size: int = hp(0, "`corruptions`: evaluate them on a seeded subset of this many of each client's "
-                                   "test samples (0: all); each (corruption, severity) costs one pass over it", low=0)
-    seed: int = hp(0, "one seed for partition, sampling, init and training: same seed, same metrics",
-                   low=0, high=2**31 - 1)
+    shift_degrees: tuple[float, ...] = hp(
+        (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+        "test-time shift degrees evaluated every time",
+        parse=parse_degrees,
+        allowed="comma-separated numbers in [0, 1]",
+    )
+    corruptions: tuple[str, ...] = hp(
+        (),
+        "image data sets: every client's test split is also evaluated under these "
+        "corruptions (CIFAR-10-C style, comma-separated; `all`: every one; empty: off), "
+        "at each of `corruption-severities`: metrics `acc-corrupt-<name>-<severity>`",
+        parse=parse_corruptions,
+        allowed="`all`, or names from " + ", ".join(f"`{n}`" for n in CORRUPTIONS),
+    )
+    corruption_severities: tuple[int, ...] = hp(
+        (1, 2, 3, 4, 5),
+        "severities evaluated for each of `corruptions`",
+        parse=parse_severities,
+        allowed="comma-separated numbers from 1 to 5",
+    )
+    corruption_eval_size: int = hp(
+        0,
+        "`corruptions`: evaluate them on a seeded subset of this many of each client's "
+        "test samples (0: all); each (corruption, severity) costs one pass over it",
+        low=0,
+    )
+    seed: int = hp(
+        0, "one seed for partition, sampling, init and training: same seed, same metrics", low=0, high=2**31 - 1
+    )
     device: str = hp("auto", "where clients train; `auto`: CUDA when present", choices=DEVICES)
     client_threads: int = hp(1, "torch threads per simulated client", low=1, high=256)
-    max_client_samples: int = hp(100_000, "a client declaring more training or test samples at the handshake is "
-                                 "refused; no reply may count more samples than its client declared", low=1)
-    takeover_after: float = hp(120.0, "deployment: seconds a partition's node must have been gone before another "
-                               "node may take the partition over (a replaced device); until then its claim is "
-                               "refused", low=0.0, high=1e7)
-    messages_in_flight: int = hp(64, "the most messages the server has out at once when pre-training or "
-                                 "evaluating more clients than this: a sliding window, each freed slot refilled "
-                                 "(server memory bounded at thousands of clients; a message unanswered "
-                                 "`round-timeout` seconds after it was sent is given up)", low=1)
-    round_timeout: float = hp(600.0, "seconds to wait for replies; a round goes on with those that arrived",
-                              low=0.0, low_open=True)
-    drop_rate: float = hp(0.0, "simulation: this fraction of each round's training clients fails (seeded); the "
-                          "round goes on without them", low=0.0, high=0.95)
-    straggler_rate: float = hp(0.0, "simulation: this fraction of each round's training clients (others than the "
-                               "dropped ones) trains but answers after the round timeout; their replies are not "
-                               "used", low=0.0, high=0.95)
-    dirty_clients: float = hp(0.0, "this fraction of the clients (seeded) has `dirty-fraction` of its training "
-                              "labels flipped to another class", low=0.0, high=1.0)
+    max_client_samples: int = hp(
+        100_000,
+        "a client declaring more training or test samples at the handshake is "
+        "refused; no reply may count more samples than its client declared",
+        low=1,
+    )
+    takeover_after: float = hp(
+        120.0,
+        "deployment: seconds a partition's node must have been gone before another "
+        "node may take the partition over (a replaced device); until then its claim is "
+        "refused",
+        low=0.0,
+        high=1e7,
+    )
+    messages_in_flight: int = hp(
+        64,
+        "the most messages the server has out at once when pre-training or "
+        "evaluating more clients than this: a sliding window, each freed slot refilled "
+        "(server memory bounded at thousands of clients; a message unanswered "
+        "`round-timeout` seconds after it was sent is given up)",
+        low=1,
+    )
+    round_timeout: float = hp(
+        600.0, "seconds to wait for replies; a round goes on with those that arrived", low=0.0, low_open=True
+    )
+    drop_rate: float = hp(
+        0.0,
+        "simulation: this fraction of each round's training clients fails (seeded); the round goes on without them",
+        low=0.0,
+        high=0.95,
+    )
+    straggler_rate: float = hp(
+        0.0,
+        "simulation: this fraction of each round's training clients (others than the "
+        "dropped ones) trains but answers after the round timeout; their replies are not "
+        "used",
+        low=0.0,
+        high=0.95,
+    )
+    dirty_clients: float = hp(
+        0.0,
+        "this fraction of the clients (seeded) has `dirty-fraction` of its training labels flipped to another class",
+        low=0.0,
+        high=1.0,
+    )
     dirty_fraction: float = hp(0.0, "fraction of a dirty client's training labels flipped", low=0.0, high=1.0)
-    robust_aggregation: str = hp("none", "weight-averaging algorithms: `clip` (updates longer than "
-                                 "`robust-clip-norm` are shortened to it), `trimmed-mean` (coordinate-wise, "
-                                 "`robust-trim` of the values dropped at each end) or `median` (coordinate-wise) "
-                                 "instead of the sample-weighted average", choices=ROBUST_METHODS)
-    robust_clip_norm: float = hp(0.0, "`clip`'s bound on an update's L2 norm; 0: the median update norm of the "
-                                 "round", low=0.0)
-    robust_trim: float = hp(0.2, "`trimmed-mean`: fraction of each coordinate's values dropped at each end",
-                            low=0.0, high=0.5, high_open=True)
-    attack_clients: float = hp(0.0, "simulation: this fraction of the clients (seeded) attacks by model "
-                               "replacement: trains on labels shifted by one class and uploads "
-                               "w + `attack-boost` (w_local - w)", low=0.0, high=1.0)
-    attack_boost: float = hp(10.0, "the attackers' update scale (model replacement: about the number of clients "
-                             "averaged)", low=1.0, high=1e4)
+    robust_aggregation: str = hp(
+        "none",
+        "weight-averaging algorithms: `clip` (updates longer than "
+        "`robust-clip-norm` are shortened to it), `trimmed-mean` (coordinate-wise, "
+        "`robust-trim` of the values dropped at each end) or `median` (coordinate-wise) "
+        "instead of the sample-weighted average",
+        choices=ROBUST_METHODS,
+    )
+    robust_clip_norm: float = hp(
+        0.0, "`clip`'s bound on an update's L2 norm; 0: the median update norm of the round", low=0.0
+    )
+    robust_trim: float = hp(
+        0.2,
+        "`trimmed-mean`: fraction of each coordinate's values dropped at each end",
+        low=0.0,
+        high=0.5,
+        high_open=True,
+    )
+    attack_clients: float = hp(
+        0.0,
+        "simulation: this fraction of the clients (seeded) attacks by model "
+        "replacement: trains on labels shifted by one class and uploads "
+        "w + `attack-boost` (w_local - w)",
+        low=0.0,
+        high=1.0,
+    )
+    attack_boost: float = hp(
+        10.0, "the attackers' update scale (model replacement: about the number of clients averaged)", low=1.0, high=1e4
+    )
     stages: bool = hp(False, "FLIU's stage metrics (G, L1, L2) for the clients of each round")
     stage_test_size: int = hp(2000, "size of the seeded pooled-test subset for the stages' Acc(G) (0: all)", low=0)
-    rho_eps: tuple[float, ...] = hp((0.9, 0.95), "thresholds eps of the stages' rho_eps", parse=parse_degrees,
-                                    allowed="comma-separated numbers in [0, 1]")
+    rho_eps: tuple[float, ...] = hp(
+        (0.9, 0.95),
+        "thresholds eps of the stages' rho_eps",
+        parse=parse_degrees,
+        allowed="comma-separated numbers in [0, 1]",
+    )
     results_dir: str = hp("", "where results go (empty: `$PFL_RESULTS_DIR`, else `~/pflower-results`)")
-    run_name: str = hp("", "the run folder's name (default `algorithm-dataset-timestamp`)", parse=_folder_name,
-                       allowed="letters, digits, `.`, `_`, `-`")
-    checkpoint_every: int = hp(1, "write the server checkpoint every N rounds (and after the last); 0: never. "
-                               "FedAMP/FedFomo checkpoints hold every client's model (100 clients x the MNIST CNN: "
-                               "0.67 GB, about 5 s to write on a 2-core machine): raise N for such runs", low=0)
+    run_name: str = hp(
+        "",
+        "the run folder's name (default `algorithm-dataset-timestamp`)",
+        parse=_folder_name,
+        allowed="letters, digits, `.`, `_`, `-`",
+    )
+    checkpoint_every: int = hp(
+        1,
+        "write the server checkpoint every N rounds (and after the last); 0: never. "
+        "FedAMP/FedFomo checkpoints hold every client's model (100 clients x the MNIST CNN: "
+        "0.67 GB, about 5 s to write on a 2-core machine): raise N for such runs",
+        low=0,
+    )
     resume: str = hp("", "a run folder to continue from its checkpoint (same run config; `num-rounds` may grow)")
-    client_state_dir: str = hp("auto", "simulation: where clients keep their state (personal weights, masks, "
-                               "algorithm state): `auto`: in files in the run folder (`client-state/`), so memory "
-                               "grows with one round's clients, not with all, and a resumed run continues them; "
-                               "`memory`: in the simulation's memory; or a folder (absolute path). On a device the "
-                               "node config's `state-dir` does this")
-    message_digests: bool = hp(False, "write the digest (Flower's content-addressed object id) of every message sent "
-                               "and every reply received to `messages.jsonl` in the run folder: two runs (on two "
-                               "engines, or at two commits) compared message by message")
+    client_state_dir: str = hp(
+        "auto",
+        "simulation: where clients keep their state (personal weights, masks, "
+        "algorithm state): `auto`: in files in the run folder (`client-state/`), so memory "
+        "grows with one round's clients, not with all, and a resumed run continues them; "
+        "`memory`: in the simulation's memory; or a folder (absolute path). On a device the "
+        "node config's `state-dir` does this",
+    )
+    message_digests: bool = hp(
+        False,
+        "write the digest (Flower's content-addressed object id) of every message sent "
+        "and every reply received to `messages.jsonl` in the run folder: two runs (on two "
+        "engines, or at two commits) compared message by message",
+    )
     params: Any = None
     algorithm_keys: dict[str, Any] = field(default_factory=dict)
 
@@ -224,8 +372,9 @@ class RunConfig:
     def params_as(self, kind: type[P]) -> P:
         """The algorithm's hyperparameters, checked to be of the dataclass `kind` (a typed view for its halves)."""
         if not isinstance(self.params, kind):
-            raise TypeError(f"algorithm {self.algorithm!r} has parameters {type(self.params).__name__}, "
-                            f"not {kind.__name__}")
+            raise TypeError(
+                f"algorithm {self.algorithm!r} has parameters {type(self.params).__name__}, not {kind.__name__}"
+            )
         return self.params
 
     @property
@@ -254,9 +403,11 @@ def _check_gradient_pull(cfg: RunConfig, params: Any) -> None:
         if isinstance(params, cls) and cfg.optimizer == "sgd":
             coefficient, bound = float(getattr(params, attr)), 2.0 * (1.0 + cfg.momentum)
             if cfg.lr * coefficient >= bound:
-                raise ConfigError(f"run-config 'lr' x '{key}' = {cfg.lr:g} x {coefficient:g} = "
-                                  f"{cfg.lr * coefficient:g}: SGD on the (coefficient/2)||w - w_ref||^2 term diverges "
-                                  f"at {bound:g} (2 (1 + momentum)) or more; lower one of them")
+                raise ConfigError(
+                    f"run-config 'lr' x '{key}' = {cfg.lr:g} x {coefficient:g} = "
+                    f"{cfg.lr * coefficient:g}: SGD on the (coefficient/2)||w - w_ref||^2 term diverges "
+                    f"at {bound:g} (2 (1 + momentum)) or more; lower one of them"
+                )
 
 
 def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
@@ -275,11 +426,15 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
             params = parsed
     cfg = parse_fields(RunConfig, raw, params=params, algorithm_keys=algorithm_keys)
     averaging = sorted(name for name, spec in SPECS.items() if spec.averages_models)
-    for key, active in (("robust-aggregation", cfg.robust_aggregation != "none"),
-                        ("attack-clients", cfg.attack_clients > 0)):
+    for key, active in (
+        ("robust-aggregation", cfg.robust_aggregation != "none"),
+        ("attack-clients", cfg.attack_clients > 0),
+    ):
         if active and not SPECS[algorithm].averages_models:
-            raise ConfigError(f"run-config '{key}' applies to the weight-averaging algorithms "
-                              f"({', '.join(averaging)}), not to '{algorithm}'")
+            raise ConfigError(
+                f"run-config '{key}' applies to the weight-averaging algorithms "
+                f"({', '.join(averaging)}), not to '{algorithm}'"
+            )
     _check_gradient_pull(cfg, params)
     if cfg.model == "auto" and SPECS[algorithm].shares == "no-norm":  # FedBN: the dataset's model with batch norm
         cfg = replace(cfg, model=AUTO_MODEL[cfg.dataset] + "-bn")

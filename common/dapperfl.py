@@ -24,12 +24,17 @@ def fusion_factor(server_round: int, alpha0: float, alpha_min: float, eps: float
     return max((1.0 - eps) ** (server_round - 1) * alpha0, alpha_min)
 
 
-def fuse(global_state: Mapping[str, torch.Tensor], local_state: Mapping[str, torch.Tensor],
-         alpha: float) -> dict[str, torch.Tensor]:
+def fuse(
+    global_state: Mapping[str, torch.Tensor], local_state: Mapping[str, torch.Tensor], alpha: float
+) -> dict[str, torch.Tensor]:
     """w = alpha * W + (1 - alpha) * w_hat for every floating-point entry (Eq. 1), on the local model's device;
     counters stay the local ones."""
-    return {name: (alpha * global_state[name].to(value.device) + (1.0 - alpha) * value)
-            if value.is_floating_point() else value for name, value in local_state.items()}
+    return {
+        name: (alpha * global_state[name].to(value.device) + (1.0 - alpha) * value)
+        if value.is_floating_point()
+        else value
+        for name, value in local_state.items()
+    }
 
 
 def channel_scores(weight: np.ndarray) -> np.ndarray:
@@ -42,7 +47,7 @@ def keep_mask(scores: np.ndarray, ratio: float) -> np.ndarray:
     n = len(scores)
     order = np.lexsort((-np.arange(n), scores))  # ascending norm; among ties the higher index first
     mask = np.ones(n, dtype=bool)
-    mask[order[:n - keep_count(n, ratio)]] = False
+    mask[order[: n - keep_count(n, ratio)]] = False
     return mask
 
 
@@ -60,11 +65,17 @@ def dar_loss(gamma: float) -> ExtraLoss:
     return term
 
 
-def aggregate(previous: Sequence[np.ndarray], names: Sequence[str],
-              uploads: Sequence[Mapping[str, np.ndarray]], indices: Sequence[Mapping[str, Mapping[int, np.ndarray]]],
-              weights: Sequence[float]) -> list[np.ndarray]:
+def aggregate(
+    previous: Sequence[np.ndarray],
+    names: Sequence[str],
+    uploads: Sequence[Mapping[str, np.ndarray]],
+    indices: Sequence[Mapping[str, Mapping[int, np.ndarray]]],
+    weights: Sequence[float],
+) -> list[np.ndarray]:
     """Recover every upload to full shape from the previous global model (Eq. 6), then their sample-weighted
     average (Eq. 7)."""
-    recovered = [[recover(upload[name], ref, index.get(name, {})) for name, ref in zip(names, previous, strict=True)]
-                 for upload, index in zip(uploads, indices, strict=True)]
+    recovered = [
+        [recover(upload[name], ref, index.get(name, {})) for name, ref in zip(names, previous, strict=True)]
+        for upload, index in zip(uploads, indices, strict=True)
+    ]
     return weighted_average(recovered, weights)

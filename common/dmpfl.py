@@ -54,8 +54,9 @@ class PersonalMaskStore:
     """Each client's m_c as packed bits, one row per client (d/8 bytes): in memory, or in a memory-mapped file when
     given a path, so the server's memory does not grow with the clients. Rows are made on first use."""
 
-    def __init__(self, partition_ids: Sequence[int], shapes: Mapping[str, tuple[int, ...]],
-                 path: Path | None = None) -> None:
+    def __init__(
+        self, partition_ids: Sequence[int], shapes: Mapping[str, tuple[int, ...]], path: Path | None = None
+    ) -> None:
         self.rows = {pid: row for row, pid in enumerate(partition_ids)}
         self.shapes = dict(shapes)
         self.spans: dict[str, tuple[int, int]] = {}
@@ -90,8 +91,10 @@ class PersonalMaskStore:
         row = self.rows.get(partition_id)
         if row is None or not self.known[row] or self.bits is None:
             return None
-        return {name: unpack_mask(np.array(self.bits[row, start:end]), self.shapes[name])
-                for name, (start, end) in self.spans.items()}
+        return {
+            name: unpack_mask(np.array(self.bits[row, start:end]), self.shapes[name])
+            for name, (start, end) in self.spans.items()
+        }
 
     def forget(self, partition_id: int) -> None:
         """Drop what is known of a client's masks."""
@@ -110,8 +113,15 @@ class PersonalMaskStore:
         """Keep the known rows of `state` (from `state()`) for the clients this store has rows for; ValueError when
         it does not fit these layers."""
         ids, known, bits = (np.asarray(state[key]) for key in ("ids", "known", "bits"))
-        if ids.ndim != 1 or known.shape != ids.shape or known.dtype != bool or bits.dtype != np.uint8 \
-                or bits.ndim != 2 or bits.shape[1] != self.width or (known.any() and bits.shape[0] != len(ids)):
+        if (
+            ids.ndim != 1
+            or known.shape != ids.shape
+            or known.dtype != bool
+            or bits.dtype != np.uint8
+            or bits.ndim != 2
+            or bits.shape[1] != self.width
+            or (known.any() and bits.shape[0] != len(ids))
+        ):
             raise ValueError("checkpoint's personal masks do not match the configured model")
         for index in np.flatnonzero(known):
             row = self.rows.get(int(ids[index]))
@@ -131,8 +141,9 @@ def masks_digest(masks: Mapping[str, np.ndarray]) -> int:
     return mask_digest(np.concatenate([np.asarray(masks[name], bool).ravel() for name in sorted(masks)]))
 
 
-def encode_partial_global(w_g: Mapping[str, np.ndarray], m_g: Mapping[str, np.ndarray],
-                          m_c: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def encode_partial_global(
+    w_g: Mapping[str, np.ndarray], m_g: Mapping[str, np.ndarray], m_c: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     """The part of theta_g a client with mask m_c uses in phases 1 and 3 (Eq. 4 reads w_g only on m_g AND m_c), in
     the one codec: per masked layer, bits over m_c's positions (which are in m_g) and the values there; dense
     layers whole."""
@@ -140,8 +151,9 @@ def encode_partial_global(w_g: Mapping[str, np.ndarray], m_g: Mapping[str, np.nd
     return encode_model(dense, {name: np.compress(np.ravel(m_c[name]), np.ravel(m_g[name])) for name in m_c})
 
 
-def decode_partial_global(arrays: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]],
-                          m_c: Mapping[str, np.ndarray]) -> tuple[Named, Named]:
+def decode_partial_global(
+    arrays: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]], m_c: Mapping[str, np.ndarray]
+) -> tuple[Named, Named]:
     """(w_g on m_g AND m_c with zeros elsewhere, m_g AND m_c) from encode_partial_global's arrays, validated."""
     expected = {name: ((int(m_c[name].sum()),) if name in m_c else tuple(shape)) for name, shape in shapes.items()}
     values, inner = decode_model(arrays, expected)
@@ -157,8 +169,9 @@ def decode_partial_global(arrays: Mapping[str, np.ndarray], shapes: Mapping[str,
     return weights, masks
 
 
-def aggregate_masked(w_g: np.ndarray, weights: Sequence[np.ndarray], masks: Sequence[np.ndarray],
-                     sizes: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+def aggregate_masked(
+    w_g: np.ndarray, weights: Sequence[np.ndarray], masks: Sequence[np.ndarray], sizes: Sequence[float]
+) -> tuple[np.ndarray, np.ndarray]:
     """Eq. 5 for one layer: on the union of the masks, sum_c |D_c| w_c m_c / sum_c |D_c| m_c; elsewhere the old w_g.
 
     Returns (new w_g, vote counts = number of client masks holding each position). Accumulated in client order a
@@ -182,8 +195,9 @@ def aggregate_masked(w_g: np.ndarray, weights: Sequence[np.ndarray], masks: Sequ
     return out.reshape(w_g.shape), votes.reshape(w_g.shape)
 
 
-def select_global_mask(w_g: np.ndarray, votes: np.ndarray, num_received: int, density: float,
-                       min_vote_fraction: float) -> np.ndarray:
+def select_global_mask(
+    w_g: np.ndarray, votes: np.ndarray, num_received: int, density: float, min_vote_fraction: float
+) -> np.ndarray:
     """New m_g of one layer: the top `density` fraction of |w_g| among positions with votes > fraction * received.
 
     Positions failing the vote are never selected, so the layer may end up sparser than `density`.
@@ -192,9 +206,12 @@ def select_global_mask(w_g: np.ndarray, votes: np.ndarray, num_received: int, de
     return topk_mask(torch.from_numpy(w_g), density, torch.from_numpy(eligible)).numpy()
 
 
-def aggregate_round(w_g: Mapping[str, np.ndarray], replies: Sequence[tuple[Mapping[str, np.ndarray],
-                    Mapping[str, np.ndarray], float]], densities: Mapping[str, float],
-                    min_vote_fraction: float) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def aggregate_round(
+    w_g: Mapping[str, np.ndarray],
+    replies: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray], float]],
+    densities: Mapping[str, float],
+    min_vote_fraction: float,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Phase-1 server step on a whole model: Eq. 5 on masked layers, size-weighted mean on dense ones, new m_g.
 
     replies: (client weights, client masks of the masked layers, |D_c|) per client.
@@ -216,8 +233,9 @@ class AdaptiveModel(torch.nn.Module):
     """DM-PFL+ as one model: per sample the logits of theta_c or theta_g, whichever Alg. 4 picks (so the argmax
     is its prediction)."""
 
-    def __init__(self, personal: torch.nn.Module, shared: torch.nn.Module, base_entropy_c: float,
-                 base_entropy_g: float) -> None:
+    def __init__(
+        self, personal: torch.nn.Module, shared: torch.nn.Module, base_entropy_c: float, base_entropy_g: float
+    ) -> None:
         super().__init__()
         self.personal, self.shared = personal, shared
         self.base_entropy_c, self.base_entropy_g = base_entropy_c, base_entropy_g
@@ -229,8 +247,9 @@ class AdaptiveModel(torch.nn.Module):
         return torch.where(use_personal[:, None], logits_c, logits_g)
 
 
-def adaptive_predict(logits_c: torch.Tensor, logits_g: torch.Tensor, base_entropy_c: float,
-                     base_entropy_g: float) -> tuple[torch.Tensor, torch.Tensor]:
+def adaptive_predict(
+    logits_c: torch.Tensor, logits_g: torch.Tensor, base_entropy_c: float, base_entropy_g: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Alg. 4 per sample: use theta_c when E_c - (1-Sim) BE_c < E_g - (1-Sim) BE_g, else theta_g.
 
     Entropies and the cosine similarity are taken on the softmax outputs. Returns (predictions, used_personal).

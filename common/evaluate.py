@@ -18,13 +18,14 @@ from .data.shift import shifted_correct
 
 
 @torch.no_grad()
-def predict_logits(model: nn.Module, x: torch.Tensor, batch_size: int = 512,
-                   device: torch.device | str = "cpu") -> torch.Tensor:
+def predict_logits(
+    model: nn.Module, x: torch.Tensor, batch_size: int = 512, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """Logits of `model` on `x`, batched, on the CPU."""
     model.to(device).eval()
     if len(x) == 0:
         return torch.empty(0)
-    outs = [model(x[i:i + batch_size].to(device)).float().cpu() for i in range(0, len(x), batch_size)]
+    outs = [model(x[i : i + batch_size].to(device)).float().cpu() for i in range(0, len(x), batch_size)]
     return torch.cat(outs)
 
 
@@ -103,8 +104,9 @@ def domain_summary(accuracies: Sequence[tuple[str, float]], own: int) -> dict[st
     return out
 
 
-def shift_accuracy(predict: Callable[[torch.Tensor], torch.Tensor], data: ClientData,
-                   degrees: tuple[float, ...]) -> dict[float, float]:
+def shift_accuracy(
+    predict: Callable[[torch.Tensor], torch.Tensor], data: ClientData, degrees: tuple[float, ...]
+) -> dict[float, float]:
     """Accuracy of any label predictor at each shift degree (one pass over the test set, one over the draws)."""
     if len(data.test_y) == 0:
         return {d: float("nan") for d in degrees}
@@ -115,10 +117,14 @@ def shift_accuracy(predict: Callable[[torch.Tensor], torch.Tensor], data: Client
 
 
 @profiling.timed("evaluate")
-def evaluate_client(model: nn.Module, data: ClientData, degrees: tuple[float, ...],
-                    device: torch.device | str = "cpu",
-                    corrupted: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
-                    domains: Sequence[tuple[str, torch.Tensor, torch.Tensor]] = ()) -> EvalResult:
+def evaluate_client(
+    model: nn.Module,
+    data: ClientData,
+    degrees: tuple[float, ...],
+    device: torch.device | str = "cpu",
+    corrupted: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    domains: Sequence[tuple[str, torch.Tensor, torch.Tensor]] = (),
+) -> EvalResult:
     """Loss and accuracy on the client's own test set, accuracy at each shift degree, on each `corrupted` copy of
     the test set (metric key -> inputs, labels) and on each domain's (name, inputs, labels) held-out data."""
     if len(data.test_y) == 0:
@@ -131,12 +137,17 @@ def evaluate_client(model: nn.Module, data: ClientData, degrees: tuple[float, ..
         return (out if out is not None else predict_logits(model, x, device=device)).argmax(1)
 
     accuracies = shift_accuracy(predict, data, degrees)
+
     def hit_rate(x: torch.Tensor, y: torch.Tensor) -> float:
         return float((predict(x) == y).float().mean()) if len(y) else float("nan")
 
     extra = {key: hit_rate(x, y) for key, (x, y) in (corrupted or {}).items()}
     if domains:
         extra.update(domain_summary([(name, hit_rate(x, y)) for name, x, y in domains], data.domain))
-    return EvalResult(num_test=len(data.test_y), loss=float(F.cross_entropy(logits, data.test_y)),
-                      accuracy=float((logits.argmax(1) == data.test_y).float().mean()), shift_accuracy=accuracies,
-                      extra=extra)
+    return EvalResult(
+        num_test=len(data.test_y),
+        loss=float(F.cross_entropy(logits, data.test_y)),
+        accuracy=float((logits.argmax(1) == data.test_y).float().mean()),
+        shift_accuracy=accuracies,
+        extra=extra,
+    )

@@ -17,8 +17,10 @@ _GAMMA_FLOOR = 0.1
 def adaptive_gamma(n_k: int, n_total: int, num_clients: int) -> float:
     """gamma_k(n_k) of Eq. 4 with n the total sample count and K the number of clients (strict >)."""
     if num_clients < 1 or n_total < 0 or n_k < 0:
-        raise ValueError(f"need num_clients >= 1 and non-negative counts, got n_k={n_k}, "
-                         f"n_total={n_total}, num_clients={num_clients}")
+        raise ValueError(
+            f"need num_clients >= 1 and non-negative counts, got n_k={n_k}, "
+            f"n_total={n_total}, num_clients={num_clients}"
+        )
     # n_k > m * n / K  <=>  n_k * K > m * n: no division, so the boundaries are exact for integers.
     for multiple, gamma in _GAMMA_STEPS:
         if n_k * num_clients > multiple * n_total:
@@ -26,8 +28,9 @@ def adaptive_gamma(n_k: int, n_total: int, num_clients: int) -> float:
     return _GAMMA_FLOOR
 
 
-def individualized_update(theta_k: Sequence[np.ndarray], theta_global: Sequence[np.ndarray],
-                          gamma: float) -> list[np.ndarray]:
+def individualized_update(
+    theta_k: Sequence[np.ndarray], theta_global: Sequence[np.ndarray], gamma: float
+) -> list[np.ndarray]:
     """Layer-wise gamma * theta_k + (1 - gamma) * Theta, computed in float64, returned as float32."""
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must lie in [0, 1], got {gamma}")

@@ -10,8 +10,13 @@ from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 
-def layer_flops(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, batch_size: int = 8,
-                trainable: set[str] | None = None) -> tuple[float, dict[str, float]]:
+def layer_flops(
+    model: nn.Module,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    batch_size: int = 8,
+    trainable: set[str] | None = None,
+) -> tuple[float, dict[str, float]]:
     """Forward + backward FLOPs of one batch in all and per module (torch's FLOP counter on the dense model).
 
     trainable: parameter names that get gradients (None: all); autograd skips the backward work of the rest
@@ -37,8 +42,9 @@ def layer_flops(model: nn.Module, input_shape: tuple[int, ...], num_classes: int
     return float(counter.get_total_flops()), per_module
 
 
-def scaled_per_sample(model_name: str, counted: tuple[float, dict[str, float]],
-                      densities: Mapping[str, float] | None, batch_size: int = 8) -> float:
+def scaled_per_sample(
+    model_name: str, counted: tuple[float, dict[str, float]], densities: Mapping[str, float] | None, batch_size: int = 8
+) -> float:
     """One sample's FLOPs from a batch's counts (layer_flops of a model of class `model_name`): a layer whose weight
     has density d counts d of its FLOPs."""
     total, per_module = counted
@@ -47,9 +53,14 @@ def scaled_per_sample(model_name: str, counted: tuple[float, dict[str, float]],
     return total / batch_size
 
 
-def flops_per_sample(model: nn.Module, input_shape: tuple[int, ...], num_classes: int,
-                     densities: Mapping[str, float] | None = None, batch_size: int = 8,
-                     trainable: set[str] | None = None) -> float:
+def flops_per_sample(
+    model: nn.Module,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    densities: Mapping[str, float] | None = None,
+    batch_size: int = 8,
+    trainable: set[str] | None = None,
+) -> float:
     """Forward + backward FLOPs of one training sample; a layer whose weight has density d counts d of its FLOPs.
 
     densities: parameter name (e.g. 'body.3.weight') -> fraction of its weights that are active.

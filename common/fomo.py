@@ -26,8 +26,9 @@ def fomo_combine(own: list[np.ndarray], peers: list[list[np.ndarray]], weights: 
     return out
 
 
-def choose_peers(affinity_row: np.ndarray, candidates: np.ndarray, count: int, epsilon: float,
-                 rng: np.random.Generator) -> list[int]:
+def choose_peers(
+    affinity_row: np.ndarray, candidates: np.ndarray, count: int, epsilon: float, rng: np.random.Generator
+) -> list[int]:
     """Epsilon-greedy choice of `count` peers: random with probability epsilon, else the highest affinities
     (ties broken at random)."""
     candidates = np.asarray(candidates, dtype=np.int64)

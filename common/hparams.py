@@ -33,9 +33,19 @@ class Hyper:
     allowed: str = ""  # what the README's 'allowed' column says, where choices or a range cannot
 
 
-def hp(default: Any, help: str, *, low: float | None = None, high: float | None = None, low_open: bool = False,
-       high_open: bool = False, choices: Iterable[str] = (), parse: Callable[[str, Any], Any] | None = None,
-       key: str = "", allowed: str = "") -> Any:
+def hp(
+    default: Any,
+    help: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    choices: Iterable[str] = (),
+    parse: Callable[[str, Any], Any] | None = None,
+    key: str = "",
+    allowed: str = "",
+) -> Any:
     """A dataclass field declaring one run-config key (default, range or choices, one-line help)."""
     meta = Hyper(help, low, high, low_open, high_open, tuple(choices), parse, key, allowed)
     return dataclasses.field(default=default, metadata={"hyper": meta})
@@ -69,8 +79,15 @@ def choice(key: str, value: Any, allowed: Iterable[str]) -> str:
     return value.lower()
 
 
-def number(key: str, value: Any, kind: type, low: float | None = None, high: float | None = None,
-           low_open: bool = False, high_open: bool = False) -> Any:
+def number(
+    key: str,
+    value: Any,
+    kind: type,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> Any:
     """`value` as an int or float within the bounds, else a ConfigError naming the range."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"run-config '{key}' = {value!r} must be a number ({kind.__name__})")
@@ -117,8 +134,11 @@ def parse_value(info: KeyInfo, value: Any) -> Any:
 
 def parse_fields(cls: type[T], raw: Mapping[str, Any], **fixed: Any) -> T:
     """An instance of the dataclass `cls` from a raw run config: declared keys validated, absent ones defaulted."""
-    values = {info.attr: parse_value(info, raw[info.key]) if info.key in raw else info.default
-              for info in describe(cls) if info.attr not in fixed}
+    values = {
+        info.attr: parse_value(info, raw[info.key]) if info.key in raw else info.default
+        for info in describe(cls)
+        if info.attr not in fixed
+    }
     return cls(**values, **fixed)
 
 

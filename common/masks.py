@@ -10,8 +10,15 @@ import torch
 from torch import nn
 
 Masks = dict[str, torch.Tensor]
-_SPARSE_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d,
-                  nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+_SPARSE_LAYERS = (
+    nn.Linear,
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Conv3d,
+    nn.ConvTranspose1d,
+    nn.ConvTranspose2d,
+    nn.ConvTranspose3d,
+)
 
 
 def prunable_names(model: nn.Module) -> list[str]:
@@ -31,8 +38,9 @@ def _check_density(density: float, low_inclusive: bool) -> None:
         raise ValueError(f"density must be in {bounds}, got {density!r}")
 
 
-def erk_densities(shapes: Mapping[str, tuple[int, ...]], density: float,
-                  erk_power_scale: float = 1.0) -> dict[str, float]:
+def erk_densities(
+    shapes: Mapping[str, tuple[int, ...]], density: float, erk_power_scale: float = 1.0
+) -> dict[str, float]:
     """RigL's Erdos-Renyi-Kernel per-layer densities whose weighted total is exactly `density`."""
     _check_density(density, low_inclusive=False)
     if density == 1.0:
@@ -86,8 +94,9 @@ def mask_density(masks: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[i
 def _check_same(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> None:
     if a.keys() != b.keys():
         differing = sorted(set(a) ^ set(b))
-        raise ValueError(f"mask keys differ: {differing[0]!r} is in only one of the masks "
-                         f"({len(differing)} keys differ)")
+        raise ValueError(
+            f"mask keys differ: {differing[0]!r} is in only one of the masks ({len(differing)} keys differ)"
+        )
     for name in a:
         if a[name].shape != b[name].shape:
             raise ValueError(f"mask {name!r} has shapes {tuple(a[name].shape)} and {tuple(b[name].shape)}")

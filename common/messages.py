@@ -33,29 +33,41 @@ METRICS = _key("metrics", ("record",), "what the client reports: sample counts, 
 ARRAYS = _key("arrays", ("record",), "model weights, dense or encoded by the codec")
 REFUSED = _key("refused", ("record",), "a node's handshake answer when its data cannot be made, with the reason")
 REASON = _key("reason", ("refused",), "why a node refused the handshake (one line)")
-GLOBAL_MODEL = _key("global", ("record",), "sparse algorithms: the global model (weights and mask, by the codec), sent "
-                    "only to a client whose copy is stale")
+GLOBAL_MODEL = _key(
+    "global",
+    ("record",),
+    "sparse algorithms: the global model (weights and mask, by the codec), sent only to a client whose copy is stale",
+)
 CHANNEL_MASKS = _key("masks", ("record",), "DapperFL: which output channels of each layer group a client kept")
-NEWCOMER_MODEL = _key("newcomer", ("record", "config"), "a held-out client's model (record); in the config: "
-                      "evaluate as a newcomer that never trained")
+NEWCOMER_MODEL = _key(
+    "newcomer",
+    ("record", "config"),
+    "a held-out client's model (record); in the config: evaluate as a newcomer that never trained",
+)
 
 # ----- instructions (server -> client) -------------------------------------------------------------------------
 SERVER_ROUND = _key("server-round", ("config",), "the round the message belongs to; the reply names it back")
-PARTITION_ID = _key("partition-id", ("config", "metrics", "node"), "the partition (client) the message is for; in "
-                    "the handshake, the one a node claims; a SuperNode is started with it")
+PARTITION_ID = _key(
+    "partition-id",
+    ("config", "metrics", "node"),
+    "the partition (client) the message is for; in "
+    "the handshake, the one a node claims; a SuperNode is started with it",
+)
 STATE_DIR = _key("state-dir", ("node",), "a device's folder for its client state (survives restarts)")
 NUM_PARTITIONS = _key("num-partitions", ("metrics", "node"), "how many partitions the data set is split into")
 STATE_KEY = _key("state-key", ("config",), "names the run's client state folders (the run folder's name)")
-CHECKPOINT_ROUND = _key("checkpoint-round", ("config",), "the server's last checkpointed round: client state a "
-                        "resume may need is kept")
+CHECKPOINT_ROUND = _key(
+    "checkpoint-round", ("config",), "the server's last checkpointed round: client state a resume may need is kept"
+)
 SIMULATE_DROP = _key("simulate-drop", ("config",), "simulation (drop-rate): fail this round")
 PROX_MU = _key("prox-mu", ("config",), "the proximal coefficient of the round (FedProx, FedAMP's lambda / alpha_k)")
 PRETRAIN = _key("pretrain", ("config",), "FedAMP: train from the common initialization (round 0)")
 PHASE = _key("phase", ("config",), "DM-PFL: the phase of the round (1, 2 or 3); the reply names it back")
 READJUST_RATIO = _key("readjust-ratio", ("config",), "DM-PFL, FedDST: the fraction of weights pruned and regrown")
 GLOBAL_VERSION = _key("global-version", ("config",), "sparse algorithms: the version of the global model sent or held")
-PERSONAL_MASK_DIGEST = _key("personal-mask-digest", ("config",), "DM-PFL: the digest of the personal mask a partial "
-                            "global model was cut for")
+PERSONAL_MASK_DIGEST = _key(
+    "personal-mask-digest", ("config",), "DM-PFL: the digest of the personal mask a partial global model was cut for"
+)
 TOTAL_SAMPLES = _key("total-samples", ("config",), "FLIU: the training samples of all clients (n of Eq. 4)")
 NUM_CLIENTS = _key("num-clients", ("config",), "FLIU: the number of clients (K of Eq. 4)")
 PEER_IDS = _key("peer-ids", ("config",), "FedFomo: the partitions whose models the message carries")

@@ -50,8 +50,15 @@ def dnn_har(input_shape: tuple[int, ...], num_classes: int, bn: bool = False) ->
     """The DNN for UCI HAR: an MLP on the flattened window (9 x 128 = 1152 -> 256 -> 128, ReLU), classifier
     128 -> classes; 329k parameters (`bn`: batch normalization after each hidden layer, for FedBN)."""
     norm = nn.BatchNorm1d if bn else None
-    body = nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(input_shape)), 256), *_norm(256, norm), nn.ReLU(),
-                         nn.Linear(256, 128), *_norm(128, norm), nn.ReLU())
+    body = nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(int(np.prod(input_shape)), 256),
+        *_norm(256, norm),
+        nn.ReLU(),
+        nn.Linear(256, 128),
+        *_norm(128, norm),
+        nn.ReLU(),
+    )
     return SplitModel(body, nn.Linear(128, num_classes))
 
 
@@ -71,9 +78,18 @@ def cnn_mnist(input_shape: tuple[int, ...], num_classes: int, bn: bool = False) 
     channels, height, width = input_shape
     norm2d, norm1d = (nn.BatchNorm2d, nn.BatchNorm1d) if bn else (None, None)
     body = nn.Sequential(
-        nn.Conv2d(channels, 32, 5, padding=2), *_norm(32, norm2d), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5, padding=2), *_norm(64, norm2d), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(64 * (height // 4) * (width // 4), 512), *_norm(512, norm1d), nn.ReLU(),
+        nn.Conv2d(channels, 32, 5, padding=2),
+        *_norm(32, norm2d),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2),
+        *_norm(64, norm2d),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * (height // 4) * (width // 4), 512),
+        *_norm(512, norm1d),
+        nn.ReLU(),
     )
     return SplitModel(body, nn.Linear(512, num_classes))
 
@@ -84,9 +100,18 @@ def cnn_cifar(input_shape: tuple[int, ...], num_classes: int, bn: bool = False) 
     out_h, out_w = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
     norm2d, norm1d = (nn.BatchNorm2d, nn.BatchNorm1d) if bn else (None, None)
     body = nn.Sequential(
-        nn.Conv2d(channels, 32, 5), *_norm(32, norm2d), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5), *_norm(64, norm2d), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(64 * out_h * out_w, 512), *_norm(512, norm1d), nn.ReLU(),
+        nn.Conv2d(channels, 32, 5),
+        *_norm(32, norm2d),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5),
+        *_norm(64, norm2d),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * out_h * out_w, 512),
+        *_norm(512, norm1d),
+        nn.ReLU(),
     )
     return SplitModel(body, nn.Linear(512, num_classes))
 
@@ -103,8 +128,9 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(channels)
         self.shortcut = nn.Sequential()
         if stride != 1 or in_channels != channels:
-            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, channels, 1, stride, bias=False),
-                                          nn.BatchNorm2d(channels))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_channels, channels, 1, stride, bias=False), nn.BatchNorm2d(channels)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x))."""
@@ -119,10 +145,13 @@ class ResNetBody(nn.Module):
     def __init__(self, in_channels: int, width: int = 64) -> None:
         super().__init__()
         widths = (width, 2 * width, 4 * width, 8 * width)
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width),
-                                  nn.ReLU())
-        self.layers = nn.Sequential(*[BasicBlock(cin, cout, 1 if i == 0 else 2)
-                                      for i, (cin, cout) in enumerate(zip((width, *widths[:-1]), widths))])
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        self.layers = nn.Sequential(
+            *[
+                BasicBlock(cin, cout, 1 if i == 0 else 2)
+                for i, (cin, cout) in enumerate(zip((width, *widths[:-1]), widths))
+            ]
+        )
         self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
         self.features = widths[-1]
 
@@ -134,8 +163,14 @@ class ResNetBody(nn.Module):
         """Prunable channels: each block's inner channels (conv1 and bn1 out, conv2 in). The channels of the
         residual stream (stem, block outputs, shortcuts) stay: pruning them would need one mask per stage."""
         blocks = [block for block in self.layers if isinstance(block, BasicBlock)]
-        return [ChannelGroup(block.conv1.out_channels, (f"{prefix}.layers.{i}.conv1", f"{prefix}.layers.{i}.bn1"),
-                             ((f"{prefix}.layers.{i}.conv2", 1),)) for i, block in enumerate(blocks)]
+        return [
+            ChannelGroup(
+                block.conv1.out_channels,
+                (f"{prefix}.layers.{i}.conv1", f"{prefix}.layers.{i}.bn1"),
+                ((f"{prefix}.layers.{i}.conv2", 1),),
+            )
+            for i, block in enumerate(blocks)
+        ]
 
 
 def resnet10(input_shape: tuple[int, ...], num_classes: int, width: int = 64) -> SplitModel:
@@ -144,16 +179,29 @@ def resnet10(input_shape: tuple[int, ...], num_classes: int, width: int = 64) ->
     return SplitModel(body, nn.Linear(body.features, num_classes))
 
 
-_BUILDERS = {"mlp": mlp, "cnn-mnist": cnn_mnist, "cnn-cifar": cnn_cifar, "mlp-bn": mlp_bn,
-             "cnn-mnist-bn": lambda shape, classes: cnn_mnist(shape, classes, bn=True),
-             "cnn-cifar-bn": lambda shape, classes: cnn_cifar(shape, classes, bn=True),
-             "resnet10": resnet10, "resnet10-s": lambda shape, classes: resnet10(shape, classes, width=16),
-             "dnn-har": dnn_har, "dnn-har-bn": lambda shape, classes: dnn_har(shape, classes, bn=True)}
+_BUILDERS = {
+    "mlp": mlp,
+    "cnn-mnist": cnn_mnist,
+    "cnn-cifar": cnn_cifar,
+    "mlp-bn": mlp_bn,
+    "cnn-mnist-bn": lambda shape, classes: cnn_mnist(shape, classes, bn=True),
+    "cnn-cifar-bn": lambda shape, classes: cnn_cifar(shape, classes, bn=True),
+    "resnet10": resnet10,
+    "resnet10-s": lambda shape, classes: resnet10(shape, classes, width=16),
+    "dnn-har": dnn_har,
+    "dnn-har-bn": lambda shape, classes: dnn_har(shape, classes, bn=True),
+}
 _NEEDS = {"cnn-mnist": 3, "cnn-cifar": 3, "cnn-mnist-bn": 3, "cnn-cifar-bn": 3, "resnet10": 3, "resnet10-s": 3}
 
 
-def build_model(name: str, dataset: str, input_shape: tuple[int, ...], num_classes: int, seed: int,
-                arrays: Sequence[np.ndarray] | None = None) -> SplitModel:
+def build_model(
+    name: str,
+    dataset: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    seed: int,
+    arrays: Sequence[np.ndarray] | None = None,
+) -> SplitModel:
     """A freshly initialized model; `auto` picks the dataset's usual one; the init depends only on `seed`. Given
     `arrays` (state-dict order), the model holds copies of them instead, as set_arrays would load them."""
     resolved = AUTO_MODEL[dataset] if name == "auto" else name
@@ -231,8 +279,9 @@ class ModelLayout:
             groups = tuple(channel_groups(model))
         except ValueError:
             groups = ()
-        return cls(get_arrays(model), array_specs(model), tuple(prunable_names(model)), tuple(norm_entries(model)),
-                   groups)
+        return cls(
+            get_arrays(model), array_specs(model), tuple(prunable_names(model)), tuple(norm_entries(model)), groups
+        )
 
 
 @lru_cache(maxsize=8)

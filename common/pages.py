@@ -40,8 +40,11 @@ def new_store(path: Path, dtype: type[np.generic], shape: tuple[int, ...]) -> np
     except OSError as exc:
         del store
         Path(path).unlink(missing_ok=True)
-        raise StoreSpaceError(exc.errno, f"cannot reserve {size / 1e6:,.1f} MB on disk for {path} "
-                              f"({exc.strerror}); free some space or point results-dir elsewhere") from None
+        raise StoreSpaceError(
+            exc.errno,
+            f"cannot reserve {size / 1e6:,.1f} MB on disk for {path} "
+            f"({exc.strerror}); free some space or point results-dir elsewhere",
+        ) from None
     return store
 
 
@@ -83,8 +86,13 @@ def release_pages(W: np.ndarray) -> None:
 
 def store_file(W: np.ndarray) -> tuple[str, int] | None:
     """(file, byte offset) of a whole memory-mapped float32 store (as model_store makes it), else None."""
-    if (isinstance(W, np.memmap) and isinstance(W.base, mmap.mmap) and W.filename is not None
-            and W.flags.c_contiguous and W.dtype == np.float32):
+    if (
+        isinstance(W, np.memmap)
+        and isinstance(W.base, mmap.mmap)
+        and W.filename is not None
+        and W.flags.c_contiguous
+        and W.dtype == np.float32
+    ):
         return str(W.filename), int(W.offset)
     return None
 
@@ -100,14 +108,14 @@ def column_blocks(W: np.ndarray, width: int, buffers: int = 1) -> Iterator[tuple
     located = store_file(W)
     if located is None:
         for start in range(0, W.shape[1], width):
-            yield start, W[:, start:start + width]
+            yield start, W[:, start : start + width]
         return
     path, offset = located
     rows, cols = W.shape
     scratches = [np.empty((rows, min(width, cols)), dtype=np.float32) for _ in range(max(1, buffers))]
     with open(path, "rb", buffering=0) as fh:
         for index, start in enumerate(range(0, cols, width)):
-            block = scratches[index % len(scratches)][:, :min(width, cols - start)]
+            block = scratches[index % len(scratches)][:, : min(width, cols - start)]
             nbytes = block.shape[1] * 4
             for row in range(rows):
                 position = offset + (row * cols + start) * 4
@@ -122,6 +130,6 @@ def row_blocks(W: np.ndarray, rows: np.ndarray | None = None) -> Iterator[np.nda
     picked = np.arange(W.shape[0]) if rows is None else np.asarray(rows, dtype=np.int64)
     step = max(1, _RESIDENT_BYTES // max(W.shape[1] * W.itemsize, 1))
     for start in range(0, len(picked), step):
-        part = picked[start:start + step]
-        yield W[part[0]:part[-1] + 1] if rows is None else W[part]
+        part = picked[start : start + step]
+        yield W[part[0] : part[-1] + 1] if rows is None else W[part]
         release_pages(W)

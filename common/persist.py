@@ -141,8 +141,9 @@ def _mapped_member(path: Path, archive: zipfile.ZipFile, name: str) -> np.ndarra
         local = fh.read(30)
         if len(local) != 30 or local[:4] != b"PK\x03\x04":
             return None
-        data_start = info.header_offset + 30 + int.from_bytes(local[26:28], "little") + \
-            int.from_bytes(local[28:30], "little")
+        data_start = (
+            info.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+        )
         fh.seek(data_start)
         version = np.lib.format.read_magic(fh)
         readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
@@ -163,8 +164,11 @@ def load_tree(path: Path, map_from_bytes: int | None = None) -> Any:
             arrays = {}
             for key in npz.files:
                 info = npz.zip.getinfo(f"{key}.npy")
-                mapped = (_mapped_member(Path(path), npz.zip, f"{key}.npy")
-                          if map_from_bytes is not None and info.file_size >= map_from_bytes else None)
+                mapped = (
+                    _mapped_member(Path(path), npz.zip, f"{key}.npy")
+                    if map_from_bytes is not None and info.file_size >= map_from_bytes
+                    else None
+                )
                 arrays[key] = mapped if mapped is not None else npz[key]
         return unpack(arrays)
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:

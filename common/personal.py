@@ -11,8 +11,17 @@ from torch import nn
 from torch.func import functional_call
 
 PARTS = ("all", "head", "body", "no-norm")  # what an algorithm shares with the server
-NORM_LAYERS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.InstanceNorm1d,
-               nn.InstanceNorm2d, nn.InstanceNorm3d, nn.GroupNorm, nn.LayerNorm)
+NORM_LAYERS = (
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.SyncBatchNorm,
+    nn.InstanceNorm1d,
+    nn.InstanceNorm2d,
+    nn.InstanceNorm3d,
+    nn.GroupNorm,
+    nn.LayerNorm,
+)
 
 
 def norm_entries(model: nn.Module) -> list[str]:
@@ -36,11 +45,14 @@ def shared_names(names: Sequence[str], part: str, norm: Iterable[str] = ()) -> l
     raise ValueError(f"unknown shared part {part!r}; parts: {', '.join(PARTS)}")
 
 
-def mixture_arrays(v: Sequence[np.ndarray], w: Sequence[np.ndarray], alpha: float,
-                   mixed: Sequence[bool]) -> list[np.ndarray]:
+def mixture_arrays(
+    v: Sequence[np.ndarray], w: Sequence[np.ndarray], alpha: float, mixed: Sequence[bool]
+) -> list[np.ndarray]:
     """APFL's personalized model alpha * v + (1 - alpha) * w on the parameters (`mixed`), v's own buffers elsewhere."""
-    return [(alpha * a + (1.0 - alpha) * b).astype(np.float32) if m else np.asarray(a, np.float32)
-            for a, b, m in zip(v, w, mixed)]
+    return [
+        (alpha * a + (1.0 - alpha) * b).astype(np.float32) if m else np.asarray(a, np.float32)
+        for a, b, m in zip(v, w, mixed)
+    ]
 
 
 class Mixture(nn.Module):
@@ -56,8 +68,9 @@ class Mixture(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of the mixed model."""
         a = self.alpha.clamp(0.0, 1.0)
-        params = {name: a * p + (1.0 - a) * self._shared[name].to(p.device)
-                  for name, p in self.personal.named_parameters()}
+        params = {
+            name: a * p + (1.0 - a) * self._shared[name].to(p.device) for name, p in self.personal.named_parameters()
+        }
         return functional_call(self.personal, params, (x,))
 
     def clamped_alpha(self) -> float:

@@ -22,8 +22,9 @@ def _process_started() -> float | None:
     """When this process started (Linux: /proc), to tell its start-up and imports apart from its work."""
     try:
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime"))
+        boot = next(
+            float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
+        )
         return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return None
@@ -81,9 +82,14 @@ def record(side: str, **fields: Any) -> Iterator[dict[str, Any]]:
     if not ENABLED:
         yield {}
         return
-    line: dict[str, Any] = {"side": side, "os_pid": os.getpid(), "first": _first_message,
-                            "imported_at": IMPORTED_AT,
-                            "started_at": STARTED_AT, **fields}
+    line: dict[str, Any] = {
+        "side": side,
+        "os_pid": os.getpid(),
+        "first": _first_message,
+        "imported_at": IMPORTED_AT,
+        "started_at": STARTED_AT,
+        **fields,
+    }
     _first_message = False
     _local.phases = {}
     line["start"] = time.time()

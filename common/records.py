@@ -35,6 +35,6 @@ def unflatten(vector: np.ndarray, shapes: Sequence[tuple[int, ...]]) -> list[np.
         raise ValueError(f"vector has {vector.size} values, the shapes need {sum(sizes)}")
     out, start = [], 0
     for shape, size in zip(shapes, sizes):
-        out.append(vector[start:start + size].reshape(shape))
+        out.append(vector[start : start + size].reshape(shape))
         start += size
     return out

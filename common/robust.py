@@ -27,13 +27,17 @@ class RobustRule:
 
 def update_norms(models: Sequence[Model], reference: Model) -> np.ndarray:
     """L2 norm of each model's update (model - reference) over all its arrays, in float64."""
-    return np.array([np.sqrt(sum(float(np.sum((m.astype(np.float64) - r) ** 2)) for m, r in zip(model, reference,
-                                                                                                   strict=True)))
-                     for model in models])
+    return np.array(
+        [
+            np.sqrt(sum(float(np.sum((m.astype(np.float64) - r) ** 2)) for m, r in zip(model, reference, strict=True)))
+            for model in models
+        ]
+    )
 
 
-def clip_updates(models: Sequence[Model], reference: Model, bound: float,
-                 norms: np.ndarray | None = None) -> tuple[list[list[np.ndarray]], int]:
+def clip_updates(
+    models: Sequence[Model], reference: Model, bound: float, norms: np.ndarray | None = None
+) -> tuple[list[list[np.ndarray]], int]:
     """Each model whose update is longer than `bound` moved back along it to norm `bound`; how many were clipped
     (`norms`: the update norms when already computed)."""
     if not np.isfinite(bound) or bound < 0:
@@ -64,7 +68,7 @@ def trimmed_mean(models: Sequence[Model], trim: float) -> list[np.ndarray]:
     out = []
     for layer in zip(*models, strict=True):
         stacked = np.sort(np.stack(layer).astype(np.float64), axis=0)
-        out.append(stacked[k:len(layer) - k].mean(axis=0).astype(np.float32))
+        out.append(stacked[k : len(layer) - k].mean(axis=0).astype(np.float32))
     return out
 
 
@@ -72,12 +76,14 @@ def coordinate_median(models: Sequence[Model]) -> list[np.ndarray]:
     """Coordinate-wise median of the models (unweighted)."""
     if not models:
         raise ValueError("nothing to average")
-    return [np.median(np.stack(layer).astype(np.float64), axis=0).astype(np.float32)
-            for layer in zip(*models, strict=True)]
+    return [
+        np.median(np.stack(layer).astype(np.float64), axis=0).astype(np.float32) for layer in zip(*models, strict=True)
+    ]
 
 
-def robust_average(models: Sequence[Model], weights: Sequence[float], reference: Model,
-                   rule: RobustRule) -> tuple[list[np.ndarray], dict[str, Any]]:
+def robust_average(
+    models: Sequence[Model], weights: Sequence[float], reference: Model, rule: RobustRule
+) -> tuple[list[np.ndarray], dict[str, Any]]:
     """The round's aggregate under `rule`, and what the rule did (empty for plain weighted averaging).
 
     clip: updates longer than the bound are shortened to it, then the sample-weighted average;
@@ -89,19 +95,30 @@ def robust_average(models: Sequence[Model], weights: Sequence[float], reference:
         norms = update_norms(models, reference)
         bound = rule.clip_norm if rule.clip_norm > 0 else float(np.median(norms))
         clipped, count = clip_updates(models, reference, bound, norms)
-        return weighted_average(clipped, weights), {"method": "clip", "norm_bound": bound, "clipped": count,
-                                                    "max_norm": float(norms.max())}
+        return weighted_average(clipped, weights), {
+            "method": "clip",
+            "norm_bound": bound,
+            "clipped": count,
+            "max_norm": float(norms.max()),
+        }
     if rule.method == "trimmed-mean":
-        return trimmed_mean(models, rule.trim), {"method": "trimmed-mean",
-                                                 "trimmed_each_end": trimmed_count(len(models), rule.trim)}
+        return trimmed_mean(models, rule.trim), {
+            "method": "trimmed-mean",
+            "trimmed_each_end": trimmed_count(len(models), rule.trim),
+        }
     if rule.method == "median":
         return coordinate_median(models), {"method": "median"}
     raise ValueError(f"unknown robust aggregation {rule.method!r}; one of {', '.join(ROBUST_METHODS)}")
 
 
-def boosted_upload(upload: dict[str, np.ndarray], received: dict[str, np.ndarray],
-                   boost: float) -> dict[str, np.ndarray]:
+def boosted_upload(
+    upload: dict[str, np.ndarray], received: dict[str, np.ndarray], boost: float
+) -> dict[str, np.ndarray]:
     """A model-replacement attacker's upload (simulation, `attack-clients`): received + boost * (upload - received)
     for every array it received, so that averaging with the others lands near the attacker's model."""
-    return {name: (received[name] + boost * (value - received[name])).astype(np.float32)
-            if name in received and received[name].shape == value.shape else value for name, value in upload.items()}
+    return {
+        name: (received[name] + boost * (value - received[name])).astype(np.float32)
+        if name in received and received[name].shape == value.shape
+        else value
+        for name, value in upload.items()
+    }

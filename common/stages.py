@@ -35,8 +35,12 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.d
     return float((predict_logits(model, x, device=device).argmax(1) == y).float().mean())
 
 
-def stage_metrics(models: Mapping[str, nn.Module | None], own: tuple[torch.Tensor, torch.Tensor],
-                  pooled: tuple[torch.Tensor, torch.Tensor], device: torch.device | str = "cpu") -> dict[str, float]:
+def stage_metrics(
+    models: Mapping[str, nn.Module | None],
+    own: tuple[torch.Tensor, torch.Tensor],
+    pooled: tuple[torch.Tensor, torch.Tensor],
+    device: torch.device | str = "cpu",
+) -> dict[str, float]:
     """Acc(L) and Acc(G) of each stage's model (stages whose model is None are skipped)."""
     out: dict[str, float] = {}
     done: dict[int, tuple[float, float]] = {}  # one evaluation per model object (FedAvg's G and L1 are one)
@@ -63,7 +67,8 @@ def summarize_stages(rows: Sequence[Mapping[str, float]], eps: Sequence[float]) 
         glob = [row[gk] for row in have]
         out[stage] = {
             "clients": len(have),
-            "acc_local": mean_std(local), "acc_global": mean_std(glob),
+            "acc_local": mean_std(local),
+            "acc_global": mean_std(glob),
             "acc": mean_std([a + b for a, b in zip(local, glob)]),
             "rho": {f"{e:g}": sum(1 for a in local if a > e) for e in eps},
         }

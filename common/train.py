@@ -116,10 +116,19 @@ def _forward(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 
 @profiling.timed("train")
-def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, settings: TrainSettings, generator: torch.Generator,
-          update_masks: Mapping[str, torch.Tensor] | None = None, extra_losses: Iterable[ExtraLoss] = (),
-          trainable: set[str] | None = None, on_gradients: Callable[[nn.Module], None] | None = None,
-          proximal: ProximalStep | None = None, device: torch.device | str = "cpu") -> TrainStats:
+def train(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    settings: TrainSettings,
+    generator: torch.Generator,
+    update_masks: Mapping[str, torch.Tensor] | None = None,
+    extra_losses: Iterable[ExtraLoss] = (),
+    trainable: set[str] | None = None,
+    on_gradients: Callable[[nn.Module], None] | None = None,
+    proximal: ProximalStep | None = None,
+    device: torch.device | str = "cpu",
+) -> TrainStats:
     """Train `model` in place on (x, y) for `settings.epochs` epochs of shuffled mini-batches.
 
     update_masks: parameter name -> bool tensor; positions where it is False never change (their
@@ -153,7 +162,7 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, settings: TrainSet
         order = torch.randperm(n, generator=generator)
         epoch_loss, epoch_seen = 0.0, 0
         for start in range(0, n, settings.batch_size):
-            batch = order[start:start + settings.batch_size]
+            batch = order[start : start + settings.batch_size]
             xb, yb = x[batch].to(device), y[batch].to(device)
             optimizer.zero_grad(set_to_none=True)
             features, logits = _forward(model, xb)

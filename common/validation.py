@@ -27,8 +27,12 @@ def is_folder_name(value: object) -> bool:
     return isinstance(value, str) and _NAME.fullmatch(value) is not None
 
 
-def validate_arrays(arrays: Mapping[str, Any] | None, specs: Sequence[tuple[str, tuple[int, ...]]],
-                    max_abs: float = MAX_ABS_VALUE, dtype: str = "float32") -> list[np.ndarray]:
+def validate_arrays(
+    arrays: Mapping[str, Any] | None,
+    specs: Sequence[tuple[str, tuple[int, ...]]],
+    max_abs: float = MAX_ABS_VALUE,
+    dtype: str = "float32",
+) -> list[np.ndarray]:
     """Check a received ArrayRecord against the model's (name, shape) specs; return `dtype` arrays in order.
 
     Checks: record present, exactly the expected keys, numpy serialization, declared and actual dtype

@@ -49,8 +49,9 @@ def _write(path: Path, data: bytes, private: bool, force: bool) -> None:
 
 
 def _pem_key(key) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def make_ca(common_name: str = "pflower CA") -> tuple[rsa.RSAPrivateKey, x509.Certificate]:
@@ -58,27 +59,39 @@ def make_ca(common_name: str = "pflower CA") -> tuple[rsa.RSAPrivateKey, x509.Ce
     key = rsa.generate_private_key(public_exponent=65537, key_size=4096)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     now = dt.datetime.now(dt.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=VALID_DAYS))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=VALID_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
     return key, cert
 
 
-def make_server_cert(ca_key, ca_cert: x509.Certificate, hosts: list[str],
-                     ips: list[str]) -> tuple[rsa.RSAPrivateKey, x509.Certificate]:
+def make_server_cert(
+    ca_key, ca_cert: x509.Certificate, hosts: list[str], ips: list[str]
+) -> tuple[rsa.RSAPrivateKey, x509.Certificate]:
     """The SuperLink's key and certificate, valid for the given host names and IP addresses."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=4096)
     names = [x509.DNSName(h) for h in hosts] + [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
     now = dt.datetime.now(dt.UTC)
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0] if hosts else ips[0])]))
-            .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=VALID_DAYS))
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0] if hosts else ips[0])]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=VALID_DAYS))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
     return key, cert
 
 
@@ -86,8 +99,9 @@ def make_node_key() -> tuple[bytes, bytes]:
     """(private key, public key) of an ECDSA P-384 SuperNode authentication key, both in OpenSSH format
     (what `flower-supernode --auth-supernode-private-key` and `flwr supernode register` read)."""
     key = ec.generate_private_key(ec.SECP384R1())
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                serialization.NoEncryption())
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     return private, public + b"\n"
 

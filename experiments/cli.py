@@ -44,43 +44,71 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("file", type=Path)
     sweep.add_argument("--out", help="results folder (default results/<sweep name>)")
     sweep.add_argument("--list", action="store_true", help="list the runs and their state, run nothing")
-    sweep.add_argument("--shard", help="K/N: run only every N-th run of the file, starting at the K-th (1-based), "
-                       "so that N sweeps on one results folder (side by side, or on machines sharing it) share "
-                       "the work")
-    sweep.add_argument("--keep-state", action="store_true",
-                       help="keep each finished run's checkpoint and client state (by default they are deleted "
-                            "once the run has finished: only a run stopped midway reads them)")
+    sweep.add_argument(
+        "--shard",
+        help="K/N: run only every N-th run of the file, starting at the K-th (1-based), "
+        "so that N sweeps on one results folder (side by side, or on machines sharing it) share "
+        "the work",
+    )
+    sweep.add_argument(
+        "--keep-state",
+        action="store_true",
+        help="keep each finished run's checkpoint and client state (by default they are deleted "
+        "once the run has finished: only a run stopped midway reads them)",
+    )
     report = sub.add_parser("report", help="markdown and figures across run folders (seeds pooled)")
     report.add_argument("runs", nargs="+", type=Path, help="run folders, or folders holding them (a sweep's)")
     report.add_argument("--out", type=Path, help="report folder (default: <first folder>/report)")
     report.add_argument("--baseline", help="experiment the others are compared with (default: a FedAvg one)")
-    results = sub.add_parser("results", help="the results document of a sweep file's [[table]]s: ours beside the "
-                             "papers' numbers, order differences, notes, figures")
+    results = sub.add_parser(
+        "results",
+        help="the results document of a sweep file's [[table]]s: ours beside the "
+        "papers' numbers, order differences, notes, figures",
+    )
     results.add_argument("file", type=Path, help="the sweep file (its [[table]] entries)")
     results.add_argument("--runs", type=Path, help="its results folder (default results/<sweep name>)")
-    results.add_argument("--out", type=Path, default=Path("docs/results.md"),
-                         help="the markdown file; figures go to figures/ beside it (default docs/results.md)")
-    results.add_argument("--run", action="store_true", help="first run the sweep's runs that have not finished "
-                         "(as `pflower sweep` does), then write the document")
-    export = sub.add_parser("export", help="write the samples a sweep's runs read to one file, for a machine without "
-                            "the data sets (then `pflower sweep FILE --data-export OUT` there)")
+    results.add_argument(
+        "--out",
+        type=Path,
+        default=Path("docs/results.md"),
+        help="the markdown file; figures go to figures/ beside it (default docs/results.md)",
+    )
+    results.add_argument(
+        "--run",
+        action="store_true",
+        help="first run the sweep's runs that have not finished (as `pflower sweep` does), then write the document",
+    )
+    export = sub.add_parser(
+        "export",
+        help="write the samples a sweep's runs read to one file, for a machine without "
+        "the data sets (then `pflower sweep FILE --data-export OUT` there)",
+    )
     export.add_argument("file", type=Path, help="the sweep file")
     export.add_argument("--experiments", help="comma-separated experiment names (default: all)")
     export.add_argument("--out", type=Path, required=True, help="the export file (.npz)")
     export.add_argument("--webp", action="store_true", help="images as lossless WebP (about 0.6 of their size)")
     sub.add_parser("presets", help="list the presets")
     for command, default in ((run, "simulation"), (sweep, "inprocess"), (results, "inprocess")):
-        command.add_argument("--engine", choices=ENGINES, default=None,
-                             help=f"inprocess: the server in one process, the clients on worker processes, no Flower "
-                                  f"runtime in between (fastest, for studies); simulation: `flwr run` on a private "
-                                  f"SuperLink with Flower's Ray simulation (default: the sweep file's `engine`, "
-                                  f"else {default})")
-        command.add_argument("--workers", type=int, default=0,
-                             help="inprocess: client worker processes (default: one per core)")
-        command.add_argument("--data-export", type=Path,
-                             help="inprocess: read the data from this file (`pflower export`) instead of the data sets")
-        command.add_argument("--app", type=Path, default=PROJECT,
-                             help="simulation: the Flower app folder (default: this project)")
+        command.add_argument(
+            "--engine",
+            choices=ENGINES,
+            default=None,
+            help=f"inprocess: the server in one process, the clients on worker processes, no Flower "
+            f"runtime in between (fastest, for studies); simulation: `flwr run` on a private "
+            f"SuperLink with Flower's Ray simulation (default: the sweep file's `engine`, "
+            f"else {default})",
+        )
+        command.add_argument(
+            "--workers", type=int, default=0, help="inprocess: client worker processes (default: one per core)"
+        )
+        command.add_argument(
+            "--data-export",
+            type=Path,
+            help="inprocess: read the data from this file (`pflower export`) instead of the data sets",
+        )
+        command.add_argument(
+            "--app", type=Path, default=PROJECT, help="simulation: the Flower app folder (default: this project)"
+        )
         command.add_argument("--timeout", type=float, default=86_400.0, help="seconds a run may take")
     return parser
 
@@ -99,8 +127,9 @@ def _gpu() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _run_all(specs: list[RunSpec], out: Path, args: argparse.Namespace, engine_name: str, sweep: bool,
-             keep_state: bool = True) -> list[RunResult]:
+def _run_all(
+    specs: list[RunSpec], out: Path, args: argparse.Namespace, engine_name: str, sweep: bool, keep_state: bool = True
+) -> list[RunResult]:
     """Run the specs on the engine (a sweep: with progress and ETA; a simulation on one private SuperLink, stopped
     at the end); without keep_state a finished run's checkpoint and client state are deleted."""
     from .sweep import run_sweep
@@ -113,14 +142,17 @@ def _run_all(specs: list[RunSpec], out: Path, args: argparse.Namespace, engine_n
         if not quiet or "[round " in line or "ERROR" in line:
             print(("  " if quiet else "") + line, flush=True)
 
-    engine = make_engine(engine_name, args.app, args.workers,
-                         args.data_export.expanduser().resolve() if args.data_export else None)
+    engine = make_engine(
+        engine_name, args.app, args.workers, args.data_export.expanduser().resolve() if args.data_export else None
+    )
     try:
+
         def one(spec: RunSpec) -> RunResult:
             result = execute(engine, args.app, spec, out, gpu, echo, args.timeout)
             if not keep_state and result.status == "finished":
                 drop_resume_state(result.run_dir)
             return result
+
         label = "sweep" if sweep else "run"
         print(f"{label}: engine {engine_name}", flush=True)
         return run_sweep(specs, out, one, lambda text: print(text, flush=True), label)
@@ -175,8 +207,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         status = 0
         if args.run:
             status = _execute(args, sweep.specs, runs, args.engine or sweep.engine or "inprocess", True, False)
-        command = f"pflower results {args.file}" + (f" --runs {args.runs}" if args.runs else "") + (
-            f" --out {args.out}" if args.out != Path("docs/results.md") else "")
+        command = (
+            f"pflower results {args.file}"
+            + (f" --runs {args.runs}" if args.runs else "")
+            + (f" --out {args.out}" if args.out != Path("docs/results.md") else "")
+        )
         path, done, total = write_results(args.file, runs, args.out, command)
         print(f"results: {path} ({done} of {total} runs finished)")
         return status
@@ -184,8 +219,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         chosen = preset(args.preset)
         config = dict(parse_assignment(item) for item in args.set)
         config.update({k: v for k, v in (("algorithm", args.algorithm), ("dataset", args.dataset)) if v})
-        name = args.name or "-".join([config.get("algorithm", "fedavg"),
-                                      config.get("dataset", chosen.run_config.get("dataset", "digits")), chosen.name])
+        name = args.name or "-".join(
+            [
+                config.get("algorithm", "fedavg"),
+                config.get("dataset", chosen.run_config.get("dataset", "digits")),
+                chosen.name,
+            ]
+        )
         if args.clients is not None and args.clients < 1:
             raise ConfigError("--clients must be at least 1")
         specs = plan(name, chosen, config, parse_seeds(args.seeds), args.clients)
@@ -197,8 +237,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .runs import changed_settings, run_state
 
         for spec in specs:
-            changed = " (made with other settings: " + "; ".join(diff) + ")" if (
-                diff := changed_settings(spec, out / spec.name)) else ""
+            changed = (
+                " (made with other settings: " + "; ".join(diff) + ")"
+                if (diff := changed_settings(spec, out / spec.name))
+                else ""
+            )
             print(f"{spec.name}: {run_state(out / spec.name)}{changed}")
         return 0
     return _execute(args, specs, out, args.engine or sweep.engine or "inprocess", True, args.keep_state)
@@ -232,8 +275,9 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _execute(args: argparse.Namespace, specs: list[RunSpec], out: Path, engine: str, sweep: bool,
-             keep_state: bool) -> int:
+def _execute(
+    args: argparse.Namespace, specs: list[RunSpec], out: Path, engine: str, sweep: bool, keep_state: bool
+) -> int:
     """Run the specs into `out` on the engine, say how it went; the exit status (0: every run finished)."""
     from .sweep import check_kept_runs, summary_line
 
@@ -241,8 +285,10 @@ def _execute(args: argparse.Namespace, specs: list[RunSpec], out: Path, engine: 
     check_kept_runs(specs, out)
     other = other_code_runs(specs, out, args.app)
     if other:
-        print(f"note: {other} kept run(s) were made with other code than {args.app} now holds; `pflower results` "
-              "lists the commits of every run")
+        print(
+            f"note: {other} kept run(s) were made with other code than {args.app} now holds; `pflower results` "
+            "lists the commits of every run"
+        )
     results = _run_all(specs, out, args, engine, sweep, keep_state=keep_state)
     label = "sweep" if sweep else "run"
     line, ok = summary_line(results, len(specs), label)

@@ -91,8 +91,9 @@ class Group:
 
 def _load(path: Path) -> Run:
     records = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return Run(path, json.loads((path / "config.json").read_text()), json.loads((path / "summary.json").read_text()),
-               records)
+    return Run(
+        path, json.loads((path / "config.json").read_text()), json.loads((path / "summary.json").read_text()), records
+    )
 
 
 def find_runs(paths: list[Path]) -> list[Run]:
@@ -102,8 +103,11 @@ def find_runs(paths: list[Path]) -> list[Run]:
         path = Path(path).expanduser()
         if not path.exists():
             raise ConfigError(f"{path} does not exist")
-        candidates = [path] if (path / "summary.json").is_file() else sorted(
-            p.parent for p in path.rglob("summary.json") if "incomplete" not in p.parts)
+        candidates = (
+            [path]
+            if (path / "summary.json").is_file()
+            else sorted(p.parent for p in path.rglob("summary.json") if "incomplete" not in p.parts)
+        )
         found.extend(c for c in candidates if c not in found)
     if not found:
         raise ConfigError(f"no finished run (a folder with summary.json) under {', '.join(map(str, paths))}")
@@ -117,8 +121,11 @@ def group_runs(runs: list[Run]) -> list[Group]:
         label = SEED_SUFFIX.sub("", run.path.name)
         group = groups.setdefault(label, Group(label))
         if group.runs:
-            differ = sorted(k for k in set(run.config) | set(group.config) if k not in NOT_SETTINGS
-                            and run.config.get(k) != group.config.get(k))
+            differ = sorted(
+                k
+                for k in set(run.config) | set(group.config)
+                if k not in NOT_SETTINGS and run.config.get(k) != group.config.get(k)
+            )
             if differ:
                 raise ConfigError(f"{run.path} and {group.runs[0].path} are both '{label}' but differ in {differ[:5]}")
         if any(r.seed == run.seed for r in group.runs):

@@ -43,8 +43,10 @@ VARIANTS = {row.prefix: row.suffix for row in eval_rows()}  # extra accuracies s
 def accuracy_table(summaries: dict[str, dict]) -> str:
     """Markdown: one row per algorithm (and per variant it reports), accuracy mean +/- std per shift degree."""
     degrees = next(iter(summaries.values()))["shift_degrees"]
-    lines = ["| algorithm | " + " | ".join(f"shift {100 * d:g}%" for d in degrees) + " | best mean (no shift) |",
-             "|---|" + "---|" * (len(degrees) + 1)]
+    lines = [
+        "| algorithm | " + " | ".join(f"shift {100 * d:g}%" for d in degrees) + " | best mean (no shift) |",
+        "|---|" + "---|" * (len(degrees) + 1),
+    ]
     for name, s in summaries.items():
         mean, std = s["final"]["mean"], s["final"]["std"]
         for prefix, suffix in [("", ""), *VARIANTS.items()]:
@@ -62,17 +64,25 @@ def stage_table(summaries: dict[str, dict]) -> str:
     with_stages = {name: s for name, s in summaries.items() if s.get("stages")}
     if not with_stages:
         return ""
-    lines = ["| algorithm | L1 Acc(L) | L1 Acc(G) | L1 Acc | L2 Acc(L) | L2 Acc(G) | L2 Acc | G Acc(G) "
-             "| rho_eps at L2 |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| algorithm | L1 Acc(L) | L1 Acc(G) | L1 Acc | L2 Acc(L) | L2 Acc(G) | L2 Acc | G Acc(G) | rho_eps at L2 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, s in with_stages.items():
         stages = s["stages"]
         for suffix in ("", "+"):
             if f"L2{suffix}" not in stages and f"L1{suffix}" not in stages:
                 continue
             cells = []
-            for stage, key in (("L1", "acc_local"), ("L1", "acc_global"), ("L1", "acc"), ("L2", "acc_local"),
-                               ("L2", "acc_global"), ("L2", "acc"), ("G", "acc_global")):
+            for stage, key in (
+                ("L1", "acc_local"),
+                ("L1", "acc_global"),
+                ("L1", "acc"),
+                ("L2", "acc_local"),
+                ("L2", "acc_global"),
+                ("L2", "acc"),
+                ("G", "acc_global"),
+            ):
                 stage = stage if stage == "G" else stage + suffix
                 cells.append(f"{100 * stages[stage][key][0]:.2f}" if stage in stages else "-")
             l2 = stages.get(f"L2{suffix}")
@@ -81,16 +91,20 @@ def stage_table(summaries: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def cost_table(summaries: dict[str, dict], reference: str = "fedavg",
-               round_seconds: dict[str, float] | None = None) -> str:
+def cost_table(
+    summaries: dict[str, dict], reference: str = "fedavg", round_seconds: dict[str, float] | None = None
+) -> str:
     """Markdown: measured training MB per client (down, up, total), training FLOPs per client, ratios to the
     reference run (the first FedAvg run), wall time, and (when given) the median training round's wall time with its
     ratio to the reference's."""
     ref = summaries.get(reference)
     rounds = round_seconds or {}
-    lines = [f"| algorithm | MB down / client | MB up / client | MB total / client | bytes vs {reference} "
-             f"| training FLOPs / client | FLOPs vs {reference} | wall (s) | training round (s, median) "
-             f"| round vs {reference} |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| algorithm | MB down / client | MB up / client | MB total / client | bytes vs {reference} "
+        f"| training FLOPs / client | FLOPs vs {reference} | wall (s) | training round (s, median) "
+        f"| round vs {reference} |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, s in summaries.items():
         mb = s["mb_per_client"]
         total = mb["train_down"] + mb["train_up"]
@@ -103,8 +117,10 @@ def cost_table(summaries: dict[str, dict], reference: str = "fedavg",
         if name in rounds and rounds.get(reference):
             ratio_r = f"{rounds[name] / rounds[reference]:.2f}"
         round_s = f"{rounds[name]:.2f}" if name in rounds else "n/a"
-        lines.append(f"| {name} | {mb['train_down']:.2f} | {mb['train_up']:.2f} | {total:.2f} | {ratio_b} "
-                     f"| {flops:.3e} | {ratio_f} | {s['wall_seconds']:.0f} | {round_s} | {ratio_r} |")
+        lines.append(
+            f"| {name} | {mb['train_down']:.2f} | {mb['train_up']:.2f} | {total:.2f} | {ratio_b} "
+            f"| {flops:.3e} | {ratio_f} | {s['wall_seconds']:.0f} | {round_s} | {ratio_r} |"
+        )
     return "\n".join(lines)
 
 
@@ -118,7 +134,7 @@ def median_round_seconds(run_dir: Path) -> float:
 
 
 def parse_overrides(text: str) -> dict[str, str]:
-    """"k=v k2='s'" run-config text -> {key: raw value text} (later keys win)."""
+    """ "k=v k2='s'" run-config text -> {key: raw value text} (later keys win)."""
     return dict(re.findall(r"([\w-]+)=('[^']*'|\S+)", text))
 
 
@@ -160,8 +176,11 @@ def finished_with_config(run_dir: Path, config: str) -> bool:
 def main(argv: list[str] | None = None) -> dict[str, dict]:
     """Run the algorithms one after another, print the tables and return each run's summary by label."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--algorithms", default="fedavg,local",
-                        help="comma-separated; per-algorithm overrides in brackets: fedavg-ft[eval-every=30]")
+    parser.add_argument(
+        "--algorithms",
+        default="fedavg,local",
+        help="comma-separated; per-algorithm overrides in brackets: fedavg-ft[eval-every=30]",
+    )
     parser.add_argument("--dataset", default="digits")
     parser.add_argument("--data-dir", default="")
     parser.add_argument("--partition", default="dirichlet")
@@ -174,22 +193,34 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--extra", default="", help="more run-config overrides, e.g. \"proximal-mu=0.01\"")
+    parser.add_argument("--extra", default="", help='more run-config overrides, e.g. "proximal-mu=0.01"')
     parser.add_argument("--results-dir", default="results", help="where the compare-* folder goes (default ./results)")
-    parser.add_argument("--resume", default="", help="an earlier compare-* folder: algorithms it finished with "
-                        "the same run config are read from it, the others run and are added to it")
-    parser.add_argument("--engine", choices=ENGINES, default="inprocess",
-                        help="inprocess (default): pflower's in-process engine; simulation: `flwr run` on Flower's "
-                             "Ray simulation")
+    parser.add_argument(
+        "--resume",
+        default="",
+        help="an earlier compare-* folder: algorithms it finished with "
+        "the same run config are read from it, the others run and are added to it",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="inprocess",
+        help="inprocess (default): pflower's in-process engine; simulation: `flwr run` on Flower's Ray simulation",
+    )
     parser.add_argument("--workers", type=int, default=0, help="inprocess: worker processes (default: one per core)")
     args = parser.parse_args(argv)
     data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else ""
-    results = (Path(args.resume).resolve() if args.resume
-               else Path(args.results_dir).resolve() / f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
-    base = (f"dataset='{args.dataset}' data-dir='{data_dir}' partition='{args.partition}' "
-            f"dirichlet-alpha={args.alpha} num-rounds={args.rounds} fraction-train={args.fraction} "
-            f"local-epochs={args.epochs} batch-size={args.batch_size} lr={args.lr} eval-every={args.eval_every} "
-            f"seed={args.seed} results-dir='{results}' {args.extra}")
+    results = (
+        Path(args.resume).resolve()
+        if args.resume
+        else Path(args.results_dir).resolve() / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    base = (
+        f"dataset='{args.dataset}' data-dir='{data_dir}' partition='{args.partition}' "
+        f"dirichlet-alpha={args.alpha} num-rounds={args.rounds} fraction-train={args.fraction} "
+        f"local-epochs={args.epochs} batch-size={args.batch_size} lr={args.lr} eval-every={args.eval_every} "
+        f"seed={args.seed} results-dir='{results}' {args.extra}"
+    )
     summaries: dict[str, dict] = {}
     # a SIGTERM (e.g. `kill`) unwinds like Ctrl+C, so a SuperLink is stopped, not orphaned
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -211,14 +242,17 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     finally:
         engine.close()
     print()
-    print(f"{args.dataset}, {args.partition}({args.alpha}), {args.clients} clients, {args.fraction:.0%} per round, "
-          f"{args.rounds} rounds, {args.epochs} local epochs, seed {args.seed}; accuracy (%) mean +/- std over "
-          f"clients at the last evaluated round")
+    print(
+        f"{args.dataset}, {args.partition}({args.alpha}), {args.clients} clients, {args.fraction:.0%} per round, "
+        f"{args.rounds} rounds, {args.epochs} local epochs, seed {args.seed}; accuracy (%) mean +/- std over "
+        f"clients at the last evaluated round"
+    )
     print(accuracy_table(summaries))
     print()
     fedavg_runs = [name for name, algorithm, _ in parse_algorithms(args.algorithms) if algorithm == "fedavg"]
-    round_seconds = {name: median_round_seconds(results / name) for name in summaries
-                     if (results / name / "metrics.jsonl").is_file()}
+    round_seconds = {
+        name: median_round_seconds(results / name) for name in summaries if (results / name / "metrics.jsonl").is_file()
+    }
     print(cost_table(summaries, reference=fedavg_runs[0] if fedavg_runs else "fedavg", round_seconds=round_seconds))
     stages = stage_table(summaries)
     if stages:

@@ -26,8 +26,15 @@ class Engine(Protocol):
 
     name: str
 
-    def run(self, run_config: dict[str, Any], clients: int, timeout: float, echo: Callable[[str], None],
-            cpus_per_client: int = 1, gpus_per_client: float = 0.0) -> RunOutcome:
+    def run(
+        self,
+        run_config: dict[str, Any],
+        clients: int,
+        timeout: float,
+        echo: Callable[[str], None],
+        cpus_per_client: int = 1,
+        gpus_per_client: float = 0.0,
+    ) -> RunOutcome:
         """Run to the end (or `timeout` seconds); every output line goes to `echo`."""
         ...
 
@@ -52,12 +59,28 @@ class InProcessEngine:
     def __init__(self, workers: int = 0, data_export: Path | None = None) -> None:
         self.workers, self.data_export = workers, data_export
 
-    def run(self, run_config: dict[str, Any], clients: int, timeout: float, echo: Callable[[str], None],
-            cpus_per_client: int = 1, gpus_per_client: float = 0.0) -> RunOutcome:
+    def run(
+        self,
+        run_config: dict[str, Any],
+        clients: int,
+        timeout: float,
+        echo: Callable[[str], None],
+        cpus_per_client: int = 1,
+        gpus_per_client: float = 0.0,
+    ) -> RunOutcome:
         """Run it; the status is FINISHED when the child exits 0, FAILED otherwise."""
-        command = [sys.executable, "-m", "experiments.engine", "--run-config", json.dumps(run_config),
-                   "--clients", str(clients), "--workers", str(self.workers),
-                   *(["--data-export", str(self.data_export)] if self.data_export else [])]
+        command = [
+            sys.executable,
+            "-m",
+            "experiments.engine",
+            "--run-config",
+            json.dumps(run_config),
+            "--clients",
+            str(clients),
+            "--workers",
+            str(self.workers),
+            *(["--data-export", str(self.data_export)] if self.data_export else []),
+        ]
         returncode, output = run_streamed(command, None, timeout, echo)
         return RunOutcome(returncode, output, None, FINISHED if returncode == 0 else FAILED)
 
@@ -81,11 +104,25 @@ class SimulationEngine:
             self._link = LocalSuperLink(Path(self._home.name)).start()
         return self._link
 
-    def run(self, run_config: dict[str, Any], clients: int, timeout: float, echo: Callable[[str], None],
-            cpus_per_client: int = 1, gpus_per_client: float = 0.0) -> RunOutcome:
+    def run(
+        self,
+        run_config: dict[str, Any],
+        clients: int,
+        timeout: float,
+        echo: Callable[[str], None],
+        cpus_per_client: int = 1,
+        gpus_per_client: float = 0.0,
+    ) -> RunOutcome:
         """Submit the run with `flwr run --stream` and read its final status from the SuperLink."""
-        return self._started().run(self.app_dir, run_config_text(run_config), clients, cpus_per_client,
-                                   timeout=timeout, echo=echo, gpus_per_client=gpus_per_client)
+        return self._started().run(
+            self.app_dir,
+            run_config_text(run_config),
+            clients,
+            cpus_per_client,
+            timeout=timeout,
+            echo=echo,
+            gpus_per_client=gpus_per_client,
+        )
 
     def close(self) -> None:
         """Stop the SuperLink and everything it started."""

@@ -83,10 +83,23 @@ def write_export(data: DatasetArrays, rows: Iterable[int], path: Path, webp: boo
             raise DataError(f"{data.name}: WebP stores uint8 images of 1 or 3 channels, not {x.dtype} {x.shape[1:]}")
         extra["x_webp"], extra["x_webp_ends"] = _webp(x)
         x = np.zeros((0, *x.shape[1:]), dtype=np.uint8)
-    np.savez_compressed(path, name=data.name, x=x, x_shape=np.asarray(data.x.shape[1:]), x_dtype=str(data.x.dtype),
-                        index=index, n=len(data.y), y=data.y, num_classes=data.num_classes,
-                        mean=np.asarray(data.mean), std=np.asarray(data.std), scale=data.scale,
-                        domain_names=np.array(data.domain_names), natural_kind=data.natural_kind, **extra)
+    np.savez_compressed(
+        path,
+        name=data.name,
+        x=x,
+        x_shape=np.asarray(data.x.shape[1:]),
+        x_dtype=str(data.x.dtype),
+        index=index,
+        n=len(data.y),
+        y=data.y,
+        num_classes=data.num_classes,
+        mean=np.asarray(data.mean),
+        std=np.asarray(data.std),
+        scale=data.scale,
+        domain_names=np.array(data.domain_names),
+        natural_kind=data.natural_kind,
+        **extra,
+    )
     return Path(path).stat().st_size
 
 
@@ -102,10 +115,19 @@ def read_export(path: Path) -> tuple[DatasetArrays, set[int]]:
         held = z["x"] if "x_webp" not in z else _unwebp(z["x_webp"], z["x_webp_ends"], shape)
         x = np.zeros((int(z["n"]), *shape), dtype=str(z["x_dtype"]))
         x[z["index"]] = held
-        data = DatasetArrays(str(z["name"]), x, z["y"], int(z["num_classes"]), tuple(z["mean"].tolist()),
-                             tuple(z["std"].tolist()), float(z["scale"]), z["domain"] if "domain" in z else None,
-                             tuple(z["domain_names"].tolist()), z["natural_id"] if "natural_id" in z else None,
-                             str(z["natural_kind"]))
+        data = DatasetArrays(
+            str(z["name"]),
+            x,
+            z["y"],
+            int(z["num_classes"]),
+            tuple(z["mean"].tolist()),
+            tuple(z["std"].tolist()),
+            float(z["scale"]),
+            z["domain"] if "domain" in z else None,
+            tuple(z["domain_names"].tolist()),
+            z["natural_id"] if "natural_id" in z else None,
+            str(z["natural_kind"]),
+        )
         return data, set(z["index"].tolist())
 
 
@@ -132,5 +154,7 @@ def check_export(held: set[int], cfg: RunConfig, clients: int, path: Path) -> No
     """DataError unless the export holds every row this run reads."""
     missing = rows_read(cfg, clients) - held
     if missing:
-        raise DataError(f"the data export {path} lacks {len(missing):,} of the samples this run reads: export it "
-                        "with the same settings (seed, clients, partition, max-samples)")
+        raise DataError(
+            f"the data export {path} lacks {len(missing):,} of the samples this run reads: export it "
+            "with the same settings (seed, clients, partition, max-samples)"
+        )

@@ -58,8 +58,15 @@ def accuracy_vs_shift(groups: list[Group], out: Path) -> str:
         spread = [_seed_mean(g, lambda r, k=k: (r.summary.get("final") or {}).get("std", {}).get(k))[0] for k in keys]
         best = [_seed_mean(g, lambda r, k=k: r.best_round().get(k))[0] for k in keys]
         x = [100 * d for d in degrees]
-        ax.errorbar(x, [100 * v for v in last], yerr=[100 * s for s in spread], color=color, marker="o", capsize=3,
-                    label=f"{g.label} (last)")
+        ax.errorbar(
+            x,
+            [100 * v for v in last],
+            yerr=[100 * s for s in spread],
+            color=color,
+            marker="o",
+            capsize=3,
+            label=f"{g.label} (last)",
+        )
         ax.plot(x, [100 * v for v in best], color=color, linestyle="--", alpha=0.7, label=f"{g.label} (best round)")
     ax.set_xlabel("test-time shift degree (%)")
     ax.set_ylabel("accuracy (%), mean over seeds")
@@ -99,15 +106,22 @@ def costs_figure(groups: list[Group], base: Group | None, out: Path) -> str:
     """MB and training FLOPs per client, bars labelled with their ratio to the baseline."""
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(max(7.0, 1.4 * len(groups) + 3), 4))
-    for ax, value, title in ((axes[0], attrgetter("mb_per_client"), "MB per client (train, down + up)"),
-                             (axes[1], attrgetter("flops_per_client"), "training FLOPs per client")):
+    for ax, value, title in (
+        (axes[0], attrgetter("mb_per_client"), "MB per client (train, down + up)"),
+        (axes[1], attrgetter("flops_per_client"), "training FLOPs per client"),
+    ):
         means = [_seed_mean(g, value)[0] for g in groups]
         bars = ax.bar(range(len(groups)), means, color=[f"C{i % 10}" for i in range(len(groups))])
         reference = _seed_mean(base, value)[0] if base else float("nan")
         for bar, mean in zip(bars, means):
             if reference and math.isfinite(reference):
-                ax.annotate(f"{mean / reference:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                            ha="center", va="bottom", fontsize=8)
+                ax.annotate(
+                    f"{mean / reference:.2f}x",
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center",
+                    va="bottom",
+                    fontsize=8,
+                )
         ax.set_xticks(range(len(groups)), [g.label for g in groups], rotation=30, ha="right", fontsize=8)
         ax.set_title(title + (f" (ratio to {base.label})" if base else ""), fontsize=9)
     fig.tight_layout()
@@ -125,8 +139,9 @@ def frontier_figure(groups: list[Group], out: Path) -> str:
         mb = _seed_mean(g, attrgetter("mb_per_client"))[0]
         acc, spread = _seed_mean(g, lambda r: r.final.get(shift_key(0.0)))
         points.append((mb, acc))
-        ax.errorbar([mb], [100 * acc], yerr=[100 * spread], marker="o", color=f"C{index % 10}", capsize=3,
-                    label=g.label)
+        ax.errorbar(
+            [mb], [100 * acc], yerr=[100 * spread], marker="o", color=f"C{index % 10}", capsize=3, label=g.label
+        )
     frontier, best = [], -math.inf
     for mb, acc in sorted(points):
         if acc > best:
@@ -144,8 +159,9 @@ def frontier_figure(groups: list[Group], out: Path) -> str:
     return "frontier.png"
 
 
-def matrix_figure(groups: list[Group], key: str, title: str, name: str, out: Path,
-                  off_diagonal: bool = False) -> str | None:
+def matrix_figure(
+    groups: list[Group], key: str, title: str, name: str, out: Path, off_diagonal: bool = False
+) -> str | None:
     """A clients x clients matrix an algorithm saved (first seed of each experiment that has one) as a heatmap;
     `off_diagonal`: the diagonal left blank (its median in the title), so the rest keeps a readable scale."""
     found = [(g, g.runs[0].artifacts()) for g in groups]
@@ -180,12 +196,22 @@ def matrix_figure(groups: list[Group], key: str, title: str, name: str, out: Pat
 
 def draw_all(groups: list[Group], base: Group | None, out: Path, only: tuple[str, ...] | None = None) -> list[str]:
     """Every figure that applies to these runs (or those named in `only`); returns their file names."""
-    makers = {"shift": lambda: accuracy_vs_shift(groups, out),
-              "corruption": lambda: corruption_figure(groups, corruptions_of(groups), out),
-              "costs": lambda: costs_figure(groups, base, out), "frontier": lambda: frontier_figure(groups, out),
-              "attention": lambda: matrix_figure(groups, "attention", "FedAMP: attention xi_ij to other clients, "
-                                                 "last round", "attention.png", out, off_diagonal=True),
-              "mask-overlap": lambda: matrix_figure(groups, "mask_overlap", "DM-PFL: mask overlap (IoU),\nlast "
-                                                    "phase-1 round's uploads", "mask_overlap.png", out)}
+    makers = {
+        "shift": lambda: accuracy_vs_shift(groups, out),
+        "corruption": lambda: corruption_figure(groups, corruptions_of(groups), out),
+        "costs": lambda: costs_figure(groups, base, out),
+        "frontier": lambda: frontier_figure(groups, out),
+        "attention": lambda: matrix_figure(
+            groups,
+            "attention",
+            "FedAMP: attention xi_ij to other clients, last round",
+            "attention.png",
+            out,
+            off_diagonal=True,
+        ),
+        "mask-overlap": lambda: matrix_figure(
+            groups, "mask_overlap", "DM-PFL: mask overlap (IoU),\nlast phase-1 round's uploads", "mask_overlap.png", out
+        ),
+    }
     names = [maker() for name, maker in makers.items() if only is None or name in only]
     return [n for n in names if n]

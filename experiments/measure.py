@@ -31,8 +31,9 @@ def raw_seconds(raw: dict[str, Any], clients: int, partition_ids: list[int]) -> 
     samples, seconds = 0, 0.0
     for pid in partition_ids:
         data = client_data(cfg, pid, clients)
-        model = build_model(cfg.model, cfg.dataset, data.input_shape, data.num_classes,
-                            derive_seed(cfg.seed, "model")).to(device)
+        model = build_model(
+            cfg.model, cfg.dataset, data.input_shape, data.num_classes, derive_seed(cfg.seed, "model")
+        ).to(device)
         settings = TrainSettings(epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr)
         started = time.perf_counter()
         train(model, data.train_x, data.train_y, settings, torch.Generator().manual_seed(pid), device=device)
@@ -72,9 +73,12 @@ def round_rate(run_dir: Path, local_epochs: int) -> dict[str, float]:
     (evaluating) round's wall time."""
     records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     steady = steady_rounds(run_dir)
-    return {"rate": statistics.median(r["train"]["num_examples"] * local_epochs / r["wall_s"] for r in steady),
-            "round_s": statistics.median(r["wall_s"] for r in steady), "first_round_s": records[0]["wall_s"],
-            "last_round_s": records[-1]["wall_s"]}
+    return {
+        "rate": statistics.median(r["train"]["num_examples"] * local_epochs / r["wall_s"] for r in steady),
+        "round_s": statistics.median(r["wall_s"] for r in steady),
+        "first_round_s": records[0]["wall_s"],
+        "last_round_s": records[-1]["wall_s"],
+    }
 
 
 def tree_memory(pid: int) -> tuple[int, int]:
@@ -82,8 +86,9 @@ def tree_memory(pid: int) -> tuple[int, int]:
     rss = anon = 0
     for proc in [pid, *descendants(pid)]:
         try:
-            fields = dict(line.split(":", 1) for line in Path(f"/proc/{proc}/status").read_text().splitlines()
-                          if ":" in line)
+            fields = dict(
+                line.split(":", 1) for line in Path(f"/proc/{proc}/status").read_text().splitlines() if ":" in line
+            )
         except OSError:
             continue
         rss += int(fields.get("VmRSS", "0 kB").split()[0]) * 1024

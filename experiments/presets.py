@@ -20,19 +20,59 @@ class Preset:
     gpus_per_client: float = 0.0  # used where a GPU is present
 
 
-PRESETS: dict[str, Preset] = {p.name: p for p in (
-    Preset("smoke", "seconds on a laptop: the embedded digits, 6 clients, 2 rounds (CI, the quickstart's shape)",
-           {"dataset": "digits", "num-rounds": 2, "fraction-train": 0.5, "local-epochs": 1, "batch-size": 32,
-            "lr": 0.05, "eval-every": 1, "shift-degrees": "0,0.5,1", "checkpoint-every": 1}, clients=6),
-    Preset("cpu", "each experiment under ~20 minutes on 2 cores: MNIST, 100 clients, 10% per round, 30 rounds of "
-           "5 epochs (the papers' partitions and client counts, fewer rounds)",
-           {"dataset": "mnist", "num-rounds": 30, "fraction-train": 0.1, "local-epochs": 5, "batch-size": 64,
-            "lr": 0.05, "eval-every": 10}, clients=100),
-    Preset("paper", "the DM-PFL paper's setting (A.1.2-A.1.5): 100 clients, 10% per round, 300 rounds of 5 "
-           "epochs, batch 64; for a GPU (4 clients per GPU) or a long run",
-           {"dataset": "cifar10", "num-rounds": 300, "fraction-train": 0.1, "local-epochs": 5, "batch-size": 64,
-            "lr": 0.05, "eval-every": 10, "device": "auto"}, clients=100, gpus_per_client=0.25),
-)}
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            "smoke",
+            "seconds on a laptop: the embedded digits, 6 clients, 2 rounds (CI, the quickstart's shape)",
+            {
+                "dataset": "digits",
+                "num-rounds": 2,
+                "fraction-train": 0.5,
+                "local-epochs": 1,
+                "batch-size": 32,
+                "lr": 0.05,
+                "eval-every": 1,
+                "shift-degrees": "0,0.5,1",
+                "checkpoint-every": 1,
+            },
+            clients=6,
+        ),
+        Preset(
+            "cpu",
+            "each experiment under ~20 minutes on 2 cores: MNIST, 100 clients, 10% per round, 30 rounds of "
+            "5 epochs (the papers' partitions and client counts, fewer rounds)",
+            {
+                "dataset": "mnist",
+                "num-rounds": 30,
+                "fraction-train": 0.1,
+                "local-epochs": 5,
+                "batch-size": 64,
+                "lr": 0.05,
+                "eval-every": 10,
+            },
+            clients=100,
+        ),
+        Preset(
+            "paper",
+            "the DM-PFL paper's setting (A.1.2-A.1.5): 100 clients, 10% per round, 300 rounds of 5 "
+            "epochs, batch 64; for a GPU (4 clients per GPU) or a long run",
+            {
+                "dataset": "cifar10",
+                "num-rounds": 300,
+                "fraction-train": 0.1,
+                "local-epochs": 5,
+                "batch-size": 64,
+                "lr": 0.05,
+                "eval-every": 10,
+                "device": "auto",
+            },
+            clients=100,
+            gpus_per_client=0.25,
+        ),
+    )
+}
 
 
 def preset(name: str) -> Preset:
@@ -44,6 +84,7 @@ def preset(name: str) -> Preset:
 
 def run_config_text(config: dict[str, Any]) -> str:
     """A run config as `flwr run --run-config` takes it (strings quoted, booleans lower case)."""
+
     def value(v: Any) -> str:
         if isinstance(v, bool):
             return "true" if v else "false"
@@ -53,4 +94,5 @@ def run_config_text(config: dict[str, Any]) -> str:
         if "'" in text:
             raise ConfigError(f"run-config value {text!r} must not contain a single quote")
         return f"'{text}'"
+
     return " ".join(f"{key}={value(v)}" for key, v in config.items())

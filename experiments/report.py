@@ -63,30 +63,75 @@ def overview(groups: list[Group], base: Group | None) -> list[str]:
         mb, flops = _mean(g, _MB), _mean(g, _FLOPS)
         ratio_mb = _mean(base, _MB) if base else float("nan")
         ratio_fl = _mean(base, _FLOPS) if base else float("nan")
-        rows.append([g.label, g.algorithm, str(len(g.runs)), _cell(g, _final(shift_key(0.0))),
-                     _cell(g, lambda r: r.best_round().get(shift_key(0.0))), _cell(g, _final(top)),
-                     _cell(g, lambda r: (r.summary.get("final") or {}).get("std", {}).get(shift_key(0.0))),
-                     f"{mb:.3f}", f"{mb / ratio_mb:.2f}x" if ratio_mb else "n/a",
-                     f"{flops:.3e}", f"{flops / ratio_fl:.2f}x" if ratio_fl else "n/a"])
+        rows.append(
+            [
+                g.label,
+                g.algorithm,
+                str(len(g.runs)),
+                _cell(g, _final(shift_key(0.0))),
+                _cell(g, lambda r: r.best_round().get(shift_key(0.0))),
+                _cell(g, _final(top)),
+                _cell(g, lambda r: (r.summary.get("final") or {}).get("std", {}).get(shift_key(0.0))),
+                f"{mb:.3f}",
+                f"{mb / ratio_mb:.2f}x" if ratio_mb else "n/a",
+                f"{flops:.3e}",
+                f"{flops / ratio_fl:.2f}x" if ratio_fl else "n/a",
+            ]
+        )
         for row in SPECS[g.algorithm].eval_rows if g.algorithm in SPECS else ():
             if any(row.prefix + shift_key(0.0) in r.final for r in g.runs):
-                rows.append([g.label + row.suffix, g.algorithm, str(len(g.runs)),
-                             _cell(g, _final(row.prefix + shift_key(0.0))), "", _cell(g, _final(row.prefix + top)),
-                             "", "", "", "", ""])
+                rows.append(
+                    [
+                        g.label + row.suffix,
+                        g.algorithm,
+                        str(len(g.runs)),
+                        _cell(g, _final(row.prefix + shift_key(0.0))),
+                        "",
+                        _cell(g, _final(row.prefix + top)),
+                        "",
+                        "",
+                        "",
+                        "",
+                        "",
+                    ]
+                )
     base_name = base.label if base else "none"
-    return [f"Accuracy (%) after the last round, mean over seeds +/- 95% CI; best round = the evaluation round with "
+    return (
+        [
+            f"Accuracy (%) after the last round, mean over seeds +/- 95% CI; best round = the evaluation round with "
             f"the highest mean accuracy; client std = spread across clients (mean over seeds); MB = training traffic "
-            f"per client (down + up, measured); ratios to `{base_name}`.", ""] + _table(
-        ["experiment", "algorithm", "seeds", "accuracy", "best-round accuracy", f"accuracy at shift {_pct(groups)}",
-         "client std", "MB / client", "x base", "train FLOPs / client", "x base"], rows) + [""]
+            f"per client (down + up, measured); ratios to `{base_name}`.",
+            "",
+        ]
+        + _table(
+            [
+                "experiment",
+                "algorithm",
+                "seeds",
+                "accuracy",
+                "best-round accuracy",
+                f"accuracy at shift {_pct(groups)}",
+                "client std",
+                "MB / client",
+                "x base",
+                "train FLOPs / client",
+                "x base",
+            ],
+            rows,
+        )
+        + [""]
+    )
 
 
 def shift_table(groups: list[Group]) -> list[str]:
     """Accuracy at every shift degree, last round."""
     degrees = _degrees(groups)
     rows = [[g.label] + [_cell(g, _final(shift_key(d))) for d in degrees] for g in groups]
-    return ["Accuracy (%) by test-time shift degree (last round, mean over seeds +/- 95% CI):", ""] + _table(
-        ["experiment"] + [f"{100 * d:g}%" for d in degrees], rows) + [""]
+    return (
+        ["Accuracy (%) by test-time shift degree (last round, mean over seeds +/- 95% CI):", ""]
+        + _table(["experiment"] + [f"{100 * d:g}%" for d in degrees], rows)
+        + [""]
+    )
 
 
 def paired_table(groups: list[Group], base: Group | None) -> list[str]:
@@ -103,20 +148,31 @@ def paired_table(groups: list[Group], base: Group | None) -> list[str]:
             mean, half, n = paired_difference(g.by_seed(_final(key)), base.by_seed(_final(key)))
             cells.append(f"{fmt_ci(mean, half)} (n={n})")
         rows.append([g.label] + cells)
-    return [f"Paired difference to `{base.label}` on the seeds both ran (percentage points, mean +/- 95% CI):",
-            ""] + _table(["experiment", "accuracy", f"accuracy at shift {_pct(groups)}"], rows) + [""]
+    return (
+        [f"Paired difference to `{base.label}` on the seeds both ran (percentage points, mean +/- 95% CI):", ""]
+        + _table(["experiment", "accuracy", f"accuracy at shift {_pct(groups)}"], rows)
+        + [""]
+    )
 
 
 def unseen_table(groups: list[Group]) -> list[str]:
     """Held-out clients: the newcomer model as received and after fine-tuning (no shift)."""
+
     def unseen(key: str) -> Value:
         return lambda run: (run.summary.get("unseen") or {}).get("mean", {}).get(key)
-    rows = [[g.label, _cell(g, unseen(shift_key(0.0))), _cell(g, unseen(FINETUNED.prefix + shift_key(0.0)))]
-            for g in groups if any(r.summary.get("unseen") for r in g.runs)]
+
+    rows = [
+        [g.label, _cell(g, unseen(shift_key(0.0))), _cell(g, unseen(FINETUNED.prefix + shift_key(0.0)))]
+        for g in groups
+        if any(r.summary.get("unseen") for r in g.runs)
+    ]
     if not rows:
         return []
-    return ["Held-out clients (never trained; `holdout-clients`): accuracy (%) of the model a newcomer receives:",
-            ""] + _table(["experiment", "as received", "after fine-tuning"], rows) + [""]
+    return (
+        ["Held-out clients (never trained; `holdout-clients`): accuracy (%) of the model a newcomer receives:", ""]
+        + _table(["experiment", "as received", "after fine-tuning"], rows)
+        + [""]
+    )
 
 
 def corruption_table(groups: list[Group]) -> list[str]:
@@ -130,14 +186,24 @@ def corruption_table(groups: list[Group]) -> list[str]:
         def value(run: Run) -> float:
             got = [run.final[k] for k in keys if k in run.final]
             return sum(got) / len(got) if got else float("nan")
+
         return value
-    rows = [[g.label, _cell(g, _final(shift_key(0.0)))]
-            + [_cell(g, average([f"acc-corrupt-{c}-{s}" for s in found[c]])) for c in found]
-            + [_cell(g, average([f"acc-corrupt-{c}-{s}" for c in found if s in found[c]])) for s in severities]
-            for g in groups]
-    return ["Corruption shift: accuracy (%) on each client's corrupted test split, per corruption (mean over "
-            "severities) and per severity (mean over corruptions):", ""] + _table(
-        ["experiment", "clean"] + list(found) + [f"severity {s}" for s in severities], rows) + [""]
+
+    rows = [
+        [g.label, _cell(g, _final(shift_key(0.0)))]
+        + [_cell(g, average([f"acc-corrupt-{c}-{s}" for s in found[c]])) for c in found]
+        + [_cell(g, average([f"acc-corrupt-{c}-{s}" for c in found if s in found[c]])) for s in severities]
+        for g in groups
+    ]
+    return (
+        [
+            "Corruption shift: accuracy (%) on each client's corrupted test split, per corruption (mean over "
+            "severities) and per severity (mean over corruptions):",
+            "",
+        ]
+        + _table(["experiment", "clean"] + list(found) + [f"severity {s}" for s in severities], rows)
+        + [""]
+    )
 
 
 def domain_table(groups: list[Group]) -> list[str]:
@@ -146,8 +212,15 @@ def domain_table(groups: list[Group]) -> list[str]:
     rows = [[g.label] + [_cell(g, _final(k)) for k in keys] for g in groups if any(keys[1] in r.final for r in g.runs)]
     if not rows:
         return []
-    return ["Domain shift: accuracy (%) on held-out data of the client's own domain and of the domains it never "
-            "trained on:", ""] + _table(["experiment", "seen domain", "unseen domains"], rows) + [""]
+    return (
+        [
+            "Domain shift: accuracy (%) on held-out data of the client's own domain and of the domains it never "
+            "trained on:",
+            "",
+        ]
+        + _table(["experiment", "seen domain", "unseen domains"], rows)
+        + [""]
+    )
 
 
 def stage_table(groups: list[Group]) -> list[str]:
@@ -155,14 +228,19 @@ def stage_table(groups: list[Group]) -> list[str]:
     rows = []
     for g in groups:
         staged = [r for r in g.runs if r.summary.get("stages")]
-        for stage in (staged[0].summary["stages"] if staged else {}):
+        for stage in staged[0].summary["stages"] if staged else {}:
+
             def acc(key: str, stage: str = stage) -> Value:
                 return lambda run: ((run.summary.get("stages") or {}).get(stage, {}).get(key) or [math.nan])[0]
+
             rows.append([g.label, stage] + [_cell(g, acc(k)) for k in ("acc_local", "acc_global", "acc")])
     if not rows:
         return []
-    return ["FLIU stages (`stages=true`): Acc(L) on the client's test split, Acc(G) on the pooled test set (%):",
-            ""] + _table(["experiment", "stage", "Acc(L)", "Acc(G)", "Acc"], rows) + [""]
+    return (
+        ["FLIU stages (`stages=true`): Acc(L) on the client's test split, Acc(G) on the pooled test set (%):", ""]
+        + _table(["experiment", "stage", "Acc(L)", "Acc(G)", "Acc"], rows)
+        + [""]
+    )
 
 
 def write_report(paths: list[Path], out: Path | None = None, baseline: str | None = None) -> Path:
@@ -174,15 +252,22 @@ def write_report(paths: list[Path], out: Path | None = None, baseline: str | Non
     out = Path(out) if out else Path(paths[0]) / "report"
     out.mkdir(parents=True, exist_ok=True)
     figures = draw_all(groups, base, out)
-    settings = ", ".join(f"{g.label}: {g.config.get('dataset')} / {g.config.get('partition')} / "
-                         f"seeds {sorted(r.seed for r in g.runs)}" for g in groups)
-    lines = ["# Report", "", f"{sum(len(g.runs) for g in groups)} runs in {len(groups)} experiments ({settings}).",
-             ""]
-    for part in (overview(groups, base), paired_table(groups, base), shift_table(groups), unseen_table(groups),
-                 corruption_table(groups), domain_table(groups), stage_table(groups)):
+    settings = ", ".join(
+        f"{g.label}: {g.config.get('dataset')} / {g.config.get('partition')} / seeds {sorted(r.seed for r in g.runs)}"
+        for g in groups
+    )
+    lines = ["# Report", "", f"{sum(len(g.runs) for g in groups)} runs in {len(groups)} experiments ({settings}).", ""]
+    for part in (
+        overview(groups, base),
+        paired_table(groups, base),
+        shift_table(groups),
+        unseen_table(groups),
+        corruption_table(groups),
+        domain_table(groups),
+        stage_table(groups),
+    ):
         lines.extend(part)
     lines.extend(f"![{name}]({name})" for name in figures)
     path = out / "report.md"
     atomic_write_text(path, "\n".join(lines) + "\n")
     return path.resolve()
-

@@ -21,8 +21,19 @@ from .stats import fmt_ci, mean_ci, paired_difference
 from .sweep import check_tables, read_sweep
 from .tables import RATIOS, Column, TableSpec, find_row, metric_reader, row_experiment
 
-SETTING_KEYS = ("dataset", "model", "partition", "dirichlet-alpha", "max-samples", "num-rounds", "fraction-train",
-                "local-epochs", "batch-size", "optimizer", "lr")
+SETTING_KEYS = (
+    "dataset",
+    "model",
+    "partition",
+    "dirichlet-alpha",
+    "max-samples",
+    "num-rounds",
+    "fraction-train",
+    "local-epochs",
+    "batch-size",
+    "optimizer",
+    "lr",
+)
 
 
 def _values(groups: list[Group], spec: TableSpec, row: str, column: Column) -> dict[int, float]:
@@ -90,8 +101,9 @@ def order_check(groups: list[Group], spec: TableSpec) -> OrderCheck:
     out: list[str] = []
     compared = significant = 0
     for index, column in enumerate(spec.columns):
-        ranked = [(r, spec.paper[r][index]) for r in spec.rows
-                  if r in spec.paper and math.isfinite(spec.paper[r][index])]
+        ranked = [
+            (r, spec.paper[r][index]) for r in spec.rows if r in spec.paper and math.isfinite(spec.paper[r][index])
+        ]
         for a, paper_a in ranked:
             for b, paper_b in ranked:
                 if not paper_a > paper_b:
@@ -107,9 +119,11 @@ def order_check(groups: list[Group], spec: TableSpec) -> OrderCheck:
                 beyond = math.isfinite(half) and diff + half < 0
                 significant += beyond
                 sure = "significant" if beyond else "within the seeds' noise"
-                out.append(f"- {column.label}: paper {a} {_paper(paper_a, column)} > {b} {_paper(paper_b, column)}; "
-                           f"ours {_fmt(ours_a, column)} vs {_fmt(ours_b, column)}, paired difference "
-                           f"{fmt_ci(diff, half, scale, 2 if column.percent else 3)} (n={n}, {sure})")
+                out.append(
+                    f"- {column.label}: paper {a} {_paper(paper_a, column)} > {b} {_paper(paper_b, column)}; "
+                    f"ours {_fmt(ours_a, column)} vs {_fmt(ours_b, column)}, paired difference "
+                    f"{fmt_ci(diff, half, scale, 2 if column.percent else 3)} (n={n}, {sure})"
+                )
     return OrderCheck(compared, out, significant)
 
 
@@ -118,24 +132,38 @@ def order_lines(check: OrderCheck, spec: TableSpec) -> list[str]:
     if not check.compared:
         return ["No two rows with the paper's numbers have finished on shared seeds yet.", ""] if spec.paper else []
     if not check.differing:
-        return [f"All {check.compared} ordered pairs (row, row, column) with the paper's numbers are in the paper's "
-                "order here.", ""]
-    return [f"Where the paper's order does not hold here ({len(check.differing)} of the {check.compared} ordered "
+        return [
+            f"All {check.compared} ordered pairs (row, row, column) with the paper's numbers are in the paper's "
+            "order here.",
+            "",
+        ]
+    return (
+        [
+            f"Where the paper's order does not hold here ({len(check.differing)} of the {check.compared} ordered "
             f"pairs with the paper's numbers, {check.significant} beyond the seeds' noise; paper A > B, ours A < B):",
-            ""] + check.differing + [""]
+            "",
+        ]
+        + check.differing
+        + [""]
+    )
 
 
 def _setting(groups: list[Group], spec: TableSpec) -> str:
     """The settings the table's runs share, read from their configs."""
     configs = [g.config for g in groups]
-    shared = [f"{k} {configs[0][k]}" for k in SETTING_KEYS
-              if k in configs[0] and all(c.get(k) == configs[0][k] for c in configs)]
+    shared = [
+        f"{k} {configs[0][k]}"
+        for k in SETTING_KEYS
+        if k in configs[0] and all(c.get(k) == configs[0][k] for c in configs)
+    ]
     clients = {int(g.runs[0].summary.get("num_clients", 0)) for g in groups}
     seeds = sorted({r.seed for g in groups for r in g.runs})
     hours = sum(float(r.summary.get("wall_seconds", 0.0)) for g in groups for r in g.runs) / 3600
-    return (f"Runs: {', '.join(shared)}; clients {', '.join(map(str, sorted(clients)))}; seeds {seeds}; "
-            f"{sum(len(g.runs) for g in groups)} runs, {hours:.1f} h of run time summed over the runs (runs of sweep "
-            "shards side by side share the cores).")
+    return (
+        f"Runs: {', '.join(shared)}; clients {', '.join(map(str, sorted(clients)))}; seeds {seeds}; "
+        f"{sum(len(g.runs) for g in groups)} runs, {hours:.1f} h of run time summed over the runs (runs of sweep "
+        "shards side by side share the cores)."
+    )
 
 
 def section(groups: list[Group], spec: TableSpec, check: OrderCheck, figures_dir: Path, doc_dir: Path) -> list[str]:
@@ -156,10 +184,15 @@ def section(groups: list[Group], spec: TableSpec, check: OrderCheck, figures_dir
         lines += [spec.notes, ""]
     found_base = find_row(used, spec.baseline) if spec.baseline else None
     base = found_base[0] if found_base else None
-    makers = {"overview": lambda: overview(used, base), "paired": lambda: paired_table(used, base),
-              "shift": lambda: shift_table(used), "unseen": lambda: unseen_table(used),
-              "corruption": lambda: corruption_table(used), "domain": lambda: domain_table(used),
-              "stages": lambda: stage_table(used)}
+    makers = {
+        "overview": lambda: overview(used, base),
+        "paired": lambda: paired_table(used, base),
+        "shift": lambda: shift_table(used),
+        "unseen": lambda: unseen_table(used),
+        "corruption": lambda: corruption_table(used),
+        "domain": lambda: domain_table(used),
+        "stages": lambda: stage_table(used),
+    }
     detail = [line for name in spec.sections for line in makers[name]()]
     if detail:
         lines += ["<details><summary>Detail</summary>", ""] + detail + ["</details>", ""]
@@ -177,8 +210,10 @@ def _machine() -> str:
 
     commit = short_commit(Path(__file__).resolve().parent)
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, {gpu}, Python "
-            f"{platform.python_version()}, torch {torch.__version__}" + (f", commit {commit}" if commit else ""))
+    return (
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, {gpu}, Python "
+        f"{platform.python_version()}, torch {torch.__version__}" + (f", commit {commit}" if commit else "")
+    )
 
 
 def write_results(sweep_file: Path, runs_dir: Path, out: Path, command: str | None = None) -> tuple[Path, int, int]:
@@ -194,15 +229,26 @@ def write_results(sweep_file: Path, runs_dir: Path, out: Path, command: str | No
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     command = command or f"pflower results {sweep_file}"
-    lines = ["# Results: the seed papers' comparisons on this implementation", "",
-             f"Generated by `{command}` on {datetime.date.today().isoformat()} from {len(finished)} of {len(specs)} "
-             f"runs of `{sweep_file}`.", f"Machine that generated it: {_machine()}.",
-             code_line([runs_dir / s.name for s in finished]), ""]
+    lines = [
+        "# Results: the seed papers' comparisons on this implementation",
+        "",
+        f"Generated by `{command}` on {datetime.date.today().isoformat()} from {len(finished)} of {len(specs)} "
+        f"runs of `{sweep_file}`.",
+        f"Machine that generated it: {_machine()}.",
+        code_line([runs_dir / s.name for s in finished]),
+        "",
+    ]
     if len(finished) < len(specs):
-        lines += [f"**Incomplete:** {len(specs) - len(finished)} runs have not finished; `pflower sweep "
-                  f"{sweep_file}` resumes them.", ""]
-    lines += ["Accuracies are means over clients of the last evaluation, then mean +/- 95% t-interval over seeds. "
-              "The order check compares every two rows of a column where the paper gives both numbers.", ""]
+        lines += [
+            f"**Incomplete:** {len(specs) - len(finished)} runs have not finished; `pflower sweep "
+            f"{sweep_file}` resumes them.",
+            "",
+        ]
+    lines += [
+        "Accuracies are means over clients of the last evaluation, then mean +/- 95% t-interval over seeds. "
+        "The order check compares every two rows of a column where the paper gives both numbers.",
+        "",
+    ]
     checks = [order_check(groups, table) for table in tables]
     lines += overview_table(tables, checks, specs, runs_dir)
     for table, check in zip(tables, checks):
@@ -227,18 +273,28 @@ def code_line(run_dirs: list[Path]) -> str:
     return "Code that made the runs (app commit; '+changes': uncommitted edits): " + ", ".join(parts) + "."
 
 
-def overview_table(tables: list[TableSpec], checks: list[OrderCheck], specs: list[RunSpec],
-                   runs_dir: Path) -> list[str]:
+def overview_table(
+    tables: list[TableSpec], checks: list[OrderCheck], specs: list[RunSpec], runs_dir: Path
+) -> list[str]:
     """One line per table: runs finished, pairs compared with the paper's order, those that differ."""
     rows = []
     for table, check in zip(tables, checks):
         names = {row_experiment(r) for r in table.rows}
         mine = [s for s in specs if s.experiment in names]
         done = sum(run_state(runs_dir / s.name) == "finished" for s in mine)
-        rows.append(f"| [{table.title}](#{_anchor(table.title)}) | {done} / {len(mine)} | {check.compared} | "
-                    f"{len(check.differing)} | {check.significant} |")
-    return ["| table | runs finished | ordered pairs compared with the paper | order differs | of which beyond "
-            "the seeds' noise |", "|---|---|---|---|---|"] + rows + [""]
+        rows.append(
+            f"| [{table.title}](#{_anchor(table.title)}) | {done} / {len(mine)} | {check.compared} | "
+            f"{len(check.differing)} | {check.significant} |"
+        )
+    return (
+        [
+            "| table | runs finished | ordered pairs compared with the paper | order differs | of which beyond "
+            "the seeds' noise |",
+            "|---|---|---|---|---|",
+        ]
+        + rows
+        + [""]
+    )
 
 
 def _anchor(title: str) -> str:

@@ -76,8 +76,9 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def plan(experiment: str, preset: Preset, config: dict[str, Any], seeds: list[int],
-         clients: int | None = None) -> list[RunSpec]:
+def plan(
+    experiment: str, preset: Preset, config: dict[str, Any], seeds: list[int], clients: int | None = None
+) -> list[RunSpec]:
     """One RunSpec per seed, the run config checked now (a bad key stops everything before any run starts)."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,80}", experiment):
         raise ConfigError(f"experiment name {experiment!r} must be letters, digits, '.', '_' and '-'")
@@ -92,8 +93,9 @@ def plan(experiment: str, preset: Preset, config: dict[str, Any], seeds: list[in
             parse_run_config(run_config)
         except ConfigError as exc:
             raise ConfigError(f"experiment {experiment}: {exc}") from None
-        specs.append(RunSpec(f"{experiment}-seed{seed}", experiment, seed, run_config, clients or preset.clients,
-                             preset))
+        specs.append(
+            RunSpec(f"{experiment}-seed{seed}", experiment, seed, run_config, clients or preset.clients, preset)
+        )
     return specs
 
 
@@ -138,12 +140,22 @@ def changed_settings(spec: RunSpec, run_dir: Path) -> list[str]:
     except ConfigError as exc:
         return [f"made by another version of the code ({exc})"]
     now = parse_run_config({k: v for k, v in spec.run_config.items() if k not in KEPT_ASIDE}).to_dict()
-    return [f"{key}: {was.get(key)!r} -> {now.get(key)!r}" for key in sorted(set(was) | set(now))
-            if was.get(key) != now.get(key)]
+    return [
+        f"{key}: {was.get(key)!r} -> {now.get(key)!r}"
+        for key in sorted(set(was) | set(now))
+        if was.get(key) != now.get(key)
+    ]
 
 
-def execute(engine: Engine, app_dir: Path, spec: RunSpec, out_dir: Path, gpu: bool,
-            echo: Callable[[str], None], timeout: float = 86_400.0) -> RunResult:
+def execute(
+    engine: Engine,
+    app_dir: Path,
+    spec: RunSpec,
+    out_dir: Path,
+    gpu: bool,
+    echo: Callable[[str], None],
+    timeout: float = 86_400.0,
+) -> RunResult:
     """Run `spec` on `engine` into out_dir/<name> (resumed from its checkpoint when an earlier attempt stopped); the
     full output goes to out_dir/logs/<name>.log, each line also to `echo`. `app_dir` is the code that runs (its
     commit is recorded in the run folder)."""
@@ -155,8 +167,12 @@ def execute(engine: Engine, app_dir: Path, spec: RunSpec, out_dir: Path, gpu: bo
         aside = out_dir / "incomplete" / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         aside.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(run_dir), aside)
-    config = {**spec.run_config, "results-dir": str(out_dir), "run-name": spec.name,
-              **({"resume": str(run_dir)} if state == "resumable" else {})}
+    config = {
+        **spec.run_config,
+        "results-dir": str(out_dir),
+        "run-name": spec.name,
+        **({"resume": str(run_dir)} if state == "resumable" else {}),
+    }
     logs = out_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{spec.name}.log"
@@ -174,8 +190,15 @@ def execute(engine: Engine, app_dir: Path, spec: RunSpec, out_dir: Path, gpu: bo
                 record_code(run_dir, commit)
                 recorded = True
             echo(line)
-        outcome = engine.run(config, spec.clients, timeout, both, spec.preset.cpus_per_client,
-                             spec.preset.gpus_per_client if gpu else 0.0)
+
+        outcome = engine.run(
+            config,
+            spec.clients,
+            timeout,
+            both,
+            spec.preset.cpus_per_client,
+            spec.preset.gpus_per_client if gpu else 0.0,
+        )
     seconds = time.monotonic() - started
     if run_dir.is_dir():
         record_code(run_dir, commit)
@@ -191,8 +214,9 @@ CODE_FILE = "code.json"  # the app's commit of every attempt that made a run (a 
 def _git(folder: Path, *args: str) -> str | None:
     """`git -C folder ARGS`'s output, stripped; None when it fails (not a checkout, or no git)."""
     try:
-        done = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=30,
-                              check=False)
+        done = subprocess.run(
+            ["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=30, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() if done.returncode == 0 else None

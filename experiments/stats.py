@@ -22,8 +22,7 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float,
     return mean, half, n
 
 
-def paired_difference(a: Mapping[int, float], b: Mapping[int, float],
-                      level: float = 0.95) -> tuple[float, float, int]:
+def paired_difference(a: Mapping[int, float], b: Mapping[int, float], level: float = 0.95) -> tuple[float, float, int]:
     """mean_ci of a[seed] - b[seed] over the seeds both have (a paired comparison on the same seeds)."""
     shared = sorted(set(a) & set(b))
     return mean_ci([a[s] - b[s] for s in shared], level)

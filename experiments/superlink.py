@@ -98,27 +98,47 @@ class LocalSuperLink:
         # Flower's commands sit beside this interpreter (a venv's bin/), which need not be on PATH: `pflower`
         # called by its full path from an unactivated venv must still find them, and its Flower, not another.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        self.env = {**os.environ, "PATH": path, "FLWR_HOME": str(self.home),
-                    "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.http_port),
-                    "FLWR_LOCAL_CONTROL_API_PORT": str(self.control_port),
-                    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-                    "FLWR_DISABLE_UPDATE_CHECK": "1",
-                    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
+        self.env = {
+            **os.environ,
+            "PATH": path,
+            "FLWR_HOME": str(self.home),
+            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.http_port),
+            "FLWR_LOCAL_CONTROL_API_PORT": str(self.control_port),
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+        }
 
     def start(self, timeout: float = 60.0) -> LocalSuperLink:
         """Start the SuperLink and wait until its health endpoint answers."""
         if shutil.which("flower-superlink", path=self.env["PATH"]) is None:
-            raise ConfigError("flower-superlink is neither beside this Python nor on PATH: install the project "
-                              "(pip install -e .) into the environment `pflower` runs from")
+            raise ConfigError(
+                "flower-superlink is neither beside this Python nor on PATH: install the project "
+                "(pip install -e .) into the environment `pflower` runs from"
+            )
         self.home.mkdir(parents=True, exist_ok=True)
         log_file = self.home / "superlink.log"
-        command = ["flower-superlink", "--insecure", "--simulation", "--isolation", "subprocess",
-                   "--control-api-address", f"127.0.0.1:{self.control_port}",
-                   "--fleet-api-address", f"127.0.0.1:{self.fleet_port}",
-                   "--host", "127.0.0.1", "--port", str(self.http_port),
-                   "--disable-runtime-dependency-installation", "--log-file", str(log_file)]
-        self.process = subprocess.Popen(command, env=self.env, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        command = [
+            "flower-superlink",
+            "--insecure",
+            "--simulation",
+            "--isolation",
+            "subprocess",
+            "--control-api-address",
+            f"127.0.0.1:{self.control_port}",
+            "--fleet-api-address",
+            f"127.0.0.1:{self.fleet_port}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.http_port),
+            "--disable-runtime-dependency-installation",
+            "--log-file",
+            str(log_file),
+        ]
+        self.process = subprocess.Popen(
+            command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -147,15 +167,22 @@ class LocalSuperLink:
         stop_process_tree(self.process, graceful=False)
         self.process = None
 
-    def start_run(self, app_dir: Path, run_config: str, num_supernodes: int = 0,
-                  cpus_per_client: int = 1) -> subprocess.Popen:
+    def start_run(
+        self, app_dir: Path, run_config: str, num_supernodes: int = 0, cpus_per_client: int = 1
+    ) -> subprocess.Popen:
         """`flwr run APP --stream` in the background (output to FLWR_HOME/run-<n>.log); returns the process."""
-        command = ["flwr", "run", str(app_dir), "--stream", "--run-config", run_config,
-                   *self.federation_args(num_supernodes, cpus_per_client)]
+        command = [
+            "flwr",
+            "run",
+            str(app_dir),
+            "--stream",
+            "--run-config",
+            run_config,
+            *self.federation_args(num_supernodes, cpus_per_client),
+        ]
         log_file = self.home / f"run-{len(list(self.home.glob('run-*.log')))}.log"
         with open(log_file, "ab") as log:
-            return subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            return subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def __enter__(self) -> LocalSuperLink:
         return self.start()
@@ -163,13 +190,30 @@ class LocalSuperLink:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def run(self, app_dir: Path, run_config: str, num_supernodes: int = 0, cpus_per_client: int = 1,
-            timeout: float = 900.0, extra_args: Sequence[str] = (), ray_cpus: int = 0,
-            echo: Callable[[str], None] | None = None, gpus_per_client: float = 0.0) -> RunOutcome:
+    def run(
+        self,
+        app_dir: Path,
+        run_config: str,
+        num_supernodes: int = 0,
+        cpus_per_client: int = 1,
+        timeout: float = 900.0,
+        extra_args: Sequence[str] = (),
+        ray_cpus: int = 0,
+        echo: Callable[[str], None] | None = None,
+        gpus_per_client: float = 0.0,
+    ) -> RunOutcome:
         """`flwr run APP --stream` against this SuperLink; returns output and the run's final status. `echo` gets
         each output line as it comes (e.g. print), else the output is only collected."""
-        command = ["flwr", "run", str(app_dir), "--stream", "--run-config", run_config, *self.federation_args(
-            num_supernodes, cpus_per_client, ray_cpus, gpus_per_client), *extra_args]
+        command = [
+            "flwr",
+            "run",
+            str(app_dir),
+            "--stream",
+            "--run-config",
+            run_config,
+            *self.federation_args(num_supernodes, cpus_per_client, ray_cpus, gpus_per_client),
+            *extra_args,
+        ]
         if echo is None:
             done = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=timeout)
             returncode, output = done.returncode, done.stdout + done.stderr
@@ -179,23 +223,31 @@ class LocalSuperLink:
         run_id = match.group(1) if match else None
         return RunOutcome(returncode, output, run_id, self.status(run_id) if run_id else None)
 
-    def federation_args(self, num_supernodes: int, cpus_per_client: int, ray_cpus: int = 0,
-                        gpus_per_client: float = 0.0) -> list[str]:
+    def federation_args(
+        self, num_supernodes: int, cpus_per_client: int, ray_cpus: int = 0, gpus_per_client: float = 0.0
+    ) -> list[str]:
         """Simulation options for `flwr run` (a deployment's SuperNodes are real processes instead); `ray_cpus` > 0
         tells Ray the machine has that many CPUs (more than the cores: several clients per core); `gpus_per_client`
         > 0 places that share of a GPU with each client."""
         extra = f" init-args-num-cpus={ray_cpus}" if ray_cpus else ""
         extra += f" client-resources-num-gpus={gpus_per_client:g}" if gpus_per_client else ""
-        return ["--federation-config",
-                f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client}{extra}"]
+        return [
+            "--federation-config",
+            f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client}{extra}",
+        ]
 
     def status(self, run_id: str, wait: float = 20.0) -> str | None:
         """'finished:completed', 'finished:failed', ... as `flwr ls` reports it (waits for a final one)."""
         deadline = time.monotonic() + wait
         status = None
         while True:
-            done = subprocess.run(["flwr", "ls", "--run-id", run_id, "--format", "json"], env=self.env,
-                                  capture_output=True, text=True, timeout=60)
+            done = subprocess.run(
+                ["flwr", "ls", "--run-id", run_id, "--format", "json"],
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             try:
                 runs = json.loads(done.stdout).get("runs", [])
                 status = runs[0]["status"] if runs else None
@@ -206,12 +258,14 @@ class LocalSuperLink:
             time.sleep(1.0)
 
 
-def run_streamed(command: list[str], env: dict[str, str] | None, timeout: float,
-              echo: Callable[[str], None]) -> tuple[int, str]:
+def run_streamed(
+    command: list[str], env: dict[str, str] | None, timeout: float, echo: Callable[[str], None]
+) -> tuple[int, str]:
     """Run `command`, passing each output line to `echo` as it comes; (exit code, whole output). Past `timeout`
     seconds the process tree is stopped and the exit code is 124."""
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               bufsize=1, start_new_session=True)
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True
+    )
     lines: list[str] = []
     timer = threading.Timer(timeout, stop_process_tree, args=(process,))
     timer.start()

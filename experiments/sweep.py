@@ -65,8 +65,10 @@ def read_sweep(path: Path) -> Sweep:
             raise ConfigError(f"sweep file {path}: two experiments are named {name!r}")
         group = entry.get("group")
         if group is not None and group not in groups:
-            raise ConfigError(f"sweep file {path}: experiment {name}: group {group!r} is not one of [groups.*]: "
-                              f"{', '.join(sorted(groups)) or 'none defined'}")
+            raise ConfigError(
+                f"sweep file {path}: experiment {name}: group {group!r} is not one of [groups.*]: "
+                f"{', '.join(sorted(groups)) or 'none defined'}"
+            )
         own = {**groups.get(group, {}), **entry}  # the group's keys, the experiment's over them
         config = {**defaults, **{k: v for k, v in own.items() if k not in EXPERIMENT_KEYS}}
         seeds = parse_seeds(own.get("seeds", raw.get("seeds", [0])))
@@ -75,8 +77,10 @@ def read_sweep(path: Path) -> Sweep:
             raise ConfigError(f"sweep file {path}: experiment {name}: clients must be a positive integer")
         specs.extend(plan(name, preset(own.get("preset", raw.get("preset", "smoke"))), config, seeds, clients))
         algorithms[name] = str(config.get("algorithm", RunConfig().algorithm))
-    tables = [parse_table(table, algorithms, f"sweep file {path}: table {index}")
-              for index, table in enumerate(raw.get("table", []), start=1)]
+    tables = [
+        parse_table(table, algorithms, f"sweep file {path}: table {index}")
+        for index, table in enumerate(raw.get("table", []), start=1)
+    ]
     engine = raw.get("engine")
     if engine is not None:
         engine = check_engine(str(engine))
@@ -108,7 +112,7 @@ def shard(specs: list[RunSpec], text: str) -> list[RunSpec]:
         k = n = 0
     if not sep or n < 1 or not 1 <= k <= n:
         raise ConfigError(f"--shard {text!r} must be K/N with 1 <= K <= N, e.g. --shard 1/2")
-    return specs[k - 1::n]
+    return specs[k - 1 :: n]
 
 
 def check_kept_runs(specs: list[RunSpec], out_dir: Path) -> None:
@@ -116,12 +120,17 @@ def check_kept_runs(specs: list[RunSpec], out_dir: Path) -> None:
     asks (a sweep file edited after some of its runs): mixing them would put two settings in one table."""
     changed = [(s.name, diff) for s in specs if (diff := changed_settings(s, out_dir / s.name))]
     if changed:
-        lines = [f"  {name}: {', '.join(diff[:4])}" + (f" (+{len(diff) - 4} more)" if len(diff) > 4 else "")
-                 for name, diff in changed[:8]]
+        lines = [
+            f"  {name}: {', '.join(diff[:4])}" + (f" (+{len(diff) - 4} more)" if len(diff) > 4 else "")
+            for name, diff in changed[:8]
+        ]
         more = f"\n  ... and {len(changed) - 8} more" if len(changed) > 8 else ""
-        raise ConfigError(f"{len(changed)} kept run(s) under {out_dir} were made with other settings than the sweep "
-                          "file now gives; delete those run folders (or name the experiments anew) and run again:\n"
-                          + "\n".join(lines) + more)
+        raise ConfigError(
+            f"{len(changed)} kept run(s) under {out_dir} were made with other settings than the sweep "
+            "file now gives; delete those run folders (or name the experiments anew) and run again:\n"
+            + "\n".join(lines)
+            + more
+        )
 
 
 def _clock(seconds: float) -> str:
@@ -129,13 +138,20 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def run_sweep(specs: list[RunSpec], out_dir: Path, execute: Callable[[RunSpec], RunResult],
-              say: Callable[[str], None], label: str = "sweep") -> list[RunResult]:
+def run_sweep(
+    specs: list[RunSpec],
+    out_dir: Path,
+    execute: Callable[[RunSpec], RunResult],
+    say: Callable[[str], None],
+    label: str = "sweep",
+) -> list[RunResult]:
     """Run every spec not finished yet, in order, saying before each what is done and the ETA of the rest."""
     pending = [s for s in specs if run_state(out_dir / s.name) != "finished"]
     done_before = len(specs) - len(pending)
-    say(f"{label}: {len(specs)} runs, {done_before} finished earlier (kept), {len(pending)} to run; "
-        f"results in {out_dir}")
+    say(
+        f"{label}: {len(specs)} runs, {done_before} finished earlier (kept), {len(pending)} to run; "
+        f"results in {out_dir}"
+    )
     results: list[RunResult] = []
     spent: list[float] = []
     for index, spec in enumerate(pending, start=1):
@@ -154,7 +170,10 @@ def summary_line(results: list[RunResult], total: int, label: str = "sweep") -> 
     """The sweep's last line and whether every run finished."""
     failed = [r for r in results if r.status == "failed"]
     if failed:
-        return (f"{label}: {len(failed)} of {total} runs failed: " + ", ".join(r.spec.name for r in failed)
-                + "; run the same command again to retry them (finished runs are kept)", False)
+        return (
+            f"{label}: {len(failed)} of {total} runs failed: "
+            + ", ".join(r.spec.name for r in failed)
+            + "; run the same command again to retry them (finished runs are kept)",
+            False,
+        )
     return f"{label}: all {total} runs finished", True
-

@@ -13,8 +13,19 @@ from common.hparams import ConfigError
 
 from .collect import CORRUPT, Group, Run
 
-TABLE_KEYS = {"id", "title", "source", "setting", "rows", "baseline", "columns", "paper", "sections", "figures",
-              "notes"}
+TABLE_KEYS = {
+    "id",
+    "title",
+    "source",
+    "setting",
+    "rows",
+    "baseline",
+    "columns",
+    "paper",
+    "sections",
+    "figures",
+    "notes",
+}
 SECTIONS = ("overview", "paired", "shift", "unseen", "corruption", "domain", "stages")
 FIGURES = ("shift", "corruption", "costs", "frontier", "attention", "mask-overlap")
 RATIOS = {"mb-ratio": "mb", "flops-ratio": "flops"}
@@ -78,13 +89,18 @@ def _check_row(row: str, experiments: dict[str, str], where: str) -> None:
     experiment = row_experiment(row)
     if experiment not in experiments:
         raise ConfigError(f"{where}: row {row!r} names no experiment of the sweep")
-    suffix, algorithm = row[len(experiment):], experiments[experiment]
+    suffix, algorithm = row[len(experiment) :], experiments[experiment]
     if suffix and algorithm in SPECS:
         reported = [extra.suffix for extra in SPECS[algorithm].eval_rows]
         if suffix not in reported:
-            raise ConfigError(f"{where}: row {row!r}: {algorithm} reports no {suffix.strip()!r} row"
-                              + (f" (its extra rows: {', '.join(repr(r.strip()) for r in reported)})" if reported
-                                 else " (it reports none)"))
+            raise ConfigError(
+                f"{where}: row {row!r}: {algorithm} reports no {suffix.strip()!r} row"
+                + (
+                    f" (its extra rows: {', '.join(repr(r.strip()) for r in reported)})"
+                    if reported
+                    else " (it reports none)"
+                )
+            )
 
 
 def parse_table(raw: dict[str, Any], experiments: dict[str, str], where: str) -> TableSpec:
@@ -110,19 +126,32 @@ def parse_table(raw: dict[str, Any], experiments: dict[str, str], where: str) ->
     for row, values in dict(raw.get("paper", {})).items():
         if row not in rows:
             raise ConfigError(f"{where} ({table_id}): paper numbers for {row!r}, which is not one of its rows")
-        if not isinstance(values, list) or len(values) != len(columns) or not all(
-                isinstance(v, (int, float)) for v in values):
-            raise ConfigError(f"{where} ({table_id}): paper numbers for {row!r} must be {len(columns)} numbers "
-                              "(nan where the paper has none)")
+        if (
+            not isinstance(values, list)
+            or len(values) != len(columns)
+            or not all(isinstance(v, (int, float)) for v in values)
+        ):
+            raise ConfigError(
+                f"{where} ({table_id}): paper numbers for {row!r} must be {len(columns)} numbers "
+                "(nan where the paper has none)"
+            )
         paper[row] = tuple(float(v) for v in values)
     baseline = raw.get("baseline")
     if baseline is not None and baseline not in rows:
         raise ConfigError(f"{where} ({table_id}): baseline {baseline!r} is not one of its rows")
-    return TableSpec(table_id, str(raw.get("title", table_id)), str(raw.get("source", "")),
-                     str(raw.get("setting", "")), rows, baseline, tuple(columns), paper,
-                     _choices(raw.get("sections", ["overview"]), SECTIONS, f"{where} ({table_id}): sections"),
-                     _choices(raw.get("figures", []), FIGURES, f"{where} ({table_id}): figures"),
-                     str(raw.get("notes", "")).strip())
+    return TableSpec(
+        table_id,
+        str(raw.get("title", table_id)),
+        str(raw.get("source", "")),
+        str(raw.get("setting", "")),
+        rows,
+        baseline,
+        tuple(columns),
+        paper,
+        _choices(raw.get("sections", ["overview"]), SECTIONS, f"{where} ({table_id}): sections"),
+        _choices(raw.get("figures", []), FIGURES, f"{where} ({table_id}): figures"),
+        str(raw.get("notes", "")).strip(),
+    )
 
 
 def _number(value: Any) -> float:
@@ -130,8 +159,13 @@ def _number(value: Any) -> float:
 
 
 def _corruption_mean(run: Run, prefix: str, severity: str | None) -> float:
-    values = [v for k, v in run.final.items() if k.startswith(prefix) and (m := CORRUPT.match(k[len(prefix):]))
-              and (severity is None or m.group(2) == severity)]
+    values = [
+        v
+        for k, v in run.final.items()
+        if k.startswith(prefix)
+        and (m := CORRUPT.match(k[len(prefix) :]))
+        and (severity is None or m.group(2) == severity)
+    ]
     return sum(values) / len(values) if values else math.nan
 
 

@@ -79,15 +79,19 @@ def open_run_dir(cfg: RunConfig) -> tuple[Path, Checkpoint | None]:
     differ = config_differences(recorded, cfg.to_dict())
     if differ:
         details = ", ".join(f"{k} (run: {recorded.get(k)!r}, now: {cfg.to_dict().get(k)!r})" for k in differ[:5])
-        raise _fail(f"resume: the run config differs from the run's in {details}; give the original run config "
-                    "plus resume=... (num-rounds may grow)")
+        raise _fail(
+            f"resume: the run config differs from the run's in {details}; give the original run config "
+            "plus resume=... (num-rounds may grow)"
+        )
     try:
         checkpoint = load_checkpoint(run_dir)
     except StateFileError as exc:
         raise _fail(f"resume: {exc}") from None
     if checkpoint.round >= cfg.num_rounds:
-        raise _fail(f"resume: the run already finished round {checkpoint.round} of num-rounds={cfg.num_rounds}; "
-                    "raise num-rounds to train on")
+        raise _fail(
+            f"resume: the run already finished round {checkpoint.round} of num-rounds={cfg.num_rounds}; "
+            "raise num-rounds to train on"
+        )
     return run_dir, checkpoint
 
 
@@ -108,8 +112,7 @@ def main(grid: Grid, context: Context) -> None:
     cfg = load_config(dict(context.run_config))
     try:
         data = dataset_for(cfg)
-        model = build_model(cfg.model, cfg.dataset, data.input_shape, data.num_classes,
-                            derive_seed(cfg.seed, "model"))
+        model = build_model(cfg.model, cfg.dataset, data.input_shape, data.num_classes, derive_seed(cfg.seed, "model"))
     except (DataError, ConfigError) as exc:
         log(ERROR, "%s", exc)
         raise RunFailed(str(exc)) from None
@@ -133,9 +136,15 @@ def main(grid: Grid, context: Context) -> None:
         raise RunFailed(str(exc)) from None
     finally:
         strategy.close()
-    info = {"algorithm": cfg.algorithm, "dataset": cfg.dataset, "partition": cfg.partition, "seed": cfg.seed,
-            "num_clients": len(clients), "shift_degrees": list(cfg.shift_degrees),
-            "resumed_after_rounds": runner.resumes}
+    info = {
+        "algorithm": cfg.algorithm,
+        "dataset": cfg.dataset,
+        "partition": cfg.partition,
+        "seed": cfg.seed,
+        "num_clients": len(clients),
+        "shift_degrees": list(cfg.shift_degrees),
+        "resumed_after_rounds": runner.resumes,
+    }
     summary_path = writer.finish(info, strategy.artifacts())
     for line in summary_path.read_text().splitlines():
         if line.strip():

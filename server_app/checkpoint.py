@@ -18,8 +18,9 @@ FORMAT = 1
 # Arrays this large are memory-mapped from the checkpoint on resume, not read into memory (FedAMP's client models).
 MAP_FROM_BYTES = 64 << 20
 # keys that may differ between a run and its resumption (the rest must match: clients read the same config)
-RESUMABLE_CHANGES = frozenset({"resume", "num-rounds", "round-timeout", "data-dir", "results-dir", "run-name",
-                               "checkpoint-every"})
+RESUMABLE_CHANGES = frozenset(
+    {"resume", "num-rounds", "round-timeout", "data-dir", "results-dir", "run-name", "checkpoint-every"}
+)
 
 
 @dataclass
@@ -35,9 +36,14 @@ class Checkpoint:
 
 def save_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> int:
     """Write run_dir/checkpoint.npz atomically; returns its size in bytes."""
-    tree = {"format": FORMAT, "round": checkpoint.round, "state": checkpoint.state,
-            "records": json.dumps(checkpoint.records, sort_keys=True), "elapsed_s": checkpoint.elapsed_s,
-            "resumes": list(checkpoint.resumes)}
+    tree = {
+        "format": FORMAT,
+        "round": checkpoint.round,
+        "state": checkpoint.state,
+        "records": json.dumps(checkpoint.records, sort_keys=True),
+        "elapsed_s": checkpoint.elapsed_s,
+        "resumes": list(checkpoint.resumes),
+    }
     return save_tree(Path(run_dir) / CHECKPOINT_FILE, tree)
 
 
@@ -45,8 +51,10 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
     """The checkpoint of a run folder; StateFileError naming the file if it is missing or unreadable."""
     path = Path(run_dir) / CHECKPOINT_FILE
     if not path.is_file():
-        raise StateFileError(f"{path} does not exist: the run wrote no checkpoint (checkpoint-every=0, or it "
-                             "stopped before its first round ended)")
+        raise StateFileError(
+            f"{path} does not exist: the run wrote no checkpoint (checkpoint-every=0, or it "
+            "stopped before its first round ended)"
+        )
     try:
         tree = load_tree(path, map_from_bytes=MAP_FROM_BYTES)
     except RecursionError:
@@ -54,14 +62,21 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
     if not isinstance(tree, dict) or tree.get("format") != FORMAT:
         raise StateFileError(f"{path}: unknown checkpoint format")
     try:
-        checkpoint = Checkpoint(int(tree["round"]), tree["state"], json.loads(str(tree["records"])),
-                                float(tree["elapsed_s"]), [int(r) for r in tree["resumes"]])
+        checkpoint = Checkpoint(
+            int(tree["round"]),
+            tree["state"],
+            json.loads(str(tree["records"])),
+            float(tree["elapsed_s"]),
+            [int(r) for r in tree["resumes"]],
+        )
         rounds = [int(record["round"]) for record in checkpoint.records]
     except (KeyError, TypeError, ValueError, RecursionError) as exc:  # json's errors are ValueErrors
         raise StateFileError(f"{path}: damaged checkpoint ({type(exc).__name__}: {exc})") from None
     if checkpoint.round < 1 or rounds != list(range(1, checkpoint.round + 1)) or not isinstance(checkpoint.state, dict):
-        raise StateFileError(f"{path}: damaged checkpoint (round {checkpoint.round} with records of rounds "
-                             f"{rounds[:3]}{'...' if len(rounds) > 3 else ''})")
+        raise StateFileError(
+            f"{path}: damaged checkpoint (round {checkpoint.round} with records of rounds "
+            f"{rounds[:3]}{'...' if len(rounds) > 3 else ''})"
+        )
     return checkpoint
 
 

@@ -124,8 +124,14 @@ class ClientRegistry:
         nodes = sorted(connected) if node_ids is None else sorted(node_ids)
         if not nodes:
             raise RunAborted("no SuperNode is connected")
-        messages = [Message(content=RecordDict({CONFIG: ConfigRecord({SERVER_ROUND: 0})}), dst_node_id=node,
-                            message_type=MessageType.QUERY) for node in nodes]
+        messages = [
+            Message(
+                content=RecordDict({CONFIG: ConfigRecord({SERVER_ROUND: 0})}),
+                dst_node_id=node,
+                message_type=MessageType.QUERY,
+            )
+            for node in nodes
+        ]
         sizes: set[int] = set()
         replaced: list[int] = []
         failures: Counter[str] = Counter()  # reason -> nodes: a fault every node shares is logged once
@@ -154,8 +160,13 @@ class ClientRegistry:
             return replaced
         if len(sizes) > 1:
             log(WARNING, "clients disagree on num-partitions: %s", sorted(sizes))
-        log(INFO, "handshake: %d of %d nodes ready, %d training samples in all",
-            len(self), len(nodes), self.total_train())
+        log(
+            INFO,
+            "handshake: %d of %d nodes ready, %d training samples in all",
+            len(self),
+            len(nodes),
+            self.total_train(),
+        )
         return replaced
 
     def _read_claim(self, node: int, metrics: Any) -> tuple[ClientInfo, int]:
@@ -166,8 +177,10 @@ class ClientRegistry:
         if pid >= num_partitions:
             raise PayloadError(f"claims partition {pid} of {num_partitions}")
         if max(info.num_train, info.num_test) > self.max_samples:
-            raise PayloadError(f"declares {info.num_train} training and {info.num_test} test samples, above "
-                               f"max-client-samples = {self.max_samples}")
+            raise PayloadError(
+                f"declares {info.num_train} training and {info.num_test} test samples, above "
+                f"max-client-samples = {self.max_samples}"
+            )
         return info, num_partitions
 
     def _admit(self, info: ClientInfo, connected: set[int], joining: bool) -> bool:
@@ -175,8 +188,10 @@ class ClientRegistry:
         pid, node = info.partition_id, info.node_id
         if pid not in self:
             if joining:
-                raise PayloadError(f"claims partition {pid}, which is not one of the {len(self)} partitions of this "
-                                   "run (fixed by the first handshake)")
+                raise PayloadError(
+                    f"claims partition {pid}, which is not one of the {len(self)} partitions of this "
+                    "run (fixed by the first handshake)"
+                )
             self.add(info)
             return False
         holder = self[pid].node_id
@@ -186,8 +201,10 @@ class ClientRegistry:
             raise PayloadError(f"claims partition {pid}, held by node {holder}, which is connected")
         gone = self.clock() - self.last_seen.get(pid, -math.inf)
         if gone < self.takeover_after:
-            raise PayloadError(f"claims partition {pid}, held by node {holder}, which has been gone for {gone:.0f} s; "
-                               f"a take-over needs {self.takeover_after:g} s (run-config takeover-after)")
+            raise PayloadError(
+                f"claims partition {pid}, held by node {holder}, which has been gone for {gone:.0f} s; "
+                f"a take-over needs {self.takeover_after:g} s (run-config takeover-after)"
+            )
         self.node_to_partition.pop(holder, None)
         self.add(info)
         log(WARNING, "node %s took over partition %d from node %s, gone for %.0f s", node, pid, holder, gone)
@@ -200,13 +217,17 @@ class ClientRegistry:
         for pid, info in self.by_partition.items():
             if info.node_id in connected:
                 self.last_seen[pid] = now
-        new = sorted(node for node in connected - set(self.node_to_partition)
-                     if now - self.refused.get(node, -math.inf) >= self.takeover_after)
+        new = sorted(
+            node
+            for node in connected - set(self.node_to_partition)
+            if now - self.refused.get(node, -math.inf) >= self.takeover_after
+        )
         return self.handshake(grid, timeout, new) if new else []
 
 
-def seeded_sample(ids: list[int], fraction: float, minimum: int, seed: int, purpose: str,
-                  server_round: int) -> list[int]:
+def seeded_sample(
+    ids: list[int], fraction: float, minimum: int, seed: int, purpose: str, server_round: int
+) -> list[int]:
     """round(fraction * len(ids)) of the ids (at least `minimum`, at most all), chosen by (seed, purpose, round)."""
     k = min(len(ids), max(minimum, int(round(fraction * len(ids)))))
     if k == len(ids):

@@ -27,14 +27,17 @@ class RunnerView(Protocol):
     strategy: PFLStrategy
     round_log: RoundLog
 
-    def messages(self, server_round: int, partition_ids: list[int], message_type: str, kind: str,
-                 newcomers: bool = ...) -> list[Message]: ...
+    def messages(
+        self, server_round: int, partition_ids: list[int], message_type: str, kind: str, newcomers: bool = ...
+    ) -> list[Message]: ...
 
-    def sort_replies(self, server_round: int, replies: Iterable[Message],
-                     kind: str) -> tuple[list[tuple[int, Message]], int, int]: ...
+    def sort_replies(
+        self, server_round: int, replies: Iterable[Message], kind: str
+    ) -> tuple[list[tuple[int, Message]], int, int]: ...
 
-    def accept_train_replies(self, server_round: int, replies: Iterable[Message],
-                             what: str = ...) -> tuple[list[TrainReply], int, int]: ...
+    def accept_train_replies(
+        self, server_round: int, replies: Iterable[Message], what: str = ...
+    ) -> tuple[list[TrainReply], int, int]: ...
 
 
 PULL_INTERVAL_S = 0.05  # between two looks for replies while none came
@@ -60,8 +63,15 @@ def stream_replies(grid: Grid, messages: Iterable[Message], timeout: float) -> I
             _wait()
 
 
-def exchange(runner: RunnerView, grid: Grid, server_round: int, partition_ids: list[int], message_type: str, kind: str,
-             newcomers: bool = False) -> Iterator[list[Message]]:
+def exchange(
+    runner: RunnerView,
+    grid: Grid,
+    server_round: int,
+    partition_ids: list[int],
+    message_type: str,
+    kind: str,
+    newcomers: bool = False,
+) -> Iterator[list[Message]]:
     """The replies of a sliding window of at most `messages-in-flight` messages, as lists of those that arrived
     together; a message unanswered `round-timeout` seconds after it was sent is given up."""
     window, timeout = runner.cfg.messages_in_flight, runner.cfg.round_timeout
@@ -69,10 +79,12 @@ def exchange(runner: RunnerView, grid: Grid, server_round: int, partition_ids: l
     pending: dict[str, float] = {}  # message id -> deadline
     while todo or pending:
         if todo and len(pending) < window:
-            batch, todo = todo[:window - len(pending)], todo[window - len(pending):]
+            batch, todo = todo[: window - len(pending)], todo[window - len(pending) :]
             deadline = time.monotonic() + timeout
-            pending.update((mid, deadline) for mid in grid.push_messages(
-                runner.messages(server_round, batch, message_type, kind, newcomers)))
+            pending.update(
+                (mid, deadline)
+                for mid in grid.push_messages(runner.messages(server_round, batch, message_type, kind, newcomers))
+            )
         replies = list(grid.pull_messages(list(pending)))
         for reply in replies:
             pending.pop(reply.metadata.reply_to_message_id, None)
@@ -85,8 +97,18 @@ def exchange(runner: RunnerView, grid: Grid, server_round: int, partition_ids: l
             _wait()
 
 
-def exchange_all(runner: RunnerView, grid: Grid, server_round: int, partition_ids: list[int], message_type: str,
-                 kind: str, newcomers: bool = False) -> list[Message]:
+def exchange_all(
+    runner: RunnerView,
+    grid: Grid,
+    server_round: int,
+    partition_ids: list[int],
+    message_type: str,
+    kind: str,
+    newcomers: bool = False,
+) -> list[Message]:
     """Every reply of a chunked exchange (for replies that are small: evaluation metrics)."""
-    return [reply for chunk in exchange(runner, grid, server_round, partition_ids, message_type, kind, newcomers)
-            for reply in chunk]
+    return [
+        reply
+        for chunk in exchange(runner, grid, server_round, partition_ids, message_type, kind, newcomers)
+        for reply in chunk
+    ]

@@ -16,8 +16,9 @@ def choose_faulty(seed: int, server_round: int, candidates: list[int], count: in
     return {int(pid) for pid in rng.choice(sorted(candidates), size=min(count, len(candidates)), replace=False)}
 
 
-def plan_faults(seed: int, server_round: int, partition_ids: list[int], drop_rate: float,
-                straggler_rate: float) -> tuple[set[int], set[int]]:
+def plan_faults(
+    seed: int, server_round: int, partition_ids: list[int], drop_rate: float, straggler_rate: float
+) -> tuple[set[int], set[int]]:
     """(dropped, late) of a round's k training clients: round(drop-rate * k) told to fail, and round(straggler-rate
     * k) others whose replies are set aside as if they came after the round timeout.
 
@@ -26,6 +27,7 @@ def plan_faults(seed: int, server_round: int, partition_ids: list[int], drop_rat
     """
     k = len(partition_ids)
     drops = choose_faulty(seed, server_round, partition_ids, int(round(drop_rate * k)), "drop")
-    late = choose_faulty(seed, server_round, [p for p in partition_ids if p not in drops],
-                         int(round(straggler_rate * k)), "straggler")
+    late = choose_faulty(
+        seed, server_round, [p for p in partition_ids if p not in drops], int(round(straggler_rate * k)), "straggler"
+    )
     return drops, late

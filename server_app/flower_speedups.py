@@ -22,14 +22,16 @@ def _waiting(state: Any) -> set[int]:
     its lock held)."""
     waiting = state.__dict__.get(INDEX)
     if waiting is None:
-        waiting = {msg.metadata.dst_node_id for msg in state.message_ins_store.values()
-                   if msg.metadata.delivered_at == ""}
+        waiting = {
+            msg.metadata.dst_node_id for msg in state.message_ins_store.values() if msg.metadata.delivered_at == ""
+        }
         state.__dict__[INDEX] = waiting
     return waiting
 
 
 def fast_get_message_ins(original: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
     """get_message_ins that asks Flower only for nodes that may have an undelivered message."""
+
     def get_message_ins(self: Any, node_id: int, limit: int | None, *, run_id: int | None = None) -> list[Any]:
         with self.lock:  # an RLock: Flower's method takes it again
             waiting = _waiting(self)
@@ -39,18 +41,21 @@ def fast_get_message_ins(original: Callable[..., list[Any]]) -> Callable[..., li
             if not found and run_id is None:
                 waiting.discard(node_id)
             return found
+
     get_message_ins.__wrapped__ = original  # type: ignore[attr-defined]
     return get_message_ins
 
 
 def indexed_store_message_ins(original: Callable[..., Any]) -> Callable[..., Any]:
     """store_message_ins that records the destination of every message it stores."""
+
     def store_message_ins(self: Any, message: Any) -> Any:
         with self.lock:
             message_id = original(self, message)
             if message_id:
                 _waiting(self).add(message.metadata.dst_node_id)
             return message_id
+
     store_message_ins.__wrapped__ = original  # type: ignore[attr-defined]
     return store_message_ins
 
@@ -66,7 +71,9 @@ def apply() -> bool:
         return False
     if not hasattr(InMemoryLinkState.get_message_ins, "__wrapped__"):
         InMemoryLinkState.store_message_ins = indexed_store_message_ins(  # type: ignore[method-assign]
-            InMemoryLinkState.store_message_ins)
+            InMemoryLinkState.store_message_ins
+        )
         InMemoryLinkState.get_message_ins = fast_get_message_ins(  # type: ignore[method-assign]
-            InMemoryLinkState.get_message_ins)
+            InMemoryLinkState.get_message_ins
+        )
     return True

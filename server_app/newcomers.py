@@ -17,8 +17,7 @@ from .exchange import RunnerView, exchange_all
 from .replies import eval_statistics, evaluation_rows
 
 
-def finetuned_metrics(metrics: Mapping[str, Any] | None, degrees: tuple[float, ...],
-                      epochs: int) -> dict[str, float]:
+def finetuned_metrics(metrics: Mapping[str, Any] | None, degrees: tuple[float, ...], epochs: int) -> dict[str, float]:
     """The fine-tuned accuracies a newcomer's reply must carry (none when no fine-tuning was asked for)."""
     if epochs <= 0:
         return {}
@@ -33,7 +32,11 @@ def evaluate_newcomers(runner: RunnerView, grid: Grid, server_round: int) -> Non
         return
     replies = exchange_all(runner, grid, server_round, pids, MessageType.EVALUATE, "eval_down", newcomers=True)
     good, failed, oversized = runner.sort_replies(server_round, replies, "eval_up")
-    rows, rejected = evaluation_rows(good, cfg.shift_degrees,
-                                     lambda m: finetuned_metrics(m, cfg.shift_degrees, cfg.holdout_finetune_epochs),
-                                     "held-out client", required=shifted_metric_keys(cfg))
+    rows, rejected = evaluation_rows(
+        good,
+        cfg.shift_degrees,
+        lambda m: finetuned_metrics(m, cfg.shift_degrees, cfg.holdout_finetune_epochs),
+        "held-out client",
+        required=shifted_metric_keys(cfg),
+    )
     runner.round_log.unseen = eval_statistics(rows, failed + oversized + rejected) if rows else None

@@ -40,8 +40,10 @@ def parse_train_metrics(partition_id: int, content: RecordDict, declared: int) -
     metrics = content.metric_records.get(METRICS)
     reply = TrainReply(partition_id, read_count(metrics, NUM_EXAMPLES), read_finite(metrics, TRAIN_LOSS), content)
     if reply.num_examples > declared:
-        raise PayloadError(f"num-examples = {reply.num_examples} exceeds the {declared} training samples the client "
-                           "declared at the handshake")
+        raise PayloadError(
+            f"num-examples = {reply.num_examples} exceeds the {declared} training samples the client "
+            "declared at the handshake"
+        )
     if metrics is not None:
         reply.stages = {key: read_fraction(metrics, key) for key in STAGE_KEYS if key in metrics}
     return reply
@@ -73,8 +75,9 @@ class ReplyLimits:
         size = sum(len(a.data) for a in arrays)
         if size > self.array_bytes:
             raise PayloadError(f"{size} bytes of arrays, more than the {self.array_bytes} this model needs")
-        entries = sum(len(v) if isinstance(v, list) else 1 for record in content.metric_records.values()
-                      for v in record.values())
+        entries = sum(
+            len(v) if isinstance(v, list) else 1 for record in content.metric_records.values() for v in record.values()
+        )
         if entries > self.metrics:
             raise PayloadError(f"{entries} metric values, more than {self.metrics}")
         check_echo(content.metric_records.get(METRICS), expected or {})
@@ -108,9 +111,12 @@ class RoundLog:
             self.digests.append({"kind": kind, "client": partition_id, "digest": digest})
 
 
-def parse_eval_metrics(metrics: Mapping[str, Any] | None, degrees: tuple[float, ...],
-                       extra: Callable[[Mapping[str, Any] | None], dict[str, float]],
-                       required: Sequence[str] = ()) -> dict[str, float]:
+def parse_eval_metrics(
+    metrics: Mapping[str, Any] | None,
+    degrees: tuple[float, ...],
+    extra: Callable[[Mapping[str, Any] | None], dict[str, float]],
+    required: Sequence[str] = (),
+) -> dict[str, float]:
     """One client's evaluation row: accuracy at every shift degree, loss, the `required` accuracies (the run's
     corruptions and domains, common.evaluate.shifted_metric_keys) and the algorithm's `extra` rows (PayloadError
     when any is missing or out of range; metrics nobody asked for are ignored)."""
@@ -127,9 +133,13 @@ def parse_eval_metrics(metrics: Mapping[str, Any] | None, degrees: tuple[float, 
     return row
 
 
-def evaluation_rows(good: list[tuple[int, Message]], degrees: tuple[float, ...],
-                    extra: Callable[[Mapping[str, Any] | None], dict[str, float]],
-                    who: str = "client", required: Sequence[str] = ()) -> tuple[dict[int, dict[str, float]], int]:
+def evaluation_rows(
+    good: list[tuple[int, Message]],
+    degrees: tuple[float, ...],
+    extra: Callable[[Mapping[str, Any] | None], dict[str, float]],
+    who: str = "client",
+    required: Sequence[str] = (),
+) -> tuple[dict[int, dict[str, float]], int]:
     """Each good evaluation reply's row (parse_eval_metrics), and how many were rejected (each logged)."""
     rows: dict[int, dict[str, float]] = {}
     rejected = 0
@@ -151,6 +161,10 @@ def eval_statistics(per_client: dict[int, dict[str, float]], failed: int) -> dic
     """Mean and std across clients of every evaluation metric, with the per-client rows."""
     names = sorted({name for row in per_client.values() for name in row})
     stats = {name: mean_std([row.get(name, float("nan")) for row in per_client.values()]) for name in names}
-    return {"num_clients": len(per_client), "failed": failed,
-            "mean": {name: s[0] for name, s in stats.items()}, "std": {name: s[1] for name, s in stats.items()},
-            "per_client": {str(pid): row for pid, row in per_client.items()}}
+    return {
+        "num_clients": len(per_client),
+        "failed": failed,
+        "mean": {name: s[0] for name, s in stats.items()},
+        "std": {name: s[1] for name, s in stats.items()},
+        "per_client": {str(pid): row for pid, row in per_client.items()},
+    }

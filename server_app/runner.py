@@ -47,9 +47,15 @@ from .wire import content_digest, count_wire_bytes, wire_bytes
 class RoundRunner:
     """Drives one algorithm's hooks through a run on Flower's Grid and records every round."""
 
-    def __init__(self, cfg: RunConfig, strategy: PFLStrategy, clients: ClientRegistry,
-                 writer: ResultsWriter | None = None, state_key: str = "",
-                 resume_from: Checkpoint | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        strategy: PFLStrategy,
+        clients: ClientRegistry,
+        writer: ResultsWriter | None = None,
+        state_key: str = "",
+        resume_from: Checkpoint | None = None,
+    ) -> None:
         self.cfg, self.strategy, self.clients, self.writer = cfg, strategy, clients, writer
         self.state_key = state_key  # names the clients' state dirs for this run (the run folder's name)
         self.resume_from = resume_from
@@ -62,8 +68,9 @@ class RoundRunner:
 
     # ----- messages --------------------------------------------------------------------------------------
     @profiling.timed("build")
-    def message_contents(self, server_round: int, partition_ids: list[int], message_type: str,
-                         newcomers: bool = False) -> list[RecordDict]:
+    def message_contents(
+        self, server_round: int, partition_ids: list[int], message_type: str, newcomers: bool = False
+    ) -> list[RecordDict]:
         """Each client's message content (held-out clients': the newcomer's); training clients picked by drop-rate
         are told to fail and those picked by straggler-rate will have their replies set aside as late."""
         strategy, cfg = self.strategy, self.cfg
@@ -92,12 +99,15 @@ class RoundRunner:
         return contents
 
     @profiling.timed("messages")
-    def messages(self, server_round: int, partition_ids: list[int], message_type: str, kind: str,
-                 newcomers: bool = False) -> list[Message]:
+    def messages(
+        self, server_round: int, partition_ids: list[int], message_type: str, kind: str, newcomers: bool = False
+    ) -> list[Message]:
         """The messages to the given clients, their bytes counted under `kind` (e.g. train_down)."""
         contents = self.message_contents(server_round, partition_ids, message_type, newcomers)
-        messages = [Message(content=content, dst_node_id=self.clients[pid].node_id, message_type=message_type)
-                    for pid, content in zip(partition_ids, contents)]
+        messages = [
+            Message(content=content, dst_node_id=self.clients[pid].node_id, message_type=message_type)
+            for pid, content in zip(partition_ids, contents)
+        ]
         for pid, size, msg in zip(partition_ids, count_wire_bytes(messages), messages):
             self.round_log.add_bytes(kind, pid, size, self.digest(msg))
         return messages
@@ -112,8 +122,9 @@ class RoundRunner:
 
     # ----- replies ---------------------------------------------------------------------------------------
     @profiling.timed("check")
-    def sort_replies(self, server_round: int, replies: Iterable[Message],
-                      kind: str) -> tuple[list[tuple[int, Message]], int, int]:
+    def sort_replies(
+        self, server_round: int, replies: Iterable[Message], kind: str
+    ) -> tuple[list[tuple[int, Message]], int, int]:
         """Known, error-free replies of sane size in partition order, and the counts of failed and oversized ones."""
         good, failed, oversized = [], 0, 0
         for msg in replies:
@@ -146,8 +157,9 @@ class RoundRunner:
             good.append((pid, msg))
         return sorted(good, key=lambda item: item[0]), failed, oversized
 
-    def accept_train_replies(self, server_round: int, replies: Iterable[Message],
-                             what: str = "training") -> tuple[list[TrainReply], int, int]:
+    def accept_train_replies(
+        self, server_round: int, replies: Iterable[Message], what: str = "training"
+    ) -> tuple[list[TrainReply], int, int]:
         """Validated training replies (partition order), failed and rejected counts; each checked on arrival."""
         accepted: list[TrainReply] = []
         failed = rejected = 0
@@ -177,9 +189,17 @@ class RoundRunner:
         total = sum(r.num_examples for r in accepted)
         loss = sum(r.loss * r.num_examples for r in accepted) / total if total else float("nan")
         fields = self.strategy.aggregation_fields if accepted else {}
-        train.update(received=len(accepted) + failed + rejected + train.get("late", 0),  # each reply is one of these
-                     failed=failed, rejected=rejected, used=len(accepted), loss=loss, num_examples=total, flops=flops,
-                     clients=[r.partition_id for r in accepted], **fields)
+        train.update(
+            received=len(accepted) + failed + rejected + train.get("late", 0),  # each reply is one of these
+            failed=failed,
+            rejected=rejected,
+            used=len(accepted),
+            loss=loss,
+            num_examples=total,
+            flops=flops,
+            clients=[r.partition_id for r in accepted],
+            **fields,
+        )
         if stage_rows := [r.stages for r in accepted if r.stages]:
             train["stages"] = summarize_stages(stage_rows, self.cfg.rho_eps)
 
@@ -187,9 +207,12 @@ class RoundRunner:
         """Per-client accuracies at every shift degree (and the algorithm's extra rows); mean and std."""
         good, failed, oversized = self.sort_replies(server_round, replies, "eval_up")
         with profiling.timer("aggregate"):
-            per_client, rejected = evaluation_rows(good, self.cfg.shift_degrees,
-                                                   lambda m: self.strategy.eval_metrics(server_round, m),
-                                                   required=shifted_metric_keys(self.cfg))
+            per_client, rejected = evaluation_rows(
+                good,
+                self.cfg.shift_degrees,
+                lambda m: self.strategy.eval_metrics(server_round, m),
+                required=shifted_metric_keys(self.cfg),
+            )
             self.round_log.eval = eval_statistics(per_client, failed + oversized + rejected) if per_client else None
 
     # ----- the run ---------------------------------------------------------------------------------------
@@ -201,8 +224,10 @@ class RoundRunner:
     def write_checkpoint(self, server_round: int, elapsed: float) -> None:
         """After every `checkpoint-every` rounds and the last one: the state needed to resume, atomically."""
         if self.writer is not None and due(server_round, self.cfg.checkpoint_every, self.cfg.num_rounds):
-            save_checkpoint(self.writer.run_dir, Checkpoint(server_round, self.strategy.state_dict(),
-                                                            self.writer.records, elapsed, self.resumes))
+            save_checkpoint(
+                self.writer.run_dir,
+                Checkpoint(server_round, self.strategy.state_dict(), self.writer.records, elapsed, self.resumes),
+            )
             self.checkpoint_round = server_round
 
     def run(self, grid: Grid) -> None:

@@ -39,9 +39,15 @@ def pretrain_round(runner: RunnerView, grid: Grid) -> None:
     for replies in exchange(runner, grid, 0, clients, MessageType.TRAIN, "train_down"):
         batch.extend(replies)
         if len(batch) >= runner.cfg.messages_in_flight:  # the strategy's step may touch every client (FedAMP's
-            fold()                                          # Gram rows): once per window of replies, not per reply
+            fold()  # Gram rows): once per window of replies, not per reply
     fold()
     faults = {key: value for key, value in faults.items() if value or key == "late"}
-    train["pretrain"] = {"sent": len(clients), "used": used, "failed": failed, "rejected": rejected, "flops": flops,
-                         **faults}
+    train["pretrain"] = {
+        "sent": len(clients),
+        "used": used,
+        "failed": failed,
+        "rejected": rejected,
+        "flops": flops,
+        **faults,
+    }
     log(INFO, "pre-training: %d of %d clients trained from the common initialization", used, len(clients))

@@ -58,11 +58,19 @@ class _Objects:
     def array(self, array: Any) -> tuple[Any, ...]:
         """An Array and its chunks (Flower slices the serialized data in pieces of at most 5 MiB)."""
         view = memoryview(array.data)
-        chunks = [self.chunk(view[start:start + FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE])
-                  for start in range(0, len(view), FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE)]
+        chunks = [
+            self.chunk(view[start : start + FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE])
+            for start in range(0, len(view), FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE)
+        ]
         unique = list(dict.fromkeys(chunks))
-        body = json.dumps({"dtype": array.dtype, "shape": array.shape, "stype": array.stype,
-                           "arraychunk_ids": [unique.index(c) for c in chunks]})
+        body = json.dumps(
+            {
+                "dtype": array.dtype,
+                "shape": array.shape,
+                "stype": array.stype,
+                "arraychunk_ids": [unique.index(c) for c in chunks],
+            }
+        )
         key = ("Array", array.dtype, tuple(array.shape), array.stype, tuple(chunks))
         return self.add(key, object_size("Array", len(unique), len(body.encode("utf-8"))))
 
@@ -89,8 +97,9 @@ class _Objects:
         """A Message: its metadata (the message id left out, as Flower does), its error or its content."""
         metadata = metadata_to_proto(message.metadata)
         metadata.message_id = ""
-        body = ProtoMessage(metadata=metadata, content=None,
-                            error=error_to_proto(message.error) if message.has_error() else None)
+        body = ProtoMessage(
+            metadata=metadata, content=None, error=error_to_proto(message.error) if message.has_error() else None
+        )
         children = 0
         if message.has_content():
             self.record_dict(message.content)

@@ -20,16 +20,23 @@ def FakeReply(node_id: int, content: RecordDict | None = None, error: str | None
         setattr(TaskIdentity, name, 1)
     request = Message(RecordDict(), dst_node_id=node_id, message_type=MessageType.TRAIN)
     request.metadata.__dict__["_message_id"] = f"request-to-{node_id}"
-    reply = (Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=error), reply_to=request) if error
-             else Message(content if content is not None else RecordDict(), reply_to=request))
+    reply = (
+        Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=error), reply_to=request)
+        if error
+        else Message(content if content is not None else RecordDict(), reply_to=request)
+    )
     reply.metadata.__dict__["_message_id"] = f"reply-from-{node_id}"
     return reply
 
 
 def train_content(names, arrays, num_examples: int, loss: float = 0.5) -> RecordDict:
     """A well-formed training reply."""
-    return RecordDict({"arrays": to_record(names, arrays),
-                       "metrics": MetricRecord({"num-examples": num_examples, "train-loss": loss})})
+    return RecordDict(
+        {
+            "arrays": to_record(names, arrays),
+            "metrics": MetricRecord({"num-examples": num_examples, "train-loss": loss}),
+        }
+    )
 
 
 def metrics_only(**metrics) -> RecordDict:
@@ -75,7 +82,7 @@ class PushPullGrid:
 
     def pull_messages(self, message_ids: Iterable[str]) -> list[Any]:
         wanted = set(message_ids)
-        take = [(mid, msg) for mid, msg in self.waiting if mid in wanted][:self.per_pull or None]
+        take = [(mid, msg) for mid, msg in self.waiting if mid in wanted][: self.per_pull or None]
         taken = {mid for mid, _ in take}
         self.waiting = [(mid, msg) for mid, msg in self.waiting if mid not in taken]
         replies = self.answer([msg for _, msg in take])

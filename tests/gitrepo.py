@@ -14,5 +14,6 @@ def one_commit_checkout(path: Path) -> str:
     (path / "f.py").write_text("x = 1\n")
     subprocess.run([*git, "add", "f.py"], check=True)
     subprocess.run([*git, "commit", "-qm", "one"], check=True)
-    return subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()

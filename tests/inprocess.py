@@ -78,7 +78,9 @@ class InProcessFederation:
     def evaluate(self, rnd: int) -> dict[int, RecordDict]:
         """Every client's evaluation reply."""
         contents = self.runner.message_contents(rnd, self.clients.ids(), MessageType.EVALUATE)
-        replies = {pid: answer(self.client(pid), MessageType.EVALUATE, rnd, content)
-                   for pid, content in zip(self.clients.ids(), contents)}
+        replies = {
+            pid: answer(self.client(pid), MessageType.EVALUATE, rnd, content)
+            for pid, content in zip(self.clients.ids(), contents)
+        }
         self.runner.aggregate_evaluate(rnd, [FakeReply(1000 + pid, content) for pid, content in replies.items()])
         return replies

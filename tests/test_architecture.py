@@ -40,7 +40,7 @@ def _imports(name: str, path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
-                base = base[:len(base) - node.level + 1]
+                base = base[: len(base) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
@@ -71,7 +71,7 @@ def test_no_import_cycles() -> None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                cycle = path[path.index(nxt):] + [nxt]
+                cycle = path[path.index(nxt) :] + [nxt]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if nxt not in state:
                 visit(nxt)
@@ -92,11 +92,13 @@ def test_layering() -> None:
         if name.split(".")[0] in ("server_app", "client_app"):
             assert not any(m.split(".")[0] == "experiments" for m in imported), f"{name} imports the experiments"
         if name.startswith("common"):
-            assert not any(m.split(".")[0] in ("server_app", "client_app", "experiments") for m in imported), \
+            assert not any(m.split(".")[0] in ("server_app", "client_app", "experiments") for m in imported), (
                 f"{name} imports an app or the experiments"
+            )
             if name != FLOWER_ADAPTER:
-                assert not any(m == "flwr" or m.startswith("flwr.") for m in imported), \
+                assert not any(m == "flwr" or m.startswith("flwr.") for m in imported), (
                     f"{name} imports Flower; only {FLOWER_ADAPTER} may"
+                )
 
 
 def test_every_spec_resolves_to_its_two_halves_and_declares_distinct_keys() -> None:
@@ -135,7 +137,11 @@ def test_benchmarks_import_the_installed_package_and_never_the_tests() -> None:
         if any(m == "tests" or m.startswith("tests.") for m in imported):
             offenders.append(f"{path.name} imports the tests")
         for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and node.attr == "insert" and \
-                    isinstance(node.value, ast.Attribute) and node.value.attr == "path":
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == "insert"
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "path"
+            ):
                 offenders.append(f"{path.name} edits sys.path")
     assert not offenders, offenders

@@ -49,8 +49,11 @@ def _loop_heur(W: np.ndarray, sigma: float, tau: float) -> np.ndarray:
     m = len(W)
     xi = np.zeros((m, m))
     for i in range(m):
-        sims = {j: np.exp(sigma * W64[i] @ W64[j] / (np.linalg.norm(W64[i]) * np.linalg.norm(W64[j])))
-                for j in range(m) if j != i}
+        sims = {
+            j: np.exp(sigma * W64[i] @ W64[j] / (np.linalg.norm(W64[i]) * np.linalg.norm(W64[j])))
+            for j in range(m)
+            if j != i
+        }
         total = sum(sims.values())
         for j, s in sims.items():
             xi[i, j] = tau * s / total
@@ -160,8 +163,13 @@ def test_identity_weights_give_back_the_local_models() -> None:
     assert np.array_equal(cloud_models(np.eye(7), W), W)
 
 
-@pytest.mark.parametrize("weights", [lambda W, active: fedamp_weights(W, 1.0, 10.0, active=active)[0],
-                                     lambda W, active: heurfedamp_weights(W, 5.0, 0.9, active=active)])
+@pytest.mark.parametrize(
+    "weights",
+    [
+        lambda W, active: fedamp_weights(W, 1.0, 10.0, active=active)[0],
+        lambda W, active: heurfedamp_weights(W, 5.0, 0.9, active=active),
+    ],
+)
 def test_inactive_clients_take_no_part(weights) -> None:
     W = _models(11, spread=0.1)
     active = np.array([True, False, True, True, False, True, True])
@@ -178,13 +186,16 @@ def test_lone_active_client_keeps_itself() -> None:
     assert np.array_equal(heurfedamp_weights(W[:1], 5.0, 0.9), np.ones((1, 1)))
 
 
-@pytest.mark.parametrize(("call", "match"), [
-    (lambda W: fedamp_weights(W, 1.0, 0.0), "sigma"),
-    (lambda W: heurfedamp_weights(W, 1.0, 1.5), "tau"),
-    (lambda W: fedamp_weights(W[0], 1.0, 1.0), "clients x params"),
-    (lambda W: cloud_models(np.eye(3), W), "expected"),
-    (lambda W: fedamp_weights(W, 1.0, 1.0, active=np.ones(3, bool)), "one flag per client"),
-])
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda W: fedamp_weights(W, 1.0, 0.0), "sigma"),
+        (lambda W: heurfedamp_weights(W, 1.0, 1.5), "tau"),
+        (lambda W: fedamp_weights(W[0], 1.0, 1.0), "clients x params"),
+        (lambda W: cloud_models(np.eye(3), W), "expected"),
+        (lambda W: fedamp_weights(W, 1.0, 1.0, active=np.ones(3, bool)), "one flag per client"),
+    ],
+)
 def test_bad_inputs_raise(call, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         call(_models(13))
@@ -213,8 +224,7 @@ def test_constant_self_attention_survives_far_apart_models_and_lone_clients() ->
 
 
 @pytest.mark.parametrize("on_disk", [False, True])
-def test_gram_and_cloud_models_are_the_same_bits_on_any_number_of_threads(tmp_path, monkeypatch,
-                                                                         on_disk: bool) -> None:
+def test_gram_and_cloud_models_are_the_same_bits_on_any_number_of_threads(tmp_path, monkeypatch, on_disk: bool) -> None:
     monkeypatch.setattr(attention, "_GRAM_BLOCK_BYTES", 8 * 6 * 1024 * 2)  # 2,048-column blocks: 5 of them
     W = _models(3, m=6, d=9_000)
     if on_disk:
@@ -224,8 +234,15 @@ def test_gram_and_cloud_models_are_the_same_bits_on_any_number_of_threads(tmp_pa
     with threadpool_limits(limits=1):  # the server's BLAS
         for threads in (1, 2, 3):
             monkeypatch.setattr(attention, "block_threads", lambda threads=threads: threads)
-            results.append((attention.gram_rows(W), attention.gram_rows(W, [4, 1, 5]), attention.gram_rows(W, [2]),
-                            cloud_models(xi, W), cloud_models(xi, W, [5, 0])))
+            results.append(
+                (
+                    attention.gram_rows(W),
+                    attention.gram_rows(W, [4, 1, 5]),
+                    attention.gram_rows(W, [2]),
+                    cloud_models(xi, W),
+                    cloud_models(xi, W, [5, 0]),
+                )
+            )
     for other in results[1:]:
         for first, again in zip(results[0], other):
             assert first.tobytes() == again.tobytes()

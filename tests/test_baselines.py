@@ -27,8 +27,15 @@ MLP_NAMES = ["body.1.weight", "body.1.bias", "head.weight", "head.bias"]
 
 
 def _federation(algorithm: str, num_clients: int = 4, **overrides) -> InProcessFederation:
-    raw = {"algorithm": algorithm, "dataset": "digits", "num-rounds": 3, "fraction-train": 1.0, "local-epochs": 1,
-           "lr": 0.1, **overrides}
+    raw = {
+        "algorithm": algorithm,
+        "dataset": "digits",
+        "num-rounds": 3,
+        "fraction-train": 1.0,
+        "local-epochs": 1,
+        "lr": 0.1,
+        **overrides,
+    }
     return InProcessFederation(parse_run_config(raw), num_clients)
 
 
@@ -50,12 +57,15 @@ def test_shared_names_of_each_part() -> None:
     assert norm_entries(build_model("mlp", "digits", (64,), 10, seed=0)) == []
 
 
-@pytest.mark.parametrize(("algorithm", "expected"), [
-    ("lg-fedavg", ["head.weight", "head.bias"]),
-    ("fedper", ["body.1.weight", "body.1.bias"]),
-    ("fedrep", ["body.1.weight", "body.1.bias"]),
-    ("fedbn", ["body.1.weight", "body.1.bias", "head.weight", "head.bias"]),
-])
+@pytest.mark.parametrize(
+    ("algorithm", "expected"),
+    [
+        ("lg-fedavg", ["head.weight", "head.bias"]),
+        ("fedper", ["body.1.weight", "body.1.bias"]),
+        ("fedrep", ["body.1.weight", "body.1.bias"]),
+        ("fedbn", ["body.1.weight", "body.1.bias", "head.weight", "head.bias"]),
+    ],
+)
 def test_only_the_shared_part_travels_both_ways(algorithm: str, expected: list[str]) -> None:
     fed = _federation(algorithm)
     runner = fed.runner
@@ -72,16 +82,25 @@ def test_only_the_shared_part_travels_both_ways(algorithm: str, expected: list[s
 def test_fedbn_never_sends_batch_norm_parameters_or_statistics() -> None:
     fed = _federation("fedbn")
     assert fed.cfg.model == "mlp-bn", "auto picks the dataset's model with batch norm for FedBN"
-    norm = set(fed.strategy.shared) & {"body.2.weight", "body.2.bias", "body.2.running_mean", "body.2.running_var",
-                                       "body.2.num_batches_tracked"}
+    norm = set(fed.strategy.shared) & {
+        "body.2.weight",
+        "body.2.bias",
+        "body.2.running_mean",
+        "body.2.running_var",
+        "body.2.num_batches_tracked",
+    }
     assert not norm
     replies = fed.train_round(1)
     fed.train_round(2)
     for reply in replies.values():
         assert not any(name.startswith("body.2.") for name in _names(reply))
     # each client's statistics are its own: two clients end with different running means
-    means = [dict(zip([n for n, _ in fed.strategy.specs], fed.client(pid).env.state.load_arrays(PERSONAL)))
-             ["body.2.running_mean"] for pid in (0, 1)]
+    means = [
+        dict(zip([n for n, _ in fed.strategy.specs], fed.client(pid).env.state.load_arrays(PERSONAL)))[
+            "body.2.running_mean"
+        ]
+        for pid in (0, 1)
+    ]
     assert not np.array_equal(means[0], means[1])
     with pytest.raises(ConfigError, match="needs a model with them"):
         _federation("fedbn", model="mlp")
@@ -89,17 +108,25 @@ def test_fedbn_never_sends_batch_norm_parameters_or_statistics() -> None:
 
 def test_partial_server_averages_only_the_shared_entries_and_rejects_the_rest() -> None:
     layout = ModelLayout.of(build_model("mlp", "digits", (64,), 10, seed=0))
-    runner = hand_made_runner(parse_run_config({"algorithm": "lg-fedavg"}), layout.specs, layout.initial,
-                              {0: 10, 1: 30, 2: 30})
+    runner = hand_made_runner(
+        parse_run_config({"algorithm": "lg-fedavg"}), layout.specs, layout.initial, {0: 10, 1: 30, 2: 30}
+    )
     strategy = runner.strategy
     shapes = dict(strategy.specs)
-    heads = [[np.full(shapes["head.weight"], v, np.float32), np.full(shapes["head.bias"], -v, np.float32)]
-             for v in (1.0, 4.0)]
+    heads = [
+        [np.full(shapes["head.weight"], v, np.float32), np.full(shapes["head.bias"], -v, np.float32)]
+        for v in (1.0, 4.0)
+    ]
     body_before = [a.copy() for a in strategy.global_arrays[:2]]
     whole = [np.zeros(shape, np.float32) for _, shape in strategy.specs]
-    runner.aggregate_train(1, [FakeReply(100, train_content(["head.weight", "head.bias"], heads[0], 10)),
-                               FakeReply(101, train_content(["head.weight", "head.bias"], heads[1], 30)),
-                               FakeReply(102, train_content(MLP_NAMES, whole, 30))])
+    runner.aggregate_train(
+        1,
+        [
+            FakeReply(100, train_content(["head.weight", "head.bias"], heads[0], 10)),
+            FakeReply(101, train_content(["head.weight", "head.bias"], heads[1], 30)),
+            FakeReply(102, train_content(MLP_NAMES, whole, 30)),
+        ],
+    )
     assert runner.round_log.train["used"] == 2 and runner.round_log.train["rejected"] == 1
     np.testing.assert_array_equal(strategy.global_arrays[2], np.full(shapes["head.weight"], 3.25, np.float32))
     assert all(np.array_equal(a, b) for a, b in zip(strategy.global_arrays[:2], body_before)), "body untouched"
@@ -143,22 +170,23 @@ def test_ditto_personal_update_equals_the_formula() -> None:
     w = [a + 0.1 * rng.standard_normal(a.shape).astype(np.float32) for a in fed.strategy.global_arrays]
     v0 = [a + 0.3 * rng.standard_normal(a.shape).astype(np.float32) for a in fed.strategy.global_arrays]
     client.env.state.save_arrays(PERSONAL, v0)
-    content = RecordDict({"arrays": to_record([n for n, _ in fed.strategy.specs], w),
-                          "config": ConfigRecord({"server-round": 1})})
+    content = RecordDict(
+        {"arrays": to_record([n for n, _ in fed.strategy.specs], w), "config": ConfigRecord({"server-round": 1})}
+    )
     reply = client.fit(1, content)  # one full-batch SGD step on w and one on v
     model = client.new_model()
     for p, value in zip(model.parameters(), v0):
         p.data = torch.from_numpy(value.copy())
     data = client.env.data
     F.cross_entropy(model(data.train_x), data.train_y).backward()
-    expected = [value - lr * (p.grad.numpy() + lam * (value - ref))
-                for p, value, ref in zip(model.parameters(), v0, w)]
+    expected = [value - lr * (p.grad.numpy() + lam * (value - ref)) for p, value, ref in zip(model.parameters(), v0, w)]
     got = fed.client(0).env.state.load_arrays(PERSONAL)
     for a, b in zip(got, expected):
         np.testing.assert_allclose(a, b, rtol=0, atol=2e-6)
     fedavg_flops = _federation("fedavg", 2, **{"batch-size": 10_000}).client(0).fit(1, content)
     assert reply.metric_records["metrics"]["train-flops"] == pytest.approx(
-        2 * fedavg_flops.metric_records["metrics"]["train-flops"]), "Ditto trains two models: 2x FedAvg's FLOPs"
+        2 * fedavg_flops.metric_records["metrics"]["train-flops"]
+    ), "Ditto trains two models: 2x FedAvg's FLOPs"
 
 
 def test_ditto_and_apfl_report_personal_and_global_rows() -> None:
@@ -205,14 +233,25 @@ def test_apfl_keeps_alpha_and_evaluates_the_mixture() -> None:
     mixed = mixture_arrays(v, w, alpha, [True] * len(v))
     np.testing.assert_allclose(mixed[0], alpha * v[0] + (1 - alpha) * w[0], rtol=1e-6)
     client = fed.client(0)
-    model = client.mixed(client.stored_model(PERSONAL), client.received_model(
-        RecordDict({"arrays": to_record([n for n, _ in fed.strategy.specs], w)})), alpha)
+    model = client.mixed(
+        client.stored_model(PERSONAL),
+        client.received_model(RecordDict({"arrays": to_record([n for n, _ in fed.strategy.specs], w)})),
+        alpha,
+    )
     np.testing.assert_allclose(get_arrays(model)[0], mixed[0], rtol=1e-6)
 
 
-@pytest.mark.parametrize(("algorithm", "stages"), [
-    ("lg-fedavg", {"L1", "L2"}), ("fedper", {"L1", "L2"}), ("fedrep", {"L1", "L2"}), ("fedbn", {"L1", "L2"}),
-    ("ditto", {"G", "L1", "L2"}), ("apfl", {"G", "L1", "L2"})])
+@pytest.mark.parametrize(
+    ("algorithm", "stages"),
+    [
+        ("lg-fedavg", {"L1", "L2"}),
+        ("fedper", {"L1", "L2"}),
+        ("fedrep", {"L1", "L2"}),
+        ("fedbn", {"L1", "L2"}),
+        ("ditto", {"G", "L1", "L2"}),
+        ("apfl", {"G", "L1", "L2"}),
+    ],
+)
 def test_stages_reported_as_they_apply(algorithm: str, stages: set[str]) -> None:
     fed = _federation(algorithm, 2, stages=True, **{"stage-test-size": 50})
     fed.train_round(1)

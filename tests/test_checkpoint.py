@@ -21,8 +21,17 @@ CLIENTS = 4
 
 
 def _federation(algorithm: str, state_dir: str) -> InProcessFederation:
-    raw = {"algorithm": algorithm, "dataset": "digits", "num-rounds": 4, "fraction-train": 0.5, "local-epochs": 1,
-           "lr": 0.1, "iterations": 1, "client-state-dir": state_dir, "readjust-interval": 2}
+    raw = {
+        "algorithm": algorithm,
+        "dataset": "digits",
+        "num-rounds": 4,
+        "fraction-train": 0.5,
+        "local-epochs": 1,
+        "lr": 0.1,
+        "iterations": 1,
+        "client-state-dir": state_dir,
+        "readjust-interval": 2,
+    }
     return InProcessFederation(parse_run_config(raw), CLIENTS)
 
 
@@ -42,6 +51,7 @@ def _state_bytes(state: dict) -> str:
         if isinstance(node, list):
             return [walk(v) for v in node]
         return node
+
     return json.dumps(walk(state), sort_keys=True)
 
 

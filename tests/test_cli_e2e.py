@@ -27,16 +27,25 @@ def _pflower() -> str:
 
 
 def _sweep(out: Path, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([_pflower(), "sweep", str(SMOKE), "--out", str(out)], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.run(
+        [_pflower(), "sweep", str(SMOKE), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 @pytest.mark.e2e
 def test_the_smoke_sweep_resumes_after_a_kill_and_reports(tmp_path: Path) -> None:
     out = tmp_path / "smoke"
     first = out / RUNS[0] / "summary.json"
-    killed = subprocess.Popen([_pflower(), "sweep", str(SMOKE), "--out", str(out)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
+    killed = subprocess.Popen(
+        [_pflower(), "sweep", str(SMOKE), "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 300
     while not first.exists() and killed.poll() is None and time.monotonic() < deadline:
         time.sleep(0.5)

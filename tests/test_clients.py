@@ -25,8 +25,12 @@ def _client(name: str, state: RecordDict | None = None, **overrides):
 
 def _global_content(client, server_round: int = 1) -> RecordDict:
     model = client.new_model()
-    return RecordDict({"arrays": to_record([n for n, _ in array_specs(model)], get_arrays(model)),
-                       "config": ConfigRecord({"server-round": server_round})})
+    return RecordDict(
+        {
+            "arrays": to_record([n for n, _ in array_specs(model)], get_arrays(model)),
+            "config": ConfigRecord({"server-round": server_round}),
+        }
+    )
 
 
 def _distance(arrays, reference) -> float:

@@ -81,15 +81,18 @@ def test_round_trip_through_flower_arrays() -> None:
     from flwr.app import Array, ArrayRecord  # the codec itself is Flower-free; only the test checks transport
 
     x, mask = _sample((5, 9), 0.3)
-    arrays = {**encode_model({"w": x, "b": np.ones(2, np.float32)}, {"w": mask}),
-              **encode_model({"v": x}, {"v": mask}, values_only=True, value_dtype="float16")}
+    arrays = {
+        **encode_model({"w": x, "b": np.ones(2, np.float32)}, {"w": mask}),
+        **encode_model({"v": x}, {"v": mask}, values_only=True, value_dtype="float16"),
+    }
     record = ArrayRecord({k: Array(v) for k, v in arrays.items()})
     received = {k: a.numpy() for k, a in record.items()}
     assert all(received[k].dtype == v.dtype and received[k].shape == v.shape for k, v in arrays.items())
     got, masks = decode_model({k: v for k, v in received.items() if not k.startswith("v/")}, {"w": (5, 9), "b": (2,)})
     _assert_exact((got["w"], masks["w"]), x, mask)
-    got, _ = decode_model({k: v for k, v in received.items() if k.startswith("v/")}, {"v": (5, 9)}, {"v": mask},
-                          value_dtype="float16")
+    got, _ = decode_model(
+        {k: v for k, v in received.items() if k.startswith("v/")}, {"v": (5, 9)}, {"v": mask}, value_dtype="float16"
+    )
     assert np.allclose(got["v"], _masked(x, mask), atol=1e-2, rtol=1e-3)
 
 
@@ -119,8 +122,10 @@ def test_mask_digest_depends_on_shape_and_bits_and_is_stable_across_processes() 
     mask[0, 3] = True
     assert mask_digest(mask) != mask_digest(mask.reshape(4, 4)) != mask_digest(~mask)
     assert 0 <= mask_digest(mask) < 2**63
-    code = "import numpy as np; from common.codec import mask_digest; m = np.zeros((2, 8), bool); m[0, 3] = True; " \
-           "print(mask_digest(m))"
+    code = (
+        "import numpy as np; from common.codec import mask_digest; m = np.zeros((2, 8), bool); m[0, 3] = True; "
+        "print(mask_digest(m))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(out.stdout) == mask_digest(mask)
 
@@ -132,6 +137,7 @@ def test_pack_mask_is_row_major_packbits() -> None:
 
 
 # --- corruptions: each must raise PayloadError, never return a tensor ---
+
 
 def _good() -> tuple[SparseTensor, np.ndarray]:
     x, mask = _sample((3, 5), 0.5, seed=3)  # N = 15: one padding bit in the second byte
@@ -194,12 +200,15 @@ def test_huge_values_are_rejected() -> None:
     _reject(_with(values=values), "magnitude")
 
 
-@pytest.mark.parametrize("values", [
-    lambda v: v.astype(np.float64),
-    lambda v: v.astype(np.int32),
-    lambda v: v.reshape(1, -1),
-    lambda v: v.astype(np.float16),  # float16 only when the switch asks for it
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        lambda v: v.astype(np.float64),
+        lambda v: v.astype(np.int32),
+        lambda v: v.reshape(1, -1),
+        lambda v: v.astype(np.float16),  # float16 only when the switch asks for it
+    ],
+)
 def test_bad_value_dtype_or_dims_are_rejected(values) -> None:
     _reject(_with(values=values(_good()[0].values)), "values must be")
 
@@ -221,14 +230,17 @@ def test_missing_key_is_rejected(key: str) -> None:
         from_arrays("w", arrays)
 
 
-@pytest.mark.parametrize("key,value", [
-    ("w/shape", np.array([3, 5], dtype=np.int32)),
-    ("w/shape", np.array([3, -5], dtype=np.int64)),
-    ("w/bits", np.zeros(2, dtype=np.int8)),
-    ("w/values", np.zeros(8, dtype=np.float64)),
-    ("w/digest", np.array([1, 2], dtype=np.int64)),
-    ("w/digest", np.array([1.0])),
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("w/shape", np.array([3, 5], dtype=np.int32)),
+        ("w/shape", np.array([3, -5], dtype=np.int64)),
+        ("w/bits", np.zeros(2, dtype=np.int8)),
+        ("w/values", np.zeros(8, dtype=np.float64)),
+        ("w/digest", np.array([1, 2], dtype=np.int64)),
+        ("w/digest", np.array([1.0])),
+    ],
+)
 def test_bad_array_in_record_is_rejected(key: str, value: np.ndarray) -> None:
     arrays = to_arrays("w", _good()[0])
     arrays[key] = value
@@ -259,6 +271,7 @@ def test_model_with_missing_unexpected_or_mixed_names_is_rejected() -> None:
 
 # --- byte counts ---
 
+
 def test_sparse_nbytes_on_hand_computed_examples() -> None:
     mask = np.zeros(20, dtype=bool)
     mask[[0, 5, 19]] = True
@@ -284,6 +297,7 @@ def test_half_density_is_smaller_than_dense() -> None:
 
 
 # --- float16 switch ---
+
 
 def test_float16_values_decode_to_float32() -> None:
     x, mask = _sample((6, 7), 0.5)

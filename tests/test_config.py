@@ -27,11 +27,14 @@ def test_pyproject_and_readme_are_generated_from_the_specs() -> None:
     assert config_docs.main(["--check"]) == 0, "run `python -m common.config_docs`"
 
 
-@pytest.mark.parametrize(("name", "old", "new"), [
-    ("pyproject.toml", "sparsity = 0.5", "sparsity = 0.6"),      # a default that drifted
-    ("pyproject.toml", "fomo-models = 5\n", ""),                 # a key missing
-    ("README.md", "| `heurfedamp-tau` | `0.95` |", "| `heurfedamp-tau` | `0.9` |"),
-])
+@pytest.mark.parametrize(
+    ("name", "old", "new"),
+    [
+        ("pyproject.toml", "sparsity = 0.5", "sparsity = 0.6"),  # a default that drifted
+        ("pyproject.toml", "fomo-models = 5\n", ""),  # a key missing
+        ("README.md", "| `heurfedamp-tau` | `0.95` |", "| `heurfedamp-tau` | `0.9` |"),
+    ],
+)
 def test_a_drifted_pyproject_or_readme_fails_the_check(tmp_path, name: str, old: str, new: str) -> None:
     for file in ("pyproject.toml", "README.md"):
         (tmp_path / file).write_text((REPO / file).read_text())
@@ -53,27 +56,33 @@ def test_algorithm_keys_land_in_the_algorithms_dataclass() -> None:
     assert isinstance(parse_run_config({"algorithm": "fedavg"}).params, NoParams)
 
 
-@pytest.mark.parametrize(("key", "value", "message"), [
-    ("algorithm", "fedsgd", f"'algorithm' = 'fedsgd' is not valid; allowed values: {', '.join(sorted(SPECS))}"),
-    ("partition", "random", "'partition' = 'random' is not valid; allowed values: iid, dirichlet, pathological, ls, "
-                            "qs, lsqs, grouped"),
-    ("dataset", "svhn", "allowed values: digits, mnist, fashion-mnist, cifar10"),
-    ("fraction-train", 1.5, "'fraction-train' = 1.5 is out of range; allowed: (0.0, 1.0]"),
-    ("fraction-train", 0.0, "out of range"),
-    ("num-rounds", 2.5, "'num-rounds' = 2.5 must be a whole number"),
-    ("lr", "fast", "'lr' = 'fast' must be a number"),
-    ("allow-download", "yes", "must be true or false"),
-    ("shift-degrees", "0,1.5", "'shift-degrees' = '0,1.5' must be comma-separated numbers in [0, 1]"),
-    ("shift-degrees", "a,b", "must be comma-separated numbers"),
-    ("device", "tpu", "allowed values: auto, cpu, cuda"),
-    ("sparsity", 1.0, "'sparsity' = 1.0 is out of range; allowed: [0.0, 1.0)"),
-    ("readjust-interval", 0, "'readjust-interval' = 0 is out of range; allowed: [1, inf]"),
-    ("fliu-gamma", 1.5, "'fliu-gamma' = 1.5 must be -1 (adaptive, Eq. 4) or lie in [0, 1]"),
-    ("fliu-weighting", "median", "allowed values: uniform, samples"),
-    ("fomo-val-fraction", 1.0, "'fomo-val-fraction' = 1.0 is out of range; allowed: (0.0, 1.0)"),
-    ("fedamp-lambda", 0.0, "'fedamp-lambda' = 0.0 is out of range"),
-    ("iterations", "three", "'iterations' = 'three' must be a number (int)"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("algorithm", "fedsgd", f"'algorithm' = 'fedsgd' is not valid; allowed values: {', '.join(sorted(SPECS))}"),
+        (
+            "partition",
+            "random",
+            "'partition' = 'random' is not valid; allowed values: iid, dirichlet, pathological, ls, qs, lsqs, grouped",
+        ),
+        ("dataset", "svhn", "allowed values: digits, mnist, fashion-mnist, cifar10"),
+        ("fraction-train", 1.5, "'fraction-train' = 1.5 is out of range; allowed: (0.0, 1.0]"),
+        ("fraction-train", 0.0, "out of range"),
+        ("num-rounds", 2.5, "'num-rounds' = 2.5 must be a whole number"),
+        ("lr", "fast", "'lr' = 'fast' must be a number"),
+        ("allow-download", "yes", "must be true or false"),
+        ("shift-degrees", "0,1.5", "'shift-degrees' = '0,1.5' must be comma-separated numbers in [0, 1]"),
+        ("shift-degrees", "a,b", "must be comma-separated numbers"),
+        ("device", "tpu", "allowed values: auto, cpu, cuda"),
+        ("sparsity", 1.0, "'sparsity' = 1.0 is out of range; allowed: [0.0, 1.0)"),
+        ("readjust-interval", 0, "'readjust-interval' = 0 is out of range; allowed: [1, inf]"),
+        ("fliu-gamma", 1.5, "'fliu-gamma' = 1.5 must be -1 (adaptive, Eq. 4) or lie in [0, 1]"),
+        ("fliu-weighting", "median", "allowed values: uniform, samples"),
+        ("fomo-val-fraction", 1.0, "'fomo-val-fraction' = 1.0 is out of range; allowed: (0.0, 1.0)"),
+        ("fedamp-lambda", 0.0, "'fedamp-lambda' = 0.0 is out of range"),
+        ("iterations", "three", "'iterations' = 'three' must be a number (int)"),
+    ],
+)
 def test_bad_values_name_key_and_allowed_values(key: str, value, message: str) -> None:
     raw = {**_defaults(), key: value}
     with pytest.raises(ConfigError) as info:

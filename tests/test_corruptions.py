@@ -27,9 +27,12 @@ def _digits() -> np.ndarray:
 
 def _images() -> list[tuple[np.ndarray, float]]:
     rng = np.random.default_rng(0)
-    return [(_digits(), 16.0), (rng.integers(0, 256, (40, 1, 28, 28)).astype(np.uint8), 255.0),
-            (rng.integers(0, 256, (20, 3, 32, 32)).astype(np.uint8), 255.0),
-            (rng.random((10, 3, 32, 32)).astype(np.float32), 1.0)]
+    return [
+        (_digits(), 16.0),
+        (rng.integers(0, 256, (40, 1, 28, 28)).astype(np.uint8), 255.0),
+        (rng.integers(0, 256, (20, 3, 32, 32)).astype(np.uint8), 255.0),
+        (rng.random((10, 3, 32, 32)).astype(np.float32), 1.0),
+    ]
 
 
 def _distortion(x: np.ndarray, name: str, severity: int, max_value: float) -> float:
@@ -54,8 +57,10 @@ def test_every_severity_keeps_shape_dtype_and_range_and_is_seeded(name: str) -> 
 @pytest.mark.parametrize("name", list(CORRUPTIONS))
 def test_a_higher_severity_distorts_more(name: str) -> None:
     rng = np.random.default_rng(3)
-    for x in (rng.integers(0, 256, (64, 1, 28, 28)).astype(np.uint8),
-              rng.integers(0, 256, (64, 3, 32, 32)).astype(np.uint8)):
+    for x in (
+        rng.integers(0, 256, (64, 1, 28, 28)).astype(np.uint8),
+        rng.integers(0, 256, (64, 3, 32, 32)).astype(np.uint8),
+    ):
         distortion = [_distortion(x, name, s, 255.0) for s in SEVERITIES]
         assert all(b > a for a, b in zip(distortion, distortion[1:])), distortion
     # 8x8 images with 17 grey levels: some neighbouring severities coincide (pixelate keeps 7 of 8 pixels at 95%
@@ -78,11 +83,13 @@ def test_keys_parse_and_bad_values_are_one_line_config_errors() -> None:
     assert cfg.corruptions == tuple(CORRUPTIONS) and cfg.corruption_severities == (1, 5)
     assert parse_run_config({}).corruptions == () and parse_run_config({}).corruption_severities == SEVERITIES
     assert parse_run_config({"corruptions": "Gaussian-Noise, fog"}).corruptions == ("gaussian_noise", "fog")
-    for raw, message in (({"corruptions": "gaussian_noise,snow"}, "unknown corruption 'snow'; allowed: all, "
-                          "gaussian_noise"), ({"corruption-severities": "6"}, "severities from 1 to 5"),
-                         ({"corruption-severities": "0,1"}, "severities from 1 to 5"),
-                         ({"corruption-severities": ""}, "severities from 1 to 5"),
-                         ({"corruption-eval-size": -1}, "corruption-eval-size")):
+    for raw, message in (
+        ({"corruptions": "gaussian_noise,snow"}, "unknown corruption 'snow'; allowed: all, gaussian_noise"),
+        ({"corruption-severities": "6"}, "severities from 1 to 5"),
+        ({"corruption-severities": "0,1"}, "severities from 1 to 5"),
+        ({"corruption-severities": ""}, "severities from 1 to 5"),
+        ({"corruption-eval-size": -1}, "corruption-eval-size"),
+    ):
         with pytest.raises(ConfigError, match=message) as info:
             parse_run_config(raw)
         assert "\n" not in str(info.value)
@@ -125,8 +132,14 @@ def test_the_server_requires_every_configured_corruption_metric_in_range() -> No
 
 
 def test_every_corruption_and_severity_fits_a_reply() -> None:
-    cfg = parse_run_config({"corruptions": "all", "partition": "domains", "dataset": "digit-domains",
-                            "shift-degrees": ",".join(f"{d / 20:g}" for d in range(21))})
+    cfg = parse_run_config(
+        {
+            "corruptions": "all",
+            "partition": "domains",
+            "dataset": "digit-domains",
+            "shift-degrees": ",".join(f"{d / 20:g}" for d in range(21)),
+        }
+    )
     from common.algorithms import SPECS
 
     rows = max(len(spec.eval_rows) for spec in SPECS.values())
@@ -139,8 +152,9 @@ def test_one_client_reports_every_corruption_key_the_same_way_twice() -> None:
 
     from .inprocess import InProcessFederation
 
-    cfg = parse_run_config({"algorithm": "fedavg", "corruptions": "all", "shift-degrees": "0,0.5",
-                            "num-rounds": 1, "local-epochs": 1})
+    cfg = parse_run_config(
+        {"algorithm": "fedavg", "corruptions": "all", "shift-degrees": "0,0.5", "num-rounds": 1, "local-epochs": 1}
+    )
     fed = InProcessFederation(cfg, 3)
     fed.train_round(1)
     first = fed.evaluate(1)[0].metric_records["metrics"]
@@ -166,8 +180,13 @@ def test_one_client_evaluates_a_seeded_subset_when_asked() -> None:
 
 
 def _final() -> dict:
-    mean = {"acc-shift-0": 0.9, corruption_key("fog", 1): 0.8, corruption_key("fog", 3): 0.5,
-            corruption_key("gaussian_noise", 1): 0.85, corruption_key("gaussian_noise", 3): 0.6}
+    mean = {
+        "acc-shift-0": 0.9,
+        corruption_key("fog", 1): 0.8,
+        corruption_key("fog", 3): 0.5,
+        corruption_key("gaussian_noise", 1): 0.85,
+        corruption_key("gaussian_noise", 3): 0.6,
+    }
     std = {k: 0.01 for k in mean}
     return {"mean": mean, "std": std, "num_clients": 3}
 
@@ -187,8 +206,16 @@ def test_summary_table_and_figure_hold_the_final_numbers(tmp_path) -> None:
 
 @pytest.mark.parametrize("algorithm", sorted(SPECS))
 def test_every_algorithm_reports_the_corruptions_and_the_server_keeps_them(algorithm: str) -> None:
-    raw = {"algorithm": algorithm, "dataset": "digits", "num-rounds": 2, "fraction-train": 1.0, "local-epochs": 1,
-           "corruptions": "gaussian_noise,contrast", "corruption-severities": "2", "corruption-eval-size": 20}
+    raw = {
+        "algorithm": algorithm,
+        "dataset": "digits",
+        "num-rounds": 2,
+        "fraction-train": 1.0,
+        "local-epochs": 1,
+        "corruptions": "gaussian_noise,contrast",
+        "corruption-severities": "2",
+        "corruption-eval-size": 20,
+    }
     if algorithm == "dapperfl":
         raw["model"] = "mlp"
     fed = InProcessFederation(parse_run_config(raw), 3)

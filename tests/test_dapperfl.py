@@ -34,8 +34,11 @@ def test_fusion_factor_schedule() -> None:
 
 
 def test_fusion_mixes_floats_and_keeps_counters() -> None:
-    fused = fuse({"w": torch.tensor([1.0, 1.0]), "n": torch.tensor(7)},
-                 {"w": torch.tensor([3.0, -1.0]), "n": torch.tensor(2)}, alpha=0.25)
+    fused = fuse(
+        {"w": torch.tensor([1.0, 1.0]), "n": torch.tensor(7)},
+        {"w": torch.tensor([3.0, -1.0]), "n": torch.tensor(2)},
+        alpha=0.25,
+    )
     torch.testing.assert_close(fused["w"], torch.tensor([2.5, -0.5]))
     assert int(fused["n"]) == 2
 
@@ -78,8 +81,10 @@ def _cnn_parameters(c1: int, c2: int, fc: int) -> int:
     return (25 * c1 + c1) + (25 * c1 * c2 + c2) + (49 * c2 * fc + fc) + (10 * fc + 10)
 
 
-@pytest.mark.parametrize("ratio, kept", [(0.0, (32, 64, 512)), (0.2, (26, 52, 410)), (0.4, (20, 39, 308)),
-                                         (0.6, (13, 26, 205)), (0.8, (7, 13, 103))])
+@pytest.mark.parametrize(
+    "ratio, kept",
+    [(0.0, (32, 64, 512)), (0.2, (26, 52, 410)), (0.4, (20, 39, 308)), (0.6, (13, 26, 205)), (0.8, (7, 13, 103))],
+)
 def test_a_pruned_model_is_physically_smaller(ratio: float, kept: tuple[int, int, int]) -> None:
     expected = _cnn_parameters(*kept)
     assert _cnn_parameters(32, 64, 512) == 1_663_370
@@ -147,8 +152,14 @@ def _federation(**extra):
 
     from .inprocess import InProcessFederation
 
-    raw = {"algorithm": "dapperfl", "dataset": "digits", "num-rounds": 2, "fraction-train": 1.0, "local-epochs": 2,
-           **extra}
+    raw = {
+        "algorithm": "dapperfl",
+        "dataset": "digits",
+        "num-rounds": 2,
+        "fraction-train": 1.0,
+        "local-epochs": 2,
+        **extra,
+    }
     return InProcessFederation(parse_run_config(raw), 5)
 
 
@@ -161,8 +172,10 @@ def test_each_device_uploads_a_model_of_its_ratio_and_the_server_recovers_full_s
     assert hidden == {0: 128, 1: 103, 2: 77, 3: 52, 4: 26}  # 128 - floor(ratio * 128), ratios 0 .. 0.8
     masks = {pid: r.array_records["masks"]["group-0"].numpy() for pid, r in replies.items()}
     assert all(int(m.sum()) == hidden[pid] for pid, m in masks.items())
-    flops = [replies[pid].metric_records["metrics"]["train-flops"] / replies[pid].metric_records["metrics"][
-        "num-examples"] for pid in range(5)]  # per training sample
+    flops = [
+        replies[pid].metric_records["metrics"]["train-flops"] / replies[pid].metric_records["metrics"]["num-examples"]
+        for pid in range(5)
+    ]  # per training sample
     assert flops == sorted(flops, reverse=True) and flops[4] < 0.75 * flops[0]
     up = fed.round_log.per_client_bytes
     assert up[4]["up"] < 0.4 * up[0]["up"], "a device at ratio 0.8 sends far fewer bytes"
@@ -188,8 +201,9 @@ def test_a_device_cannot_keep_more_channels_than_its_ratio(caplog) -> None:
 
     fed = _federation()
     content = fed.runner.message_contents(1, [4], MessageType.TRAIN)[0]
-    honest_ratio_zero = answer(fed.client(0), MessageType.TRAIN, 1, fed.runner.message_contents(1, [0],
-                                                                                                MessageType.TRAIN)[0])
+    honest_ratio_zero = answer(
+        fed.client(0), MessageType.TRAIN, 1, fed.runner.message_contents(1, [0], MessageType.TRAIN)[0]
+    )
     lying = answer(fed.client(4), MessageType.TRAIN, 1, content)
     lying["arrays"], lying["masks"] = honest_ratio_zero["arrays"], mask_record([np.ones(128, bool)])
     with caplog.at_level(logging.WARNING, logger="flwr"):
@@ -207,7 +221,10 @@ def test_ablations_switch_fusion_and_regularization_off() -> None:
     with pytest.raises(ConfigError, match="dapperfl-ratios"):
         parse_run_config({"algorithm": "dapperfl", "dapperfl-ratios": "0,1.0"})
     assert parse_run_config({"algorithm": "dapperfl", "dapperfl-ratios": "0.5,0,0.5"}).params.dapperfl_ratios == (
-        0.5, 0.0, 0.5)
+        0.5,
+        0.0,
+        0.5,
+    )
 
 
 def test_resnet10_prunes_each_blocks_inner_channels() -> None:

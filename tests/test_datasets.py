@@ -17,8 +17,10 @@ def test_embedded_digits_needs_nothing() -> None:
     assert np.bincount(data.y).min() >= 170
 
 
-@pytest.mark.parametrize(("name", "folder"), [("mnist", "MNIST/raw"), ("fashion-mnist", "FashionMNIST/raw"),
-                                              ("cifar10", "cifar-10-batches-py")])
+@pytest.mark.parametrize(
+    ("name", "folder"),
+    [("mnist", "MNIST/raw"), ("fashion-mnist", "FashionMNIST/raw"), ("cifar10", "cifar-10-batches-py")],
+)
 def test_missing_files_named_in_the_error(tmp_path, monkeypatch, name: str, folder: str) -> None:
     monkeypatch.setenv("PFL_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(DataError, match=str(tmp_path / folder)):

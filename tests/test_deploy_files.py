@@ -36,8 +36,9 @@ def certs(tmp_path_factory) -> Path:
     found = re.search(r"python deploy/generate_certs\.py (.+?)\n#\s*then", compose, re.S)
     command = found.group(1).replace("\\\n#", " ")
     args = shlex.split(command.replace("--out deploy/certs", f"--out {out}"))
-    done = subprocess.run([sys.executable, str(DEPLOY / "generate_certs.py"), *args], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(DEPLOY / "generate_certs.py"), *args], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return out
 
@@ -82,8 +83,9 @@ def test_compose_flags_exist_and_every_file_they_name_is_mounted(service: str, c
         if word.startswith("/certs/"):
             assert word in mounts, f"{service}: {word} is not mounted"
             host = mounts[word]
-            assert host.startswith("./certs/") and (certs / host.removeprefix("./certs/")).is_file(), \
+            assert host.startswith("./certs/") and (certs / host.removeprefix("./certs/")).is_file(), (
                 f"{service}: {host} is not written by generate_certs.py"
+            )
         if word.startswith("/state/"):
             assert "/state" in mounts
 
@@ -172,8 +174,19 @@ def test_setup_script_dry_run_writes_the_node_config(tmp_path) -> None:
     key, ca = tmp_path / "node-3", tmp_path / "ca.crt"
     key.write_text("key")
     ca.write_text("ca")
-    done = _setup("--dry-run", "--superlink", "10.0.0.5:9093", "--ca", str(ca), "--key", str(key),
-                  "--partition", "3", "--partitions", "10")
+    done = _setup(
+        "--dry-run",
+        "--superlink",
+        "10.0.0.5:9093",
+        "--ca",
+        str(ca),
+        "--key",
+        str(key),
+        "--partition",
+        "3",
+        "--partitions",
+        "10",
+    )
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "pip install torch==2.9.1 torchvision==0.24.1" in out
@@ -182,14 +195,33 @@ def test_setup_script_dry_run_writes_the_node_config(tmp_path) -> None:
     assert f"-m 0600 {key} /var/lib/pflower/node.key" in out, "the private key is copied readable by its owner only"
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--partition", "1"], "are required"),
-    (["--superlink", "nohost", "--ca", "x", "--key", "x", "--partition", "0", "--partitions", "2"], "HOST:PORT"),
-    (["--superlink", "h:1", "--ca", "x", "--key", "x", "--partition", "2", "--partitions", "2"], "below --partitions"),
-    (["--superlink", "h:1", "--ca", "/nonexistent/ca.crt", "--key", "x", "--partition", "0", "--partitions", "2"],
-     "not found"),
-    (["--bogus"], "unknown option"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--partition", "1"], "are required"),
+        (["--superlink", "nohost", "--ca", "x", "--key", "x", "--partition", "0", "--partitions", "2"], "HOST:PORT"),
+        (
+            ["--superlink", "h:1", "--ca", "x", "--key", "x", "--partition", "2", "--partitions", "2"],
+            "below --partitions",
+        ),
+        (
+            [
+                "--superlink",
+                "h:1",
+                "--ca",
+                "/nonexistent/ca.crt",
+                "--key",
+                "x",
+                "--partition",
+                "0",
+                "--partitions",
+                "2",
+            ],
+            "not found",
+        ),
+        (["--bogus"], "unknown option"),
+    ],
+)
 def test_setup_script_explains_bad_input(args: list[str], message: str) -> None:
     done = _setup("--dry-run", *args)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr

@@ -21,16 +21,31 @@ from .conftest import REPO
 from .harness.deployment import OUTSIDE, TLSSuperLink, nginx_binary
 from .harness.local_superlink import stop_process_tree
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
-    nginx_binary() is None and not os.environ.get("CI"),
-    reason="nginx is not installed (Debian: apt-get install nginx); .ci/run installs it and CI never skips this")]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        nginx_binary() is None and not os.environ.get("CI"),
+        reason="nginx is not installed (Debian: apt-get install nginx); .ci/run installs it and CI never skips this",
+    ),
+]
 
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):
     out = tmp_path_factory.mktemp("certs")
-    done = subprocess.run([sys.executable, str(REPO / "deploy" / "generate_certs.py"), "--out", str(out),
-                           "--nodes", "node-0,node-1,intruder,verifier"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "deploy" / "generate_certs.py"),
+            "--out",
+            str(out),
+            "--nodes",
+            "node-0,node-1,intruder,verifier",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return out
 
@@ -51,14 +66,21 @@ def restart_until_admitted(link: TLSSuperLink, key, node_config: str, patience: 
 
 def outsider_is_shut_out(link: TLSSuperLink, certs) -> None:
     """Holding only ca.crt, through the proxy: no run listed, no key registered, no run started, no detour."""
-    for args in (("ls", OUTSIDE), ("supernode", "register", str(certs / "nodes" / "intruder.pub"), OUTSIDE),
-                 ("run", str(REPO), OUTSIDE, "--run-config", "num-rounds=1")):
+    for args in (
+        ("ls", OUTSIDE),
+        ("supernode", "register", str(certs / "nodes" / "intruder.pub"), OUTSIDE),
+        ("run", str(REPO), OUTSIDE, "--run-config", "num-rounds=1"),
+    ):
         done = link.flwr(*args)
         assert done.returncode != 0 and "404 Not Found" in done.stdout + done.stderr, (args, done.stdout[-2000:])
     trust = ssl.create_default_context(cafile=str(certs / "ca.crt"))
-    for method, path in (("POST", "/v1/control/list-runs"), ("POST", "/v1/fleet/../control/list-runs"),
-                         ("POST", "/v1/fleet/%2e%2e/control/start-run"), ("GET", "/health"),
-                         ("POST", "/v1/fleet/pull-messages")):
+    for method, path in (
+        ("POST", "/v1/control/list-runs"),
+        ("POST", "/v1/fleet/../control/list-runs"),
+        ("POST", "/v1/fleet/%2e%2e/control/start-run"),
+        ("GET", "/health"),
+        ("POST", "/v1/fleet/pull-messages"),
+    ):
         connection = http.client.HTTPSConnection("127.0.0.1", link.proxy.port, context=trust, timeout=30)
         connection.request(method, path, body=b"", headers={"Content-Type": "application/protobuf"})
         status = connection.getresponse().status
@@ -72,8 +94,12 @@ def trusted_entities_file(tmp_path):
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
-    public = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+    public = (
+        ed25519.Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
     path = tmp_path / "trusted.yaml"
     path.write_text(f"fpk_operator: '{public}'\n")
     return path
@@ -92,12 +118,19 @@ def test_tls_deployment_with_authenticated_supernodes(certs, tmp_path) -> None:
         assert intruder.wait(timeout=120) != 0, "a SuperNode whose key is not registered must be refused"
         assert "Failed to activate SuperNode" in intruder_log.read_text()
         assert all(process.poll() is None for process, _ in nodes)
-        verifier, verifier_log = link.start_supernode(certs / "nodes" / "verifier", "partition-id=1 num-partitions=2",
-                                                      "--trusted-entities", str(trusted_entities_file(tmp_path)))
+        verifier, verifier_log = link.start_supernode(
+            certs / "nodes" / "verifier",
+            "partition-id=1 num-partitions=2",
+            "--trusted-entities",
+            str(trusted_entities_file(tmp_path)),
+        )
 
         results = tmp_path / "results"
-        runner = link.start_run(REPO, f"algorithm='dmpfl' iterations=1 num-rounds=6 fraction-train=1.0 "
-                                      f"local-epochs=1 round-timeout=30 results-dir='{results}' run-name='deployed'")
+        runner = link.start_run(
+            REPO,
+            f"algorithm='dmpfl' iterations=1 num-rounds=6 fraction-train=1.0 "
+            f"local-epochs=1 round-timeout=30 results-dir='{results}' run-name='deployed'",
+        )
         # app verification: the open-source SuperLink attaches no verification to a submitted app, so a SuperNode
         # started with --trusted-entities refuses every app, the operator's own included (deploy/README.md)
         deadline = time.monotonic() + 120

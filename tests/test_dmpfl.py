@@ -31,8 +31,17 @@ from .inprocess import InProcessFederation
 
 
 def _federation(algorithm: str, num_clients: int = 4, **overrides) -> InProcessFederation:
-    raw = {"algorithm": algorithm, "dataset": "digits", "num-rounds": 6, "iterations": 1, "fraction-train": 0.5,
-           "local-epochs": 1, "lr": 0.1, "readjust-ratio": 0.2, **overrides}
+    raw = {
+        "algorithm": algorithm,
+        "dataset": "digits",
+        "num-rounds": 6,
+        "iterations": 1,
+        "fraction-train": 0.5,
+        "local-epochs": 1,
+        "lr": 0.1,
+        "readjust-ratio": 0.2,
+        **overrides,
+    }
     return InProcessFederation(parse_run_config(raw), num_clients)
 
 
@@ -157,15 +166,16 @@ def test_partial_downloads_change_nothing_but_the_bytes() -> None:
     whole-model downloads, and the downloads are smaller (9 rounds, two cycles)."""
     runs = {}
     for partial in (True, False):
-        fed = _federation("dmpfl", 4, **{"num-rounds": 9, "iterations": 2, "partial-download": partial,
-                                         "fraction-train": 0.75})
+        fed = _federation(
+            "dmpfl", 4, **{"num-rounds": 9, "iterations": 2, "partial-download": partial, "fraction-train": 0.75}
+        )
         runs[partial] = fed, _run_counting_down_bytes(fed, 9), fed.evaluate(9)
     (fed_p, bytes_p, eval_p), (fed_f, bytes_f, eval_f) = runs[True], runs[False]
     for pid in range(4):
         for key in (PERSONAL,):
             got, want = ClientState(fed_p.states[pid]).load_named(key), ClientState(fed_f.states[pid]).load_named(key)
             assert (got is None) == (want is None)
-            for name in (got or {}):
+            for name in got or {}:
                 np.testing.assert_array_equal(got[name], want[name])
         assert dict(eval_p[pid].metric_records["metrics"]) == dict(eval_f[pid].metric_records["metrics"])
     phases = fed_p.strategy.phases
@@ -188,8 +198,10 @@ def test_partial_download_roundtrip_on_hand_made_masks() -> None:
     np.testing.assert_array_equal(weights["w"], np.where(m_g["w"] & m_c["w"], w_g["w"], 0.0))
     np.testing.assert_array_equal(weights["b"], w_g["b"])
     w_c = {"w": np.full((3, 4), -1.0, np.float32)}
-    np.testing.assert_array_equal(compose_personal(weights["w"], masks["w"], w_c["w"], m_c["w"]),
-                                  compose_personal(w_g["w"], m_g["w"], w_c["w"], m_c["w"]))
+    np.testing.assert_array_equal(
+        compose_personal(weights["w"], masks["w"], w_c["w"], m_c["w"]),
+        compose_personal(w_g["w"], m_g["w"], w_c["w"], m_c["w"]),
+    )
     other = {"w": np.roll(m_c["w"], 1)}
     assert masks_digest(other) != masks_digest(m_c)
     with pytest.raises(PayloadError):  # cut for 5 positions, decoded for another count
@@ -268,8 +280,12 @@ def test_a_partial_download_for_another_mask_is_stale_and_then_sent_whole() -> N
     fed.runner.aggregate_train(5, [FakeReply(1000 + pid, error="StaleGlobalModel")])
     again = strategy.train_content(5, pid, strategy.shared_payload(5))
     assert "global" in again.array_records and "global-partial" not in again.array_records
-    phase2 = RecordDict({"config": ConfigRecord({**dict(content.config_records["config"]), "phase": 2}),
-                         "global-partial": content.array_records["global-partial"]})
+    phase2 = RecordDict(
+        {
+            "config": ConfigRecord({**dict(content.config_records["config"]), "phase": 2}),
+            "global-partial": content.array_records["global-partial"],
+        }
+    )
     with pytest.raises(PayloadError, match="phase 2"):
         fed.client(pid).fit(3, phase2)
 
@@ -284,8 +300,9 @@ def test_stages_of_the_sparse_algorithms() -> None:
             assert {stage_key(st, sc) for st in want for sc in SCOPES} <= keys, (algorithm, rnd)
             content = fed.strategy.train_content(rnd, 0, fed.strategy.shared_payload(rnd))
             assert "global-partial" not in content.array_records, "stages evaluate the whole theta_g"
-        assert set(fed.round_log.train["stages"]) == set(stages) - ({"L2+"} if algorithm == "dmpfl"
-                                                                     and fed.strategy.phase(6) == 2 else set())
+        assert set(fed.round_log.train["stages"]) == set(stages) - (
+            {"L2+"} if algorithm == "dmpfl" and fed.strategy.phase(6) == 2 else set()
+        )
 
 
 def test_adaptive_model_predicts_what_alg4_picks() -> None:
@@ -319,6 +336,7 @@ def _count_forwards(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         if type(module).__module__.startswith("common.models"):
             calls[0] += 1
         return original(module, *args, **kwargs)
+
     monkeypatch.setattr(torch.nn.Module, "__call__", counting)
     return calls
 
@@ -342,8 +360,13 @@ def test_dmpfl_evaluation_runs_each_model_once_per_set_with_identical_metrics(mo
     # with the memo, one pass per model and set: theta_c and theta_g on the test and shift sets (4), theta_g on the
     # training data for BE_g (1) and theta_c there for BE_c unless its phase 3 stored it (1); a client that never
     # trained holds theta_c = theta_g, one model: test, shift and training data once each (3)
-    kinds = [(ClientState(fed.states[pid]).load_named(PERSONAL) is not None,
-              ClientState(fed.states[pid]).load_named(BASE_ENTROPY_C) is not None) for pid in sorted(fed.states)]
+    kinds = [
+        (
+            ClientState(fed.states[pid]).load_named(PERSONAL) is not None,
+            ClientState(fed.states[pid]).load_named(BASE_ENTROPY_C) is not None,
+        )
+        for pid in sorted(fed.states)
+    ]
     assert {(False, False), (True, False), (True, True)} <= set(kinds), kinds
     assert with_memo == sum(3 if not trained else 6 - stored_c for trained, stored_c in kinds), (with_memo, kinds)
     assert without > with_memo
@@ -388,8 +411,12 @@ def test_feddst_readjusts_only_on_schedule() -> None:
 def test_bad_sparse_upload_is_rejected(caplog) -> None:
     fed = _federation("dmpfl")
     strategy = fed.strategy
-    bad = RecordDict({"arrays": to_record(["x/dense"], [np.zeros(3, np.float32)]),
-                      "metrics": MetricRecord({"num-examples": 5, "train-loss": 0.1})})
+    bad = RecordDict(
+        {
+            "arrays": to_record(["x/dense"], [np.zeros(3, np.float32)]),
+            "metrics": MetricRecord({"num-examples": 5, "train-loss": 0.1}),
+        }
+    )
     with caplog.at_level("WARNING"):
         fed.runner.aggregate_train(1, [FakeReply(1000, bad)])
     assert fed.round_log.train["rejected"] == 1

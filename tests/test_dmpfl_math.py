@@ -54,10 +54,18 @@ def test_vote_filter_at_exactly_30_percent() -> None:
 
 def test_aggregate_round_dense_layers_weighted_mean() -> None:
     w_g = {"w": np.zeros(4, np.float32), "b": np.zeros(2, np.float32)}
-    replies = [({"w": np.array([1, 1, 0, 0], np.float32), "b": np.array([1, 2], np.float32)},
-                {"w": np.array([True, True, False, False])}, 1.0),
-               ({"w": np.array([0, 3, 3, 0], np.float32), "b": np.array([3, 4], np.float32)},
-                {"w": np.array([False, True, True, False])}, 1.0)]
+    replies = [
+        (
+            {"w": np.array([1, 1, 0, 0], np.float32), "b": np.array([1, 2], np.float32)},
+            {"w": np.array([True, True, False, False])},
+            1.0,
+        ),
+        (
+            {"w": np.array([0, 3, 3, 0], np.float32), "b": np.array([3, 4], np.float32)},
+            {"w": np.array([False, True, True, False])},
+            1.0,
+        ),
+    ]
     new_w, new_m = aggregate_round(w_g, replies, {"w": 0.5}, min_vote_fraction=0.3)
     assert new_w["w"].tolist() == [1.0, 2.0, 3.0, 0.0]
     assert new_w["b"].tolist() == [2.0, 3.0]
@@ -66,8 +74,8 @@ def test_aggregate_round_dense_layers_weighted_mean() -> None:
 
 
 def test_adaptive_inference_follows_the_rule() -> None:
-    confident_c = torch.tensor([[8.0, 0.0, 0.0]])      # personal: low entropy, predicts class 0
-    unsure_g = torch.tensor([[0.0, 0.3, 0.0]])         # global: high entropy, predicts class 1
+    confident_c = torch.tensor([[8.0, 0.0, 0.0]])  # personal: low entropy, predicts class 0
+    unsure_g = torch.tensor([[0.0, 0.3, 0.0]])  # global: high entropy, predicts class 1
     pred, used = adaptive_predict(confident_c, unsure_g, base_entropy_c=0.1, base_entropy_g=0.1)
     assert used.tolist() == [True] and pred.tolist() == [0]
     # the same outputs, but the models disagree (Sim ~ 0.51) and theta_g's base entropy is high: choose theta_g

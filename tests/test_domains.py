@@ -79,9 +79,19 @@ def test_a_client_reports_the_global_model_on_its_domain(data_dir) -> None:
 
     from .inprocess import InProcessFederation
 
-    raw = {"algorithm": "fedavg", "dataset": "digit-domains", "partition": "domains", "data-dir": str(data_dir),
-           "num-rounds": 1, "fraction-train": 1.0, "local-epochs": 1, "model": "resnet10-s", "domain-share": 0.002,
-           "domain-test-size": 50, "shift-degrees": "0"}
+    raw = {
+        "algorithm": "fedavg",
+        "dataset": "digit-domains",
+        "partition": "domains",
+        "data-dir": str(data_dir),
+        "num-rounds": 1,
+        "fraction-train": 1.0,
+        "local-epochs": 1,
+        "model": "resnet10-s",
+        "domain-share": 0.002,
+        "domain-test-size": 50,
+        "shift-degrees": "0",
+    }
     fed = InProcessFederation(parse_run_config(raw), 4)
     assert sorted(fed.data[pid].domain for pid in range(4)) == [0, 1, 2, 3]
     fed.evaluate(0)
@@ -135,9 +145,20 @@ def test_every_client_reports_its_seen_and_unseen_domains(data_dir) -> None:
 
     from .inprocess import InProcessFederation
 
-    raw = {"algorithm": "ditto", "dataset": "digit-domains", "partition": "domains", "data-dir": str(data_dir),
-           "num-rounds": 1, "fraction-train": 1.0, "local-epochs": 1, "model": "resnet10-s", "domain-share": 0.002,
-           "domain-test-size": 60, "domain-eval-size": 40, "shift-degrees": "0"}
+    raw = {
+        "algorithm": "ditto",
+        "dataset": "digit-domains",
+        "partition": "domains",
+        "data-dir": str(data_dir),
+        "num-rounds": 1,
+        "fraction-train": 1.0,
+        "local-epochs": 1,
+        "model": "resnet10-s",
+        "domain-share": 0.002,
+        "domain-test-size": 60,
+        "domain-eval-size": 40,
+        "shift-degrees": "0",
+    }
     cfg = parse_run_config(raw)
     fed = InProcessFederation(cfg, 5)
     fed.train_round(1)

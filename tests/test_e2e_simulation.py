@@ -22,8 +22,9 @@ def superlink(tmp_path_factory):
 
 
 def _run(superlink: LocalSuperLink, results: Path, name: str, overrides: str = "", rounds: int = 3):
-    config = (f"results-dir='{results}' run-name='{name}' num-rounds={rounds} fraction-train=0.5 "
-              f"local-epochs=2 {overrides}")
+    config = (
+        f"results-dir='{results}' run-name='{name}' num-rounds={rounds} fraction-train=0.5 local-epochs=2 {overrides}"
+    )
     return superlink.run(REPO, config, num_supernodes=NUM_NODES)
 
 
@@ -39,8 +40,14 @@ def test_fedavg_run_writes_results_and_learns(superlink, tmp_path) -> None:
     outcome = _run(superlink, tmp_path, "fedavg")
     _outcome_ok(outcome)
     run_dir = tmp_path / "fedavg"
-    for name in ("config.json", "metrics.jsonl", "summary.md", "summary.json",
-                 "accuracy_vs_round.png", "accuracy_vs_shift.png"):
+    for name in (
+        "config.json",
+        "metrics.jsonl",
+        "summary.md",
+        "summary.json",
+        "accuracy_vs_round.png",
+        "accuracy_vs_shift.png",
+    ):
         assert (run_dir / name).is_file(), name
     assert f"summary: {(run_dir / 'summary.md').resolve()}" in outcome.output
     rounds = _rounds(run_dir)
@@ -81,8 +88,9 @@ def test_local_sends_no_weights(superlink, tmp_path) -> None:
 
 @pytest.mark.parametrize("algorithm", ["dmpfl", "feddst"])
 def test_sparse_algorithms_run_and_send_less(superlink, tmp_path, algorithm: str) -> None:
-    outcome = _run(superlink, tmp_path, algorithm, f"algorithm='{algorithm}' iterations=1 "
-                                                   "readjust-interval=2 sparsity=0.8")
+    outcome = _run(
+        superlink, tmp_path, algorithm, f"algorithm='{algorithm}' iterations=1 readjust-interval=2 sparsity=0.8"
+    )
     _outcome_ok(outcome)
     rounds = _rounds(tmp_path / algorithm)
     model_bytes = 9610 * 4
@@ -96,16 +104,20 @@ def test_sparse_algorithms_run_and_send_less(superlink, tmp_path, algorithm: str
 def test_bad_config_value_fails_with_one_clear_line(superlink, tmp_path) -> None:
     outcome = _run(superlink, tmp_path, "bad", "partition='random'")
     assert outcome.status == "finished:failed"
-    assert ("run-config 'partition' = 'random' is not valid; allowed values: iid, dirichlet, pathological, ls, qs, "
-            "lsqs, grouped") in outcome.output
+    assert (
+        "run-config 'partition' = 'random' is not valid; allowed values: iid, dirichlet, pathological, ls, qs, "
+        "lsqs, grouped"
+    ) in outcome.output
     assert "Traceback" not in outcome.output
 
 
 def test_a_partition_the_data_cannot_feed_fails_once_in_one_line(superlink, tmp_path) -> None:
     outcome = _run(superlink, tmp_path, "toofew", f"max-samples={NUM_NODES}")
     assert outcome.status == "finished:failed"
-    reason = (f"{NUM_NODES} clients for {NUM_NODES} samples: each client needs at least 2; use at most "
-              f"{NUM_NODES // 2} clients")
+    reason = (
+        f"{NUM_NODES} clients for {NUM_NODES} samples: each client needs at least 2; use at most "
+        f"{NUM_NODES // 2} clients"
+    )
     assert f"no client answered the handshake: {reason}" in outcome.output
     assert outcome.output.count(reason) == 1 and "Traceback" not in outcome.output
 
@@ -113,8 +125,10 @@ def test_a_partition_the_data_cannot_feed_fails_once_in_one_line(superlink, tmp_
 def test_missing_data_fails_naming_the_files(superlink, tmp_path) -> None:
     outcome = _run(superlink, tmp_path, "nodata", f"dataset='cifar10' data-dir='{tmp_path / 'empty'}'")
     assert outcome.status == "finished:failed"
-    assert f"cifar10: expected data_batch_1..5 and test_batch in {tmp_path / 'empty' / 'cifar-10-batches-py'}" \
+    assert (
+        f"cifar10: expected data_batch_1..5 and test_batch in {tmp_path / 'empty' / 'cifar-10-batches-py'}"
         in outcome.output
+    )
     assert "Traceback" not in outcome.output
 
 
@@ -142,8 +156,10 @@ def test_fliu_reports_its_stages(superlink, tmp_path) -> None:
     assert "| L1 |" in summary and "rho_0.95" in summary
 
 
-@pytest.mark.parametrize(("algorithm", "shared_params"), [
-    ("lg-fedavg", 1290), ("fedper", 8320), ("fedrep", 8320), ("fedbn", 9610), ("ditto", 9610), ("apfl", 9610)])
+@pytest.mark.parametrize(
+    ("algorithm", "shared_params"),
+    [("lg-fedavg", 1290), ("fedper", 8320), ("fedrep", 8320), ("fedbn", 9610), ("ditto", 9610), ("apfl", 9610)],
+)
 def test_split_and_personal_baselines_run_end_to_end(superlink, tmp_path, algorithm: str, shared_params: int) -> None:
     outcome = _run(superlink, tmp_path, algorithm, f"algorithm='{algorithm}'", rounds=2)
     _outcome_ok(outcome)
@@ -159,9 +175,11 @@ def test_split_and_personal_baselines_run_end_to_end(superlink, tmp_path, algori
 
 
 def test_dapperfl_on_the_digit_domains_prunes_by_device(superlink, tmp_path, data_dir) -> None:
-    config = (f"results-dir='{tmp_path}' run-name='dapperfl' num-rounds=2 fraction-train=1.0 local-epochs=2 "
-              f"algorithm='dapperfl' dataset='digit-domains' partition='domains' data-dir='{data_dir}' "
-              "domain-share=0.005 domain-test-size=200 shift-degrees='0' batch-size=32")
+    config = (
+        f"results-dir='{tmp_path}' run-name='dapperfl' num-rounds=2 fraction-train=1.0 local-epochs=2 "
+        f"algorithm='dapperfl' dataset='digit-domains' partition='domains' data-dir='{data_dir}' "
+        "domain-share=0.005 domain-test-size=200 shift-degrees='0' batch-size=32"
+    )
     outcome = superlink.run(REPO, config, num_supernodes=10)
     _outcome_ok(outcome)
     rounds = _rounds(tmp_path / "dapperfl")

@@ -32,12 +32,19 @@ from .conftest import REPO
 
 def _content() -> RecordDict:
     rng = np.random.default_rng(0)
-    return RecordDict({
-        "arrays": ArrayRecord({"big": Array(rng.standard_normal(SHARED_FROM_BYTES // 2).astype(np.float32)),
-                               "small": Array(np.arange(6, dtype=np.int64).reshape(2, 3)),
-                               "empty": Array(np.zeros(0, np.float32))}),
-        "metrics": MetricRecord({"loss": 0.25, "n": 7, "curve": [0.5, 0.75]}),
-        "config": ConfigRecord({"phase": 2, "flag": True, "name": "x", "raw": b"\x00\x01"})})
+    return RecordDict(
+        {
+            "arrays": ArrayRecord(
+                {
+                    "big": Array(rng.standard_normal(SHARED_FROM_BYTES // 2).astype(np.float32)),
+                    "small": Array(np.arange(6, dtype=np.int64).reshape(2, 3)),
+                    "empty": Array(np.zeros(0, np.float32)),
+                }
+            ),
+            "metrics": MetricRecord({"loss": 0.25, "n": 7, "curve": [0.5, 0.75]}),
+            "config": ConfigRecord({"phase": 2, "flag": True, "name": "x", "raw": b"\x00\x01"}),
+        }
+    )
 
 
 def _gone(name: str) -> bool:
@@ -76,8 +83,9 @@ def test_a_reply_block_is_freed_by_its_reader() -> None:
 def _query(node: int) -> Message:
     for name in ("run_id", "node_id", "task_id"):
         setattr(TaskIdentity, name, 1)
-    return Message(RecordDict({"config": ConfigRecord({"server-round": 0})}), dst_node_id=node,
-                   message_type=MessageType.QUERY)
+    return Message(
+        RecordDict({"config": ConfigRecord({"server-round": 0})}), dst_node_id=node, message_type=MessageType.QUERY
+    )
 
 
 def _replies(grid: InProcessGrid, ids: list[str], timeout: float = 120.0) -> list[Message]:
@@ -120,10 +128,23 @@ def test_a_worker_that_dies_gives_error_replies_and_the_pool_is_replaced(tmp_pat
 
 
 # ----- whole runs ----------------------------------------------------------------------------------------------
-BASE = {"dataset": "digits", "num-rounds": 3, "iterations": 1, "fraction-train": 0.5, "local-epochs": 1, "lr": 0.1,
-        "readjust-ratio": 0.2, "seed": 3, "shift-degrees": "0,1", "message-digests": True, "drop-rate": 0.3,
-        "straggler-rate": 0.3,
-        "holdout-clients": 0.25, "holdout-finetune-epochs": 1, "eval-every": 1}
+BASE = {
+    "dataset": "digits",
+    "num-rounds": 3,
+    "iterations": 1,
+    "fraction-train": 0.5,
+    "local-epochs": 1,
+    "lr": 0.1,
+    "readjust-ratio": 0.2,
+    "seed": 3,
+    "shift-degrees": "0,1",
+    "message-digests": True,
+    "drop-rate": 0.3,
+    "straggler-rate": 0.3,
+    "holdout-clients": 0.25,
+    "holdout-finetune-epochs": 1,
+    "eval-every": 1,
+}
 CLIENTS = 4
 
 
@@ -144,8 +165,9 @@ def superlink(tmp_path_factory):
 @pytest.mark.parametrize("algorithm", sorted(SPECS))
 def test_every_algorithm_sends_the_same_messages_on_both_engines(algorithm: str, superlink, tmp_path: Path) -> None:
     config = {**BASE, "algorithm": algorithm, "run-name": "run"}
-    outcome = superlink.run(REPO, run_config_text({**config, "results-dir": str(tmp_path / "sim")}),
-                            num_supernodes=CLIENTS)
+    outcome = superlink.run(
+        REPO, run_config_text({**config, "results-dir": str(tmp_path / "sim")}), num_supernodes=CLIENTS
+    )
     assert outcome.status == "finished:completed", outcome.output[-3000:]
     assert serve({**config, "results-dir": str(tmp_path / "inp")}, CLIENTS, workers=2)
     simulated, in_process = _digests(tmp_path / "sim" / "run"), _digests(tmp_path / "inp" / "run")
@@ -169,8 +191,15 @@ def test_a_killed_run_resumes_on_the_in_process_engine_to_the_uninterrupted_mess
     reference = _digests(tmp_path / "a" / "run")
 
     run_dir = tmp_path / "b" / "run"
-    command = [sys.executable, "-m", "experiments.engine", "--run-config",
-               json.dumps({**config, "results-dir": str(tmp_path / "b")}), "--clients", str(CLIENTS)]
+    command = [
+        sys.executable,
+        "-m",
+        "experiments.engine",
+        "--run-config",
+        json.dumps({**config, "results-dir": str(tmp_path / "b")}),
+        "--clients",
+        str(CLIENTS),
+    ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
@@ -182,8 +211,9 @@ def test_a_killed_run_resumes_on_the_in_process_engine_to_the_uninterrupted_mess
     assert 3 <= stopped_after < 6, f"the kill came too late to test anything (round {stopped_after})"
 
     lines: list[str] = []
-    outcome = InProcessEngine(workers=2).run({**config, "results-dir": str(tmp_path / "b"), "resume": str(run_dir)},
-                                             CLIENTS, 600, lines.append)
+    outcome = InProcessEngine(workers=2).run(
+        {**config, "results-dir": str(tmp_path / "b"), "resume": str(run_dir)}, CLIENTS, 600, lines.append
+    )
     assert outcome.status == "finished:completed", "\n".join(lines[-30:])
     assert any(f"resumed after round {stopped_after} of 6" in line for line in lines)
     assert _digests(run_dir) == reference, "the resumed run sends and receives what the uninterrupted one did"

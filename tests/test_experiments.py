@@ -173,18 +173,42 @@ def test_mean_ci_and_paired_differences_are_exact() -> None:
     assert fmt_ci(0.5, float("nan")) == "50.00" and fmt_ci(float("nan"), 0.1) == "n/a"
 
 
-def _fixture_run(root: Path, name: str, algorithm: str, seed: int, acc: float, shifted: float, mb: float,
-                 flops: float, unseen: float | None = None) -> None:
+def _fixture_run(
+    root: Path,
+    name: str,
+    algorithm: str,
+    seed: int,
+    acc: float,
+    shifted: float,
+    mb: float,
+    flops: float,
+    unseen: float | None = None,
+) -> None:
     run = root / name
     run.mkdir(parents=True)
     config = {"algorithm": algorithm, "dataset": "digits", "partition": "dirichlet", "seed": seed}
-    final = {"mean": {"acc-shift-0": acc, "acc-shift-1": shifted, "acc-corrupt-gaussian_noise-1": acc - 0.1,
-                      "acc-corrupt-gaussian_noise-3": acc - 0.3},
-             "std": {"acc-shift-0": 0.1, "acc-shift-1": 0.2}, "num_clients": 4}
-    records = [{"round": 1, "eval": {"mean": {"acc-shift-0": acc + 0.05, "acc-shift-1": shifted}}},
-               {"round": 2, "eval": final}]
-    summary = {"algorithm": algorithm, "final": final, "shift_degrees": [0.0, 1.0], "final_round": 2,
-               "mb_per_client": {"train_down": mb / 2, "train_up": mb / 2}, "train_flops_per_client": flops}
+    final = {
+        "mean": {
+            "acc-shift-0": acc,
+            "acc-shift-1": shifted,
+            "acc-corrupt-gaussian_noise-1": acc - 0.1,
+            "acc-corrupt-gaussian_noise-3": acc - 0.3,
+        },
+        "std": {"acc-shift-0": 0.1, "acc-shift-1": 0.2},
+        "num_clients": 4,
+    }
+    records = [
+        {"round": 1, "eval": {"mean": {"acc-shift-0": acc + 0.05, "acc-shift-1": shifted}}},
+        {"round": 2, "eval": final},
+    ]
+    summary = {
+        "algorithm": algorithm,
+        "final": final,
+        "shift_degrees": [0.0, 1.0],
+        "final_round": 2,
+        "mb_per_client": {"train_down": mb / 2, "train_up": mb / 2},
+        "train_flops_per_client": flops,
+    }
     if unseen is not None:
         summary["unseen"] = {"mean": {"acc-shift-0": unseen, "finetuned-acc-shift-0": unseen + 0.2}}
     (run / "config.json").write_text(json.dumps(config))
@@ -226,17 +250,20 @@ def test_the_report_holds_exactly_the_runs_numbers(tmp_path: Path) -> None:
 def test_a_failed_run_is_explained_by_its_own_error_line_not_flowers() -> None:
     from experiments.runs import _last_error
 
-    output = ("\x1b[92mINFO \x1b[0m:      starting\n"
-              "\x1b[91mERROR \x1b[0m:     mnist: expected train-images-idx3-ubyte.gz in /x/MNIST/raw\n"
-              "\x1b[91mERROR \x1b[0m:     Simulation raised an exception\n"
-              "\x1b[91mERROR \x1b[0m:     Exit Code: 700\n")
+    output = (
+        "\x1b[92mINFO \x1b[0m:      starting\n"
+        "\x1b[91mERROR \x1b[0m:     mnist: expected train-images-idx3-ubyte.gz in /x/MNIST/raw\n"
+        "\x1b[91mERROR \x1b[0m:     Simulation raised an exception\n"
+        "\x1b[91mERROR \x1b[0m:     Exit Code: 700\n"
+    )
     assert _last_error(output) == "mnist: expected train-images-idx3-ubyte.gz in /x/MNIST/raw"
     assert _last_error("ERROR : Exit Code: 700") == "Exit Code: 700"
     assert _last_error("all fine") == ""
 
 
 def test_a_kept_run_made_with_other_settings_stops_the_sweep_before_anything_runs(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from common.config import parse_run_config
     from experiments.runs import changed_settings
 
@@ -261,7 +288,8 @@ def test_a_kept_run_made_with_other_settings_stops_the_sweep_before_anything_run
 
 
 def test_the_superlink_finds_flower_beside_the_interpreter_or_says_what_to_install(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import sys
 
     from experiments.superlink import LocalSuperLink
@@ -299,8 +327,9 @@ def test_a_run_records_its_commit_as_soon_as_its_folder_exists(tmp_path: Path) -
 
         name = "test"
 
-        def run(self, config: object, clients: object, timeout: object, echo: Callable[[str], None],
-                *args: object) -> None:
+        def run(
+            self, config: object, clients: object, timeout: object, echo: Callable[[str], None], *args: object
+        ) -> None:
             (tmp_path / spec.name).mkdir()
             echo("[round 1/2] ...")
             seen.append(run_commits(tmp_path / spec.name))

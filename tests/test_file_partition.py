@@ -59,21 +59,31 @@ def _write(path: Path, **arrays: np.ndarray) -> Path:
 GOOD = {"train_0": np.array([0, 1, 2]), "test_0": np.array([3]), "train_1": np.array([4, 5]), "test_1": np.array([6])}
 
 
-@pytest.mark.parametrize(("arrays", "message"), [
-    ({**GOOD, "test_1": None}, r"client 1 has no 'test_1' array"),
-    ({"train_0": GOOD["train_0"], "test_0": GOOD["test_0"], "train_2": GOOD["train_1"], "test_2": GOOD["test_1"]},
-     r"client 1 has no 'train_1' array"),
-    ({**GOOD, "labels": np.array([1, 2])}, r"unexpected array 'labels'"),
-    ({**GOOD, "train_1": np.array([4.0, 5.0])}, r"'train_1' has dtype float64; indices must be integers"),
-    ({**GOOD, "train_1": np.array([[4, 5]])}, r"'train_1' has shape \(1, 2\); indices must be a 1-D array"),
-    ({**GOOD, "test_0": np.array([DIGITS])}, rf"'test_0' holds index {DIGITS}, outside 0..{DIGITS - 1}"),
-    ({**GOOD, "train_0": np.array([-1, 2])}, r"'train_0' holds index -1, outside"),
-    ({**GOOD, "train_1": np.array([], dtype=np.int64)}, r"'train_1' is empty"),
-    ({**GOOD, "test_1": np.array([], dtype=np.int64)}, r"'test_1' is empty"),
-    ({**GOOD, "test_0": np.array([2, 3])}, r"client 0's train and test share 1 indices \(e.g. 2\)"),
-    ({**GOOD, "train_1": np.array([4, "x"], dtype=object)}, r"unreadable"),
-    ({}, r"holds no train_<k>/test_<k> arrays"),
-])
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        ({**GOOD, "test_1": None}, r"client 1 has no 'test_1' array"),
+        (
+            {
+                "train_0": GOOD["train_0"],
+                "test_0": GOOD["test_0"],
+                "train_2": GOOD["train_1"],
+                "test_2": GOOD["test_1"],
+            },
+            r"client 1 has no 'train_1' array",
+        ),
+        ({**GOOD, "labels": np.array([1, 2])}, r"unexpected array 'labels'"),
+        ({**GOOD, "train_1": np.array([4.0, 5.0])}, r"'train_1' has dtype float64; indices must be integers"),
+        ({**GOOD, "train_1": np.array([[4, 5]])}, r"'train_1' has shape \(1, 2\); indices must be a 1-D array"),
+        ({**GOOD, "test_0": np.array([DIGITS])}, rf"'test_0' holds index {DIGITS}, outside 0..{DIGITS - 1}"),
+        ({**GOOD, "train_0": np.array([-1, 2])}, r"'train_0' holds index -1, outside"),
+        ({**GOOD, "train_1": np.array([], dtype=np.int64)}, r"'train_1' is empty"),
+        ({**GOOD, "test_1": np.array([], dtype=np.int64)}, r"'test_1' is empty"),
+        ({**GOOD, "test_0": np.array([2, 3])}, r"client 0's train and test share 1 indices \(e.g. 2\)"),
+        ({**GOOD, "train_1": np.array([4, "x"], dtype=object)}, r"unreadable"),
+        ({}, r"holds no train_<k>/test_<k> arrays"),
+    ],
+)
 def test_bad_files_are_refused_in_one_line(tmp_path, arrays: dict, message: str) -> None:
     path = _write(tmp_path / "bad.npz", **{k: v for k, v in arrays.items() if v is not None})
     with pytest.raises(DataError, match=rf"^partition-file {path}: .*{message}") as info:

@@ -8,13 +8,21 @@ import pytest
 from common.fliu import adaptive_gamma, individualized_update
 
 
-@pytest.mark.parametrize(("n_k", "expected"), [
-    (1001, 0.9), (1000, 0.75),   # 10 n / K = 1000
-    (501, 0.75), (500, 0.5),     # 5 n / K = 500
-    (101, 0.5), (100, 0.25),     # n / K = 100
-    (51, 0.25), (50, 0.1),       # n / (2K) = 50
-    (0, 0.1), (10**6, 0.9),
-])
+@pytest.mark.parametrize(
+    ("n_k", "expected"),
+    [
+        (1001, 0.9),
+        (1000, 0.75),  # 10 n / K = 1000
+        (501, 0.75),
+        (500, 0.5),  # 5 n / K = 500
+        (101, 0.5),
+        (100, 0.25),  # n / K = 100
+        (51, 0.25),
+        (50, 0.1),  # n / (2K) = 50
+        (0, 0.1),
+        (10**6, 0.9),
+    ],
+)
 def test_gamma_boundaries_are_strict(n_k: int, expected: float) -> None:
     assert adaptive_gamma(n_k, n_total=1000, num_clients=10) == expected
 
@@ -49,11 +57,14 @@ def test_individualized_update_does_not_modify_inputs() -> None:
     assert np.array_equal(local[0], np.ones(3)) and np.array_equal(glob[0], np.zeros(3))
 
 
-@pytest.mark.parametrize(("local", "glob", "gamma", "match"), [
-    ([np.ones(2)], [np.ones(2), np.ones(1)], 0.5, "layers"),
-    ([np.ones(2)], [np.ones(3)], 0.5, "shape"),
-    ([np.ones(2)], [np.ones(2)], 1.5, r"\[0, 1\]"),
-])
+@pytest.mark.parametrize(
+    ("local", "glob", "gamma", "match"),
+    [
+        ([np.ones(2)], [np.ones(2), np.ones(1)], 0.5, "layers"),
+        ([np.ones(2)], [np.ones(3)], 0.5, "shape"),
+        ([np.ones(2)], [np.ones(2)], 1.5, r"\[0, 1\]"),
+    ],
+)
 def test_individualized_update_bad_inputs_raise(local, glob, gamma: float, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         individualized_update(local, glob, gamma)

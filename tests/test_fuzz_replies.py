@@ -39,9 +39,26 @@ def _npy(value: np.ndarray, allow_pickle: bool = False) -> bytes:
 
 def _dense_mutations(rng: np.random.Generator, arrays: list[np.ndarray]) -> tuple[str, RecordDict]:
     """One malformed FedAvg-style reply (kind, content), from a valid model."""
-    kind = rng.choice(["missing-key", "extra-key", "shape", "dtype", "nan", "inf", "huge", "no-metrics",
-                       "bad-count", "bad-loss", "empty", "empty-arrays", "pickle", "truncated", "stype",
-                       "declared-shape"])
+    kind = rng.choice(
+        [
+            "missing-key",
+            "extra-key",
+            "shape",
+            "dtype",
+            "nan",
+            "inf",
+            "huge",
+            "no-metrics",
+            "bad-count",
+            "bad-loss",
+            "empty",
+            "empty-arrays",
+            "pickle",
+            "truncated",
+            "stype",
+            "declared-shape",
+        ]
+    )
     content = train_content(NAMES, arrays, 10)
     record = content.array_records["arrays"]
     name = NAMES[int(rng.integers(len(NAMES)))]
@@ -70,8 +87,11 @@ def _dense_mutations(rng: np.random.Generator, arrays: list[np.ndarray]) -> tupl
     elif kind == "empty-arrays":
         content["arrays"] = ArrayRecord()
     elif kind == "pickle":
-        record[name] = _raw_array("float32", value.shape, _npy(np.array([{"x": 1}] * value.size, dtype=object)
-                                                               .reshape(value.shape), allow_pickle=True))
+        record[name] = _raw_array(
+            "float32",
+            value.shape,
+            _npy(np.array([{"x": 1}] * value.size, dtype=object).reshape(value.shape), allow_pickle=True),
+        )
     elif kind == "truncated":
         data = _npy(value.astype(np.float32))
         record[name] = _raw_array("float32", value.shape, data[: len(data) - int(rng.integers(1, 16))])
@@ -97,8 +117,10 @@ def test_dense_reply_fuzz(caplog) -> None:
         kind, bad = _dense_mutations(rng, models[bad_pid])
         kinds[kind] = kinds.get(kind, 0) + 1
         counts = {pid: int(rng.integers(1, 50)) for pid in range(4)}
-        replies = [FakeReply(100 + pid, bad if pid == bad_pid else train_content(NAMES, models[pid], counts[pid]))
-                   for pid in range(4)]
+        replies = [
+            FakeReply(100 + pid, bad if pid == bad_pid else train_content(NAMES, models[pid], counts[pid]))
+            for pid in range(4)
+        ]
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="flwr"):
             runner.aggregate_train(1, replies)
@@ -117,9 +139,28 @@ def _sparse_mutations(rng: np.random.Generator, arrays: dict[str, np.ndarray]) -
     out = {k: v.copy() for k, v in arrays.items()}
     sparse = sorted({k.rpartition("/")[0] for k in out if k.endswith("/bits")})
     name = sparse[int(rng.integers(len(sparse)))]
-    kind = str(rng.choice(["bits-truncated", "bits-oversized", "bits-dtype", "padding", "nnz-more", "nnz-less",
-                           "digest", "digest-negative", "shape", "values-nan", "values-dtype", "missing-values",
-                           "unknown-key", "too-dense", "dense-and-sparse", "huge-shape"]))
+    kind = str(
+        rng.choice(
+            [
+                "bits-truncated",
+                "bits-oversized",
+                "bits-dtype",
+                "padding",
+                "nnz-more",
+                "nnz-less",
+                "digest",
+                "digest-negative",
+                "shape",
+                "values-nan",
+                "values-dtype",
+                "missing-values",
+                "unknown-key",
+                "too-dense",
+                "dense-and-sparse",
+                "huge-shape",
+            ]
+        )
+    )
     if kind == "bits-truncated":
         out[f"{name}/bits"] = out[f"{name}/bits"][:-1]
     elif kind == "bits-oversized":
@@ -163,8 +204,15 @@ def _sparse_mutations(rng: np.random.Generator, arrays: dict[str, np.ndarray]) -
 
 
 def test_sparse_reply_fuzz(caplog) -> None:
-    raw = {"algorithm": "feddst", "dataset": "digits", "num-rounds": 2, "fraction-train": 1.0, "local-epochs": 1,
-           "sparsity": 0.8, "readjust-interval": 1}  # round 1 readjusts: full bitmask uploads
+    raw = {
+        "algorithm": "feddst",
+        "dataset": "digits",
+        "num-rounds": 2,
+        "fraction-train": 1.0,
+        "local-epochs": 1,
+        "sparsity": 0.8,
+        "readjust-interval": 1,
+    }  # round 1 readjusts: full bitmask uploads
     fed = InProcessFederation(parse_run_config(raw), 4)
     strategy = fed.strategy
     shared = strategy.shared_payload(1)
@@ -206,8 +254,10 @@ def test_personalization_strategies_reject_a_pickled_array(algorithm: str, caplo
     name = next(iter(content.array_records["arrays"].keys()))
     shape = tuple(content.array_records["arrays"][name].shape)
     content.array_records["arrays"][name] = _raw_array(
-        "float32", shape, _npy(np.array([object()] * int(np.prod(shape)), dtype=object).reshape(shape),
-                               allow_pickle=True))
+        "float32",
+        shape,
+        _npy(np.array([object()] * int(np.prod(shape)), dtype=object).reshape(shape), allow_pickle=True),
+    )
     with caplog.at_level(logging.WARNING, logger="flwr"):
         fed.runner.aggregate_train(2, [FakeReply(1000, content)])
     assert fed.round_log.train["rejected"] == 1

@@ -55,8 +55,16 @@ def test_hold_out_is_seeded_at_least_one_and_never_all() -> None:
 
 
 def _federation(algorithm: str, **overrides) -> InProcessFederation:
-    raw = {"algorithm": algorithm, "dataset": "digits", "num-rounds": 3, "fraction-train": 1.0, "local-epochs": 1,
-           "lr": 0.1, "holdout-clients": 0.25, **overrides}
+    raw = {
+        "algorithm": algorithm,
+        "dataset": "digits",
+        "num-rounds": 3,
+        "fraction-train": 1.0,
+        "local-epochs": 1,
+        "lr": 0.1,
+        "holdout-clients": 0.25,
+        **overrides,
+    }
     if algorithm == "dapperfl":
         raw["model"] = "mlp"
     fed = InProcessFederation(parse_run_config(raw), CLIENTS)
@@ -130,8 +138,7 @@ def test_newcomers_are_evaluated_as_received_and_after_fine_tuning(algorithm: st
 def test_a_newcomer_reply_without_its_fine_tuned_rows_is_rejected(server_identity: None) -> None:
     fed = _federation("fedavg")
     forged_pid = fed.clients.holdout_ids()[0]
-    metrics = {"num-test": 5, "loss": 1.0, "server-round": 1,
-               **{shift_key(d): 0.5 for d in fed.cfg.shift_degrees}}
+    metrics = {"num-test": 5, "loss": 1.0, "server-round": 1, **{shift_key(d): 0.5 for d in fed.cfg.shift_degrees}}
     evaluate_newcomers(fed.runner, _Grid(fed, {forged_pid: RecordDict({"metrics": MetricRecord(metrics)})}), 1)
     assert fed.round_log.unseen is not None and fed.round_log.unseen["failed"] == 1
     assert fed.round_log.unseen["num_clients"] == 1
@@ -150,14 +157,24 @@ def test_a_newcomer_refuses_training_and_too_many_epochs() -> None:
 
 def test_the_summary_has_the_unseen_row() -> None:
     degrees = [0.0, 1.0]
-    unseen = {"num_clients": 2, "failed": 0, "mean": {"acc-shift-0": 0.5, "acc-shift-1": 0.25,
-                                                     "finetuned-acc-shift-0": 0.75, "finetuned-acc-shift-1": 0.5},
-              "std": dict.fromkeys(["acc-shift-0", "acc-shift-1", "finetuned-acc-shift-0", "finetuned-acc-shift-1"],
-                                   0.0)}
-    record = {"round": 1, "wall_s": 1.0, "train": {"used": 1, "sent": 1}, "bytes": dict.fromkeys(
-        ["train_down", "train_up", "eval_down", "eval_up"], 0), "eval": {
-        "mean": {"acc-shift-0": 0.9, "acc-shift-1": 0.8}, "std": {"acc-shift-0": 0.0, "acc-shift-1": 0.0},
-        "num_clients": 6}, "unseen": unseen}
+    unseen = {
+        "num_clients": 2,
+        "failed": 0,
+        "mean": {"acc-shift-0": 0.5, "acc-shift-1": 0.25, "finetuned-acc-shift-0": 0.75, "finetuned-acc-shift-1": 0.5},
+        "std": dict.fromkeys(["acc-shift-0", "acc-shift-1", "finetuned-acc-shift-0", "finetuned-acc-shift-1"], 0.0),
+    }
+    record = {
+        "round": 1,
+        "wall_s": 1.0,
+        "train": {"used": 1, "sent": 1},
+        "bytes": dict.fromkeys(["train_down", "train_up", "eval_down", "eval_up"], 0),
+        "eval": {
+            "mean": {"acc-shift-0": 0.9, "acc-shift-1": 0.8},
+            "std": {"acc-shift-0": 0.0, "acc-shift-1": 0.0},
+            "num_clients": 6,
+        },
+        "unseen": unseen,
+    }
     summary = summarize([record], {"shift_degrees": degrees, "num_clients": 8})
     assert summary["unseen"] == unseen
     text = render_markdown(summary)

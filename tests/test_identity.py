@@ -28,9 +28,24 @@ class ClaimGrid:
 
     def send_and_receive(self, messages, timeout):
         self.asked += [m.dst_node_id for m in messages]
-        return [FakeReply(m.dst_node_id, RecordDict({"metrics": MetricRecord(
-            {"partition-id": self.claims[m.dst_node_id], "num-partitions": 8, "num-train": 100, "num-test": 10})}))
-            for m in messages]
+        return [
+            FakeReply(
+                m.dst_node_id,
+                RecordDict(
+                    {
+                        "metrics": MetricRecord(
+                            {
+                                "partition-id": self.claims[m.dst_node_id],
+                                "num-partitions": 8,
+                                "num-train": 100,
+                                "num-test": 10,
+                            }
+                        )
+                    }
+                ),
+            )
+            for m in messages
+        ]
 
 
 class Clock:
@@ -119,17 +134,28 @@ def test_claims_outside_the_declared_partitions_are_refused(caplog) -> None:
 
 @pytest.mark.parametrize("algorithm", ["fedamp", "fedfomo", "fedavg"])
 def test_a_late_node_with_an_unknown_partition_is_refused_and_the_run_goes_on(algorithm: str, caplog) -> None:
-    raw = {"algorithm": algorithm, "dataset": "digits", "num-rounds": 3, "fraction-train": 1.0, "local-epochs": 1,
-           "pretrain-epochs": 0} if algorithm == "fedamp" else {
-           "algorithm": algorithm, "dataset": "digits", "num-rounds": 3, "fraction-train": 1.0, "local-epochs": 1}
+    raw = (
+        {
+            "algorithm": algorithm,
+            "dataset": "digits",
+            "num-rounds": 3,
+            "fraction-train": 1.0,
+            "local-epochs": 1,
+            "pretrain-epochs": 0,
+        }
+        if algorithm == "fedamp"
+        else {"algorithm": algorithm, "dataset": "digits", "num-rounds": 3, "fraction-train": 1.0, "local-epochs": 1}
+    )
     fed = InProcessFederation(parse_run_config(raw), 3)
     fed.train_round(1)
     grid = ClaimGrid({1000 + pid: pid for pid in range(3)} | {77: 5, 78: 3})  # 3 is in range but not in this run
     with caplog.at_level(logging.WARNING, logger="flwr"):
         assert fed.clients.refresh(grid, timeout=5) == []
     assert fed.clients.ids() == [0, 1, 2]
-    assert "node 77: handshake rejected: claims partition 5, which is not one of the 3 partitions of this run" \
+    assert (
+        "node 77: handshake rejected: claims partition 5, which is not one of the 3 partitions of this run"
         in caplog.text
+    )
     assert "node 78: handshake rejected: claims partition 3" in caplog.text
     fed.train_round(2)
     assert fed.round_log.train["used"] == 3
@@ -146,8 +172,12 @@ class FailingGrid(ClaimGrid):
 
 
 def test_a_fault_every_node_shares_is_logged_once_and_named_when_the_run_stops(caplog) -> None:
-    with caplog.at_level(logging.WARNING, logger="flwr"), pytest.raises(
-            clients_module.RunAborted, match="no client answered the handshake: DataError: 25 clients for 10 samples"):
+    with (
+        caplog.at_level(logging.WARNING, logger="flwr"),
+        pytest.raises(
+            clients_module.RunAborted, match="no client answered the handshake: DataError: 25 clients for 10 samples"
+        ),
+    ):
         ClientRegistry().handshake(FailingGrid({n: 0 for n in range(50)}), timeout=5)
     assert "failed the handshake" not in caplog.text, "said once, in the reason the run stops"
 
@@ -157,8 +187,10 @@ class PartlyRefusingGrid(ClaimGrid):
 
     def send_and_receive(self, messages, timeout):
         refused = RecordDict({"refused": ConfigRecord({"reason": "too few samples\n\x1b[31mfake log line"})})
-        return [FakeReply(m.dst_node_id, refused) if m.dst_node_id < 3 else reply
-                for m, reply in zip(messages, super().send_and_receive(messages, timeout))]
+        return [
+            FakeReply(m.dst_node_id, refused) if m.dst_node_id < 3 else reply
+            for m, reply in zip(messages, super().send_and_receive(messages, timeout))
+        ]
 
 
 def test_a_refusing_node_is_counted_once_per_reason_with_its_text_made_printable(caplog) -> None:

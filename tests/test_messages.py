@@ -12,8 +12,18 @@ from .conftest import REPO
 
 READERS = {"read_count", "read_finite", "read_fraction", "get"}  # calls whose second (get: first) argument is a key
 RECORDS = {"ConfigRecord", "MetricRecord", "RecordDict"}  # their dict literal's keys are message names
-MESSAGE_NAMES = {"config", "metrics", "node", "reply", "content", "config_records", "metric_records", "array_records",
-                 "node_config", "instructions"}
+MESSAGE_NAMES = {
+    "config",
+    "metrics",
+    "node",
+    "reply",
+    "content",
+    "config_records",
+    "metric_records",
+    "array_records",
+    "node_config",
+    "instructions",
+}
 
 
 def _literal_keys(tree: ast.AST) -> list[tuple[int, str]]:
@@ -35,8 +45,11 @@ def _literal_keys(tree: ast.AST) -> list[tuple[int, str]]:
             if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
                 found.append((node.lineno, node.slice.value))
         elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
-            if isinstance(node.left, ast.Constant) and isinstance(node.left.value, str) and \
-                    any(name_of(c) in MESSAGE_NAMES for c in node.comparators):
+            if (
+                isinstance(node.left, ast.Constant)
+                and isinstance(node.left.value, str)
+                and any(name_of(c) in MESSAGE_NAMES for c in node.comparators)
+            ):
                 found.append((node.lineno, node.left.value))
         elif isinstance(node, ast.Call):
             func = name_of(node.func)
@@ -48,16 +61,24 @@ def _literal_keys(tree: ast.AST) -> list[tuple[int, str]]:
                 args = [k for k in node.args[0].keys if k is not None]
             else:
                 args = []
-            found.extend((node.lineno, a.value) for a in args
-                         if isinstance(a, ast.Constant) and isinstance(a.value, str))
+            found.extend(
+                (node.lineno, a.value) for a in args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+            )
     return found
 
 
 def test_the_scan_finds_spelled_out_names() -> None:
-    code = ('config["prox-mu"] = 1\nread_count(metrics, "num-train")\nx = ConfigRecord({"phase": 2})\n'
-            'if "newcomer" in content.config_records: pass\ny = msg.content.config_records.get("config")\n')
-    assert sorted(k for _, k in _literal_keys(ast.parse(code))) == ["config", "newcomer", "num-train", "phase",
-                                                                     "prox-mu"]
+    code = (
+        'config["prox-mu"] = 1\nread_count(metrics, "num-train")\nx = ConfigRecord({"phase": 2})\n'
+        'if "newcomer" in content.config_records: pass\ny = msg.content.config_records.get("config")\n'
+    )
+    assert sorted(k for _, k in _literal_keys(ast.parse(code))) == [
+        "config",
+        "newcomer",
+        "num-train",
+        "phase",
+        "prox-mu",
+    ]
 
 
 def test_no_module_spells_out_a_message_name() -> None:
@@ -69,8 +90,10 @@ def test_no_module_spells_out_a_message_name() -> None:
             for line, key in _literal_keys(ast.parse(path.read_text())):
                 if key.startswith("__"):  # common/persist's JSON tree of a state file, not a message
                     continue
-                offenders.append(f"{Path(path).relative_to(REPO)}:{line}: {key!r}"
-                                 + (" (declared in common/messages.py)" if key in KEYS else " (undeclared)"))
+                offenders.append(
+                    f"{Path(path).relative_to(REPO)}:{line}: {key!r}"
+                    + (" (declared in common/messages.py)" if key in KEYS else " (undeclared)")
+                )
     assert not offenders, "use the constants of common/messages.py:\n" + "\n".join(offenders)
 
 

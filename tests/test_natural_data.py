@@ -62,9 +62,12 @@ def test_natural_partition_orders_by_size_and_drops_small_ids() -> None:
 
 def test_more_clients_than_natural_ids_is_one_line() -> None:
     ids = np.repeat(np.arange(4), [30, 25, 10, 3])
-    with pytest.raises(DataError, match=r"^partition 'natural': toy has 2 writers with at least 20 samples "
-                                        r"\(natural-min-samples; 2 of 4 dropped\), the run has 3 clients: use at "
-                                        r"most 2 \(num-supernodes\)$"):
+    with pytest.raises(
+        DataError,
+        match=r"^partition 'natural': toy has 2 writers with at least 20 samples "
+        r"\(natural-min-samples; 2 of 4 dropped\), the run has 3 clients: use at "
+        r"most 2 \(num-supernodes\)$",
+    ):
         natural_partition(ids, 3, 20, "writer", "toy")
 
 
@@ -79,8 +82,7 @@ def test_natural_min_samples_is_validated() -> None:
         parse_run_config({"natural-min-samples": 1})
 
 
-@pytest.mark.parametrize(("name", "expected"), [("femnist", FEMNIST_FILE), ("har", HAR_FILES[0]),
-                                                ("usps", "usps.bz2")])
+@pytest.mark.parametrize(("name", "expected"), [("femnist", FEMNIST_FILE), ("har", HAR_FILES[0]), ("usps", "usps.bz2")])
 def test_missing_files_are_named_in_one_line(tmp_path, name: str, expected: str) -> None:
     with pytest.raises(DataError, match=f"^{name}: expected .*{expected}") as info:
         load_dataset(name, str(tmp_path), False)
@@ -152,8 +154,9 @@ def test_cifar10_reads_every_batch_present(data_dir, tmp_path, monkeypatch) -> N
     for extra in ("data_batch_4", "data_batch_5"):
         (folder / extra).symlink_to(root / "cifar-10-batches-py" / "data_batch_1")
     sha = datasets.CIFAR_SUBSET_SHA256["data_batch_1"]
-    monkeypatch.setattr(datasets, "CIFAR_SUBSET_SHA256",
-                        {**datasets.CIFAR_SUBSET_SHA256, "data_batch_4": sha, "data_batch_5": sha})
+    monkeypatch.setattr(
+        datasets, "CIFAR_SUBSET_SHA256", {**datasets.CIFAR_SUBSET_SHA256, "data_batch_4": sha, "data_batch_5": sha}
+    )
     data = load_dataset("cifar10", str(tmp_path), False)
     load_dataset.cache_clear()
     assert len(data.y) == 60000
@@ -161,8 +164,9 @@ def test_cifar10_reads_every_batch_present(data_dir, tmp_path, monkeypatch) -> N
 
 
 # ----- models fit the data ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("dataset", "shape", "classes"), [("femnist", (1, 28, 28), 62), ("har", (9, 128), 6),
-                                                           ("usps", (1, 16, 16), 10)])
+@pytest.mark.parametrize(
+    ("dataset", "shape", "classes"), [("femnist", (1, 28, 28), 62), ("har", (9, 128), 6), ("usps", (1, 16, 16), 10)]
+)
 def test_default_models_build(dataset: str, shape: tuple[int, ...], classes: int) -> None:
     for name in ("auto", AUTO_MODEL[dataset] + "-bn"):
         model = build_model(name, dataset, shape, classes, seed=0)
@@ -171,19 +175,28 @@ def test_default_models_build(dataset: str, shape: tuple[int, ...], classes: int
     assert sum(p.numel() for p in build_model("auto", "har", (9, 128), 6, 0).parameters()) == 328_838
 
 
-@pytest.mark.parametrize(("dataset", "files", "raw"), [
-    ("femnist", (FEMNIST_FILE,), {"partition": "natural"}),
-    ("har", HAR_FILES, {"partition": "natural", "batch-size": 10}),
-    ("usps", ("USPS/usps.bz2", "USPS/usps.t.bz2"), {"partition": "dirichlet", "max-samples": 1500}),
-])
+@pytest.mark.parametrize(
+    ("dataset", "files", "raw"),
+    [
+        ("femnist", (FEMNIST_FILE,), {"partition": "natural"}),
+        ("har", HAR_FILES, {"partition": "natural", "batch-size": 10}),
+        ("usps", ("USPS/usps.bz2", "USPS/usps.t.bz2"), {"partition": "dirichlet", "max-samples": 1500}),
+    ],
+)
 def test_a_client_learns_and_a_round_runs(data_dir, dataset: str, files: tuple[str, ...], raw: dict) -> None:
     root = _staged(data_dir, *files)
-    cfg = parse_run_config({"dataset": dataset, "data-dir": root, "fraction-train": 1.0, "local-epochs": 1,
-                            "lr": 0.05, **raw})
+    cfg = parse_run_config(
+        {"dataset": dataset, "data-dir": root, "fraction-train": 1.0, "local-epochs": 1, "lr": 0.05, **raw}
+    )
     client = client_data(cfg, 0, 3)
     model = build_model("auto", dataset, client.input_shape, client.num_classes, seed=0)
-    stats = train(model, client.train_x, client.train_y, TrainSettings(epochs=4, batch_size=cfg.batch_size, lr=0.05),
-                  torch.Generator().manual_seed(0))
+    stats = train(
+        model,
+        client.train_x,
+        client.train_y,
+        TrainSettings(epochs=4, batch_size=cfg.batch_size, lr=0.05),
+        torch.Generator().manual_seed(0),
+    )
     assert stats.epoch_losses[-1] < stats.epoch_losses[0], stats.epoch_losses
     fed = InProcessFederation(cfg, 3)
     for rnd in (1, 2):

@@ -39,8 +39,17 @@ def test_only_dirty_clients_train_on_flipped_labels_and_tests_stay_clean() -> No
     assert federated_split(cfg, 5).train[0].size == federated_split(clean_cfg, 5).train[0].size
 
 
-@pytest.mark.parametrize("key, value", [("drop-rate", 0.99), ("dirty-fraction", 1.5), ("dirty-clients", -0.1),
-                                        ("rho-eps", "0.9,2"), ("stage-test-size", -1), ("stages", "maybe")])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("drop-rate", 0.99),
+        ("dirty-fraction", 1.5),
+        ("dirty-clients", -0.1),
+        ("rho-eps", "0.9,2"),
+        ("stage-test-size", -1),
+        ("stages", "maybe"),
+    ],
+)
 def test_fault_and_stage_keys_are_validated(key: str, value) -> None:
     with pytest.raises(ConfigError, match=f"'{key}'"):
         parse_run_config({key: value})

@@ -24,13 +24,16 @@ def test_a_new_store_has_its_disk_space_reserved(tmp_path: Path) -> None:
     assert store.shape == (50, 10_000) and not store.any()
 
 
-@pytest.mark.parametrize("make", [
-    lambda path: ModelMatrix(4, np.zeros(1000, np.float32), True, path),
-    lambda path: PersonalMaskStore([1, 2], {"w": (64,)}, path).put(1, {"w": np.ones(64, bool)}),
-])
-def test_a_full_disk_is_a_clear_error_and_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         make) -> None:
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda path: ModelMatrix(4, np.zeros(1000, np.float32), True, path),
+        lambda path: PersonalMaskStore([1, 2], {"w": (64,)}, path).put(1, {"w": np.ones(64, bool)}),
+    ],
+)
+def test_a_full_disk_is_a_clear_error_and_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make) -> None:
     """FedAMP's model store and DM-PFL's mask store on a full disk: a StoreSpaceError naming the file, no file."""
+
     def full(fd: int, offset: int, length: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 

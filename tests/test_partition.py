@@ -92,10 +92,13 @@ def test_dirichlet_reaches_a_thousand_clients() -> None:
     assert min(len(p) for p in parts) >= 2
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"num_clients": 25, "alpha": 0.3, "min_size": 3}, "use at most 20 clients"),
-    ({"num_clients": 10, "alpha": 0.0}, "dirichlet-alpha > 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_clients": 25, "alpha": 0.3, "min_size": 3}, "use at most 20 clients"),
+        ({"num_clients": 10, "alpha": 0.0}, "dirichlet-alpha > 0"),
+    ],
+)
 def test_dirichlet_infeasible_request_is_a_one_line_error(kwargs: dict, message: str) -> None:
     with pytest.raises(DataError, match=message) as info:
         dirichlet(LABELS[:60], seed=0, **kwargs)

@@ -15,9 +15,15 @@ from common.persist import StateFileError, atomic_write_bytes, load_tree, pack, 
 
 
 def test_nested_state_round_trips_exactly(tmp_path) -> None:
-    tree = {"global": [np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(2, np.float64)],
-            "masks": {"conv.weight": np.array([True, False, True])}, "version": 7, "name": "x", "none": None,
-            "ratio": 0.25, "ids": [1, 2, 3]}
+    tree = {
+        "global": [np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(2, np.float64)],
+        "masks": {"conv.weight": np.array([True, False, True])},
+        "version": 7,
+        "name": "x",
+        "none": None,
+        "ratio": 0.25,
+        "ids": [1, 2, 3],
+    }
     save_tree(tmp_path / "s.npz", tree)
     back = load_tree(tmp_path / "s.npz")
     assert back["version"] == 7 and back["name"] == "x" and back["none"] is None and back["ids"] == [1, 2, 3]
@@ -30,8 +36,7 @@ def test_object_arrays_are_neither_stored_nor_loaded(tmp_path) -> None:
     with pytest.raises(TypeError):
         pack({"bad": np.array([object()], dtype=object)})
     buffer = io.BytesIO()
-    np.savez(buffer, __meta__=np.frombuffer(b'{"__array__": "a0"}', np.uint8),
-             a0=np.array([{"x": 1}], dtype=object))
+    np.savez(buffer, __meta__=np.frombuffer(b'{"__array__": "a0"}', np.uint8), a0=np.array([{"x": 1}], dtype=object))
     (tmp_path / "evil.npz").write_bytes(buffer.getvalue())
     with pytest.raises(StateFileError, match="evil.npz"):
         load_tree(tmp_path / "evil.npz")

@@ -26,8 +26,15 @@ from .inprocess import InProcessFederation
 
 
 def _federation(algorithm: str, num_clients: int = 4, **overrides) -> InProcessFederation:
-    raw = {"algorithm": algorithm, "dataset": "digits", "num-rounds": 4, "fraction-train": 0.5, "local-epochs": 1,
-           "lr": 0.1, **overrides}
+    raw = {
+        "algorithm": algorithm,
+        "dataset": "digits",
+        "num-rounds": 4,
+        "fraction-train": 0.5,
+        "local-epochs": 1,
+        "lr": 0.1,
+        **overrides,
+    }
     return InProcessFederation(parse_run_config(raw), num_clients)
 
 
@@ -73,8 +80,7 @@ def test_each_client_receives_exactly_its_weighted_combination(algorithm: str) -
     rng = np.random.default_rng(1)
     matrix.set_rows([0, 1, 2, 3], matrix.W + 0.05 * rng.normal(size=matrix.W.shape).astype(np.float32))
     W = matrix.W.copy()
-    xi = (fedamp_weights(W, strategy.alpha_k(1), 50.0)[0] if algorithm == "fedamp"
-          else heurfedamp_weights(W, 5.0, 0.6))
+    xi = fedamp_weights(W, strategy.alpha_k(1), 50.0)[0] if algorithm == "fedamp" else heurfedamp_weights(W, 5.0, 0.6)
     shared = strategy.shared_payload(1)
     payloads = {pid: flatten(_arrays(strategy.train_content(1, pid, shared))) for pid in range(4)}
     for pid, u in payloads.items():
@@ -124,8 +130,9 @@ def test_fedamp_client_pulls_toward_its_cloud_model_and_keeps_it() -> None:
     names = [n for n, _ in fed.strategy.specs]
 
     def fit(mu: float, state_pid: int) -> list[np.ndarray]:
-        content = RecordDict({"arrays": to_record(names, u),
-                              "config": ConfigRecord({"server-round": 1, "prox-mu": mu})})
+        content = RecordDict(
+            {"arrays": to_record(names, u), "config": ConfigRecord({"server-round": 1, "prox-mu": mu})}
+        )
         return _arrays(fed.client(state_pid).fit(1, content))
 
     free, pulled = fit(0.0, 0), fit(5.0, 1)
@@ -160,7 +167,8 @@ def test_pretraining_flops_count_in_round_one() -> None:
     assert trained > 0 and fed.round_log.train["flops"] == pytest.approx(trained + 1234.0)
     replies = fed.train_round(2)
     assert fed.round_log.train["flops"] == pytest.approx(
-        sum(r.metric_records["metrics"]["train-flops"] for r in replies.values()))
+        sum(r.metric_records["metrics"]["train-flops"] for r in replies.values())
+    )
 
 
 def test_fedamp_pull_is_stable_at_a_huge_coefficient() -> None:
@@ -175,8 +183,9 @@ def test_fedamp_pull_is_stable_at_a_huge_coefficient() -> None:
     assert distance < 1e-3, distance
 
 
-@pytest.mark.parametrize(("algorithm", "key", "value"), [("fedprox", "proximal-mu", 25.0),
-                                                          ("ditto", "ditto-lambda", 20.0)])
+@pytest.mark.parametrize(
+    ("algorithm", "key", "value"), [("fedprox", "proximal-mu", 25.0), ("ditto", "ditto-lambda", 20.0)]
+)
 def test_a_diverging_gradient_pull_is_one_clear_error(algorithm: str, key: str, value: float) -> None:
     with pytest.raises(ConfigError, match=f"'lr' x '{key}'"):
         parse_run_config({"algorithm": algorithm, "lr": 0.1, key: value})
@@ -194,8 +203,10 @@ def test_fliu_server_averages_uniformly_or_by_samples() -> None:
     for weighting, expected in (("uniform", 2.0), ("samples", 2.5)):
         cfg = parse_run_config({"algorithm": "fliu", "fliu-weighting": weighting})
         runner = hand_made_runner(cfg, specs, [np.zeros(2, np.float32)], {0: 10, 1: 30}, node_base=10)
-        replies = [FakeReply(10, train_content(["body.w"], [np.full(2, 1.0, np.float32)], 10)),
-                   FakeReply(11, train_content(["body.w"], [np.full(2, 3.0, np.float32)], 30))]
+        replies = [
+            FakeReply(10, train_content(["body.w"], [np.full(2, 1.0, np.float32)], 10)),
+            FakeReply(11, train_content(["body.w"], [np.full(2, 3.0, np.float32)], 30)),
+        ]
         runner.aggregate_train(1, replies)
         np.testing.assert_allclose(runner.strategy.global_arrays[0], expected)
         config = runner.strategy.round_config(1, 0)
@@ -233,9 +244,11 @@ def test_fliu_fixed_gamma_and_first_round_without_own_model() -> None:
 
 # ----- stages ---------------------------------------------------------------------------------------
 def test_stage_summary_means_sums_and_strict_rho() -> None:
-    rows = [{stage_key("L1", "local"): 0.95, stage_key("L1", "global"): 0.5},
-            {stage_key("L1", "local"): 0.80, stage_key("L1", "global"): 0.7},
-            {stage_key("L2", "local"): 1.0, stage_key("L2", "global"): 0.2}]
+    rows = [
+        {stage_key("L1", "local"): 0.95, stage_key("L1", "global"): 0.5},
+        {stage_key("L1", "local"): 0.80, stage_key("L1", "global"): 0.7},
+        {stage_key("L2", "local"): 1.0, stage_key("L2", "global"): 0.2},
+    ]
     out = summarize_stages(rows, (0.9, 0.95))
     assert set(out) == {"L1", "L2"}
     assert out["L1"]["acc_local"][0] == pytest.approx(0.875) and out["L1"]["acc"][0] == pytest.approx(1.475)
@@ -353,8 +366,17 @@ def test_client_app_raises_on_a_simulated_drop() -> None:
 @pytest.mark.parametrize("algorithm", sorted(SPECS))
 def test_every_algorithm_completes_with_failing_and_late_clients(algorithm: str, rate: float) -> None:
     # of the 10 clients sampled per round, 60% of `rate` fail and 40% answer after the timeout (1; 2+1; 3+2)
-    fed = _federation(algorithm, 10, **{"fraction-train": 1.0, "num-rounds": 2, "iterations": 1,
-                                        "drop-rate": 0.6 * rate, "straggler-rate": 0.4 * rate})
+    fed = _federation(
+        algorithm,
+        10,
+        **{
+            "fraction-train": 1.0,
+            "num-rounds": 2,
+            "iterations": 1,
+            "drop-rate": 0.6 * rate,
+            "straggler-rate": 0.4 * rate,
+        },
+    )
     dropped, late = round(6 * rate), round(4 * rate)
     assert dropped + late == round(10 * rate)
     for rnd in (1, 2):

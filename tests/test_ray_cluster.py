@@ -19,8 +19,10 @@ from .harness.local_superlink import LocalSuperLink, free_port, stop_process_tre
 
 pytestmark = pytest.mark.e2e
 
-JOBS = ("import json, ray, ray._private.state as s; ray.init(address='{address}', logging_level='ERROR'); "
-        "print(json.dumps([j.get('Entrypoint', '') for j in s.jobs()]))")
+JOBS = (
+    "import json, ray, ray._private.state as s; ray.init(address='{address}', logging_level='ERROR'); "
+    "print(json.dumps([j.get('Entrypoint', '') for j in s.jobs()]))"
+)
 
 
 def test_simulation_runs_on_an_existing_ray_cluster(tmp_path) -> None:
@@ -29,10 +31,28 @@ def test_simulation_runs_on_an_existing_ray_cluster(tmp_path) -> None:
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     log = tmp_path / "ray-head.log"
     with open(log, "wb") as out:
-        head = subprocess.Popen(["ray", "start", "--head", "--block", "--port", address.split(":")[1],
-                                 "--node-ip-address", "127.0.0.1", "--num-cpus", "2", "--include-dashboard=false",
-                                 "--disable-usage-stats", "--temp-dir", str(temp)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        head = subprocess.Popen(
+            [
+                "ray",
+                "start",
+                "--head",
+                "--block",
+                "--port",
+                address.split(":")[1],
+                "--node-ip-address",
+                "127.0.0.1",
+                "--num-cpus",
+                "2",
+                "--include-dashboard=false",
+                "--disable-usage-stats",
+                "--temp-dir",
+                str(temp),
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     link = LocalSuperLink(tmp_path / "flwr-home")
     link.env["RAY_ADDRESS"] = address  # the simulation's ray.init() joins this cluster instead of starting one
     try:
@@ -41,13 +61,17 @@ def test_simulation_runs_on_an_existing_ray_cluster(tmp_path) -> None:
             assert head.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
             time.sleep(0.5)
         with link:
-            outcome = link.run(REPO, f"num-rounds=2 fraction-train=0.5 local-epochs=1 results-dir='{tmp_path}' "
-                                     "run-name='on-ray'", num_supernodes=4)
+            outcome = link.run(
+                REPO,
+                f"num-rounds=2 fraction-train=0.5 local-epochs=1 results-dir='{tmp_path}' run-name='on-ray'",
+                num_supernodes=4,
+            )
         assert outcome.status == "finished:completed", outcome.output[-3000:]
         rounds = (tmp_path / "on-ray" / "metrics.jsonl").read_text().splitlines()
         assert len(rounds) == 2 and json.loads(rounds[-1])["eval"]["num_clients"] == 4
-        jobs = subprocess.run([sys.executable, "-c", JOBS.format(address=address)], env=env, capture_output=True,
-                              text=True, timeout=120)
+        jobs = subprocess.run(
+            [sys.executable, "-c", JOBS.format(address=address)], env=env, capture_output=True, text=True, timeout=120
+        )
         entrypoints = json.loads(jobs.stdout.strip().splitlines()[-1])
         assert any("flwr-simulation" in e for e in entrypoints), f"the run did not use the cluster: {entrypoints}"
     finally:

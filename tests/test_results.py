@@ -11,9 +11,13 @@ def _record(rnd: int, acc: float, plus: float | None = None) -> dict:
     mean = {"acc-shift-0": acc, "acc-shift-1": acc - 0.1}
     if plus is not None:
         mean.update({"plus-acc-shift-0": plus, "plus-acc-shift-1": plus})
-    return {"round": rnd, "wall_s": 1.5, "train": {"used": 2, "sent": 3, "flops": 10.0},
-            "bytes": {"train_down": 1_000_000, "train_up": 500_000, "eval_down": 0, "eval_up": 0},
-            "eval": {"num_clients": 4, "mean": mean, "std": dict.fromkeys(mean, 0.01)}}
+    return {
+        "round": rnd,
+        "wall_s": 1.5,
+        "train": {"used": 2, "sent": 3, "flops": 10.0},
+        "bytes": {"train_down": 1_000_000, "train_up": 500_000, "eval_down": 0, "eval_up": 0},
+        "eval": {"num_clients": 4, "mean": mean, "std": dict.fromkeys(mean, 0.01)},
+    }
 
 
 def test_summary_totals_and_best() -> None:

@@ -22,8 +22,10 @@ VARYING = ("wall_s", "elapsed_s", "aggregate_s", "bytes", "bytes_per_client")  #
 
 def _config(results: Path, states: Path, extra: str = "") -> str:
     # DM-PFL: server state (w_g, m_g, versions) and client state (personal weights and masks, held global copy)
-    return (f"algorithm='dmpfl' iterations=1 num-rounds=6 fraction-train=0.5 local-epochs=1 eval-every=2 "
-            f"results-dir='{results}' run-name='run' client-state-dir='{states}' {extra}")
+    return (
+        f"algorithm='dmpfl' iterations=1 num-rounds=6 fraction-train=0.5 local-epochs=1 eval-every=2 "
+        f"results-dir='{results}' run-name='run' client-state-dir='{states}' {extra}"
+    )
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -66,8 +68,9 @@ def test_killed_run_resumes_to_identical_metrics(tmp_path) -> None:
     assert not (run_dir / "summary.json").exists()
 
     with LocalSuperLink(tmp_path / "home-c") as link:
-        outcome = link.run(REPO, _config(tmp_path / "b", tmp_path / "b-state", f"resume='{run_dir}'"),
-                           num_supernodes=NODES)
+        outcome = link.run(
+            REPO, _config(tmp_path / "b", tmp_path / "b-state", f"resume='{run_dir}'"), num_supernodes=NODES
+        )
     assert outcome.status == "finished:completed", outcome.output[-3000:]
     assert f"resumed after round {stopped_after} of 6" in outcome.output
     assert _records(run_dir) == reference, "a resumed run must end with the uninterrupted run's metrics"
@@ -81,13 +84,20 @@ def test_killed_run_resumes_to_identical_metrics(tmp_path) -> None:
 
 def test_resume_with_another_config_is_refused_in_one_line(tmp_path) -> None:
     with LocalSuperLink(tmp_path / "home") as link:
-        first = link.run(REPO, f"num-rounds=2 fraction-train=0.5 local-epochs=1 results-dir='{tmp_path}' "
-                               "run-name='done'", num_supernodes=4)
+        first = link.run(
+            REPO,
+            f"num-rounds=2 fraction-train=0.5 local-epochs=1 results-dir='{tmp_path}' run-name='done'",
+            num_supernodes=4,
+        )
         assert first.status == "finished:completed", first.output[-3000:]
-        again = link.run(REPO, f"num-rounds=2 fraction-train=0.5 local-epochs=1 resume='{tmp_path / 'done'}'",
-                         num_supernodes=4)
-        other = link.run(REPO, f"num-rounds=4 lr=0.2 fraction-train=0.5 local-epochs=1 "
-                               f"resume='{tmp_path / 'done'}'", num_supernodes=4)
+        again = link.run(
+            REPO, f"num-rounds=2 fraction-train=0.5 local-epochs=1 resume='{tmp_path / 'done'}'", num_supernodes=4
+        )
+        other = link.run(
+            REPO,
+            f"num-rounds=4 lr=0.2 fraction-train=0.5 local-epochs=1 resume='{tmp_path / 'done'}'",
+            num_supernodes=4,
+        )
     assert again.status == "finished:failed" and "already finished round 2 of num-rounds=2" in again.output
     assert other.status == "finished:failed" and "differs from the run's in lr (run: 0.05, now: 0.2)" in other.output
     assert "Traceback" not in again.output + other.output

@@ -92,14 +92,20 @@ def test_model_replacement_upload_and_label_shift() -> None:
 
 
 # ----- configuration -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("raw, message", [
-    ({"algorithm": "dmpfl", "robust-aggregation": "median"}, "'robust-aggregation' applies to the weight-averaging"),
-    ({"algorithm": "fedamp", "attack-clients": 0.1}, "'attack-clients' applies to the weight-averaging"),
-    ({"robust-aggregation": "krum"}, "robust-aggregation"),
-    ({"robust-trim": 0.5}, "robust-trim"),
-    ({"robust-clip-norm": -1}, "robust-clip-norm"),
-    ({"attack-boost": 0.5}, "attack-boost"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        (
+            {"algorithm": "dmpfl", "robust-aggregation": "median"},
+            "'robust-aggregation' applies to the weight-averaging",
+        ),
+        ({"algorithm": "fedamp", "attack-clients": 0.1}, "'attack-clients' applies to the weight-averaging"),
+        ({"robust-aggregation": "krum"}, "robust-aggregation"),
+        ({"robust-trim": 0.5}, "robust-trim"),
+        ({"robust-clip-norm": -1}, "robust-clip-norm"),
+        ({"attack-boost": 0.5}, "attack-boost"),
+    ],
+)
 def test_bad_robust_settings_are_one_line_errors(raw: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_run_config(raw)
@@ -113,8 +119,16 @@ def test_robust_keys_apply_to_every_weight_averaging_algorithm() -> None:
 
 # ----- through the round runner ------------------------------------------------------------------------------
 def _attacked(rule: str) -> tuple[InProcessFederation, float]:
-    raw = {"algorithm": "fedavg", "dataset": "digits", "num-rounds": 2, "fraction-train": 1.0, "local-epochs": 1,
-           "attack-clients": 0.2, "attack-boost": 10.0, "robust-aggregation": rule}
+    raw = {
+        "algorithm": "fedavg",
+        "dataset": "digits",
+        "num-rounds": 2,
+        "fraction-train": 1.0,
+        "local-epochs": 1,
+        "attack-clients": 0.2,
+        "attack-boost": 10.0,
+        "robust-aggregation": rule,
+    }
     fed = InProcessFederation(parse_run_config(raw), 10)
     before = [a.copy() for a in fed.strategy.global_arrays]
     fed.train_round(1)
@@ -137,10 +151,16 @@ def test_two_attackers_move_the_global_model_unless_their_updates_are_clipped() 
 
 
 def test_the_summary_reports_the_aggregation_cost() -> None:
-    records = [{"round": r, "wall_s": 1.0, "aggregate_s": t, "bytes": dict.fromkeys(("train_down", "train_up",
-                                                                                    "eval_down", "eval_up"), 0),
-                "train": {"used": 2, "sent": 2, "robust": {"method": "clip", "clipped": c}}}
-               for r, t, c in ((1, 0.004, 2), (2, 0.002, 1), (3, 0.010, 0))]
+    records = [
+        {
+            "round": r,
+            "wall_s": 1.0,
+            "aggregate_s": t,
+            "bytes": dict.fromkeys(("train_down", "train_up", "eval_down", "eval_up"), 0),
+            "train": {"used": 2, "sent": 2, "robust": {"method": "clip", "clipped": c}},
+        }
+        for r, t, c in ((1, 0.004, 2), (2, 0.002, 1), (3, 0.010, 0))
+    ]
     summary = summarize(records, {"algorithm": "fedavg", "num_clients": 2})
     assert summary["aggregate_s_median"] == 0.004 and summary["robust"] == {"method": "clip", "clipped": 3}
     assert "| server aggregation per round (ms, median) (clip, 3 updates clipped) | 4.0 |" in render_markdown(summary)
@@ -148,14 +168,22 @@ def test_the_summary_reports_the_aggregation_cost() -> None:
 
 # ----- replies name their round and phase --------------------------------------------------------------------
 def test_a_reply_must_name_the_round_and_phase_it_answers(caplog) -> None:
-    raw = {"algorithm": "dmpfl", "dataset": "digits", "num-rounds": 3, "iterations": 1, "fraction-train": 1.0,
-           "local-epochs": 1}
+    raw = {
+        "algorithm": "dmpfl",
+        "dataset": "digits",
+        "num-rounds": 3,
+        "iterations": 1,
+        "fraction-train": 1.0,
+        "local-epochs": 1,
+    }
     fed = InProcessFederation(parse_run_config(raw), 2)
     fed.train_round(1)
     contents = fed.runner.message_contents(2, [0, 1], MessageType.TRAIN)
     replies = {pid: answer(fed.client(pid), MessageType.TRAIN, 2, c) for pid, c in zip((0, 1), contents)}
     assert {k: replies[0].metric_records["metrics"][k] for k in ("server-round", "phase")} == {
-        "server-round": 2, "phase": 2}
+        "server-round": 2,
+        "phase": 2,
+    }
     replies[0].metric_records["metrics"]["server-round"] = 1
     replies[1].metric_records["metrics"]["phase"] = 1
     with caplog.at_level(logging.WARNING, logger="flwr"):

@@ -96,9 +96,11 @@ class _Sender:
 def test_large_sends_keep_a_window_of_messages_in_flight(clients: int, in_flight: int, per_pull: int) -> None:
     sender = _Sender(in_flight)
     grid = PushPullGrid(lambda pids: [FakeReply(pid) for pid in pids], per_pull)
-    answered = [reply.metadata.src_node_id for replies in exchange(sender, grid, 1, list(range(clients)),
-                                                                  MessageType.EVALUATE, "eval_down")
-                for reply in replies]
+    answered = [
+        reply.metadata.src_node_id
+        for replies in exchange(sender, grid, 1, list(range(clients)), MessageType.EVALUATE, "eval_down")
+        for reply in replies
+    ]
     assert answered == list(range(clients)) and sum(sender.built, []) == list(range(clients)), "each once, in order"
     assert grid.most_outstanding == min(in_flight, clients), "never more than messages-in-flight out at once"
     assert per_pull == 0 or len(sender.built) > clients // in_flight, "freed slots refilled before the window drains"
@@ -129,8 +131,11 @@ def test_the_simulation_speedup_asks_flower_only_for_nodes_with_a_waiting_messag
 
     def original(state, node_id, limit, *, run_id=None):
         asked.append(node_id)
-        found = [m for m in state.message_ins_store.values()
-                 if m.metadata.dst_node_id == node_id and not m.metadata.delivered_at][:limit]
+        found = [
+            m
+            for m in state.message_ins_store.values()
+            if m.metadata.dst_node_id == node_id and not m.metadata.delivered_at
+        ][:limit]
         for m in found:
             m.metadata.delivered_at = "now"
         return found
@@ -190,8 +195,9 @@ def test_pretraining_hands_the_strategy_a_window_of_replies_at_a_time() -> None:
 
 
 def _peak_rss_kib() -> int:
-    return int(next(line for line in Path("/proc/self/status").read_text().splitlines()
-                    if line.startswith("VmHWM")).split()[1])
+    return int(
+        next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM")).split()[1]
+    )
 
 
 def _reset_peak_rss() -> None:
@@ -211,10 +217,12 @@ def test_store_results_equal_the_in_memory_ones(tmp_path: Path) -> None:
     np.testing.assert_allclose(stored.G, in_memory.G, rtol=1e-12)
     np.testing.assert_allclose(stored.G, rows.astype(np.float64) @ rows.astype(np.float64).T, rtol=1e-12)
     xi = rng.random((7, 7))
-    np.testing.assert_allclose(cloud_models(xi, stored.W, [5, 2]), cloud_models(xi, in_memory.W, [5, 2]),
-                               rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(cloud_models(xi, stored.W, [5, 2]), (xi[[5, 2]] @ rows.astype(np.float64)),
-                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        cloud_models(xi, stored.W, [5, 2]), cloud_models(xi, in_memory.W, [5, 2]), rtol=1e-5, atol=1e-5
+    )
+    np.testing.assert_allclose(
+        cloud_models(xi, stored.W, [5, 2]), (xi[[5, 2]] @ rows.astype(np.float64)), rtol=1e-4, atol=1e-4
+    )
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
@@ -242,8 +250,9 @@ def test_a_round_on_the_store_keeps_it_out_of_resident_memory(tmp_path: Path) ->
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
-def test_checkpoint_and_resume_of_the_store_stay_out_of_resident_memory(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_checkpoint_and_resume_of_the_store_stay_out_of_resident_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Writing a checkpoint with a 320 MB store, and restoring it into a new store in the run folder, each peak far
     under the store (row blocks of 32 MB here); the restored rows and Gram matrix are the saved ones."""
     from common import pages

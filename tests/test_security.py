@@ -53,9 +53,11 @@ def test_private_keys_are_0600_and_folders_0700_whatever_the_umask_or_leftovers(
     stale = out / "ca.key.tmp"
     stale.write_bytes(b"stale")
     os.chmod(stale, 0o644)
-    script = (f"import os, runpy, sys; os.umask(0); sys.argv = ['generate_certs.py', '--out', {str(out)!r}, "
-              f"'--nodes', 'node-0']; runpy.run_path({str(REPO / 'deploy' / 'generate_certs.py')!r}, "
-              "run_name='__main__')")
+    script = (
+        f"import os, runpy, sys; os.umask(0); sys.argv = ['generate_certs.py', '--out', {str(out)!r}, "
+        f"'--nodes', 'node-0']; runpy.run_path({str(REPO / 'deploy' / 'generate_certs.py')!r}, "
+        "run_name='__main__')"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 
@@ -134,9 +136,24 @@ def test_the_handshake_refuses_counts_above_the_configured_bound(monkeypatch, ca
 
         def send_and_receive(self, messages, timeout):
             counts = {1: 500, 2: 10**8}
-            return [FakeReply(m.dst_node_id, RecordDict({"metrics": MetricRecord(
-                {"partition-id": m.dst_node_id - 1, "num-partitions": 2, "num-train": counts[m.dst_node_id],
-                 "num-test": 10})})) for m in messages]
+            return [
+                FakeReply(
+                    m.dst_node_id,
+                    RecordDict(
+                        {
+                            "metrics": MetricRecord(
+                                {
+                                    "partition-id": m.dst_node_id - 1,
+                                    "num-partitions": 2,
+                                    "num-train": counts[m.dst_node_id],
+                                    "num-test": 10,
+                                }
+                            )
+                        }
+                    ),
+                )
+                for m in messages
+            ]
 
     class Message:  # a stand-in: Flower's Message needs a running app's identity
         def __init__(self, content, dst_node_id, message_type):
@@ -147,8 +164,10 @@ def test_the_handshake_refuses_counts_above_the_configured_bound(monkeypatch, ca
     with caplog.at_level(logging.WARNING, logger="flwr"):
         registry.handshake(Grid(), timeout=5)
     assert registry.ids() == [0] and registry.total_train() == 500
-    assert "node 2: handshake rejected: declares 100000000 training and 10 test samples, above max-client-samples" \
+    assert (
+        "node 2: handshake rejected: declares 100000000 training and 10 test samples, above max-client-samples"
         in caplog.text
+    )
 
 
 # ----- wrong-phase uploads ---------------------------------------------------------------------------------
@@ -160,8 +179,14 @@ def test_a_phase_one_upload_is_refused_in_phase_two(caplog) -> None:
     from .fakes import FakeReply
     from .inprocess import InProcessFederation
 
-    raw = {"algorithm": "dmpfl", "dataset": "digits", "num-rounds": 3, "iterations": 1, "fraction-train": 1.0,
-           "local-epochs": 1}
+    raw = {
+        "algorithm": "dmpfl",
+        "dataset": "digits",
+        "num-rounds": 3,
+        "iterations": 1,
+        "fraction-train": 1.0,
+        "local-epochs": 1,
+    }
     fed = InProcessFederation(parse_run_config(raw), 2)
     phase_one = fed.train_round(1)  # uploads carry each client's own mask (bits + values)
     assert fed.strategy.phase(2) == 2
@@ -260,8 +285,10 @@ def test_a_checkpoint_with_a_broken_record_list_is_refused(tmp_path) -> None:
     from common.persist import StateFileError, save_tree
     from server_app.checkpoint import CHECKPOINT_FILE, FORMAT, load_checkpoint
 
-    save_tree(tmp_path / CHECKPOINT_FILE, {"format": FORMAT, "round": 1, "state": {}, "records": "{not json",
-                                           "elapsed_s": 0.0, "resumes": []})
+    save_tree(
+        tmp_path / CHECKPOINT_FILE,
+        {"format": FORMAT, "round": 1, "state": {}, "records": "{not json", "elapsed_s": 0.0, "resumes": []},
+    )
     with pytest.raises(StateFileError, match="damaged checkpoint"):
         load_checkpoint(tmp_path)
     save_tree(tmp_path / CHECKPOINT_FILE, {"format": FORMAT, "state": {}})

@@ -22,4 +22,3 @@ def test_the_server_sets_blas_and_torch_to_one_thread() -> None:
     finally:
         original.restore_original_limits()
         torch.set_num_threads(threads)
-

@@ -7,7 +7,7 @@ import pytest
 
 from common.data.shift import make_shift_plan, shifted_correct
 
-OWN = np.arange(1000, 1037)                       # 37 test samples of one client
+OWN = np.arange(1000, 1037)  # 37 test samples of one client
 POOL = np.concatenate([OWN, np.arange(5000, 5400)])  # pooled test data of all clients (includes its own)
 DEGREES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 

@@ -35,8 +35,9 @@ def test_memory_a_folder_and_a_devices_state_dir(tmp_path: Path) -> None:
     assert _call(tmp_path, {"state-dir": str(tmp_path / "dev")}) == tmp_path / "dev" / "run-a" / "partition-3"
 
 
-def test_auto_falls_back_to_memory_where_the_run_folder_is_not_writable(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_falls_back_to_memory_where_the_run_folder_is_not_writable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     asked: list[Path] = []
 
     def no_write(path: object, mode: int) -> bool:

@@ -16,8 +16,9 @@ NAMES = [n for n, _ in SPECS]
 
 
 def _runner(name: str = "fedavg", **overrides):
-    cfg = parse_run_config({"algorithm": name, "num-rounds": 5, "fraction-train": 0.3, "min-train-clients": 2,
-                            **overrides})
+    cfg = parse_run_config(
+        {"algorithm": name, "num-rounds": 5, "fraction-train": 0.3, "min-train-clients": 2, **overrides}
+    )
     initial = [np.zeros((2, 2), np.float32), np.zeros(3, np.float32)]
     return hand_made_runner(cfg, SPECS, initial, {pid: 50 for pid in range(10)})
 
@@ -70,9 +71,11 @@ def test_local_ignores_arrays_and_keeps_nothing_global() -> None:
 
 def test_evaluation_mean_and_std_per_shift_degree(caplog) -> None:
     runner = _runner(**{"shift-degrees": "0,1"})
-    replies = [FakeReply(100, metrics_only(**{"num-test": 4, "loss": 0.3, "acc-shift-0": 1.0, "acc-shift-1": 0.5})),
-               FakeReply(101, metrics_only(**{"num-test": 4, "loss": 0.5, "acc-shift-0": 0.5, "acc-shift-1": 0.5})),
-               FakeReply(102, metrics_only(**{"num-test": 4, "loss": 0.5, "acc-shift-0": 1.5, "acc-shift-1": 0.5}))]
+    replies = [
+        FakeReply(100, metrics_only(**{"num-test": 4, "loss": 0.3, "acc-shift-0": 1.0, "acc-shift-1": 0.5})),
+        FakeReply(101, metrics_only(**{"num-test": 4, "loss": 0.5, "acc-shift-0": 0.5, "acc-shift-1": 0.5})),
+        FakeReply(102, metrics_only(**{"num-test": 4, "loss": 0.5, "acc-shift-0": 1.5, "acc-shift-1": 0.5})),
+    ]
     with caplog.at_level(logging.WARNING):
         runner.aggregate_evaluate(1, replies)
     ev = runner.round_log.eval

@@ -53,8 +53,14 @@ def test_proximal_step_is_the_closed_form_after_each_sgd_step() -> None:
     logits = x @ w0.T
     grad = (torch.softmax(logits, 1) - torch.nn.functional.one_hot(y, 2).float()).T @ x
     lr, mu = 0.5, 3.0
-    train(layer, x, y, TrainSettings(epochs=1, batch_size=1, lr=lr), torch.Generator().manual_seed(0),
-          proximal=ProximalStep(ref, mu))
+    train(
+        layer,
+        x,
+        y,
+        TrainSettings(epochs=1, batch_size=1, lr=lr),
+        torch.Generator().manual_seed(0),
+        proximal=ProximalStep(ref, mu),
+    )
     expected = (w0 - lr * grad + lr * mu * ref["weight"]) / (1 + lr * mu)
     assert torch.allclose(layer.weight.detach(), expected, atol=1e-6)
 

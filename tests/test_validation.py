@@ -47,18 +47,30 @@ BAD_CASES = {
     "nan": (_record({**_good(), "b": np.array([0, np.nan, 1], np.float32)}), "NaN or Inf"),
     "inf": (_record({**_good(), "b": np.array([0, np.inf, 1], np.float32)}), "NaN or Inf"),
     "huge": (_record({**_good(), "b": np.array([0, 3e7, 1], np.float32)}), "magnitude"),
-    "declared shape lies": (ArrayRecord({"w": Array(_good()["w"]), "b": _raw_array(_npy(np.ones(4, np.float32)))}),
-                            "decodes to"),
-    "truncated bytes": (ArrayRecord({"w": Array(_good()["w"]), "b": _raw_array(_npy(np.ones(3, np.float32))[:-5])}),
-                        "does not decode"),
+    "declared shape lies": (
+        ArrayRecord({"w": Array(_good()["w"]), "b": _raw_array(_npy(np.ones(4, np.float32)))}),
+        "decodes to",
+    ),
+    "truncated bytes": (
+        ArrayRecord({"w": Array(_good()["w"]), "b": _raw_array(_npy(np.ones(3, np.float32))[:-5])}),
+        "does not decode",
+    ),
     "garbage bytes": (ArrayRecord({"w": Array(_good()["w"]), "b": _raw_array(b"\x00garbage")}), "does not decode"),
     "pickled object array": (
-        ArrayRecord({"w": Array(_good()["w"]),
-                     "b": _raw_array(_npy(np.array([object(), 1, 2], dtype=object), allow_pickle=True))}),
-        "does not decode"),
-    "not numpy": (ArrayRecord({"w": Array(_good()["w"]),
-                               "b": Array(dtype="float32", shape=(3,), stype="torch.Tensor", data=b"x")}),
-                  "serialization"),
+        ArrayRecord(
+            {
+                "w": Array(_good()["w"]),
+                "b": _raw_array(_npy(np.array([object(), 1, 2], dtype=object), allow_pickle=True)),
+            }
+        ),
+        "does not decode",
+    ),
+    "not numpy": (
+        ArrayRecord(
+            {"w": Array(_good()["w"]), "b": Array(dtype="float32", shape=(3,), stype="torch.Tensor", data=b"x")}
+        ),
+        "serialization",
+    ),
 }
 
 

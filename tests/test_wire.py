@@ -33,8 +33,9 @@ def test_bytes_track_the_payload() -> None:
 
 def test_identical_chunks_are_sent_once() -> None:
     # Flower addresses objects by content: a message holding two equal arrays pushes the data once
-    twice = RecordDict({"arrays": ArrayRecord({"a": Array(np.ones(50_000, np.float32)),
-                                               "b": Array(np.ones(50_000, np.float32))})})
+    twice = RecordDict(
+        {"arrays": ArrayRecord({"a": Array(np.ones(50_000, np.float32)), "b": Array(np.ones(50_000, np.float32))})}
+    )
     assert wire_bytes(twice) < 200_000 + 2_000
     assert wire_bytes(twice) == _flower_count(twice)
 
@@ -47,9 +48,12 @@ def test_counting_many_messages_gives_each_its_own_count() -> None:
 
 
 ODD_ARRAYS = {
-    "empty": np.zeros(0, np.float32), "bits": np.packbits(np.arange(1001) % 3 == 0),
-    "ints": np.arange(12, dtype=np.int64).reshape(3, 4), "scalar": np.array(2.5, np.float32),
-    "edge": np.zeros(LIMIT, np.uint8), "over": np.ones(LIMIT + 1, np.uint8),
+    "empty": np.zeros(0, np.float32),
+    "bits": np.packbits(np.arange(1001) % 3 == 0),
+    "ints": np.arange(12, dtype=np.int64).reshape(3, 4),
+    "scalar": np.array(2.5, np.float32),
+    "edge": np.zeros(LIMIT, np.uint8),
+    "over": np.ones(LIMIT + 1, np.uint8),
     "float16": np.linspace(-1, 1, 777).astype(np.float16),
     "repeated-chunks": np.zeros(3 * LIMIT + 7, np.uint8),  # three equal chunks and a short one: two distinct
     "prefix-equal": np.concatenate([np.zeros(LIMIT - 1, np.uint8), np.ones(1, np.uint8)]),  # differs at the end
@@ -60,20 +64,34 @@ ODD_ARRAYS = {
 @pytest.mark.parametrize("case", ["odd arrays", "shared records", "metrics and configs", "several records"])
 def test_the_count_is_the_sum_over_flowers_own_object_tree(case: str) -> None:
     if case == "odd arrays":
-        content = RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in ODD_ARRAYS.items()}),
-                              "config": ConfigRecord({"k": 1})})
+        content = RecordDict(
+            {"arrays": ArrayRecord({k: Array(v) for k, v in ODD_ARRAYS.items()}), "config": ConfigRecord({"k": 1})}
+        )
     elif case == "shared records":
         shared = _content(2_000_000)["arrays"]  # two chunks
-        content = RecordDict({"a": shared, "b": shared, "c": ArrayRecord({"x": Array(np.ones(10, np.float32)),
-                                                                           "y": Array(np.ones(10, np.float32))})})
+        content = RecordDict(
+            {
+                "a": shared,
+                "b": shared,
+                "c": ArrayRecord({"x": Array(np.ones(10, np.float32)), "y": Array(np.ones(10, np.float32))}),
+            }
+        )
     elif case == "metrics and configs":
-        content = RecordDict({"metrics": MetricRecord({"a": 1, "b": [1.5, 2.5], "é": 0.25}),
-                              "config": ConfigRecord({"s": "text", "flag": True, "raw": b"\x00\x01", "n": [1, 2]}),
-                              "same": ConfigRecord({"s": "text", "flag": True, "raw": b"\x00\x01", "n": [1, 2]})})
+        content = RecordDict(
+            {
+                "metrics": MetricRecord({"a": 1, "b": [1.5, 2.5], "é": 0.25}),
+                "config": ConfigRecord({"s": "text", "flag": True, "raw": b"\x00\x01", "n": [1, 2]}),
+                "same": ConfigRecord({"s": "text", "flag": True, "raw": b"\x00\x01", "n": [1, 2]}),
+            }
+        )
     else:
-        content = RecordDict({"w": ArrayRecord({"x": Array(np.arange(5, dtype=np.float32))}),
-                              "v": ArrayRecord({"x": Array(np.arange(5, dtype=np.float32))}),  # equal to "w"
-                              "m": MetricRecord({"loss": 0.5})})
+        content = RecordDict(
+            {
+                "w": ArrayRecord({"x": Array(np.arange(5, dtype=np.float32))}),
+                "v": ArrayRecord({"x": Array(np.arange(5, dtype=np.float32))}),  # equal to "w"
+                "m": MetricRecord({"loss": 0.5}),
+            }
+        )
     assert wire_bytes(content) == _flower_count(content)
 
 

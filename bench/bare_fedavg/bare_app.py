@@ -47,8 +47,18 @@ class _TimedFedAvg(FedAvg):
         out = aggregate(server_round, replies)
         samples = sum(int(r.content["metrics"]["num-examples"]) for r in replies if r.has_content())
         with open(self.times_file, "a") as fh:
-            fh.write(json.dumps({"round": server_round, "kind": kind, "wall_s": time.monotonic() - self.started,
-                                 "num_examples": samples, "replies": len(replies)}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "round": server_round,
+                        "kind": kind,
+                        "wall_s": time.monotonic() - self.started,
+                        "num_examples": samples,
+                        "replies": len(replies),
+                    }
+                )
+                + "\n"
+            )
         return out
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config, grid: Grid) -> Iterable[Message]:
@@ -75,8 +85,11 @@ def _model(cfg):
 def main(grid: Grid, context: Context) -> None:
     """Flower's FedAvg, evaluating `fraction-evaluate` of the clients (default all) every round."""
     cfg = _cfg(context)
-    options = {"fraction_train": cfg.fraction_train, "min_available_nodes": 2,
-               "fraction_evaluate": float(context.run_config.get("fraction-evaluate", 1.0))}
+    options = {
+        "fraction_train": cfg.fraction_train,
+        "min_available_nodes": 2,
+        "fraction_evaluate": float(context.run_config.get("fraction-evaluate", 1.0)),
+    }
     times_file = str(context.run_config.get("round-times", ""))
     strategy = _TimedFedAvg(times_file, **options) if times_file else FedAvg(**options)
     strategy.start(grid=grid, initial_arrays=ArrayRecord(_model(cfg).state_dict()), num_rounds=cfg.num_rounds)

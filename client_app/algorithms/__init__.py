@@ -26,8 +26,11 @@ def answer(algorithm: ClientAlgorithm, message_type: str, server_round: int, con
     if message_type == MessageType.TRAIN:
         reply = algorithm.fit(server_round, content)
         if algorithm.env.data.attacker and ARRAYS in reply.array_records and ARRAYS in content.array_records:
-            upload = boosted_upload(record_to_numpy(reply.array_records[ARRAYS]),
-                                    record_to_numpy(content.array_records[ARRAYS]), algorithm.cfg.attack_boost)
+            upload = boosted_upload(
+                record_to_numpy(reply.array_records[ARRAYS]),
+                record_to_numpy(content.array_records[ARRAYS]),
+                algorithm.cfg.attack_boost,
+            )
             reply[ARRAYS] = to_record(list(upload), list(upload.values()))
     else:
         reply = algorithm.evaluate(server_round, content)

@@ -48,10 +48,17 @@ class APFLClient(ClientAlgorithm):
         alpha = self.alpha()
         before = self.mixed(v, w, alpha) if self.cfg.stages else None
         mixture = Mixture(v, dict(w.named_parameters()), alpha)  # holds a copy of the received w
-        global_stats = train(w, data.train_x, data.train_y, settings, self.generator(server_round),
-                             device=self.env.device)
-        personal_stats = train(mixture, data.train_x, data.train_y, settings,
-                               self.generator(server_round, "personal"), device=self.env.device)
+        global_stats = train(
+            w, data.train_x, data.train_y, settings, self.generator(server_round), device=self.env.device
+        )
+        personal_stats = train(
+            mixture,
+            data.train_x,
+            data.train_y,
+            settings,
+            self.generator(server_round, "personal"),
+            device=self.env.device,
+        )
         alpha = mixture.clamped_alpha()
         self.env.state.save_arrays(PERSONAL, get_arrays(v))
         self.env.state.save_named(ALPHA, {"alpha": np.array([alpha], np.float64)})

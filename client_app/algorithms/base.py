@@ -71,14 +71,25 @@ class ClientAlgorithm(ABC):
     def new_model(self, arrays: Sequence[np.ndarray] | None = None) -> SplitModel:
         """The model at the run's common initialization (the same as the server's), or holding `arrays`."""
         data = self.env.data
-        return build_model(self.cfg.model, self.cfg.dataset, data.input_shape, data.num_classes,
-                           derive_seed(self.cfg.seed, "model"), arrays)
+        return build_model(
+            self.cfg.model,
+            self.cfg.dataset,
+            data.input_shape,
+            data.num_classes,
+            derive_seed(self.cfg.seed, "model"),
+            arrays,
+        )
 
     def layout(self) -> ModelLayout:
         """Names, shapes and layer roles of that model (made once per process)."""
         data = self.env.data
-        return model_layout(self.cfg.model, self.cfg.dataset, tuple(data.input_shape), data.num_classes,
-                            derive_seed(self.cfg.seed, "model"))
+        return model_layout(
+            self.cfg.model,
+            self.cfg.dataset,
+            tuple(data.input_shape),
+            data.num_classes,
+            derive_seed(self.cfg.seed, "model"),
+        )
 
     @staticmethod
     def instructions(content: RecordDict) -> ConfigRecord:
@@ -102,9 +113,14 @@ class ClientAlgorithm(ABC):
     def settings(self, server_round: int) -> TrainSettings:
         """Local training settings of this round (lr decayed per round)."""
         cfg = self.cfg
-        return TrainSettings(epochs=cfg.local_epochs, batch_size=cfg.batch_size, optimizer=cfg.optimizer,
-                             lr=cfg.lr * cfg.lr_decay ** max(server_round - 1, 0), momentum=cfg.momentum,
-                             weight_decay=cfg.weight_decay)
+        return TrainSettings(
+            epochs=cfg.local_epochs,
+            batch_size=cfg.batch_size,
+            optimizer=cfg.optimizer,
+            lr=cfg.lr * cfg.lr_decay ** max(server_round - 1, 0),
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+        )
 
     def generator(self, server_round: int, purpose: str = "train") -> torch.Generator:
         """Seeded generator for this client, round and purpose."""
@@ -117,8 +133,10 @@ class ClientAlgorithm(ABC):
         corrupted: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         domains: tuple[tuple[str, torch.Tensor, torch.Tensor], ...] = ()
         if shifted_sets:
-            corrupted = {corruption_key(name, severity): sets for (name, severity), sets in
-                         corrupted_test(self.cfg, data.partition_id, data.num_partitions).items()}
+            corrupted = {
+                corruption_key(name, severity): sets
+                for (name, severity), sets in corrupted_test(self.cfg, data.partition_id, data.num_partitions).items()
+            }
             domains = domain_tests(self.cfg, data.num_partitions)
         return evaluate_client(model, data, self.cfg.shift_degrees, self.env.device, corrupted, domains)
 
@@ -129,15 +147,17 @@ class ClientAlgorithm(ABC):
         return to_record([name for name, _ in array_specs(model)], get_arrays(model))
 
     @profiling.timed("flops")
-    def train_flops(self, stats: TrainStats, densities: dict[str, float] | None = None,
-                    trainable: set[str] | None = None) -> float:
+    def train_flops(
+        self, stats: TrainStats, densities: dict[str, float] | None = None, trainable: set[str] | None = None
+    ) -> float:
         """FLOPs of the local training just done (torch FLOP counter with only `trainable` parameters updated,
         scaled by layer mask densities)."""
         data = self.env.data
         key = tuple(sorted((densities or {}).items()))
         frozen = None if trainable is None else tuple(sorted(trainable))
-        per_sample = _flops_per_sample(self.cfg.model, self.cfg.dataset, data.input_shape, data.num_classes, key,
-                                       frozen)
+        per_sample = _flops_per_sample(
+            self.cfg.model, self.cfg.dataset, data.input_shape, data.num_classes, key, frozen
+        )
         return training_flops(per_sample, stats.num_samples, self.cfg.local_epochs if stats.steps else 0)
 
     def stored_model(self, key: str, default: list[np.ndarray] | None = None) -> SplitModel:
@@ -158,15 +178,22 @@ class ClientAlgorithm(ABC):
         pooled = pooled_test(self.cfg, data.num_partitions)
         return stage_metrics(stages, (data.test_x, data.test_y), pooled, self.env.device)
 
-    def train_reply(self, stats: TrainStats, model: torch.nn.Module | None,
-                    densities: dict[str, float] | None = None,
-                    stages: Mapping[str, torch.nn.Module | None] | None = None,
-                    flops: float | None = None) -> RecordDict:
+    def train_reply(
+        self,
+        stats: TrainStats,
+        model: torch.nn.Module | None,
+        densities: dict[str, float] | None = None,
+        stages: Mapping[str, torch.nn.Module | None] | None = None,
+        flops: float | None = None,
+    ) -> RecordDict:
         """Reply content of a training round: metrics (with FLOPs and stage accuracies), plus the model if uploaded.
         `flops` replaces the count of `stats` alone when the client trained more than one model."""
         metrics: MetricValues = {
-            NUM_EXAMPLES: stats.num_samples, TRAIN_LOSS: _finite(stats.mean_loss), STEPS: stats.steps,
-            TRAIN_FLOPS: self.train_flops(stats, densities) if flops is None else flops}
+            NUM_EXAMPLES: stats.num_samples,
+            TRAIN_LOSS: _finite(stats.mean_loss),
+            STEPS: stats.steps,
+            TRAIN_FLOPS: self.train_flops(stats, densities) if flops is None else flops,
+        }
         metrics.update(self.stage_metrics(stages or {}))
         content = RecordDict({METRICS: MetricRecord(metrics)})
         if model is not None:
@@ -175,8 +202,10 @@ class ClientAlgorithm(ABC):
 
     def row(self, row: EvalRow, model: torch.nn.Module) -> dict[str, float]:
         """An extra evaluation row of the algorithm's spec: `model`'s accuracy at every shift degree."""
-        return {row.prefix + shift_key(d): acc
-                for d, acc in self.evaluate_model(model, shifted_sets=False).shift_accuracy.items()}
+        return {
+            row.prefix + shift_key(d): acc
+            for d, acc in self.evaluate_model(model, shifted_sets=False).shift_accuracy.items()
+        }
 
     def domain_metrics(self, model: torch.nn.Module) -> dict[str, float]:
         """Multi-domain data: `model`'s accuracy on the held-out test data of this client's domain (empty else)."""
@@ -205,8 +234,14 @@ class ClientAlgorithm(ABC):
         return self.eval_reply(self.evaluate_model(model), self.domain_metrics(model))
 
 
-def _flops_per_sample(model_name: str, dataset: str, input_shape: tuple[int, ...], num_classes: int,
-                      densities: tuple[tuple[str, float], ...], trainable: tuple[str, ...] | None = None) -> float:
+def _flops_per_sample(
+    model_name: str,
+    dataset: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    densities: tuple[tuple[str, float], ...],
+    trainable: tuple[str, ...] | None = None,
+) -> float:
     """One sample's training FLOPs: the dense model's per-layer counts (counted once per process), scaled by the
     layers' densities (which change with every mask)."""
     model_class, counted = _dense_counts(model_name, dataset, input_shape, num_classes, trainable)
@@ -214,8 +249,9 @@ def _flops_per_sample(model_name: str, dataset: str, input_shape: tuple[int, ...
 
 
 @lru_cache(maxsize=32)
-def _dense_counts(model_name: str, dataset: str, input_shape: tuple[int, ...], num_classes: int,
-                  trainable: tuple[str, ...] | None) -> tuple[str, tuple[float, dict[str, float]]]:
+def _dense_counts(
+    model_name: str, dataset: str, input_shape: tuple[int, ...], num_classes: int, trainable: tuple[str, ...] | None
+) -> tuple[str, tuple[float, dict[str, float]]]:
     model = build_model(model_name, dataset, input_shape, num_classes, seed=0)
     counted = layer_flops(model, input_shape, num_classes, trainable=None if trainable is None else set(trainable))
     return type(model).__name__, counted

@@ -52,23 +52,39 @@ class DapperFLClient(ClientAlgorithm):
         full_epochs = 0
         if params.dapperfl_mfp:
             global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            train(model, data.train_x, data.train_y, replace(settings, epochs=1), self.generator(server_round, "mfp"),
-                  device=device)
-            alpha = fusion_factor(server_round, params.dapperfl_alpha0, params.dapperfl_alpha_min,
-                                  params.dapperfl_epsilon)
+            train(
+                model,
+                data.train_x,
+                data.train_y,
+                replace(settings, epochs=1),
+                self.generator(server_round, "mfp"),
+                device=device,
+            )
+            alpha = fusion_factor(
+                server_round, params.dapperfl_alpha0, params.dapperfl_alpha_min, params.dapperfl_epsilon
+            )
             model.load_state_dict(fuse(global_state, model.state_dict(), alpha))
             full_epochs = 1
         groups = channel_groups(model)
         masks = select_channels(dict(zip(model.state_dict(), get_arrays(model))), groups, self.ratio())
         small = pruned_model(model, groups, masks)
         extra = [dar_loss(params.dapperfl_gamma)] if params.dapperfl_dar and params.dapperfl_gamma > 0 else []
-        stats = train(small, data.train_x, data.train_y, replace(settings, epochs=settings.epochs - full_epochs),
-                      self.generator(server_round), extra_losses=extra, device=device)
+        stats = train(
+            small,
+            data.train_x,
+            data.train_y,
+            replace(settings, epochs=settings.epochs - full_epochs),
+            self.generator(server_round),
+            extra_losses=extra,
+            device=device,
+        )
         self.env.state.save_arrays(LOCAL, get_arrays(small))
         self.env.state.save_arrays(MASKS, [m.astype(np.float32) for m in masks])
-        flops = (training_flops(self.flops_per_sample(tuple(g.size for g in groups)), data.num_train, full_epochs)
-                 + training_flops(self.flops_per_sample(tuple(int(m.sum()) for m in masks)), data.num_train,
-                                  settings.epochs - full_epochs))
+        flops = training_flops(
+            self.flops_per_sample(tuple(g.size for g in groups)), data.num_train, full_epochs
+        ) + training_flops(
+            self.flops_per_sample(tuple(int(m.sum()) for m in masks)), data.num_train, settings.epochs - full_epochs
+        )
         reply = self.train_reply(stats, small, stages={"G": received, "L1": received, "L2": small}, flops=flops)
         reply[CHANNEL_MASKS] = mask_record(masks)
         return reply
@@ -97,8 +113,9 @@ class DapperFLClient(ClientAlgorithm):
 
 
 @lru_cache(maxsize=64)
-def _pruned_flops(model_name: str, dataset: str, input_shape: tuple[int, ...], num_classes: int,
-                  kept: tuple[int, ...]) -> float:
+def _pruned_flops(
+    model_name: str, dataset: str, input_shape: tuple[int, ...], num_classes: int, kept: tuple[int, ...]
+) -> float:
     # counted on a fresh model: a forward pass of the trained one would move its batch-norm statistics
     model = build_model(model_name, dataset, input_shape, num_classes, seed=0)
     groups = channel_groups(model)

@@ -24,10 +24,18 @@ class DittoClient(ClientAlgorithm):
         pull = proximal_loss(dict(w.named_parameters()), self.cfg.params_as(DittoParams).ditto_lambda)
         v = self.stored_model(PERSONAL, default=get_arrays(w))
         before = self.snapshot(v)
-        global_stats = train(w, data.train_x, data.train_y, settings, self.generator(server_round),
-                             device=self.env.device)
-        personal_stats = train(v, data.train_x, data.train_y, settings, self.generator(server_round, "personal"),
-                               extra_losses=[pull], device=self.env.device)
+        global_stats = train(
+            w, data.train_x, data.train_y, settings, self.generator(server_round), device=self.env.device
+        )
+        personal_stats = train(
+            v,
+            data.train_x,
+            data.train_y,
+            settings,
+            self.generator(server_round, "personal"),
+            extra_losses=[pull],
+            device=self.env.device,
+        )
         self.env.state.save_arrays(PERSONAL, get_arrays(v))
         flops = self.train_flops(global_stats) + self.train_flops(personal_stats)
         return self.train_reply(global_stats, w, stages={"G": received, "L1": before, "L2": v}, flops=flops)

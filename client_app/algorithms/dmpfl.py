@@ -34,7 +34,6 @@ class DMPFLClient(SparseGlobalClient):
     model the round trained (theta_c in phases 1 and 3, theta_g in phase 2); L1+ / L2+ under adaptive inference.
     """
 
-
     def personal(self, w_g: Named, m_g: Named) -> tuple[Named, Named]:
         """(w_c, m_c) from client state; on first contact w_c = w_g and m_c = m_g."""
         stored = self.load_sparse(PERSONAL)
@@ -87,18 +86,27 @@ class DMPFLClient(SparseGlobalClient):
             raise StaleGlobalModel(f"client holds no cut of global version {version} for its personal mask")
         return decode_partial_global(stored, self.shapes, m_c)
 
-    def _train(self, server_round: int, start: Named, masks: Named, **kwargs) -> tuple[torch.nn.Module, TrainStats,
-                                                                                         torch.nn.Module | None]:
+    def _train(
+        self, server_round: int, start: Named, masks: Named, **kwargs
+    ) -> tuple[torch.nn.Module, TrainStats, torch.nn.Module | None]:
         """(trained model, stats, a copy of the start when `stages` is on)."""
         model = self.to_model(start)
         before = self.snapshot(model)
-        stats = train(model, self.env.data.train_x, self.env.data.train_y, self.settings(server_round),
-                      self.generator(server_round), update_masks=self.torch_masks(masks), device=self.env.device,
-                      **kwargs)
+        stats = train(
+            model,
+            self.env.data.train_x,
+            self.env.data.train_y,
+            self.settings(server_round),
+            self.generator(server_round),
+            update_masks=self.torch_masks(masks),
+            device=self.env.device,
+            **kwargs,
+        )
         return model, stats, before
 
-    def stages(self, w_g: Named, m_g: Named, before_c: torch.nn.Module | None, trained: torch.nn.Module,
-               personal: bool) -> Stages:
+    def stages(
+        self, w_g: Named, m_g: Named, before_c: torch.nn.Module | None, trained: torch.nn.Module, personal: bool
+    ) -> Stages:
         """The stage models when `stages` is on (then the server sends the whole theta_g); L2+ only when `trained`
         is a personal model."""
         if not self.cfg.stages or before_c is None:
@@ -116,8 +124,7 @@ class DMPFLClient(SparseGlobalClient):
     def _train_dual_masks(self, server_round: int, content: RecordDict, w_g: Named, m_g: Named) -> RecordDict:
         w_c, m_c = self.personal(w_g, m_g)
         collector = self.gradient_collector()
-        model, stats, before = self._train(server_round, self.theta_c(w_g, m_g, w_c, m_c), m_c,
-                                           on_gradients=collector)
+        model, stats, before = self._train(server_round, self.theta_c(w_g, m_g, w_c, m_c), m_c, on_gradients=collector)
         trained = self.named(model)
         fraction = read_fraction(self.instructions(content), READJUST_RATIO)
         grads = collector.mean()
@@ -144,8 +151,9 @@ class DMPFLClient(SparseGlobalClient):
     def _refine_personal(self, server_round: int, w_g: Named, m_g: Named) -> RecordDict:
         w_c, m_c = self.personal(w_g, m_g)
         own = {n: m_c[n] & ~m_g[n] for n in m_c}
-        model, stats, before = self._train(server_round, self.theta_c(w_g, m_g, w_c, m_c), own,
-                                           trainable=set(self.prunable))
+        model, stats, before = self._train(
+            server_round, self.theta_c(w_g, m_g, w_c, m_c), own, trainable=set(self.prunable)
+        )
         w_c = self.named(model)
         self.save_sparse(PERSONAL, w_c, m_c)
         self.env.state.save_named(BASE_ENTROPY_C, {"be": np.array([self.mean_entropy(model)], np.float64)})
@@ -160,8 +168,9 @@ class DMPFLClient(SparseGlobalClient):
         """Mean prediction entropy of theta_c and theta_g on the client's own training data."""
         return self.mean_entropy(model_c), self.mean_entropy(model_g)
 
-    def stored_base_entropies(self, content: RecordDict, model_c: torch.nn.Module,
-                              model_g: torch.nn.Module) -> tuple[float, float]:
+    def stored_base_entropies(
+        self, content: RecordDict, model_c: torch.nn.Module, model_g: torch.nn.Module
+    ) -> tuple[float, float]:
         """BE_c of theta_c after the client's last phase 3 (else of theta_c now); BE_g of the global version held,
         computed once per version (phase 3 may have seen only part of theta_g)."""
         stored_c = self.env.state.load_named(BASE_ENTROPY_C)
@@ -171,8 +180,9 @@ class DMPFLClient(SparseGlobalClient):
         if stored_g is not None and int(stored_g["version"][0]) == version:
             return base_c, float(stored_g["be"][0])
         base_g = self.mean_entropy(model_g)
-        self.env.state.save_named(BASE_ENTROPY_G, {"be": np.array([base_g], np.float64),
-                                                   "version": np.array([version], np.int64)})
+        self.env.state.save_named(
+            BASE_ENTROPY_G, {"be": np.array([base_g], np.float64), "version": np.array([version], np.int64)}
+        )
         return base_c, base_g
 
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:

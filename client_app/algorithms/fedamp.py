@@ -30,7 +30,6 @@ class FedAMPClient(ClientAlgorithm):
     A pre-training message (config 'pretrain') trains `pretrain-epochs` from the common initialization.
     """
 
-
     def fit(self, server_round: int, content: RecordDict) -> RecordDict:
         """Pre-train, or train from u_i with the proximal pull toward it; upload w_i."""
         model = self.received_model(content)
@@ -42,9 +41,15 @@ class FedAMPClient(ClientAlgorithm):
             self.env.state.save_arrays(CLOUD_MODEL, get_arrays(model))
             pull = ProximalStep.toward(model, self.proximal_mu(content))
         cloud = self.snapshot(model)
-        stats = train(model, self.env.data.train_x, self.env.data.train_y, settings,
-                      self.generator(server_round, "pretrain" if pull is None else "train"), proximal=pull,
-                      device=self.env.device)
+        stats = train(
+            model,
+            self.env.data.train_x,
+            self.env.data.train_y,
+            settings,
+            self.generator(server_round, "pretrain" if pull is None else "train"),
+            proximal=pull,
+            device=self.env.device,
+        )
         self.env.state.save_arrays(PERSONAL, get_arrays(model))
         return self.train_reply(stats, model, stages={"L1": cloud, "L2": model})
 
@@ -53,4 +58,3 @@ class FedAMPClient(ClientAlgorithm):
         has_cloud = self.env.state.load_arrays(CLOUD_MODEL) is not None
         rows = self.row(CLOUD, self.stored_model(CLOUD_MODEL)) if has_cloud else {}
         return self.eval_reply(self.evaluate_model(self.stored_model(PERSONAL)), rows)
-

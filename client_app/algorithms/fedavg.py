@@ -13,7 +13,6 @@ from .base import ClientAlgorithm
 class FedAvgClient(ClientAlgorithm):
     """Local SGD on the received global model; uploads the full model."""
 
-
     def extra_losses(self, model: SplitModel, content: RecordDict) -> list[ExtraLoss]:
         """Additional loss terms (none for FedAvg)."""
         return []
@@ -22,15 +21,20 @@ class FedAvgClient(ClientAlgorithm):
         """Train the global model for local-epochs and send it back (stages: G = L1 = the received model)."""
         model = self.received_model(content)
         received = self.snapshot(model)
-        stats = train(model, self.env.data.train_x, self.env.data.train_y, self.settings(server_round),
-                      self.generator(server_round), extra_losses=self.extra_losses(model, content),
-                      device=self.env.device)
+        stats = train(
+            model,
+            self.env.data.train_x,
+            self.env.data.train_y,
+            self.settings(server_round),
+            self.generator(server_round),
+            extra_losses=self.extra_losses(model, content),
+            device=self.env.device,
+        )
         return self.train_reply(stats, model, stages={"G": received, "L1": received, "L2": model})
 
 
 class FedProxClient(FedAvgClient):
     """FedAvg plus the proximal term (mu/2)||w - w_global||^2 toward the received model."""
-
 
     def extra_losses(self, model: SplitModel, content: RecordDict) -> list[ExtraLoss]:
         """The proximal term with the mu the server sent, anchored at the received global weights."""
@@ -43,10 +47,15 @@ class FedAvgFTClient(FedAvgClient):
     The fine-tuned copy is thrown away after evaluation (no extra communication, no state).
     """
 
-
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
         """Fine-tune the received global model on the local training data, then evaluate it."""
         model = self.received_model(content)
-        train(model, self.env.data.train_x, self.env.data.train_y, self.settings(server_round),
-              self.generator(server_round, "finetune"), device=self.env.device)
+        train(
+            model,
+            self.env.data.train_x,
+            self.env.data.train_y,
+            self.settings(server_round),
+            self.generator(server_round, "finetune"),
+            device=self.env.device,
+        )
         return self.eval_reply(self.evaluate_model(model))

@@ -18,7 +18,6 @@ class FedDSTClient(SparseGlobalClient):
 
     Stages: G = L1 = the received theta_g (nothing personal), L2 = the trained model."""
 
-
     def fit(self, server_round: int, content: RecordDict) -> RecordDict:
         """Train theta_g under m_g; readjust the mask when the server says so."""
         w_g, m_g = self.refresh_global(content)
@@ -26,17 +25,25 @@ class FedDSTClient(SparseGlobalClient):
         model = self.to_model(self.theta_g(w_g, m_g))
         received = self.snapshot(model)
         collector = self.gradient_collector() if fraction > 0 else None
-        stats = train(model, self.env.data.train_x, self.env.data.train_y, self.settings(server_round),
-                      self.generator(server_round), update_masks=self.torch_masks(m_g), on_gradients=collector,
-                      device=self.env.device)
+        stats = train(
+            model,
+            self.env.data.train_x,
+            self.env.data.train_y,
+            self.settings(server_round),
+            self.generator(server_round),
+            update_masks=self.torch_masks(m_g),
+            on_gradients=collector,
+            device=self.env.device,
+        )
         trained, masks = self.named(model), m_g
         if collector is not None and set(collector.mean()) == set(m_g):
             weights = {n: torch.from_numpy(trained[n]) for n in m_g}
             new_masks, new_weights = prune_and_regrow(weights, collector.mean(), self.torch_masks(m_g), fraction)
             masks = {n: m.numpy() for n, m in new_masks.items()}
             trained.update({n: w.numpy() for n, w in new_weights.items()})
-        reply = self.train_reply(stats, None, self.densities(masks),
-                                 stages={"G": received, "L1": received, "L2": model})
+        reply = self.train_reply(
+            stats, None, self.densities(masks), stages={"G": received, "L1": received, "L2": model}
+        )
         reply[ARRAYS] = self.upload(trained, masks, values_only=fraction == 0.0)
         return reply
 

@@ -23,7 +23,6 @@ from .local import PERSONAL
 class FLIUClient(ClientAlgorithm):
     """Keeps its last locally trained model theta_k; stages: G = Theta, L1 = individualized, L2 = trained."""
 
-
     def settings(self, server_round: int) -> TrainSettings:
         """FLIU trains locally with Adam (the FLIU paper's Sec. IV) at the configured lr and its per-round decay."""
         return replace(super().settings(server_round), optimizer="adam")
@@ -52,8 +51,14 @@ class FLIUClient(ClientAlgorithm):
         global_model = self.received_model(content)
         model = self.individualized(global_model, content)
         before = self.snapshot(model)
-        stats = train(model, self.env.data.train_x, self.env.data.train_y, self.settings(server_round),
-                      self.generator(server_round), device=self.env.device)
+        stats = train(
+            model,
+            self.env.data.train_x,
+            self.env.data.train_y,
+            self.settings(server_round),
+            self.generator(server_round),
+            device=self.env.device,
+        )
         self.env.state.save_arrays(PERSONAL, get_arrays(model))
         return self.train_reply(stats, model, stages={"G": global_model, "L1": before, "L2": model})
 

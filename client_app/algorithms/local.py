@@ -15,7 +15,6 @@ PERSONAL = "personal"
 class LocalClient(ClientAlgorithm):
     """Trains its own model from the common initialization; only metrics are sent."""
 
-
     def personal_model(self) -> SplitModel:
         """The stored personal model, or the common initialization on first use."""
         return self.stored_model(PERSONAL)
@@ -24,8 +23,14 @@ class LocalClient(ClientAlgorithm):
         """Train the personal model and keep it."""
         model = self.personal_model()
         before = self.snapshot(model)
-        stats = train(model, self.env.data.train_x, self.env.data.train_y, self.settings(server_round),
-                      self.generator(server_round), device=self.env.device)
+        stats = train(
+            model,
+            self.env.data.train_x,
+            self.env.data.train_y,
+            self.settings(server_round),
+            self.generator(server_round),
+            device=self.env.device,
+        )
         self.env.state.save_arrays(PERSONAL, get_arrays(model))
         return self.train_reply(stats, None, stages={"L1": before, "L2": model})
 

@@ -35,8 +35,16 @@ class NewcomerClient(ClientAlgorithm):
         extra: dict[str, float] = {}
         if epochs:
             data = self.env.data
-            train(model, data.train_x, data.train_y, replace(self.settings(server_round), epochs=epochs),
-                  self.generator(server_round, "newcomer"), device=self.env.device)
-            extra = {FINETUNED.prefix + shift_key(d): acc
-                     for d, acc in self.evaluate_model(model, shifted_sets=False).shift_accuracy.items()}
+            train(
+                model,
+                data.train_x,
+                data.train_y,
+                replace(self.settings(server_round), epochs=epochs),
+                self.generator(server_round, "newcomer"),
+                device=self.env.device,
+            )
+            extra = {
+                FINETUNED.prefix + shift_key(d): acc
+                for d, acc in self.evaluate_model(model, shifted_sets=False).shift_accuracy.items()
+            }
         return self.eval_reply(received, extra)

@@ -41,8 +41,14 @@ class PartialClient(ClientAlgorithm):
 
     def local_training(self, server_round: int, model: SplitModel) -> tuple[TrainStats, float]:
         """Train every parameter for `local-epochs`; the statistics and the training FLOPs."""
-        stats = train(model, self.env.data.train_x, self.env.data.train_y, self.settings(server_round),
-                      self.generator(server_round), device=self.env.device)
+        stats = train(
+            model,
+            self.env.data.train_x,
+            self.env.data.train_y,
+            self.settings(server_round),
+            self.generator(server_round),
+            device=self.env.device,
+        )
         return stats, self.train_flops(stats)
 
     def fit(self, server_round: int, content: RecordDict) -> RecordDict:
@@ -71,9 +77,23 @@ class FedRepClient(PartialClient):
         data, settings = self.env.data, self.settings(server_round)
         head = {name for name, _ in model.named_parameters() if name.startswith("head.")}
         body = {name for name, _ in model.named_parameters() if name.startswith("body.")}
-        head_stats = train(model, data.train_x, data.train_y, settings, self.generator(server_round, "head"),
-                           trainable=head, device=self.env.device)
-        body_stats = train(model, data.train_x, data.train_y, settings, self.generator(server_round),
-                           trainable=body, device=self.env.device)
+        head_stats = train(
+            model,
+            data.train_x,
+            data.train_y,
+            settings,
+            self.generator(server_round, "head"),
+            trainable=head,
+            device=self.env.device,
+        )
+        body_stats = train(
+            model,
+            data.train_x,
+            data.train_y,
+            settings,
+            self.generator(server_round),
+            trainable=body,
+            device=self.env.device,
+        )
         flops = self.train_flops(head_stats, trainable=head) + self.train_flops(body_stats, trainable=body)
         return body_stats, flops

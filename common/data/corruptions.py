@@ -63,11 +63,11 @@ def disk_kernel(radius: float, alias_sigma: float) -> np.ndarray:
     xx, yy = np.meshgrid(span, span)
     disk = (xx**2 + yy**2 <= radius**2).astype(np.float64)
     disk /= disk.sum()
-    taps = np.exp(-np.arange(-1, 2) ** 2 / (2 * alias_sigma**2))
+    taps = np.exp(-(np.arange(-1, 2) ** 2) / (2 * alias_sigma**2))
     taps /= taps.sum()
     kernel = ndimage.correlate1d(ndimage.correlate1d(disk, taps, axis=0, mode="mirror"), taps, axis=1, mode="mirror")
     rows, cols = np.flatnonzero(kernel.sum(1) > 1e-12), np.flatnonzero(kernel.sum(0) > 1e-12)
-    return kernel[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]
+    return kernel[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
 
 
 def defocus_blur(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
@@ -186,10 +186,19 @@ def jpeg_compression(x: np.ndarray, severity: int, rng: np.random.Generator) -> 
 
 
 CORRUPTIONS: dict[str, Corruption] = {
-    "gaussian_noise": gaussian_noise, "shot_noise": shot_noise, "impulse_noise": impulse_noise,
-    "speckle_noise": speckle_noise, "gaussian_blur": gaussian_blur, "defocus_blur": defocus_blur,
-    "zoom_blur": zoom_blur, "fog": fog, "brightness": brightness, "contrast": contrast, "pixelate": pixelate,
-    "jpeg_compression": jpeg_compression}
+    "gaussian_noise": gaussian_noise,
+    "shot_noise": shot_noise,
+    "impulse_noise": impulse_noise,
+    "speckle_noise": speckle_noise,
+    "gaussian_blur": gaussian_blur,
+    "defocus_blur": defocus_blur,
+    "zoom_blur": zoom_blur,
+    "fog": fog,
+    "brightness": brightness,
+    "contrast": contrast,
+    "pixelate": pixelate,
+    "jpeg_compression": jpeg_compression,
+}
 
 
 def check_corruption(name: str, severity: int) -> None:
@@ -200,8 +209,9 @@ def check_corruption(name: str, severity: int) -> None:
         raise ConfigError(f"corruption severity {severity!r} is not one of 1, 2, 3, 4, 5")
 
 
-def corrupt(images: np.ndarray, name: str, severity: int, rng: np.random.Generator,
-            max_value: float = 255.0) -> np.ndarray:
+def corrupt(
+    images: np.ndarray, name: str, severity: int, rng: np.random.Generator, max_value: float = 255.0
+) -> np.ndarray:
     """`images` (N, C, H, W) with values in [0, max_value] under corruption `name` at `severity`: same shape,
     dtype and range (integer pixels rounded)."""
     check_corruption(name, severity)
@@ -218,8 +228,9 @@ def corrupt(images: np.ndarray, name: str, severity: int, rng: np.random.Generat
 def require_images(data: DatasetArrays, names: Sequence[str]) -> None:
     """DataError (one line) when corruptions are asked of a data set whose samples are not images (C, H, W)."""
     if names and data.x.ndim != 4:
-        raise DataError(f"run-config 'corruptions' applies to image data sets; '{data.name}' samples have shape "
-                        f"{data.input_shape}")
+        raise DataError(
+            f"run-config 'corruptions' applies to image data sets; '{data.name}' samples have shape {data.input_shape}"
+        )
 
 
 def parse_corruptions(key: str, value: Any) -> tuple[str, ...]:
@@ -232,8 +243,10 @@ def parse_corruptions(key: str, value: Any) -> tuple[str, ...]:
         return tuple(CORRUPTIONS)
     unknown = [n for n in names if n not in CORRUPTIONS]
     if unknown:
-        raise ConfigError(f"run-config '{key}' = {value!r} names unknown corruption {unknown[0]!r}; allowed: all, "
-                          f"{', '.join(CORRUPTIONS)}")
+        raise ConfigError(
+            f"run-config '{key}' = {value!r} names unknown corruption {unknown[0]!r}; allowed: all, "
+            f"{', '.join(CORRUPTIONS)}"
+        )
     return tuple(dict.fromkeys(names))
 
 

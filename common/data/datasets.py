@@ -15,8 +15,12 @@ from .arrays import DataError, DatasetArrays
 from .domains import digit_domains
 from .readers import femnist, har, usps
 
-_MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-                "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+_MNIST_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
 _TORCHVISION_NAMES = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
 _NORMALIZATION = {
     "mnist": ((0.1307,), (0.3081,)),
@@ -56,7 +60,8 @@ def _mnist_like(name: str, data_dir: Path, cache_dir: Path, allow_download: bool
         elif not allow_download and not all((cached_raw / f).exists() for f in _MNIST_FILES):
             raise DataError(
                 f"{name}: expected {', '.join(_MNIST_FILES)} in {raw} (set run-config 'data-dir' or "
-                f"$PFL_DATA_DIR to the folder holding '{folder}/raw', or allow-download=true)")
+                f"$PFL_DATA_DIR to the folder holding '{folder}/raw', or allow-download=true)"
+            )
         root = cache_dir
     try:
         train = cls(str(root), train=True, download=not extracted)
@@ -72,16 +77,21 @@ def _mnist_like(name: str, data_dir: Path, cache_dir: Path, allow_download: bool
 # CIFAR-10 arrives as pickles, and unpickling runs code: every file is checked before it is read. Accepted: the
 # official files (torchvision's md5 list, computed here) and the staged 30k-train subset (sha256 from its manifest).
 CIFAR_OFFICIAL_MD5 = {
-    "data_batch_1": "c99cafc152244af753f735de768cd75f", "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
-    "data_batch_3": "54ebc095f3ab1f0389bbae665268c751", "data_batch_4": "634d18415352ddfa80567beed471001a",
-    "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb", "test_batch": "40351d587109b95175f43aff81a1287e",
-    "batches.meta": "5ff9c542aee3614f3951f8cda6e48888"}
+    "data_batch_1": "c99cafc152244af753f735de768cd75f",
+    "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+    "data_batch_3": "54ebc095f3ab1f0389bbae665268c751",
+    "data_batch_4": "634d18415352ddfa80567beed471001a",
+    "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
+    "test_batch": "40351d587109b95175f43aff81a1287e",
+    "batches.meta": "5ff9c542aee3614f3951f8cda6e48888",
+}
 CIFAR_SUBSET_SHA256 = {
     "batches.meta": "f962466ef690d46b226450fb9aadc74ba4bc64a76aa526b5827fe4bc5c7125cb",
     "data_batch_1": "b4f4c8724d55deffc76c36261a4ae62699985e39f7c419fecf24b8038cee34f0",
     "data_batch_2": "4b85fbb4b4c0a2ebc212aced2e75ec10cd540a0d37a1fae3dd65636074453008",
     "data_batch_3": "08b2602136b8d3a35b2702051648fb2edbc1a635b9c6d4da6881814cc9bc0fab",
-    "test_batch": "27eb6e7e6a92c9dc24675b918bfe208b09e342e5e8a2e4d279509416399ff788"}
+    "test_batch": "27eb6e7e6a92c9dc24675b918bfe208b09e342e5e8a2e4d279509416399ff788",
+}
 
 
 def verify_cifar_file(path: Path) -> None:
@@ -91,10 +101,13 @@ def verify_cifar_file(path: Path) -> None:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             md5.update(chunk)
             sha256.update(chunk)
-    if md5.hexdigest() != CIFAR_OFFICIAL_MD5.get(path.name) and \
-            sha256.hexdigest() != CIFAR_SUBSET_SHA256.get(path.name):
-        raise DataError(f"cifar10: {path} is neither the official CIFAR-10 file nor the known subset's "
-                        f"(sha256 {sha256.hexdigest()}): refusing to unpickle it")
+    if md5.hexdigest() != CIFAR_OFFICIAL_MD5.get(path.name) and sha256.hexdigest() != CIFAR_SUBSET_SHA256.get(
+        path.name
+    ):
+        raise DataError(
+            f"cifar10: {path} is neither the official CIFAR-10 file nor the known subset's "
+            f"(sha256 {sha256.hexdigest()}): refusing to unpickle it"
+        )
 
 
 def _cifar10(data_dir: Path, allow_download: bool) -> DatasetArrays:
@@ -104,8 +117,10 @@ def _cifar10(data_dir: Path, allow_download: bool) -> DatasetArrays:
     batches = sorted(p.name for p in folder.glob("data_batch_*")) if folder.is_dir() else []
     if not batches or not (folder / "test_batch").exists():
         if not allow_download:
-            raise DataError(f"cifar10: expected data_batch_1..5 and test_batch in {folder} (set run-config "
-                            "'data-dir' or $PFL_DATA_DIR, or allow-download=true)")
+            raise DataError(
+                f"cifar10: expected data_batch_1..5 and test_batch in {folder} (set run-config "
+                "'data-dir' or $PFL_DATA_DIR, or allow-download=true)"
+            )
         datasets.CIFAR10(str(data_dir), train=True, download=True)
         batches = sorted(p.name for p in folder.glob("data_batch_*"))
 

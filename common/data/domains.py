@@ -29,10 +29,27 @@ DOMAIN_SIZE = 20_000  # samples per domain at most (USPS has 9,298)
 BUILD_SEED = 20_240_601
 CACHE_VERSION = 2
 MEAN, STD = (0.349, 0.349, 0.341), (0.327, 0.326, 0.327)  # over the built set
-_FONTS = ("DejaVuSans", "DejaVuSans-Bold", "DejaVuSans-Oblique", "DejaVuSans-BoldOblique", "DejaVuSansMono",
-          "DejaVuSansMono-Bold", "DejaVuSerif", "DejaVuSerif-Bold", "DejaVuSerif-Italic", "DejaVuSerif-BoldItalic",
-          "STIXGeneral", "STIXGeneralBol", "STIXGeneralItalic", "STIXGeneralBolIta", "cmr10", "cmb10", "cmss10",
-          "cmtt10", "cmti10")
+_FONTS = (
+    "DejaVuSans",
+    "DejaVuSans-Bold",
+    "DejaVuSans-Oblique",
+    "DejaVuSans-BoldOblique",
+    "DejaVuSansMono",
+    "DejaVuSansMono-Bold",
+    "DejaVuSerif",
+    "DejaVuSerif-Bold",
+    "DejaVuSerif-Italic",
+    "DejaVuSerif-BoldItalic",
+    "STIXGeneral",
+    "STIXGeneralBol",
+    "STIXGeneralItalic",
+    "STIXGeneralBolIta",
+    "cmr10",
+    "cmb10",
+    "cmss10",
+    "cmtt10",
+    "cmti10",
+)
 
 
 def grey32(digits: np.ndarray) -> np.ndarray:
@@ -40,8 +57,7 @@ def grey32(digits: np.ndarray) -> np.ndarray:
     import torch
     from torch.nn import functional as F
 
-    big = F.interpolate(torch.from_numpy(digits).float()[:, None], size=(32, 32), mode="bilinear",
-                        align_corners=False)
+    big = F.interpolate(torch.from_numpy(digits).float()[:, None], size=(32, 32), mode="bilinear", align_corners=False)
     return np.repeat(big.round().clamp(0, 255).to(torch.uint8).numpy(), 3, axis=1)
 
 
@@ -52,8 +68,9 @@ def read_usps(data_dir: Path, dataset: str = "usps") -> tuple[np.ndarray, np.nda
 
     root = data_dir / "USPS"
     if not (root / "usps.bz2").exists() or not (root / "usps.t.bz2").exists():
-        raise DataError(f"{dataset}: expected usps.bz2 and usps.t.bz2 in {root} (set run-config 'data-dir' or "
-                        "$PFL_DATA_DIR)")
+        raise DataError(
+            f"{dataset}: expected usps.bz2 and usps.t.bz2 in {root} (set run-config 'data-dir' or $PFL_DATA_DIR)"
+        )
     parts = [datasets.USPS(str(root), train=train, download=False) for train in (True, False)]
     x = np.concatenate([np.asarray(p.data, dtype=np.uint8) for p in parts])
     y = np.concatenate([np.asarray(p.targets, dtype=np.int64) for p in parts])
@@ -99,8 +116,9 @@ def render_digits(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         x = (64 - (right - left)) / 2 - left + rng.uniform(-5, 5)
         y = (64 - (bottom - top)) / 2 - top + rng.uniform(-5, 5)
         draw.text((x, y), str(int(label)), font=font, fill=tuple(int(c) for c in foreground))
-        canvas = canvas.rotate(float(rng.uniform(-20, 20)), resample=Image.Resampling.BILINEAR,
-                               fillcolor=tuple(int(c) for c in background))
+        canvas = canvas.rotate(
+            float(rng.uniform(-20, 20)), resample=Image.Resampling.BILINEAR, fillcolor=tuple(int(c) for c in background)
+        )
         blur = ImageFilter.GaussianBlur(float(rng.uniform(0, 1.0)))
         canvas = canvas.resize((32, 32), Image.Resampling.BILINEAR).filter(blur)
         out[i] = np.asarray(canvas, dtype=np.uint8).transpose(2, 0, 1)
@@ -113,13 +131,16 @@ def build_domains(data_dir: Path, load: Callable[[str], DatasetArrays]) -> tuple
     rng = np.random.default_rng(BUILD_SEED)
     mnist, cifar = load("mnist"), load("cifar10")
     chosen = rng.permutation(len(mnist.y))
-    first, second = chosen[:DOMAIN_SIZE], chosen[DOMAIN_SIZE:2 * DOMAIN_SIZE]
+    first, second = chosen[:DOMAIN_SIZE], chosen[DOMAIN_SIZE : 2 * DOMAIN_SIZE]
     usps_x, usps_y = _usps(data_dir)
     backgrounds = cifar.x[rng.choice(len(cifar.y), size=DOMAIN_SIZE, replace=False)]
     syn_y = rng.integers(0, 10, size=DOMAIN_SIZE)
-    parts = [(grey32(mnist.x[first, 0]), mnist.y[first]), (usps_x, usps_y),
-             (mnist_m(grey32(mnist.x[second, 0]), backgrounds), mnist.y[second]),
-             (render_digits(syn_y, rng), syn_y.astype(np.int64))]
+    parts = [
+        (grey32(mnist.x[first, 0]), mnist.y[first]),
+        (usps_x, usps_y),
+        (mnist_m(grey32(mnist.x[second, 0]), backgrounds), mnist.y[second]),
+        (render_digits(syn_y, rng), syn_y.astype(np.int64)),
+    ]
     x = np.concatenate([p[0] for p in parts])
     y = np.concatenate([p[1] for p in parts]).astype(np.int64)
     domain = np.concatenate([np.full(len(p[1]), d, dtype=np.int64) for d, p in enumerate(parts)])
@@ -141,16 +162,18 @@ def digit_domains(data_dir: Path, cache_dir: Path, load: Callable[[str], Dataset
     return DatasetArrays("digit-domains", x, y, 10, MEAN, STD, 255.0, domain=domain, domain_names=DOMAINS)
 
 
-def domain_partition(domain: np.ndarray, num_clients: int, share: float, test_size: int,
-                     seed: int) -> tuple[list[np.ndarray], list[int], list[np.ndarray]]:
+def domain_partition(
+    domain: np.ndarray, num_clients: int, share: float, test_size: int, seed: int
+) -> tuple[list[np.ndarray], list[int], list[np.ndarray]]:
     """DapperFL's Digits split: every domain gets at least one client and every client one domain (seeded); a
     client takes round(share * domain size) samples of its domain, disjoint from the other clients' and from the
     domain's held-out `test_size` samples. Returns each client's indices, each client's domain, each domain's
     held-out test indices."""
     num_domains = int(domain.max()) + 1
     if num_clients < num_domains:
-        raise DataError(f"the domains partition needs at least {num_domains} clients (one per domain), "
-                        f"got {num_clients}")
+        raise DataError(
+            f"the domains partition needs at least {num_domains} clients (one per domain), got {num_clients}"
+        )
     rng = np.random.default_rng(seed)
     order = rng.permutation(num_clients)
     assigned = np.empty(num_clients, dtype=np.int64)
@@ -164,10 +187,12 @@ def domain_partition(domain: np.ndarray, num_clients: int, share: float, test_si
         take = max(2, int(round(share * len(samples))))
         needed = test_size + take * len(members)
         if needed > len(samples):
-            raise DataError(f"domain {DOMAINS[d] if d < len(DOMAINS) else d} has {len(samples)} samples: "
-                            f"{len(members)} clients x {take} (domain-share {share:g}) + {test_size} held out "
-                            "(domain-test-size) do not fit; lower domain-share or domain-test-size")
+            raise DataError(
+                f"domain {DOMAINS[d] if d < len(DOMAINS) else d} has {len(samples)} samples: "
+                f"{len(members)} clients x {take} (domain-share {share:g}) + {test_size} held out "
+                "(domain-test-size) do not fit; lower domain-share or domain-test-size"
+            )
         held_out.append(np.sort(samples[:test_size]))
         for k, client in enumerate(members):
-            clients[client] = np.sort(samples[test_size + k * take:test_size + (k + 1) * take])
+            clients[client] = np.sort(samples[test_size + k * take : test_size + (k + 1) * take])
     return clients, assigned.tolist(), held_out

@@ -28,15 +28,28 @@ def _digest(*arrays: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def corrupt_split(data: DatasetArrays, indices: np.ndarray, names: tuple[str, ...], severities: tuple[int, ...],
-                  seed: int, partition_id: int) -> dict[tuple[str, int], np.ndarray]:
+def corrupt_split(
+    data: DatasetArrays,
+    indices: np.ndarray,
+    names: tuple[str, ...],
+    severities: tuple[int, ...],
+    seed: int,
+    partition_id: int,
+) -> dict[tuple[str, int], np.ndarray]:
     """The raw pixels of `indices` under each corruption at each severity, each seeded by (seed, client, name,
     severity) alone, so any subset or order of them gives the same images."""
     raw = data.x[indices]
-    return {(name, severity): corrupt(raw, name, severity,
-                                      np.random.default_rng(derive_seed(seed, "corruption", partition_id, name,
-                                                                        severity)), data.scale)
-            for name in names for severity in severities}
+    return {
+        (name, severity): corrupt(
+            raw,
+            name,
+            severity,
+            np.random.default_rng(derive_seed(seed, "corruption", partition_id, name, severity)),
+            data.scale,
+        )
+        for name in names
+        for severity in severities
+    }
 
 
 def normalized(data: DatasetArrays, raw: np.ndarray) -> torch.Tensor:
@@ -47,8 +60,9 @@ def normalized(data: DatasetArrays, raw: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(raw).to(torch.float32).mul_(1.0 / (data.scale * std)).sub_(mean / std)
 
 
-def corrupted_test(cfg: RunConfig, partition_id: int,
-                   num_clients: int) -> dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]]:
+def corrupted_test(
+    cfg: RunConfig, partition_id: int, num_clients: int
+) -> dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]]:
     """Client `partition_id`'s test split (a seeded `corruption-eval-size` subset; 0: all) under every
     (corruption, severity) of the run as (inputs, labels), normalized like the clean test data; empty when the run
     has no corruptions."""
@@ -60,8 +74,15 @@ def corrupted_test(cfg: RunConfig, partition_id: int,
     if 0 < cfg.corruption_eval_size < len(indices):
         rng = np.random.default_rng(derive_seed(cfg.seed, "corruption-eval", partition_id))
         indices = np.sort(rng.choice(indices, size=cfg.corruption_eval_size, replace=False))
-    key = (cfg.dataset, str(cfg.resolved_data_dir), cfg.seed, partition_id, cfg.corruptions,
-           cfg.corruption_severities, _digest(indices))
+    key = (
+        cfg.dataset,
+        str(cfg.resolved_data_dir),
+        cfg.seed,
+        partition_id,
+        cfg.corruptions,
+        cfg.corruption_severities,
+        _digest(indices),
+    )
     raw = _CORRUPTED.get(key)
     if raw is None:
         raw = corrupt_split(data, indices, cfg.corruptions, cfg.corruption_severities, cfg.seed, partition_id)

@@ -68,10 +68,21 @@ def dataset_for(cfg: RunConfig) -> DatasetArrays:
 
 
 @lru_cache(maxsize=4)
-def _split_cached(dataset: str, data_dir: str, allow_download: bool, scheme: str, num_clients: int,
-                  seed: int, alpha: float, test_fraction: float, max_samples: int = 0,
-                  domain_share: float = 0.01, domain_test_size: int = 1000, natural_min_samples: int = 20,
-                  partition_file: str = "") -> FederatedSplit:
+def _split_cached(
+    dataset: str,
+    data_dir: str,
+    allow_download: bool,
+    scheme: str,
+    num_clients: int,
+    seed: int,
+    alpha: float,
+    test_fraction: float,
+    max_samples: int = 0,
+    domain_share: float = 0.01,
+    domain_test_size: int = 1000,
+    natural_min_samples: int = 20,
+    partition_file: str = "",
+) -> FederatedSplit:
     data = load_dataset(dataset, data_dir, allow_download)
     if scheme == "file":
         if not partition_file:
@@ -82,24 +93,34 @@ def _split_cached(dataset: str, data_dir: str, allow_download: bool, scheme: str
     if scheme == "domains":
         if data.domain is None:
             raise DataError(f"partition 'domains' needs a multi-domain data set (digit-domains), not '{dataset}'")
-        parts, domain_of, held_out = domain_partition(data.domain, num_clients, domain_share, domain_test_size,
-                                                      derive_seed(seed, "partition"))
+        parts, domain_of, held_out = domain_partition(
+            data.domain, num_clients, domain_share, domain_test_size, derive_seed(seed, "partition")
+        )
         splits = [train_test_split(idx, test_fraction, derive_seed(seed, "split", c)) for c, idx in enumerate(parts)]
-        return FederatedSplit(tuple(s[0] for s in splits), tuple(s[1] for s in splits), tuple(domain_of),
-                              tuple(held_out))
+        return FederatedSplit(
+            tuple(s[0] for s in splits), tuple(s[1] for s in splits), tuple(domain_of), tuple(held_out)
+        )
     subset = np.arange(len(data.y))
     if 0 < max_samples < len(subset):  # a seeded subset of the dataset (CPU presets), partitioned as usual
-        subset = np.sort(np.random.default_rng(derive_seed(seed, "max-samples")).choice(
-            subset, size=max_samples, replace=False))
+        subset = np.sort(
+            np.random.default_rng(derive_seed(seed, "max-samples")).choice(subset, size=max_samples, replace=False)
+        )
     if scheme == "natural":
         if data.natural_id is None:
-            raise DataError(f"partition 'natural' needs a data set with natural clients (femnist: writers, har: "
-                            f"subjects), not '{dataset}'")
-        parts = [subset[p] for p in natural_partition(data.natural_id[subset], num_clients, natural_min_samples,
-                                                       data.natural_kind, dataset)]
+            raise DataError(
+                f"partition 'natural' needs a data set with natural clients (femnist: writers, har: "
+                f"subjects), not '{dataset}'"
+            )
+        parts = [
+            subset[p]
+            for p in natural_partition(
+                data.natural_id[subset], num_clients, natural_min_samples, data.natural_kind, dataset
+            )
+        ]
     else:
-        parts = [subset[p] for p in partition(data.y[subset], scheme, num_clients, derive_seed(seed, "partition"),
-                                              alpha)]
+        parts = [
+            subset[p] for p in partition(data.y[subset], scheme, num_clients, derive_seed(seed, "partition"), alpha)
+        ]
     train, test = [], []
     for client, idx in enumerate(parts):
         tr, te = train_test_split(idx, test_fraction, derive_seed(seed, "split", client))
@@ -114,9 +135,21 @@ _FAILED_SPLITS: dict[tuple, DataError] = {}
 def federated_split(cfg: RunConfig, num_clients: int) -> FederatedSplit:
     """The run's partition of its dataset over `num_clients` clients (cached per process, failures too: a
     partition that cannot be made is tried once, not once per message)."""
-    key = (cfg.dataset, str(cfg.resolved_data_dir), cfg.allow_download, cfg.partition, num_clients, cfg.seed,
-           cfg.dirichlet_alpha, cfg.test_fraction, cfg.max_samples, cfg.domain_share, cfg.domain_test_size,
-           cfg.natural_min_samples, cfg.partition_file)
+    key = (
+        cfg.dataset,
+        str(cfg.resolved_data_dir),
+        cfg.allow_download,
+        cfg.partition,
+        num_clients,
+        cfg.seed,
+        cfg.dirichlet_alpha,
+        cfg.test_fraction,
+        cfg.max_samples,
+        cfg.domain_share,
+        cfg.domain_test_size,
+        cfg.natural_min_samples,
+        cfg.partition_file,
+    )
     if key in _FAILED_SPLITS:
         raise _FAILED_SPLITS[key]
     try:
@@ -140,10 +173,17 @@ def client_data(cfg: RunConfig, partition_id: int, num_clients: int) -> ClientDa
     plan = make_shift_plan(split.test[partition_id], split.pool, derive_seed(cfg.seed, "shift", partition_id))
     train_x, train_y = _tensors(data, split.train[partition_id])
     dirty = cfg.dirty_fraction > 0 and partition_id in seeded_client_ids(
-        num_clients, cfg.dirty_clients, derive_seed(cfg.seed, "dirty-clients"))
+        num_clients, cfg.dirty_clients, derive_seed(cfg.seed, "dirty-clients")
+    )
     if dirty:
-        train_y = torch.from_numpy(flip_labels(train_y.numpy(), cfg.dirty_fraction, data.num_classes,
-                                               derive_seed(cfg.seed, "dirty-labels", partition_id)))
+        train_y = torch.from_numpy(
+            flip_labels(
+                train_y.numpy(),
+                cfg.dirty_fraction,
+                data.num_classes,
+                derive_seed(cfg.seed, "dirty-labels", partition_id),
+            )
+        )
     attacker = partition_id in seeded_client_ids(num_clients, cfg.attack_clients, derive_seed(cfg.seed, "attackers"))
     if attacker:
         train_y = torch.from_numpy(shift_labels(train_y.numpy(), data.num_classes))
@@ -153,8 +193,24 @@ def client_data(cfg: RunConfig, partition_id: int, num_clients: int) -> ClientDa
     if split.domain_of:
         domain = split.domain_of[partition_id]
         domain_x, domain_y = _tensors(data, split.domain_test[domain])
-    return ClientData(partition_id, data.num_classes, data.input_shape, train_x, train_y, test_x, test_y,
-                      shift_x, shift_y, plan, num_clients, dirty, attacker, domain, domain_x, domain_y)
+    return ClientData(
+        partition_id,
+        data.num_classes,
+        data.input_shape,
+        train_x,
+        train_y,
+        test_x,
+        test_y,
+        shift_x,
+        shift_y,
+        plan,
+        num_clients,
+        dirty,
+        attacker,
+        domain,
+        domain_x,
+        domain_y,
+    )
 
 
 _POOLED: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -162,8 +218,19 @@ _POOLED: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 def pooled_test(cfg: RunConfig, num_clients: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The pooled test data of all clients (FLIU's Acc(G) set): a seeded `stage-test-size` subset, 0 = all."""
-    key = (cfg.dataset, str(cfg.resolved_data_dir), cfg.partition, num_clients, cfg.seed, cfg.dirichlet_alpha,
-           cfg.test_fraction, cfg.max_samples, cfg.natural_min_samples, cfg.partition_file, cfg.stage_test_size)
+    key = (
+        cfg.dataset,
+        str(cfg.resolved_data_dir),
+        cfg.partition,
+        num_clients,
+        cfg.seed,
+        cfg.dirichlet_alpha,
+        cfg.test_fraction,
+        cfg.max_samples,
+        cfg.natural_min_samples,
+        cfg.partition_file,
+        cfg.stage_test_size,
+    )
     if key not in _POOLED:
         pool = federated_split(cfg, num_clients).pool
         size = cfg.stage_test_size

@@ -17,8 +17,10 @@ def _from_flwr_partitioner(partitioner, labels: np.ndarray, num_clients: int) ->
 
     disable_progress_bar()
     partitioner.dataset = Dataset.from_dict({"label": labels.astype(np.int64), "index": np.arange(len(labels))})
-    return [partitioner.load_partition(c).with_format("arrow")["index"].to_numpy().astype(np.int64)
-            for c in range(num_clients)]
+    return [
+        partitioner.load_partition(c).with_format("arrow")["index"].to_numpy().astype(np.int64)
+        for c in range(num_clients)
+    ]
 
 
 def iid(labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:
@@ -31,8 +33,9 @@ def iid(labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:
     return [order[p] for p in parts]
 
 
-def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, seed: int,
-              min_size: int | None = None) -> list[np.ndarray]:
+def dirichlet(
+    labels: np.ndarray, num_clients: int, alpha: float, seed: int, min_size: int | None = None
+) -> list[np.ndarray]:
     """Label + quantity skew: per class, a Dir(alpha) vector over clients splits that class's samples.
 
     One draw, never a retry: the draws and cuts are flwr-datasets' DirichletPartitioner's (same seed, same
@@ -45,8 +48,10 @@ def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, seed: int,
     if min_size is None:
         min_size = max(2, min(10, len(labels) // (4 * num_clients)))
     if num_clients * min_size > len(labels):
-        raise DataError(f"dirichlet partition: {num_clients} clients x {min_size} samples is more than the "
-                        f"{len(labels)} samples; use at most {len(labels) // min_size} clients")
+        raise DataError(
+            f"dirichlet partition: {num_clients} clients x {min_size} samples is more than the "
+            f"{len(labels)} samples; use at most {len(labels) // min_size} clients"
+        )
     rng = np.random.default_rng(seed)
     classes = np.unique(labels)
     shares = np.empty((len(classes), num_clients))
@@ -85,8 +90,9 @@ def _top_up(counts: np.ndarray, preference: np.ndarray, min_size: int) -> list[t
     return moves
 
 
-def pathological(labels: np.ndarray, num_clients: int, seed: int, classes_per_client: int = 2,
-                 big_fraction: float = 0.1) -> list[np.ndarray]:
+def pathological(
+    labels: np.ndarray, num_clients: int, seed: int, classes_per_client: int = 2, big_fraction: float = 0.1
+) -> list[np.ndarray]:
     """Two classes per client; quantity skew: `big_fraction` of clients hold half of all samples.
 
     Client c holds classes c mod L and (c mod L + 1 + (c // L) mod (L - 1)) mod L, so every class is
@@ -128,8 +134,14 @@ def pathological(labels: np.ndarray, num_clients: int, seed: int, classes_per_cl
 _DIRICHLET_FLOOR = 1e-12
 
 
-def sinkhorn_knopp(matrix: np.ndarray, row_sums: np.ndarray, col_sums: np.ndarray, tol: float = 1e-9,
-                   max_iter: int = 10_000, best_effort: bool = False) -> np.ndarray:
+def sinkhorn_knopp(
+    matrix: np.ndarray,
+    row_sums: np.ndarray,
+    col_sums: np.ndarray,
+    tol: float = 1e-9,
+    max_iter: int = 10_000,
+    best_effort: bool = False,
+) -> np.ndarray:
     """Alternately scale the rows and columns of a positive matrix until its margins match the targets.
 
     After `max_iter` rounds it raises, or with `best_effort` returns the last matrix: its columns match exactly and
@@ -138,8 +150,9 @@ def sinkhorn_knopp(matrix: np.ndarray, row_sums: np.ndarray, col_sums: np.ndarra
     rows = np.asarray(row_sums, dtype=np.float64)
     cols = np.asarray(col_sums, dtype=np.float64)
     if out.ndim != 2 or out.shape != (len(rows), len(cols)):
-        raise DataError(f"sinkhorn_knopp: matrix shape {out.shape} does not match {len(rows)} row and "
-                        f"{len(cols)} column targets")
+        raise DataError(
+            f"sinkhorn_knopp: matrix shape {out.shape} does not match {len(rows)} row and {len(cols)} column targets"
+        )
     if not np.all(np.isfinite(out)) or np.any(out < 0) or np.any(rows <= 0) or np.any(cols <= 0):
         raise DataError("sinkhorn_knopp needs a finite non-negative matrix and positive targets")
     if not np.isclose(rows.sum(), cols.sum(), rtol=1e-9, atol=0.0):
@@ -154,8 +167,9 @@ def sinkhorn_knopp(matrix: np.ndarray, row_sums: np.ndarray, col_sums: np.ndarra
         if best_effort and iteration == max_iter - 1:
             return out
         out *= (rows / current)[:, None]
-    raise DataError(f"sinkhorn_knopp did not reach the row/column targets within {max_iter} iterations; "
-                    "use a larger alpha")
+    raise DataError(
+        f"sinkhorn_knopp did not reach the row/column targets within {max_iter} iterations; use a larger alpha"
+    )
 
 
 def _largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:
@@ -163,7 +177,7 @@ def _largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:
     exact = np.asarray(weights, dtype=np.float64) / np.sum(weights) * total
     counts = np.floor(exact).astype(np.int64)
     order = np.argsort(-(exact - counts), kind="stable")
-    counts[order[:total - counts.sum()]] += 1
+    counts[order[: total - counts.sum()]] += 1
     return counts
 
 
@@ -191,14 +205,15 @@ def _assign(labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, rng: np
     """Deal counts[k, c] random samples of class c to client k; no sample goes to two clients."""
     parts: list[list[np.ndarray]] = [[] for _ in range(counts.shape[0])]
     for c, label in enumerate(classes):
-        idx = rng.permutation(np.flatnonzero(labels == label))[:counts[:, c].sum()]
+        idx = rng.permutation(np.flatnonzero(labels == label))[: counts[:, c].sum()]
         for k, chunk in enumerate(np.split(idx, np.cumsum(counts[:, c])[:-1])):
             parts[k].append(chunk)
     return [rng.permutation(np.concatenate(p)).astype(np.int64) for p in parts]
 
 
-def _classes_and_sizes(labels: np.ndarray, num_clients: int, alpha: float,
-                       scheme: str) -> tuple[np.ndarray, np.ndarray]:
+def _classes_and_sizes(
+    labels: np.ndarray, num_clients: int, alpha: float, scheme: str
+) -> tuple[np.ndarray, np.ndarray]:
     """The distinct labels and their sample counts, after checking alpha and the client count."""
     if alpha <= 0:
         raise DataError(f"{scheme} partition needs alpha > 0, got {alpha}")
@@ -213,8 +228,9 @@ def _dirichlet_sizes(rng: np.random.Generator, total: int, num_clients: int, alp
     return 2 + _largest_remainder(np.maximum(share, _DIRICHLET_FLOOR), total - 2 * num_clients)
 
 
-def _skewed_split(labels: np.ndarray, num_clients: int, alpha: float, seed: int, scheme: str, label_skew: bool,
-                  quantity_skew: bool) -> list[np.ndarray]:
+def _skewed_split(
+    labels: np.ndarray, num_clients: int, alpha: float, seed: int, scheme: str, label_skew: bool, quantity_skew: bool
+) -> list[np.ndarray]:
     classes, class_sizes = _classes_and_sizes(labels, num_clients, alpha, scheme)
     rng = np.random.default_rng(seed)
     total = len(labels)
@@ -267,8 +283,14 @@ def _grouped_counts(groups: np.ndarray, sizes: np.ndarray, num_classes: int, dom
     return counts
 
 
-def grouped(labels: np.ndarray, num_clients: int, seed: int, num_groups: int = 5, dominant_share: float = 0.8,
-            group_sizes: Sequence[int] = (500, 400, 300, 200, 100)) -> list[np.ndarray]:
+def grouped(
+    labels: np.ndarray,
+    num_clients: int,
+    seed: int,
+    num_groups: int = 5,
+    dominant_share: float = 0.8,
+    group_sizes: Sequence[int] = (500, 400, 300, 200, 100),
+) -> list[np.ndarray]:
     """FedAMP's challenging non-IID split: client groups dominated by 2 classes each, group-specific sizes.
 
     Client k is in group k * num_groups // num_clients (contiguous, near-equal groups). A client of
@@ -293,25 +315,40 @@ def grouped(labels: np.ndarray, num_clients: int, seed: int, num_groups: int = 5
     while np.any(counts.sum(axis=0) > class_sizes):
         scale *= min(0.99, float(np.min(class_sizes / np.maximum(counts.sum(axis=0), 1))))
         if scale < 0.1 or np.any(np.floor(scale * asked) < 2):
-            raise DataError(f"grouped partition: {len(labels)} samples cannot hold even 10% of group sizes "
-                            f"{tuple(group_sizes)} for {num_clients} clients (or would leave a client under 2 "
-                            "samples); use fewer clients or smaller group sizes")
+            raise DataError(
+                f"grouped partition: {len(labels)} samples cannot hold even 10% of group sizes "
+                f"{tuple(group_sizes)} for {num_clients} clients (or would leave a client under 2 "
+                "samples); use fewer clients or smaller group sizes"
+            )
         counts = _grouped_counts(groups, np.floor(scale * asked).astype(np.int64), len(classes), dominant_share)
     if scale < 1.0:
-        warnings.warn(f"grouped partition: too few samples for group sizes {tuple(group_sizes)}; "
-                      f"client sizes scaled by {scale:.3f}", UserWarning, stacklevel=2)
+        warnings.warn(
+            f"grouped partition: too few samples for group sizes {tuple(group_sizes)}; "
+            f"client sizes scaled by {scale:.3f}",
+            UserWarning,
+            stacklevel=2,
+        )
     return _assign(labels, classes, counts, np.random.default_rng(seed))
 
 
-def partition(labels: np.ndarray, scheme: str, num_clients: int, seed: int, alpha: float = 0.3,
-              num_groups: int = 5, dominant_share: float = 0.8,
-              group_sizes: Sequence[int] = (500, 400, 300, 200, 100)) -> list[np.ndarray]:
+def partition(
+    labels: np.ndarray,
+    scheme: str,
+    num_clients: int,
+    seed: int,
+    alpha: float = 0.3,
+    num_groups: int = 5,
+    dominant_share: float = 0.8,
+    group_sizes: Sequence[int] = (500, 400, 300, 200, 100),
+) -> list[np.ndarray]:
     """Indices of each client's samples under the named scheme."""
     if num_clients < 1:
         raise DataError(f"need at least one client, got {num_clients}")
     if num_clients > len(labels) // 2:
-        raise DataError(f"{num_clients} clients for {len(labels)} samples: each client needs at least 2; use at "
-                        f"most {len(labels) // 2} clients")
+        raise DataError(
+            f"{num_clients} clients for {len(labels)} samples: each client needs at least 2; use at "
+            f"most {len(labels) // 2} clients"
+        )
     if scheme == "iid":
         return iid(labels, num_clients, seed)
     if scheme == "dirichlet":

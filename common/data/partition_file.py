@@ -45,8 +45,9 @@ def _client_count(where: str, names: Sequence[str]) -> int:
     for k in range(max(clients) + 1):
         for side in ("train", "test"):
             if side not in clients.get(k, set()):
-                raise DataError(f"{where}: client {k} has no '{side}_{k}' array (clients are numbered "
-                                f"0..{max(clients)})")
+                raise DataError(
+                    f"{where}: client {k} has no '{side}_{k}' array (clients are numbered 0..{max(clients)})"
+                )
     return len(clients)
 
 
@@ -60,13 +61,16 @@ def _indices(where: str, name: str, values: np.ndarray, num_samples: int) -> np.
     low, high = int(values.min()), int(values.max())
     if low < 0 or high >= num_samples:
         bad = low if low < 0 else high
-        raise DataError(f"{where}: '{name}' holds index {bad}, outside 0..{num_samples - 1} (the dataset's "
-                        f"{num_samples} samples in load order)")
+        raise DataError(
+            f"{where}: '{name}' holds index {bad}, outside 0..{num_samples - 1} (the dataset's "
+            f"{num_samples} samples in load order)"
+        )
     return values.astype(np.int64)
 
 
-def read_partition_file(path: str | Path, num_clients: int,
-                        num_samples: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+def read_partition_file(
+    path: str | Path, num_clients: int, num_samples: int
+) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
     """The first `num_clients` clients' (train, test) indices of the file, every client in it validated; a DataError
     naming the file and what is wrong."""
     file = Path(path).expanduser()
@@ -83,8 +87,9 @@ def read_partition_file(path: str | Path, num_clients: int,
     with archive:
         count = _client_count(where, archive.files)
         if num_clients > count:
-            raise DataError(f"{where}: holds {count} clients, the run has {num_clients}: use at most {count} "
-                            "(num-supernodes)")
+            raise DataError(
+                f"{where}: holds {count} clients, the run has {num_clients}: use at most {count} (num-supernodes)"
+            )
         for k in range(count):
             try:
                 tr, te = archive[f"train_{k}"], archive[f"test_{k}"]
@@ -94,8 +99,10 @@ def read_partition_file(path: str | Path, num_clients: int,
             te = _indices(where, f"test_{k}", te, num_samples)
             shared = np.intersect1d(tr, te)
             if shared.size:
-                raise DataError(f"{where}: client {k}'s train and test share {shared.size} indices (e.g. "
-                                f"{int(shared[0])}); a client must not test on its training samples")
+                raise DataError(
+                    f"{where}: client {k}'s train and test share {shared.size} indices (e.g. "
+                    f"{int(shared[0])}); a client must not test on its training samples"
+                )
             train.append(tr)
             test.append(te)
     return tuple(train[:num_clients]), tuple(test[:num_clients])

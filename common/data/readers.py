@@ -16,16 +16,20 @@ HAR_FILES = ("UCI_HAR/inertial_x_float32_N-128-9.npy.xz", "UCI_HAR/labels_subjec
 # Per channel over the inverted images (FEMNIST), the official UCI training subjects' windows (HAR), the 7,291
 # training images (USPS).
 FEMNIST_NORM = ((0.0378,), (0.1627,))
-HAR_NORM = ((-0.0006, -0.0003, -0.0003, 0.0005, -0.0008, 0.0001, 0.8047, 0.0288, 0.0865),
-            (0.1948, 0.1224, 0.1069, 0.4068, 0.3819, 0.2557, 0.4141, 0.3910, 0.3578))
+HAR_NORM = (
+    (-0.0006, -0.0003, -0.0003, 0.0005, -0.0008, 0.0001, 0.8047, 0.0288, 0.0865),
+    (0.1948, 0.1224, 0.1069, 0.4068, 0.3819, 0.2557, 0.4141, 0.3910, 0.3578),
+)
 USPS_NORM = ((0.2539,), (0.3842,))
 
 
 def _missing(dataset: str, data_dir: Path, files: tuple[str, ...]) -> None:
     absent = [f for f in files if not (data_dir / f).is_file()]
     if absent:
-        raise DataError(f"{dataset}: expected {', '.join(str(data_dir / f) for f in absent)} (set run-config "
-                        "'data-dir' or $PFL_DATA_DIR to the folder holding it)")
+        raise DataError(
+            f"{dataset}: expected {', '.join(str(data_dir / f) for f in absent)} (set run-config "
+            "'data-dir' or $PFL_DATA_DIR to the folder holding it)"
+        )
 
 
 def _npz(dataset: str, path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
@@ -43,8 +47,17 @@ def femnist(data_dir: Path) -> DatasetArrays:
     arrays = _npz("femnist", data_dir / FEMNIST_FILE, ("x", "y", "writer"))
     x = (255 - arrays["x"].astype(np.uint8))[:, None, :, :]
     mean, std = FEMNIST_NORM
-    return DatasetArrays("femnist", np.ascontiguousarray(x), arrays["y"].astype(np.int64), 62, mean, std, 255.0,
-                         natural_id=arrays["writer"].astype(np.int64), natural_kind="writer")
+    return DatasetArrays(
+        "femnist",
+        np.ascontiguousarray(x),
+        arrays["y"].astype(np.int64),
+        62,
+        mean,
+        std,
+        255.0,
+        natural_id=arrays["writer"].astype(np.int64),
+        natural_kind="writer",
+    )
 
 
 def har(data_dir: Path) -> DatasetArrays:
@@ -59,12 +72,22 @@ def har(data_dir: Path) -> DatasetArrays:
         raise DataError(f"har: could not read {path}: {exc}") from exc
     labels = _npz("har", data_dir / HAR_FILES[1], ("y", "subject"))
     if x.ndim != 3 or x.shape[1:] != (128, 9) or len(x) != len(labels["y"]) or len(x) != len(labels["subject"]):
-        raise DataError(f"har: {path} holds {x.shape}, expected (N, 128, 9) with N the length of 'y' and 'subject' "
-                        f"in {data_dir / HAR_FILES[1]}")
+        raise DataError(
+            f"har: {path} holds {x.shape}, expected (N, 128, 9) with N the length of 'y' and 'subject' "
+            f"in {data_dir / HAR_FILES[1]}"
+        )
     mean, std = HAR_NORM
-    return DatasetArrays("har", np.ascontiguousarray(x.astype(np.float32).transpose(0, 2, 1)),
-                         labels["y"].astype(np.int64), 6, mean, std, 1.0,
-                         natural_id=labels["subject"].astype(np.int64), natural_kind="subject")
+    return DatasetArrays(
+        "har",
+        np.ascontiguousarray(x.astype(np.float32).transpose(0, 2, 1)),
+        labels["y"].astype(np.int64),
+        6,
+        mean,
+        std,
+        1.0,
+        natural_id=labels["subject"].astype(np.int64),
+        natural_kind="subject",
+    )
 
 
 def usps(data_dir: Path) -> DatasetArrays:

@@ -16,8 +16,8 @@ class ShiftPlan:
     """
 
     test_indices: np.ndarray  # the client's own test samples (dataset indices)
-    positions: np.ndarray     # permutation of range(len(test_indices)): the order positions get replaced
-    draws: np.ndarray         # dataset indices drawn from the pool, one per position
+    positions: np.ndarray  # permutation of range(len(test_indices)): the order positions get replaced
+    draws: np.ndarray  # dataset indices drawn from the pool, one per position
 
     def num_replaced(self, degree: float) -> int:
         """How many test samples degree `degree` replaces (round half to even of p * n)."""
@@ -40,8 +40,9 @@ def make_shift_plan(test_indices: np.ndarray, pool: np.ndarray, seed: int) -> Sh
     return ShiftPlan(np.asarray(test_indices), positions, np.asarray(draws))
 
 
-def shifted_correct(plan: ShiftPlan, own_correct: np.ndarray, draw_correct: np.ndarray,
-                    degrees: tuple[float, ...]) -> dict[float, float]:
+def shifted_correct(
+    plan: ShiftPlan, own_correct: np.ndarray, draw_correct: np.ndarray, degrees: tuple[float, ...]
+) -> dict[float, float]:
     """Accuracy at each degree from per-sample correctness of the own test set and of the draws."""
     n = len(plan.test_indices)
     out: dict[float, float] = {}

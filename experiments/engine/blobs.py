@@ -24,7 +24,7 @@ def put(data: bytes) -> BlobRef:
     block = shared_memory.SharedMemory(create=True, size=max(1, len(data)))
     try:
         assert block.buf is not None
-        block.buf[:len(data)] = data
+        block.buf[: len(data)] = data
         return BlobRef(block.name, len(data))
     finally:
         block.close()
@@ -35,7 +35,7 @@ def take(ref: BlobRef, unlink: bool) -> bytes:
     block = shared_memory.SharedMemory(name=ref.name)
     try:
         assert block.buf is not None
-        return bytes(block.buf[:ref.size])
+        return bytes(block.buf[: ref.size])
     finally:
         block.close()
         if unlink:

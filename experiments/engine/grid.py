@@ -49,13 +49,21 @@ class InProcessGrid(Grid):
     """`num_nodes` simulated nodes (partition ids 0..num_nodes-1) answered by `workers` worker processes, each
     running the ClientApp on `threads` torch threads (workers=0: in this process, one message at a time)."""
 
-    def __init__(self, run_config: dict[str, Any], num_nodes: int, workers: int, threads: int = 1,
-                 run_id: int = 1, log_level: int = logging.INFO) -> None:
+    def __init__(
+        self,
+        run_config: dict[str, Any],
+        num_nodes: int,
+        workers: int,
+        threads: int = 1,
+        run_id: int = 1,
+        log_level: int = logging.INFO,
+    ) -> None:
         self._run = Run.create_empty(run_id)
         self._run_config = dict(run_config)
         self._workers, self._threads, self._log_level = workers, threads, log_level
-        self.node_config = {FIRST_NODE_ID + pid: {PARTITION_ID: pid, NUM_PARTITIONS: num_nodes}
-                            for pid in range(num_nodes)}
+        self.node_config = {
+            FIRST_NODE_ID + pid: {PARTITION_ID: pid, NUM_PARTITIONS: num_nodes} for pid in range(num_nodes)
+        }
         self.states: dict[int, RecordDict] = {}  # node -> its context state (absent: empty)
         self._shared = SharedArrays()  # array payloads of the messages in flight, in shared memory
         self._pending: dict[str, tuple[int, Message, Future[Outcome], list[BlobRef]]] = {}  # message id -> node,
@@ -72,9 +80,12 @@ class InProcessGrid(Grid):
             worker.start(self._run_config, self._threads, self._log_level)
             return InlineExecutor()
         # spawn: a fresh interpreter per worker (no forked torch or thread state), started once for the run
-        return ProcessPoolExecutor(max_workers=self._workers, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=worker.start,
-                                   initargs=(self._run_config, self._threads, self._log_level))
+        return ProcessPoolExecutor(
+            max_workers=self._workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=worker.start,
+            initargs=(self._run_config, self._threads, self._log_level),
+        )
 
     # ----- Grid ----------------------------------------------------------------------------------------------
     def set_run(self, run: Run) -> None:
@@ -86,8 +97,9 @@ class InProcessGrid(Grid):
         """The run this grid serves."""
         return self._run
 
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-                       ttl: float | None = None) -> Message:
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
+    ) -> Message:
         """A new message (Flower deprecates this in favour of the Message constructor)."""
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
@@ -112,8 +124,17 @@ class InProcessGrid(Grid):
             content = records_out(msg.content, self._shared.share)
             state = records_out(self.states[node], self._shared.share) if node in self.states else None
             self.bytes_moved += num_bytes(content)
-            task = Task(self._run.run_id, node, self.node_config[node], message_id, msg.metadata.message_type,
-                        msg.metadata.group_id, msg.metadata.ttl, content, state)
+            task = Task(
+                self._run.run_id,
+                node,
+                self.node_config[node],
+                message_id,
+                msg.metadata.message_type,
+                msg.metadata.group_id,
+                msg.metadata.ttl,
+                content,
+                state,
+            )
             self._pending[message_id] = (node, msg, self._submit(task), blob_refs(content) + blob_refs(state))
             self._latest[node] = message_id
         return ids
@@ -194,8 +215,10 @@ class InProcessGrid(Grid):
             self._pool.shutdown(wait=False, cancel_futures=True)
             self.restarts += 1
             if self.restarts > MAX_RESTARTS:
-                raise RunAborted(f"the worker processes died {self.restarts} times (out of memory? see the errors "
-                                 "above); giving the run up") from None
+                raise RunAborted(
+                    f"the worker processes died {self.restarts} times (out of memory? see the errors "
+                    "above); giving the run up"
+                ) from None
             self._pool = self._new_pool()
 
     def close(self) -> None:

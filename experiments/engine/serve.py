@@ -56,11 +56,18 @@ def serve(run_config: dict[str, Any], clients: int, workers: int = 0, data_expor
         log(ERROR, "%s", exc)
         return False
     workers = workers or default_workers(clients, cfg.client_threads)
-    log(INFO, "in-process engine: %d simulated clients on %d worker process(es), %d thread(s) each, device %s",
-        clients, workers, cfg.client_threads, cfg.device)
+    log(
+        INFO,
+        "in-process engine: %d simulated clients on %d worker process(es), %d thread(s) each, device %s",
+        clients,
+        workers,
+        cfg.client_threads,
+        cfg.device,
+    )
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1  # messages need them
-    context = Context(run_id=1, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
-                      run_config=dict(run_config))
+    context = Context(
+        run_id=1, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(), run_config=dict(run_config)
+    )
     started, children = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
     grid = InProcessGrid(run_config, clients, workers, cfg.client_threads, log_level=logging.getLogger("flwr").level)
     try:
@@ -71,16 +78,25 @@ def serve(run_config: dict[str, Any], clients: int, workers: int = 0, data_expor
         grid.close()
         used = resource.getrusage(resource.RUSAGE_CHILDREN)
         workers_cpu = used.ru_utime + used.ru_stime - children.ru_utime - children.ru_stime
-        log(INFO, "in-process engine: %.1f s; CPU: server %.1f s, %d workers %.1f s (their ClientApps ran %.1f s); "
-            "%.1f MB of messages and replies moved", time.monotonic() - started, time.process_time(), workers,
-            workers_cpu, grid.clientapp_seconds, grid.bytes_moved / 1e6)
+        log(
+            INFO,
+            "in-process engine: %.1f s; CPU: server %.1f s, %d workers %.1f s (their ClientApps ran %.1f s); "
+            "%.1f MB of messages and replies moved",
+            time.monotonic() - started,
+            time.process_time(),
+            workers,
+            workers_cpu,
+            grid.clientapp_seconds,
+            grid.bytes_moved / 1e6,
+        )
     return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the arguments, run, and give the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.engine", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.engine", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--run-config", required=True, help="the run config as a JSON object")
     parser.add_argument("--clients", type=int, required=True, help="simulated clients (nodes)")
     parser.add_argument("--workers", type=int, default=0, help="worker processes (default: one per core)")

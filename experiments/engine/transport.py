@@ -21,14 +21,16 @@ Records = list[tuple[str, str, Any]]  # (record name, kind: "arrays" | "metrics"
 def records_out(content: RecordDict, share: Callable[[bytes], BlobRef] | None = None) -> Records:
     """A record dict as plain values, in its order (the order is part of its serialized form); with `share`, array
     payloads of SHARED_FROM_BYTES or more are handed to it and travel as its block reference."""
+
     def data(payload: bytes) -> bytes | BlobRef:
         return share(payload) if share is not None and len(payload) >= SHARED_FROM_BYTES else payload
 
     out: Records = []
     for name, record in content.items():
         if isinstance(record, ArrayRecord):
-            out.append((name, "arrays", [(key, a.dtype, tuple(a.shape), a.stype, data(a.data))
-                                         for key, a in record.items()]))
+            out.append(
+                (name, "arrays", [(key, a.dtype, tuple(a.shape), a.stype, data(a.data)) for key, a in record.items()])
+            )
         elif isinstance(record, MetricRecord):
             out.append((name, "metrics", dict(record)))
         elif isinstance(record, ConfigRecord):
@@ -41,14 +43,19 @@ def records_out(content: RecordDict, share: Callable[[bytes], BlobRef] | None = 
 def records_in(items: Records, unlink: bool = False) -> RecordDict:
     """The record dict `records_out` gave these values for (payloads in shared memory copied out; `unlink`: and
     their blocks freed, by their only reader)."""
+
     def payload(data: bytes | BlobRef) -> bytes:
         return take(data, unlink) if isinstance(data, BlobRef) else data
 
     content = RecordDict()
     for name, kind, values in items:
         if kind == "arrays":
-            content[name] = ArrayRecord({key: Array(dtype=dtype, shape=tuple(shape), stype=stype, data=payload(data))
-                                         for key, dtype, shape, stype, data in values})
+            content[name] = ArrayRecord(
+                {
+                    key: Array(dtype=dtype, shape=tuple(shape), stype=stype, data=payload(data))
+                    for key, dtype, shape, stype, data in values
+                }
+            )
         elif kind == "metrics":
             content[name] = MetricRecord(values)
         elif kind == "config":
@@ -60,11 +67,20 @@ def records_in(items: Records, unlink: bool = False) -> RecordDict:
 
 def num_bytes(items: Records) -> int:
     """The array bytes the values hold (what dominates a message's size)."""
-    return sum(item[4].size if isinstance(item[4], BlobRef) else len(item[4])
-               for _, kind, values in items if kind == "arrays" for item in values)
+    return sum(
+        item[4].size if isinstance(item[4], BlobRef) else len(item[4])
+        for _, kind, values in items
+        if kind == "arrays"
+        for item in values
+    )
 
 
 def blob_refs(items: Records | None) -> list[BlobRef]:
     """The shared-memory blocks the values refer to."""
-    return [item[4] for _, kind, values in items or [] if kind == "arrays" for item in values
-            if isinstance(item[4], BlobRef)]
+    return [
+        item[4]
+        for _, kind, values in items or []
+        if kind == "arrays"
+        for item in values
+        if isinstance(item[4], BlobRef)
+    ]

@@ -79,13 +79,23 @@ def answer(task: Task) -> Outcome:
         raise RuntimeError("worker not started")
     started = time.perf_counter()
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = task.run_id, task.node_id, task.run_id
-    msg = Message(records_in(task.content), dst_node_id=task.node_id, message_type=task.message_type, ttl=task.ttl,
-                  group_id=task.group_id)
+    msg = Message(
+        records_in(task.content),
+        dst_node_id=task.node_id,
+        message_type=task.message_type,
+        ttl=task.ttl,
+        group_id=task.group_id,
+    )
     meta = msg.metadata.__dict__
     meta["_message_id"], meta["_run_id"], meta["_src_node_id"] = task.message_id, task.run_id, 1
     state = records_in(task.state) if task.state is not None else RecordDict()
-    context = Context(run_id=task.run_id, node_id=task.node_id, node_config=dict(task.node_config), state=state,
-                      run_config=dict(_RUN_CONFIG))
+    context = Context(
+        run_id=task.run_id,
+        node_id=task.node_id,
+        node_config=dict(task.node_config),
+        state=state,
+        run_config=dict(_RUN_CONFIG),
+    )
     content: Records | None = None
     error: tuple[int, str] | None = None
     try:
@@ -93,9 +103,13 @@ def answer(task: Task) -> Outcome:
     except Exception as exc:  # the server gets an error reply
         if not isinstance(exc, SimulatedDrop):
             seen = (type(exc).__name__, str(exc))
-            logging.getLogger("flwr").log(ERROR, "client app failed on node %s%s", task.node_id,
-                                          f": {seen[0]}: {seen[1]} (traceback above)" if seen in _FAILURES else "",
-                                          exc_info=seen not in _FAILURES)
+            logging.getLogger("flwr").log(
+                ERROR,
+                "client app failed on node %s%s",
+                task.node_id,
+                f": {seen[0]}: {seen[1]} (traceback above)" if seen in _FAILURES else "",
+                exc_info=seen not in _FAILURES,
+            )
             _FAILURES.add(seen)
         reason = f"ClientApp raised {type(exc).__name__}: {exc}".replace("\n", " ")
         error = (ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason)

@@ -6,5 +6,13 @@ from .log_lines import progress_text, round_record, settings_text
 from .markdown import render_markdown
 from .summary import summarize
 
-__all__ = ["ResultsWriter", "make_run_dir", "progress_text", "read_run_config", "render_markdown", "round_record",
-           "settings_text", "summarize"]
+__all__ = [
+    "ResultsWriter",
+    "make_run_dir",
+    "progress_text",
+    "read_run_config",
+    "render_markdown",
+    "round_record",
+    "settings_text",
+    "summarize",
+]

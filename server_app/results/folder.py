@@ -23,6 +23,7 @@ def read_run_config(run_dir: Path) -> dict[str, Any]:
     defaults = parse_run_config({}).to_dict()
     return {**defaults, **json.loads((Path(run_dir) / "config.json").read_text())}
 
+
 def make_run_dir(base: Path, algorithm: str, dataset: str, run_name: str) -> Path:
     """A new folder under `base` named after the run (or algorithm-dataset-timestamp); never reuses one."""
     stem = run_name or f"{algorithm}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -33,6 +34,7 @@ def make_run_dir(base: Path, algorithm: str, dataset: str, run_name: str) -> Pat
         path = base / f"{stem}-{suffix}"
     path.mkdir(parents=True)
     return path
+
 
 class ResultsWriter:
     """Writes one run's results as the run goes, so a crash loses at most the round in progress."""
@@ -54,8 +56,11 @@ class ResultsWriter:
         atomic_write_text(self._metrics, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
         if self._digests.is_file():
             last = records[-1]["round"] if records else 0
-            kept = [line for line in self._digests.read_text().splitlines()
-                    if line.strip() and json.loads(line)["round"] <= last]
+            kept = [
+                line
+                for line in self._digests.read_text().splitlines()
+                if line.strip() and json.loads(line)["round"] <= last
+            ]
             atomic_write_text(self._digests, "".join(line + "\n" for line in kept))
 
     def add_round(self, record: dict[str, Any], digests: list[dict[str, Any]] | None = None) -> None:

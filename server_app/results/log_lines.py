@@ -10,31 +10,47 @@ from common.evaluate import shift_key
 from ..replies import RoundLog
 
 
-def round_record(server_round: int, wall: float, elapsed: float, log: RoundLog,
-                 extra: dict[str, Any]) -> dict[str, Any]:
+def round_record(
+    server_round: int, wall: float, elapsed: float, log: RoundLog, extra: dict[str, Any]
+) -> dict[str, Any]:
     """A round's line of metrics.jsonl, from its counters and the algorithm's own fields."""
-    return {"round": server_round, "wall_s": wall, "elapsed_s": elapsed, "train": log.train, "bytes": log.bytes,
-            "bytes_per_client": {str(k): v for k, v in sorted(log.per_client_bytes.items())}, "eval": log.eval,
-            **({"aggregate_s": log.aggregate_s} if log.aggregate_s is not None else {}),
-            **({"unseen": log.unseen} if log.unseen else {}), **extra}
+    return {
+        "round": server_round,
+        "wall_s": wall,
+        "elapsed_s": elapsed,
+        "train": log.train,
+        "bytes": log.bytes,
+        "bytes_per_client": {str(k): v for k, v in sorted(log.per_client_bytes.items())},
+        "eval": log.eval,
+        **({"aggregate_s": log.aggregate_s} if log.aggregate_s is not None else {}),
+        **({"unseen": log.unseen} if log.unseen else {}),
+        **extra,
+    }
+
 
 def settings_text(cfg: RunConfig, num_clients: int) -> str:
     """One log line with the run's main settings."""
-    text = (f"{cfg.algorithm}: {num_clients} clients, {100 * cfg.fraction_train:.0f}% per round, {cfg.num_rounds} "
-            f"rounds, {cfg.local_epochs} local epochs, lr {cfg.lr:g}")
+    text = (
+        f"{cfg.algorithm}: {num_clients} clients, {100 * cfg.fraction_train:.0f}% per round, {cfg.num_rounds} "
+        f"rounds, {cfg.local_epochs} local epochs, lr {cfg.lr:g}"
+    )
     return text + (f", robust aggregation {cfg.robust_aggregation}" if cfg.robust_aggregation != "none" else "")
+
 
 def progress_text(record: dict[str, Any], num_rounds: int, degrees: tuple[float, ...], elapsed: float) -> str:
     """The progress log line of a finished round: replies, loss, traffic, accuracy, time and ETA."""
     rnd = record["round"]
     eta = elapsed / rnd * (num_rounds - rnd)
     train = record["train"]
-    text = (f"[round {rnd}/{num_rounds}] train {train['used']}/{train['sent']} used, loss {train['loss']:.4f}"
-            f" | down {record['bytes']['train_down'] / 1e6:.2f} MB up {record['bytes']['train_up'] / 1e6:.2f} MB")
+    text = (
+        f"[round {rnd}/{num_rounds}] train {train['used']}/{train['sent']} used, loss {train['loss']:.4f}"
+        f" | down {record['bytes']['train_down'] / 1e6:.2f} MB up {record['bytes']['train_up'] / 1e6:.2f} MB"
+    )
     if record["eval"]:
         mean, std = record["eval"]["mean"], record["eval"]["std"]
         k0, k1 = shift_key(min(degrees)), shift_key(max(degrees))
-        text += (f" | acc {100 * mean[k0]:.2f}+/-{100 * std[k0]:.2f}%"
-                 f" (shift {100 * max(degrees):g}%: {100 * mean[k1]:.2f}%)")
+        text += (
+            f" | acc {100 * mean[k0]:.2f}+/-{100 * std[k0]:.2f}% (shift {100 * max(degrees):g}%: {100 * mean[k1]:.2f}%)"
+        )
     seconds = int(round(eta))
     return text + f" | {record['wall_s']:.1f}s, ETA {seconds // 60}m{seconds % 60:02d}s"

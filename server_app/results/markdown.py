@@ -18,40 +18,56 @@ def _fmt(value: float, pct: bool = True) -> str:
         return "n/a"
     return f"{100 * value:.2f}" if pct else f"{value:.3f}"
 
+
 def _stage_lines(summary: dict[str, Any]) -> list[str]:
     stages = summary.get("stages")
     if not stages:
         return []
     eps = sorted({e for row in stages.values() for e in row["rho"]}, key=float)
-    lines = [f"Stages (FLIU) of the clients trained in round {summary['stages_round']}: Acc(L) on the client's own "
-             "test split, Acc(G) on the pooled test set, Acc = Acc(L) + Acc(G) (%, mean +/- std); "
-             "rho_eps = clients with Acc(L) > eps.", "",
-             "| stage | Acc(L) | Acc(G) | Acc | " + " | ".join(f"rho_{e}" for e in eps) + " |",
-             "|---|---|---|---|" + "---|" * len(eps)]
+    lines = [
+        f"Stages (FLIU) of the clients trained in round {summary['stages_round']}: Acc(L) on the client's own "
+        "test split, Acc(G) on the pooled test set, Acc = Acc(L) + Acc(G) (%, mean +/- std); "
+        "rho_eps = clients with Acc(L) > eps.",
+        "",
+        "| stage | Acc(L) | Acc(G) | Acc | " + " | ".join(f"rho_{e}" for e in eps) + " |",
+        "|---|---|---|---|" + "---|" * len(eps),
+    ]
     for stage, row in stages.items():
         cells = [f"{_fmt(row[k][0])} +/- {_fmt(row[k][1])}" for k in ("acc_local", "acc_global", "acc")]
-        lines.append(f"| {stage} | " + " | ".join(cells) + " | "
-                     + " | ".join(f"{row['rho'].get(e, 0)}/{row['clients']}" for e in eps) + " |")
+        lines.append(
+            f"| {stage} | "
+            + " | ".join(cells)
+            + " | "
+            + " | ".join(f"{row['rho'].get(e, 0)}/{row['clients']}" for e in eps)
+            + " |"
+        )
     return lines + [""]
+
 
 def _degree_cells(stats: dict[str, Any], prefix: str, degrees: list[float]) -> list[str]:
     """'mean +/- std' (%) of a row of evaluation statistics at each shift degree."""
-    return [f"{_fmt(stats['mean'][prefix + shift_key(d)])} +/- {_fmt(stats['std'][prefix + shift_key(d)])}"
-            for d in degrees]
+    return [
+        f"{_fmt(stats['mean'][prefix + shift_key(d)])} +/- {_fmt(stats['std'][prefix + shift_key(d)])}" for d in degrees
+    ]
+
 
 def _unseen_lines(summary: dict[str, Any]) -> list[str]:
     """Held-out clients: the newcomer model's accuracy as received and after fine-tuning, by shift degree."""
     unseen, degrees = summary.get("unseen"), summary["shift_degrees"]
     if not unseen:
         return []
-    lines = [f"Held-out clients ({unseen['num_clients']}, never trained; {unseen['failed']} failed): the model a new "
-             "client receives, as received and after local fine-tuning (%, mean +/- std):", "",
-             "| unseen clients | " + " | ".join(f"{100 * d:g}%" for d in degrees) + " |",
-             "|---|" + "---|" * len(degrees)]
+    lines = [
+        f"Held-out clients ({unseen['num_clients']}, never trained; {unseen['failed']} failed): the model a new "
+        "client receives, as received and after local fine-tuning (%, mean +/- std):",
+        "",
+        "| unseen clients | " + " | ".join(f"{100 * d:g}%" for d in degrees) + " |",
+        "|---|" + "---|" * len(degrees),
+    ]
     for prefix, label in (("", "as received"), (FINETUNED.prefix, FINETUNED.label)):
         if prefix + shift_key(degrees[0]) in unseen["mean"]:
             lines.append(f"| {label} | " + " | ".join(_degree_cells(unseen, prefix, degrees)) + " |")
     return lines + [""]
+
 
 def _domain_lines(summary: dict[str, Any]) -> list[str]:
     """Multi-domain data: the global model's accuracy on each domain's held-out test data, and their mean."""
@@ -60,36 +76,55 @@ def _domain_lines(summary: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     mean = sum(value for _, value in rows) / len(rows)
-    return ["Global model on each domain's held-out test data (%), and their mean (global accuracy):", "",
-            "| " + " | ".join(name for name, _ in rows) + " | global accuracy |", "|---" * (len(rows) + 1) + "|",
-            "| " + " | ".join(_fmt(value) for _, value in rows) + f" | {_fmt(mean)} |", ""]
+    return [
+        "Global model on each domain's held-out test data (%), and their mean (global accuracy):",
+        "",
+        "| " + " | ".join(name for name, _ in rows) + " | global accuracy |",
+        "|---" * (len(rows) + 1) + "|",
+        "| " + " | ".join(_fmt(value) for _, value in rows) + f" | {_fmt(mean)} |",
+        "",
+    ]
+
 
 def _ratio_lines(summary: dict[str, Any]) -> list[str]:
     """DapperFL: costs per client by pruning ratio."""
     table = summary.get("by_ratio")
     if not table:
         return []
-    lines = ["Per client and round, by pruning ratio (measured):", "",
-             "| ratio | clients | values uploaded | training FLOPs | MB up | MB down |", "|---|---|---|---|---|---|"]
+    lines = [
+        "Per client and round, by pruning ratio (measured):",
+        "",
+        "| ratio | clients | values uploaded | training FLOPs | MB up | MB down |",
+        "|---|---|---|---|---|---|",
+    ]
     for ratio, row in sorted(table.items(), key=lambda item: float(item[0])):
-        lines.append(f"| {ratio} | {len(row['clients'])} | {row['values']:,} | {row['train_flops']:.3e} | "
-                     f"{row['mb_up']:.3f} | {row['mb_down']:.3f} |")
+        lines.append(
+            f"| {ratio} | {len(row['clients'])} | {row['values']:,} | {row['train_flops']:.3e} | "
+            f"{row['mb_up']:.3f} | {row['mb_down']:.3f} |"
+        )
     return lines + [""]
+
 
 def render_markdown(summary: dict[str, Any]) -> str:
     """summary.md: one table of accuracy at each shift degree, then costs and replies."""
     lines = [f"# {summary.get('algorithm', '?')} on {summary.get('dataset', '?')}", ""]
-    lines.append(f"{summary.get('num_clients')} clients, partition {summary.get('partition')}, "
-                 f"{summary['rounds_completed']} rounds, seed {summary.get('seed')}.")
+    lines.append(
+        f"{summary.get('num_clients')} clients, partition {summary.get('partition')}, "
+        f"{summary['rounds_completed']} rounds, seed {summary.get('seed')}."
+    )
     if summary.get("resumed_after_rounds"):
-        lines.append(f"Stopped and resumed from its checkpoint after round(s) "
-                     f"{', '.join(map(str, summary['resumed_after_rounds']))}.")
+        lines.append(
+            f"Stopped and resumed from its checkpoint after round(s) "
+            f"{', '.join(map(str, summary['resumed_after_rounds']))}."
+        )
     lines.append("")
     final = summary.get("final")
     if final:
         degrees = summary["shift_degrees"]
-        lines.append(f"Accuracy (%) of the {final['num_clients']} evaluated clients after round "
-                     f"{summary['final_round']}: mean +/- std across clients, by test-time shift degree.")
+        lines.append(
+            f"Accuracy (%) of the {final['num_clients']} evaluated clients after round "
+            f"{summary['final_round']}: mean +/- std across clients, by test-time shift degree."
+        )
         lines.append("")
         lines.append("| shift | " + " | ".join(f"{100 * d:g}%" for d in degrees) + " |")
         lines.append("|---|" + "---|" * len(degrees))
@@ -123,7 +158,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
         lines.append(f"| server aggregation per round (ms, median){rule} | {1e3 * summary['aggregate_s_median']:.1f} |")
     used, sent = summary["replies_used"], summary["replies_sent"]
     lines.append(f"| training replies used / sent | {sum(used)} / {sum(sent)} (per round min {min(used, default=0)}) |")
-    lines.append(f"| not used: failed / late / rejected | {sum(summary.get('replies_failed', []))} / "
-                 f"{sum(summary.get('replies_late', []))} / {sum(summary.get('replies_rejected', []))} |")
+    lines.append(
+        f"| not used: failed / late / rejected | {sum(summary.get('replies_failed', []))} / "
+        f"{sum(summary.get('replies_late', []))} / {sum(summary.get('replies_rejected', []))} |"
+    )
     lines.append("")
     return "\n".join(lines)

@@ -24,8 +24,9 @@ def plot_run(records: list[dict[str, Any]], summary: dict[str, Any], run_dir: Pa
     fig, ax = plt.subplots(figsize=(6, 4))
     rounds = [r["round"] for r in evaluated]
     for d in degrees:
-        ax.plot(rounds, [100 * r["eval"]["mean"][shift_key(d)] for r in evaluated], marker=".",
-                label=f"shift {100 * d:g}%")
+        ax.plot(
+            rounds, [100 * r["eval"]["mean"][shift_key(d)] for r in evaluated], marker=".", label=f"shift {100 * d:g}%"
+        )
     ax.set_xlabel("round")
     ax.set_ylabel("mean client accuracy (%)")
     ax.set_title(f"{summary.get('algorithm')} on {summary.get('dataset')}")

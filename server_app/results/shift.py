@@ -43,17 +43,25 @@ def corruption_lines(summary: dict[str, Any]) -> list[str]:
         return []
     severities = sorted({s for row in table.values() for s in row})
     clean = shift_key(0.0)
-    lines = [f"Corruption shift (CIFAR-10-C style) after round {summary.get('final_round')}: accuracy (%) on each "
-             "client's corrupted test split, mean +/- std across clients, by severity."]
+    lines = [
+        f"Corruption shift (CIFAR-10-C style) after round {summary.get('final_round')}: accuracy (%) on each "
+        "client's corrupted test split, mean +/- std across clients, by severity."
+    ]
     if clean in final["mean"]:
         lines[0] += f" Clean: {_cell((final['mean'][clean], final['std'][clean]))}."
-    lines += ["", "| corruption | " + " | ".join(f"severity {s}" for s in severities) + " | mean |",
-              "|---|" + "---|" * (len(severities) + 1)]
+    lines += [
+        "",
+        "| corruption | " + " | ".join(f"severity {s}" for s in severities) + " | mean |",
+        "|---|" + "---|" * (len(severities) + 1),
+    ]
     for name, row in table.items():
         means = [row[s][0] for s in severities if s in row]
         average = sum(means) / len(means) if means else float("nan")
-        lines.append(f"| {name} | " + " | ".join(_cell(row.get(s)) for s in severities)
-                     + f" | {'n/a' if average != average else f'{100 * average:.2f}'} |")
+        lines.append(
+            f"| {name} | "
+            + " | ".join(_cell(row.get(s)) for s in severities)
+            + f" | {'n/a' if average != average else f'{100 * average:.2f}'} |"
+        )
     return lines + [""]
 
 
@@ -65,12 +73,16 @@ def domain_shift_lines(summary: dict[str, Any]) -> list[str]:
         return []
     names = [n for n in DOMAINS if domain_accuracy_key(n) in mean]
     keys = [SEEN_DOMAIN_KEY, UNSEEN_DOMAINS_KEY] + [domain_accuracy_key(n) for n in names]
-    return ["Domain shift: each client's evaluated model (its personalized one where the algorithm has one) on the "
-            "held-out test data of the domain it trained on (seen), of the domains it never trained on (unseen, "
-            "mean over them) and of each domain (%, mean +/- std across clients):", "",
-            "| seen domain | unseen domains | " + " | ".join(names) + " |", "|---" * len(keys) + "|",
-            "| " + " | ".join(_cell((mean[k], std.get(k, float("nan")))) if k in mean else "n/a" for k in keys) + " |",
-            ""]
+    return [
+        "Domain shift: each client's evaluated model (its personalized one where the algorithm has one) on the "
+        "held-out test data of the domain it trained on (seen), of the domains it never trained on (unseen, "
+        "mean over them) and of each domain (%, mean +/- std across clients):",
+        "",
+        "| seen domain | unseen domains | " + " | ".join(names) + " |",
+        "|---" * len(keys) + "|",
+        "| " + " | ".join(_cell((mean[k], std.get(k, float("nan")))) if k in mean else "n/a" for k in keys) + " |",
+        "",
+    ]
 
 
 def plot_corruptions(summary: dict[str, Any], run_dir: Path) -> None:
@@ -91,14 +103,21 @@ def plot_corruptions(summary: dict[str, Any], run_dir: Path) -> None:
     for i, (name, row) in enumerate(table.items()):
         xs = ([0] if clean is not None else []) + list(row)
         ys = ([100 * clean] if clean is not None else []) + [100 * cell[0] for cell in row.values()]
-        ax.plot(xs, ys, marker=markers[i % len(markers)], color=colors((2 * i) % 20 + (i // 10) % 2),
-                label=name.replace("_", " "))
+        ax.plot(
+            xs,
+            ys,
+            marker=markers[i % len(markers)],
+            color=colors((2 * i) % 20 + (i // 10) % 2),
+            label=name.replace("_", " "),
+        )
     ax.set_xticks(range(0 if clean is not None else 1, 6))
     ax.set_xticklabels((["clean"] if clean is not None else []) + [str(s) for s in range(1, 6)])
     ax.set_xlabel("corruption severity")
     ax.set_ylabel("accuracy (%), mean over clients")
-    ax.set_title(f"{summary.get('algorithm')} on {summary.get('dataset')}: corrupted test data "
-                 f"(round {summary.get('final_round')})")
+    ax.set_title(
+        f"{summary.get('algorithm')} on {summary.get('dataset')}: corrupted test data "
+        f"(round {summary.get('final_round')})"
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()

@@ -12,13 +12,16 @@ from common.evaluate import shift_key
 def _mb(num_bytes: float) -> float:
     return num_bytes / 1e6
 
+
 def summarize(records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
     """Final and best accuracies, costs and reply counts of a run, from its round records."""
     evaluated = [r for r in records if r.get("eval")]
     final = evaluated[-1]["eval"] if evaluated else None
     degrees = info.get("shift_degrees", [])
-    best_mean = max((r["eval"]["mean"][shift_key(0.0)] for r in evaluated
-                     if shift_key(0.0) in r["eval"]["mean"]), default=float("nan"))
+    best_mean = max(
+        (r["eval"]["mean"][shift_key(0.0)] for r in evaluated if shift_key(0.0) in r["eval"]["mean"]),
+        default=float("nan"),
+    )
     num_clients = max(int(info.get("num_clients", 1)), 1)
     totals = {k: sum(r["bytes"][k] for r in records) for k in ("train_down", "train_up", "eval_down", "eval_up")}
     return {
@@ -44,13 +47,15 @@ def summarize(records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, 
         **_last_stages(records),
     }
 
+
 def _costs_by_ratio(records: list[dict[str, Any]]) -> dict[str, Any]:
     """DapperFL: per pruning ratio, the clients, values uploaded, and per client-round training FLOPs and MB."""
     table: dict[str, dict[str, Any]] = {}
     for record in records:
         for ratio, entry in record.get("by_ratio", {}).items():
-            row = table.setdefault(ratio, {"clients": set(), "values": entry["values"], "flops": [], "up": [],
-                                           "down": []})
+            row = table.setdefault(
+                ratio, {"clients": set(), "values": entry["values"], "flops": [], "up": [], "down": []}
+            )
             row["clients"].update(entry["clients"])
             row["flops"].append(entry["train_flops"])
             for pid in entry["clients"]:
@@ -59,9 +64,19 @@ def _costs_by_ratio(records: list[dict[str, Any]]) -> dict[str, Any]:
                 row["down"].append(_mb(sent["down"]))
     if not table:
         return {}
-    return {"by_ratio": {ratio: {"clients": sorted(row["clients"]), "values": row["values"],
-                                 "train_flops": float(np.mean(row["flops"])), "mb_up": float(np.mean(row["up"])),
-                                 "mb_down": float(np.mean(row["down"]))} for ratio, row in table.items()}}
+    return {
+        "by_ratio": {
+            ratio: {
+                "clients": sorted(row["clients"]),
+                "values": row["values"],
+                "train_flops": float(np.mean(row["flops"])),
+                "mb_up": float(np.mean(row["up"])),
+                "mb_down": float(np.mean(row["down"])),
+            }
+            for ratio, row in table.items()
+        }
+    }
+
 
 def _aggregation_cost(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Server time spent aggregating (median per round) and, under a robust rule, how many updates it clipped."""
@@ -71,6 +86,7 @@ def _aggregation_cost(records: list[dict[str, Any]]) -> dict[str, Any]:
     if robust:
         out["robust"] = {"method": robust[-1]["method"], "clipped": sum(r.get("clipped", 0) for r in robust)}
     return out
+
 
 def _last_stages(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The stage accuracies (G, L1, L2) of the last round that reported them."""

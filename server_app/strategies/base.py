@@ -46,13 +46,15 @@ class PFLStrategy:
     def sample(self, server_round: int) -> list[int]:
         """Seeded choice of this round's training clients (partition ids), independent of node ids."""
         cfg = self.cfg
-        return seeded_sample(self.clients.ids(), cfg.fraction_train, cfg.min_train_clients, cfg.seed, "sample",
-                             server_round)
+        return seeded_sample(
+            self.clients.ids(), cfg.fraction_train, cfg.min_train_clients, cfg.seed, "sample", server_round
+        )
 
     def eval_clients(self, server_round: int) -> list[int]:
         """Clients evaluated this round (all by default; a seeded fraction otherwise)."""
-        return seeded_sample(self.clients.ids(), self.cfg.fraction_evaluate, 1, self.cfg.seed, "eval-sample",
-                             server_round)
+        return seeded_sample(
+            self.clients.ids(), self.cfg.fraction_evaluate, 1, self.cfg.seed, "eval-sample", server_round
+        )
 
     def warmup_round(self) -> bool:
         """Whether every client gets a training message of round 0 before round 1 (none by default)."""
@@ -105,8 +107,9 @@ class PFLStrategy:
         """Fold validated replies into the server state (default: sample-weighted average, FedAvg)."""
         self.global_arrays = self.average(replies, [r.num_examples for r in replies], self.global_arrays)
 
-    def average(self, replies: list[TrainReply], weights: Sequence[float],
-                reference: list[np.ndarray]) -> list[np.ndarray]:
+    def average(
+        self, replies: list[TrainReply], weights: Sequence[float], reference: list[np.ndarray]
+    ) -> list[np.ndarray]:
         """The uploaded models' weighted average, or the run's `robust-aggregation` rule around `reference`
         (the model the clients started from)."""
         averaged, report = robust_average([uploaded(r) for r in replies], weights, reference, self.cfg.robust_rule)

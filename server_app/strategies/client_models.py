@@ -31,7 +31,7 @@ class ClientModelsStrategy(PFLStrategy):
         super().__init__(cfg, model, clients)
         self.matrix: ModelMatrix | None = None
         self.rows: dict[int, int] = {}  # partition id -> row
-        self.pids: list[int] = []       # row -> partition id
+        self.pids: list[int] = []  # row -> partition id
 
     def ensure_matrix(self) -> ModelMatrix:
         """The (clients x params) matrix, built on first use (after the handshake)."""
@@ -53,8 +53,12 @@ class ClientModelsStrategy(PFLStrategy):
         """The model rows (and Gram matrix), which rows were uploaded, and the row order."""
         state = super().state_dict()
         if self.matrix is not None:
-            state["matrix"] = {"W": self.matrix.W, "G": self.matrix.G, "heard": self.matrix.heard,
-                               "pids": np.asarray(self.pids, dtype=np.int64)}
+            state["matrix"] = {
+                "W": self.matrix.W,
+                "G": self.matrix.G,
+                "heard": self.matrix.heard,
+                "pids": np.asarray(self.pids, dtype=np.int64),
+            }
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -108,6 +112,9 @@ def check_matrix(matrix: ModelMatrix, width: int) -> None:
         block_norms.append(np.einsum("ij,ij->i", block, block, dtype=np.float64))
     if matrix.track_gram:
         norms = np.concatenate(block_norms)
-        if not (np.all(np.isfinite(matrix.G)) and np.allclose(matrix.G, matrix.G.T)
-                and np.allclose(np.diag(matrix.G), norms, rtol=1e-4, atol=1e-6)):
+        if not (
+            np.all(np.isfinite(matrix.G))
+            and np.allclose(matrix.G, matrix.G.T)
+            and np.allclose(np.diag(matrix.G), norms, rtol=1e-4, atol=1e-6)
+        ):
             raise ValueError("checkpoint's Gram matrix is not that of its client models")

@@ -46,16 +46,21 @@ class DapperFLStrategy(PFLStrategy):
         """Masks: one 0/1 uint8 vector per channel group keeping exactly the channels the client's ratio keeps;
         arrays: the model's entries at the widths those masks give, float32, finite."""
         content, ratio = reply.content, self.ratio(reply.partition_id)
-        flags = validate_arrays(content.array_records.get(CHANNEL_MASKS),
-                                [(f"group-{i}", (g.size,)) for i, g in enumerate(self.groups)], dtype="uint8")
+        flags = validate_arrays(
+            content.array_records.get(CHANNEL_MASKS),
+            [(f"group-{i}", (g.size,)) for i, g in enumerate(self.groups)],
+            dtype="uint8",
+        )
         masks = []
         for i, (group, flag) in enumerate(zip(self.groups, flags, strict=True)):
             if np.any(flag > 1):
                 raise PayloadError(f"channel mask group-{i} holds values other than 0 and 1")
             kept, expected = int(flag.sum()), keep_count(group.size, ratio)
             if kept != expected:
-                raise PayloadError(f"channel mask group-{i} keeps {kept} of {group.size} channels; the client's "
-                                   f"pruning ratio {ratio:g} keeps {expected}")
+                raise PayloadError(
+                    f"channel mask group-{i} keeps {kept} of {group.size} channels; the client's "
+                    f"pruning ratio {ratio:g} keeps {expected}"
+                )
             masks.append(flag.astype(bool))
         indices = entry_indices(self.groups, masks, self.specs)
         arrays = validate_arrays(content.array_records.get(ARRAYS), pruned_shapes(self.specs, indices))
@@ -65,19 +70,28 @@ class DapperFLStrategy(PFLStrategy):
         """Eq. 6 then Eq. 7: pruned channels from the previous global model, then the sample-weighted average."""
         self.by_ratio = {}
         for reply in replies:
-            entry = self.by_ratio.setdefault(f"{self.ratio(reply.partition_id):g}",
-                                             {"clients": [], "values": 0, "train_flops": []})
+            entry = self.by_ratio.setdefault(
+                f"{self.ratio(reply.partition_id):g}", {"clients": [], "values": 0, "train_flops": []}
+            )
             entry["clients"].append(reply.partition_id)
             entry["values"] = sum(int(a.size) for a in reply.payload[0].values())
             entry["train_flops"].append(reply_flops(reply.content))
         payloads: list[Any] = [r.payload for r in replies]
-        self.global_arrays = aggregate(self.global_arrays, self.names, [p[0] for p in payloads],
-                                       [p[1] for p in payloads], [r.num_examples for r in replies])
+        self.global_arrays = aggregate(
+            self.global_arrays,
+            self.names,
+            [p[0] for p in payloads],
+            [p[1] for p in payloads],
+            [r.num_examples for r in replies],
+        )
 
     def round_record(self, server_round: int) -> dict[str, Any]:
         """The round's uploads by pruning ratio: clients, values uploaded per client, training FLOPs per client."""
-        record = {"by_ratio": {ratio: {"clients": e["clients"], "values": e["values"],
-                                       "train_flops": float(np.mean(e["train_flops"]))}
-                               for ratio, e in sorted(self.by_ratio.items(), key=lambda item: float(item[0]))}}
+        record = {
+            "by_ratio": {
+                ratio: {"clients": e["clients"], "values": e["values"], "train_flops": float(np.mean(e["train_flops"]))}
+                for ratio, e in sorted(self.by_ratio.items(), key=lambda item: float(item[0]))
+            }
+        }
         self.by_ratio = {}
         return record if record["by_ratio"] else {}

@@ -82,8 +82,9 @@ class DMPFLStrategy(SparseGlobalStrategy):
         """Each client's m_c from its last accepted phase-1 upload: packed bits, memory-mapped in the run folder."""
         if self._personal_masks is None:
             path = self.workdir / PERSONAL_MASKS if self.workdir is not None else None
-            self._personal_masks = PersonalMaskStore(self.clients.ids(), {n: self.shapes[n] for n in self.prunable},
-                                                     path)
+            self._personal_masks = PersonalMaskStore(
+                self.clients.ids(), {n: self.shapes[n] for n in self.prunable}, path
+            )
         return self._personal_masks
 
     def close(self) -> None:
@@ -95,8 +96,11 @@ class DMPFLStrategy(SparseGlobalStrategy):
     def state_dict(self) -> dict[str, Any]:
         """Adds the m_c the server knows and the cut each client holds, so that a resumed run sends the cuts an
         uninterrupted one would."""
-        return {**super().state_dict(), "personal-masks": self.personal_masks.state(),
-                "delivered-partial": {str(pid): list(cut) for pid, cut in self.delivered_partial.items()}}
+        return {
+            **super().state_dict(),
+            "personal-masks": self.personal_masks.state(),
+            "delivered-partial": {str(pid): list(cut) for pid, cut in self.delivered_partial.items()},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores them, like the versions clients hold, only when clients keep their state on disk (else a client
@@ -107,14 +111,19 @@ class DMPFLStrategy(SparseGlobalStrategy):
             return
         if "personal-masks" in state:
             self.personal_masks.restore(state["personal-masks"])
-        self.delivered_partial = {int(pid): (int(cut[0]), int(cut[1]))
-                                  for pid, cut in state.get("delivered-partial", {}).items()}
+        self.delivered_partial = {
+            int(pid): (int(cut[0]), int(cut[1])) for pid, cut in state.get("delivered-partial", {}).items()
+        }
 
     def train_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
         """In phases 1 and 3, w_g on m_g AND m_c alone (or nothing, if the client holds that cut) to a stale client
         whose m_c is known; else as any sparse algorithm."""
-        use_partial = (self.params.partial_download and not self.cfg.stages and self.phase(server_round) != 2
-                       and self.delivered.get(partition_id) != self.version)
+        use_partial = (
+            self.params.partial_download
+            and not self.cfg.stages
+            and self.phase(server_round) != 2
+            and self.delivered.get(partition_id) != self.version
+        )
         m_c = self.personal_masks.get(partition_id) if use_partial else None
         if self.phase(server_round) == 1:  # the reply brings a new m_c; until it is accepted the old one is void
             self.personal_masks.forget(partition_id)
@@ -161,10 +170,12 @@ class DMPFLStrategy(SparseGlobalStrategy):
             uploads = [(r.payload[0], r.payload[1], float(r.num_examples)) for r in replies]
             for reply in replies:
                 self.personal_masks.put(reply.partition_id, reply.payload[1])
-            self.overlap = (server_round, [r.partition_id for r in replies],
-                            [packed_masks(r.payload[1]) for r in replies])
-            weights, masks = aggregate_round(self.global_named, uploads, self.densities,
-                                             self.params.min_vote_fraction)
+            self.overlap = (
+                server_round,
+                [r.partition_id for r in replies],
+                [packed_masks(r.payload[1]) for r in replies],
+            )
+            weights, masks = aggregate_round(self.global_named, uploads, self.densities, self.params.min_vote_fraction)
             self.set_global(weights, masks)
             self.log_masks()
         elif phase == 2:
@@ -175,8 +186,11 @@ class DMPFLStrategy(SparseGlobalStrategy):
         if self.overlap is None:
             return {}
         server_round, pids, packed = self.overlap
-        return {"mask_overlap": overlap_of_packed(packed), "mask_overlap_clients": np.asarray(pids),
-                "mask_overlap_round": np.asarray(server_round)}
+        return {
+            "mask_overlap": overlap_of_packed(packed),
+            "mask_overlap_clients": np.asarray(pids),
+            "mask_overlap_round": np.asarray(server_round),
+        }
 
     def round_record(self, server_round: int) -> dict[str, Any]:
         """Phase and global-mask density of the round."""

@@ -50,11 +50,16 @@ class FedAMPStrategy(ClientModelsStrategy):
         """xi over all clients from the cached Gram matrix (FedAMP: exp-distance with the guard)."""
         params = self.cfg.params_as(FedAMPParams)
         tau = params.fedamp_tau if params.fedamp_tau >= 0 else None
-        xi, self._guard = fedamp_weights_from_gram(self.ensure_matrix().G, self.alpha_k(server_round),
-                                                   params.fedamp_sigma, tau=tau)
+        xi, self._guard = fedamp_weights_from_gram(
+            self.ensure_matrix().G, self.alpha_k(server_round), params.fedamp_sigma, tau=tau
+        )
         if self._guard:
-            log(WARNING, "round %d: some clients' off-diagonal attention summed above 1; rescaled to 1 "
-                "(lower fedamp-alpha or raise fedamp-sigma to avoid it)", server_round)
+            log(
+                WARNING,
+                "round %d: some clients' off-diagonal attention summed above 1; rescaled to 1 "
+                "(lower fedamp-alpha or raise fedamp-sigma to avoid it)",
+                server_round,
+            )
         self._last_xi = xi
         return xi
 
@@ -109,8 +114,13 @@ class FedAMPStrategy(ClientModelsStrategy):
         """alpha_k, whether the guard fired, and how many rows are stale or never updated."""
         matrix = self.ensure_matrix()
         updated = self._stored[1] if self._stored[0] == server_round else 0
-        return {"alpha_k": self.alpha_k(server_round), "guard": self._guard, "self_weight_median": self._self_weight,
-                "stale_rows": matrix.num_clients - updated, "never_heard": int((~matrix.heard).sum())}
+        return {
+            "alpha_k": self.alpha_k(server_round),
+            "guard": self._guard,
+            "self_weight_median": self._self_weight,
+            "stale_rows": matrix.num_clients - updated,
+            "never_heard": int((~matrix.heard).sum()),
+        }
 
 
 class HeurFedAMPStrategy(FedAMPStrategy):

@@ -50,8 +50,9 @@ class FedFomoStrategy(ClientModelsStrategy):
         affinity = np.asarray(state["affinity"], dtype=np.float64)
         rows = len(self.pids)
         if affinity.shape != (rows, rows) or not np.all(np.isfinite(affinity)) or np.any(affinity < 0):
-            raise ValueError(f"checkpoint's affinity matrix {affinity.shape} is not a finite non-negative "
-                             f"{rows} x {rows} matrix")
+            raise ValueError(
+                f"checkpoint's affinity matrix {affinity.shape} is not a finite non-negative {rows} x {rows} matrix"
+            )
         self.affinity = affinity
 
     def peers_for(self, server_round: int, partition_id: int) -> list[int]:

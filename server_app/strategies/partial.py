@@ -28,11 +28,15 @@ class PartialStrategy(PFLStrategy):
         names = [name for name, _ in self.specs]
         self.shared = shared_names(names, part, model.norm)
         if part == "no-norm" and not model.norm:
-            raise ConfigError(f"{cfg.algorithm} keeps batch-norm layers local and needs a model with them: "
-                              "run-config 'model' = 'mlp-bn', 'cnn-mnist-bn' or 'cnn-cifar-bn'")
+            raise ConfigError(
+                f"{cfg.algorithm} keeps batch-norm layers local and needs a model with them: "
+                "run-config 'model' = 'mlp-bn', 'cnn-mnist-bn' or 'cnn-cifar-bn'"
+            )
         if not self.shared or len(self.shared) == len(names) and part != "all":
-            raise ConfigError(f"{cfg.algorithm} shares the model's {part}, which this model splits into "
-                              f"{len(self.shared)} of {len(names)} entries")
+            raise ConfigError(
+                f"{cfg.algorithm} shares the model's {part}, which this model splits into "
+                f"{len(self.shared)} of {len(names)} entries"
+            )
         self.index = {name: i for i, name in enumerate(names)}
         self.shared_specs = [(name, shape) for name, shape in self.specs if name in set(self.shared)]
 

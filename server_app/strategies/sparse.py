@@ -66,8 +66,12 @@ class SparseGlobalStrategy(PFLStrategy):
 
     def state_dict(self) -> dict[str, Any]:
         """w_g, m_g, the version, and which version each client holds."""
-        return {**super().state_dict(), "masks": dict(self.global_masks), "version": self.version,
-                "delivered": {str(pid): v for pid, v in self.delivered.items()}}
+        return {
+            **super().state_dict(),
+            "masks": dict(self.global_masks),
+            "version": self.version,
+            "delivered": {str(pid): v for pid, v in self.delivered.items()},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore w_g, m_g and the version. What clients hold is kept only when they keep their state on disk
@@ -78,8 +82,9 @@ class SparseGlobalStrategy(PFLStrategy):
             raise ValueError("checkpoint's global masks do not match the configured model")
         self.global_masks = masks
         self.version = int(state["version"])
-        self.delivered = ({int(pid): int(v) for pid, v in state["delivered"].items()}
-                          if self.cfg.client_state_on_disk else {})
+        self.delivered = (
+            {int(pid): int(v) for pid, v in state["delivered"].items()} if self.cfg.client_state_on_disk else {}
+        )
 
     def on_client_replaced(self, server_round: int, partition_id: int) -> None:
         """A restarted client may hold an older copy: send it the model again."""
@@ -104,13 +109,15 @@ class SparseGlobalStrategy(PFLStrategy):
 
     def train_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
         """Instructions, plus the sparse global model if the client's copy is stale."""
-        return self._with_global(RecordDict({CONFIG: self.round_config(server_round, partition_id)}),
-                                 partition_id, shared)
+        return self._with_global(
+            RecordDict({CONFIG: self.round_config(server_round, partition_id)}), partition_id, shared
+        )
 
     def eval_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
         """Evaluation needs the whole current global model (sent only if stale)."""
-        return self._with_global(RecordDict({CONFIG: self.round_config(server_round, partition_id)}),
-                                 partition_id, shared)
+        return self._with_global(
+            RecordDict({CONFIG: self.round_config(server_round, partition_id)}), partition_id, shared
+        )
 
     def on_client_reply(self, server_round: int, partition_id: int, ok: bool) -> None:
         """A successful reply confirms the version in flight; a failure forgets what the client holds."""
@@ -126,8 +133,10 @@ class SparseGlobalStrategy(PFLStrategy):
         arrays = record_to_numpy(content.array_records.get(ARRAYS))
         carried = sorted(key.rsplit("/", 1)[0] for key in arrays if key.endswith("/bits"))
         if values_only and carried:  # e.g. a phase-1 upload replayed in phase 2: it would average zeros into m_g
-            raise PayloadError(f"this round takes values on the global mask only, but the upload carries its own mask "
-                               f"for {carried[:3]}")
+            raise PayloadError(
+                f"this round takes values on the global mask only, but the upload carries its own mask "
+                f"for {carried[:3]}"
+            )
         known = self.global_masks if values_only else None
         try:
             weights, masks = decode_model(arrays, self.shapes, known_masks=known)
@@ -138,8 +147,9 @@ class SparseGlobalStrategy(PFLStrategy):
         for name, mask in masks.items():
             allowed = round(self.densities[name] * mask.size)
             if int(mask.sum()) > allowed:
-                raise PayloadError(f"mask of '{name}' keeps {int(mask.sum())} weights, more than the {allowed} "
-                                   "its density allows")
+                raise PayloadError(
+                    f"mask of '{name}' keeps {int(mask.sum())} weights, more than the {allowed} its density allows"
+                )
         return weights, masks
 
     def decode_train_reply(self, server_round: int, reply: TrainReply) -> None:
@@ -161,8 +171,9 @@ class SparseGlobalStrategy(PFLStrategy):
         out = {}
         for name, old in self.global_named.items():
             mean = weighted_sum([r.payload[0][name] for r in replies], [r.num_examples for r in replies]) / total
-            out[name] = select(self.global_masks[name], mean, old) \
-                if name in self.global_masks else mean.astype(np.float32)
+            out[name] = (
+                select(self.global_masks[name], mean, old) if name in self.global_masks else mean.astype(np.float32)
+            )
         return out
 
     def log_masks(self) -> None:

@@ -40,15 +40,22 @@ class FleetProxy:
         shipped = PROXY_CONF.read_text()
         for token in (SHIPPED_LISTEN, SHIPPED_UPSTREAM, SHIPPED_CERTS):
             assert token in shipped, f"{PROXY_CONF} no longer holds {token!r}: update the test harness"
-        server = (shipped.replace(SHIPPED_LISTEN, f"listen 127.0.0.1:{self.port} ")
-                  .replace(SHIPPED_UPSTREAM, f"127.0.0.1:{self.upstream_port}")
-                  .replace(SHIPPED_CERTS, f"{self.certs}/"))
+        server = (
+            shipped.replace(SHIPPED_LISTEN, f"listen 127.0.0.1:{self.port} ")
+            .replace(SHIPPED_UPSTREAM, f"127.0.0.1:{self.upstream_port}")
+            .replace(SHIPPED_CERTS, f"{self.certs}/")
+        )
         temp = self.home / "nginx-temp"
-        return (f"user {getpass.getuser()};\nworker_processes 1;\npid {self.home / 'nginx.pid'};\n"
-                f"events {{ worker_connections 256; }}\nhttp {{\n    access_log {self.home / 'nginx-access.log'};\n"
-                + "".join(f"    {kind}_temp_path {temp / kind};\n" for kind in
-                          ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-                + server + "}\n")
+        return (
+            f"user {getpass.getuser()};\nworker_processes 1;\npid {self.home / 'nginx.pid'};\n"
+            f"events {{ worker_connections 256; }}\nhttp {{\n    access_log {self.home / 'nginx-access.log'};\n"
+            + "".join(
+                f"    {kind}_temp_path {temp / kind};\n"
+                for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+            )
+            + server
+            + "}\n"
+        )
 
     def start(self, timeout: float = 30.0) -> FleetProxy:
         """Start nginx in the foreground of its own process group; wait until it accepts TLS connections."""
@@ -59,9 +66,12 @@ class FleetProxy:
         conf = self.home / "nginx.conf"
         conf.write_text(self.config())
         log_file = self.home / "nginx-error.log"
-        self.process = subprocess.Popen([binary, "-p", str(self.home), "-e", str(log_file), "-c", str(conf),
-                                         "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+        self.process = subprocess.Popen(
+            [binary, "-p", str(self.home), "-e", str(log_file), "-c", str(conf), "-g", "daemon off;"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         trust = ssl.create_default_context(cafile=str(self.certs / "ca.crt"))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -108,15 +118,30 @@ class TLSSuperLink(LocalSuperLink):
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
             f'address = "127.0.0.1:{self.http_port}"\nroot-certificates = "{self.ca}"\n\n[superlink.{OUTSIDE}]\n'
-            f'address = "127.0.0.1:{self.proxy.port}"\nroot-certificates = "{self.ca}"\n')
+            f'address = "127.0.0.1:{self.proxy.port}"\nroot-certificates = "{self.ca}"\n'
+        )
         log_file = self.home / "superlink.log"
-        command = ["flower-superlink", "--ssl-ca-certfile", str(self.ca), "--ssl-certfile",
-                   str(self.certs / "server.pem"), "--ssl-keyfile", str(self.certs / "server.key"),
-                   "--enable-supernode-auth", "--isolation", "subprocess", "--host", "127.0.0.1",
-                   "--port", str(self.http_port), "--disable-runtime-dependency-installation"]
+        command = [
+            "flower-superlink",
+            "--ssl-ca-certfile",
+            str(self.ca),
+            "--ssl-certfile",
+            str(self.certs / "server.pem"),
+            "--ssl-keyfile",
+            str(self.certs / "server.key"),
+            "--enable-supernode-auth",
+            "--isolation",
+            "subprocess",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.http_port),
+            "--disable-runtime-dependency-installation",
+        ]
         with open(log_file, "ab") as log:
-            self.process = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         trust = ssl.create_default_context(cafile=str(self.ca))
         while time.monotonic() < deadline:
@@ -142,17 +167,34 @@ class TLSSuperLink(LocalSuperLink):
     def start_supernode(self, private_key: Path, node_config: str, *extra: str) -> tuple[subprocess.Popen, Path]:
         """Start `flower-supernode` over TLS with its authentication key; returns the process and its log."""
         log_file = self.home / f"supernode-{len(self.supernodes)}.log"
-        command = ["flower-supernode", "--root-certificates", str(self.ca), "--auth-supernode-private-key",
-                   str(private_key), "--superlink", f"127.0.0.1:{self.proxy.port}", "--node-config", node_config,
-                   "--isolation", "subprocess", "--port", str(free_port()), "--max-retries", "2", *extra]
+        command = [
+            "flower-supernode",
+            "--root-certificates",
+            str(self.ca),
+            "--auth-supernode-private-key",
+            str(private_key),
+            "--superlink",
+            f"127.0.0.1:{self.proxy.port}",
+            "--node-config",
+            node_config,
+            "--isolation",
+            "subprocess",
+            "--port",
+            str(free_port()),
+            "--max-retries",
+            "2",
+            *extra,
+        ]
         with open(log_file, "ab") as log:
-            process = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
+            process = subprocess.Popen(
+                command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.supernodes.append((process, log_file))
         return process, log_file
 
-    def federation_args(self, num_supernodes: int, cpus_per_client: int, ray_cpus: int = 0,
-                        gpus_per_client: float = 0.0) -> list[str]:
+    def federation_args(
+        self, num_supernodes: int, cpus_per_client: int, ray_cpus: int = 0, gpus_per_client: float = 0.0
+    ) -> list[str]:
         """The deployment connection instead of simulation options."""
         return [CONNECTION]
 
@@ -163,4 +205,3 @@ class TLSSuperLink(LocalSuperLink):
         self.supernodes = []
         self.proxy.stop()
         super().stop()
-
