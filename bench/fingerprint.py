@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import logging
 import tempfile
 from pathlib import Path
 
 from common.algorithms import SPECS
 from experiments.engines import ENGINES, make_engine
+from experiments.measure import message_digests
 
 ROUNDS = 6
 
@@ -36,9 +36,9 @@ def fingerprint(engine_name: str, raw: dict, clients: int, workers: int) -> str:
             engine.close()
         if outcome.status != "finished:completed":
             raise SystemExit("run failed:\n" + "\n".join(lines[-30:]))
-        rows = [json.loads(line) for line in (Path(tmp) / "run" / "messages.jsonl").read_text().splitlines()]
+        rows = message_digests(Path(tmp) / "run")
     digest = hashlib.sha256()
-    for row in sorted(f"{r['round']} {r['kind']} {r['client']} {r['digest']}" for r in rows):
+    for row in rows:
         digest.update(row.encode())
     return digest.hexdigest()[:16]
 

@@ -81,6 +81,13 @@ def round_rate(run_dir: Path, local_epochs: int) -> dict[str, float]:
     }
 
 
+def message_digests(run_dir: Path) -> list[str]:
+    """A run's message digests (run-config message-digests), each as 'round kind client digest', sorted: replies
+    arrive in any order, so two runs that exchanged the same messages give the same list."""
+    rows = [json.loads(line) for line in (Path(run_dir) / "messages.jsonl").read_text().splitlines()]
+    return sorted(f"{r['round']} {r['kind']} {r['client']} {r['digest']}" for r in rows)
+
+
 def tree_memory(pid: int) -> tuple[int, int]:
     """(RSS, anonymous RSS) in bytes summed over `pid` and every process below it."""
     rss = anon = 0

@@ -8,6 +8,7 @@ node returns at once. The answers are the same: a node with no undelivered messa
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -65,15 +66,14 @@ def apply() -> bool:
     PFLOWER_FLOWER_SPEEDUPS=0 leaves Flower as it is, e.g. to compare)."""
     if flwr.__version__ != PATCHED_VERSION or os.environ.get("PFLOWER_FLOWER_SPEEDUPS", "1") == "0":
         return False
-    try:
-        from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
-    except ImportError:
+    # only where Flower's in-memory link state is loaded already (the simulation's process imports it before the
+    # ServerApp): elsewhere (a deployment, the in-process engine) importing it would load the SuperLink's
+    # database stack for nothing
+    module = sys.modules.get("flwr.server.superlink.linkstate.in_memory_linkstate")
+    if module is None:
         return False
+    InMemoryLinkState: Any = module.InMemoryLinkState
     if not hasattr(InMemoryLinkState.get_message_ins, "__wrapped__"):
-        InMemoryLinkState.store_message_ins = indexed_store_message_ins(  # type: ignore[method-assign]
-            InMemoryLinkState.store_message_ins
-        )
-        InMemoryLinkState.get_message_ins = fast_get_message_ins(  # type: ignore[method-assign]
-            InMemoryLinkState.get_message_ins
-        )
+        InMemoryLinkState.store_message_ins = indexed_store_message_ins(InMemoryLinkState.store_message_ins)
+        InMemoryLinkState.get_message_ins = fast_get_message_ins(InMemoryLinkState.get_message_ins)
     return True

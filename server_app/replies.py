@@ -15,8 +15,10 @@ from common.aggregate import mean_std
 from common.data.domains import DOMAINS
 from common.evaluate import shift_key
 from common.messages import DOMAIN_ACC, DOMAIN_ID, LOSS, METRICS, NUM_EXAMPLES, NUM_TEST, TRAIN_FLOPS, TRAIN_LOSS
-from common.stages import STAGE_KEYS
+from common.stages import STAGE_KEYS, summarize_stages
 from common.validation import PayloadError, check_echo, read_count, read_finite, read_fraction
+
+from .wire import content_digest, wire_bytes
 
 ROUND_BYTES = ("train_down", "train_up", "eval_down", "eval_up")
 
@@ -83,6 +85,27 @@ class ReplyLimits:
         check_echo(content.metric_records.get(METRICS), expected or {})
 
 
+def train_record(
+    accepted: list[TrainReply], failed: int, rejected: int, so_far: Mapping[str, Any], rho_eps: tuple[float, ...]
+) -> dict[str, Any]:
+    """A training round's record: replies received (each one of used, failed, rejected or late, `so_far` holding the
+    late ones and the pre-training's FLOPs), mean loss, samples, FLOPs, the clients used, their stages."""
+    total = sum(r.num_examples for r in accepted)
+    record: dict[str, Any] = {
+        "received": len(accepted) + failed + rejected + so_far.get("late", 0),
+        "failed": failed,
+        "rejected": rejected,
+        "used": len(accepted),
+        "loss": sum(r.loss * r.num_examples for r in accepted) / total if total else float("nan"),
+        "num_examples": total,
+        "flops": sum(reply_flops(r.content) for r in accepted) + so_far.get("pretrain", {}).get("flops", 0.0),
+        "clients": [r.partition_id for r in accepted],
+    }
+    if stage_rows := [r.stages for r in accepted if r.stages]:
+        record["stages"] = summarize_stages(stage_rows, rho_eps)
+    return record
+
+
 def reply_flops(content: RecordDict) -> float:
     """A reply's reported training FLOPs (0 when absent or malformed: a cost figure, never used in math)."""
     metrics = content.metric_records.get(METRICS)
@@ -102,13 +125,22 @@ class RoundLog:
     aggregate_s: float | None = None  # server time of the round's aggregation
     digests: list[dict[str, Any]] | None = None  # run-config message-digests: one entry per message (else None)
 
-    def add_bytes(self, kind: str, partition_id: int, num_bytes: int, digest: str = "") -> None:
-        """Count bytes of one message, in total and for its client (and keep its digest when digests are kept)."""
+    @classmethod
+    def starting(cls, keep_digests: bool) -> RoundLog:
+        """Empty counters for a round, with a list for the messages' digests when the run keeps them."""
+        return cls(digests=[] if keep_digests else None)
+
+    def add_bytes(self, kind: str, partition_id: int, num_bytes: int) -> None:
+        """Count bytes of one message, in total and for its client."""
         self.bytes[kind] += num_bytes
         per = self.per_client_bytes.setdefault(partition_id, {"down": 0, "up": 0})
         per["down" if kind.endswith("down") else "up"] += num_bytes
-        if self.digests is not None and digest:
-            self.digests.append({"kind": kind, "client": partition_id, "digest": digest})
+
+    def add_message(self, kind: str, partition_id: int, message: Message, num_bytes: int | None = None) -> None:
+        """Count a message's bytes (its serialized size unless given) and keep its digest when digests are kept."""
+        self.add_bytes(kind, partition_id, wire_bytes(message) if num_bytes is None else num_bytes)
+        if self.digests is not None:
+            self.digests.append({"kind": kind, "client": partition_id, "digest": content_digest(message)})
 
 
 def parse_eval_metrics(

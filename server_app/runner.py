@@ -21,7 +21,6 @@ from common import profiling
 from common.config import RunConfig
 from common.evaluate import shifted_metric_keys
 from common.messages import CHECKPOINT_ROUND, CONFIG, SIMULATE_DROP, STATE_KEY
-from common.stages import summarize_stages
 from common.validation import PayloadError, echo_values
 
 from .checkpoint import Checkpoint, due, restore, save_checkpoint
@@ -36,12 +35,11 @@ from .replies import (
     eval_statistics,
     evaluation_rows,
     parse_train_metrics,
-    reply_flops,
+    train_record,
 )
 from .results import ResultsWriter, progress_text, round_record, settings_text
 from .strategies.base import PFLStrategy
 from .warmup import pretrain_round
-from .wire import content_digest, count_wire_bytes, wire_bytes
 
 
 class RoundRunner:
@@ -61,7 +59,7 @@ class RoundRunner:
         self.resume_from = resume_from
         self.checkpoint_round = 0  # last round whose checkpoint was written
         self.resumes: list[int] = []  # rounds after which earlier runs of this folder stopped and were resumed
-        self.round_log = self.new_round_log()
+        self.round_log = RoundLog.starting(self.cfg.message_digests)
         self._late: set[int] = set()  # simulated stragglers of the training round in progress
         self._limits = ReplyLimits.for_model(strategy.specs)
         self._expected: dict[int, dict[str, int]] = {}  # per client: the round (and phase) its reply must name
@@ -108,17 +106,9 @@ class RoundRunner:
             Message(content=content, dst_node_id=self.clients[pid].node_id, message_type=message_type)
             for pid, content in zip(partition_ids, contents)
         ]
-        for pid, size, msg in zip(partition_ids, count_wire_bytes(messages), messages):
-            self.round_log.add_bytes(kind, pid, size, self.digest(msg))
+        for pid, msg in zip(partition_ids, messages):
+            self.round_log.add_message(kind, pid, msg)
         return messages
-
-    def new_round_log(self) -> RoundLog:
-        """Empty counters for a round (with a list for the messages' digests when run-config message-digests)."""
-        return RoundLog(digests=[] if self.cfg.message_digests else None)
-
-    def digest(self, msg: Message) -> str:
-        """The message's content digest when the run keeps digests ('' otherwise: no work)."""
-        return content_digest(msg) if self.round_log.digests is not None else ""
 
     # ----- replies ---------------------------------------------------------------------------------------
     @profiling.timed("check")
@@ -144,7 +134,7 @@ class RoundRunner:
             self.strategy.on_client_reply(server_round, pid, not msg.has_error())
             if msg.has_error():
                 log(WARNING, "client %d (node %s) failed: %s", pid, node, msg.error.reason)
-                self.round_log.add_bytes(kind, pid, 0, self.digest(msg))
+                self.round_log.add_message(kind, pid, msg, 0)
                 failed += 1
                 continue
             try:  # before counting its bytes: that re-serializes it
@@ -153,7 +143,7 @@ class RoundRunner:
                 log(WARNING, "client %d: reply refused before decoding: %s", pid, exc)
                 oversized += 1
                 continue
-            self.round_log.add_bytes(kind, pid, wire_bytes(msg), self.digest(msg))
+            self.round_log.add_message(kind, pid, msg)
             good.append((pid, msg))
         return sorted(good, key=lambda item: item[0]), failed, oversized
 
@@ -185,23 +175,8 @@ class RoundRunner:
             with profiling.timer("aggregate"):
                 self.strategy.aggregate(server_round, accepted)
             self.round_log.aggregate_s = time.perf_counter() - started  # a timing: kept out of `train`
-        flops = sum(reply_flops(r.content) for r in accepted) + train.get("pretrain", {}).get("flops", 0.0)
-        total = sum(r.num_examples for r in accepted)
-        loss = sum(r.loss * r.num_examples for r in accepted) / total if total else float("nan")
-        fields = self.strategy.aggregation_fields if accepted else {}
-        train.update(
-            received=len(accepted) + failed + rejected + train.get("late", 0),  # each reply is one of these
-            failed=failed,
-            rejected=rejected,
-            used=len(accepted),
-            loss=loss,
-            num_examples=total,
-            flops=flops,
-            clients=[r.partition_id for r in accepted],
-            **fields,
-        )
-        if stage_rows := [r.stages for r in accepted if r.stages]:
-            train["stages"] = summarize_stages(stage_rows, self.cfg.rho_eps)
+        train.update(train_record(accepted, failed, rejected, train, self.cfg.rho_eps))
+        train.update(self.strategy.aggregation_fields if accepted else {})
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> None:
         """Per-client accuracies at every shift degree (and the algorithm's extra rows); mean and std."""
@@ -249,7 +224,7 @@ class RoundRunner:
     def run_round(self, grid: Grid, rnd: int, refresh: bool, start: float) -> None:
         """One round: re-handshake joiners, (warm up,) train, aggregate, evaluate, record, checkpoint, progress."""
         t0, timeout = time.monotonic(), self.cfg.round_timeout
-        self.round_log = self.new_round_log()
+        self.round_log = RoundLog.starting(self.cfg.message_digests)
         if refresh:
             for pid in self.clients.refresh(grid, timeout):
                 self.strategy.on_client_replaced(rnd, pid)

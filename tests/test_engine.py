@@ -23,6 +23,7 @@ from experiments.engine.blobs import SHARED_FROM_BYTES, SharedArrays
 from experiments.engine.grid import FIRST_NODE_ID, InProcessGrid
 from experiments.engine.serve import serve
 from experiments.engine.transport import blob_refs, records_in, records_out
+from experiments.measure import message_digests
 from experiments.presets import run_config_text
 from experiments.superlink import LocalSuperLink, stop_process_tree
 from server_app.checkpoint import load_checkpoint
@@ -148,10 +149,7 @@ BASE = {
 CLIENTS = 4
 
 
-def _digests(run_dir: Path) -> list[str]:
-    """The run's message digests, each as 'round kind client digest', sorted (replies arrive in any order)."""
-    rows = [json.loads(line) for line in (run_dir / "messages.jsonl").read_text().splitlines()]
-    return sorted(f"{r['round']} {r['kind']} {r['client']} {r['digest']}" for r in rows)
+_digests = message_digests
 
 
 @pytest.fixture(scope="module")

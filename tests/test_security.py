@@ -206,8 +206,6 @@ def test_oversized_replies_are_refused_before_decoding_or_counting(monkeypatch, 
     import numpy as np
     from flwr.app import Array, ArrayRecord, MetricRecord
 
-    from server_app import runner as runner_module
-
     from .fakes import FakeReply, hand_made_runner, train_content
 
     specs = [("body.w", (2,))]
@@ -220,8 +218,10 @@ def test_oversized_replies_are_refused_before_decoding_or_counting(monkeypatch, 
     else:
         bad["arrays"] = ArrayRecord({"body.w": Array(np.zeros(1_000_000, np.float32))})
     counted = []
-    real = runner_module.wire_bytes
-    monkeypatch.setattr(runner_module, "wire_bytes", lambda msg: counted.append(msg) or real(msg))
+    import server_app.replies as replies_module
+
+    real = replies_module.wire_bytes
+    monkeypatch.setattr(replies_module, "wire_bytes", lambda msg: counted.append(msg) or real(msg))
     good = FakeReply(100, train_content(["body.w"], [np.ones(2, np.float32)], 10))
     with caplog.at_level(logging.WARNING, logger="flwr"):
         runner.aggregate_train(1, [good, FakeReply(101, bad)])

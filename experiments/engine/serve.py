@@ -44,7 +44,6 @@ def default_workers(clients: int, threads: int) -> int:
 def serve(run_config: dict[str, Any], clients: int, workers: int = 0, data_export: Path | None = None) -> bool:
     """Run the ServerApp on an in-process grid of `clients` nodes (the data set served from `data_export` when
     given); True when the run finished (its summary written), False when it failed (explained in the log)."""
-    os.environ["PFLOWER_FLOWER_SPEEDUPS"] = "0"  # they patch the simulation's link state, which is not used here
     from server_app.app import RunFailed
     from server_app.app import main as server_main
 
