@@ -79,8 +79,9 @@ def bare_flower(link: LocalSuperLink, raw: dict, clients: int, results: Path) ->
     import statistics
 
     times = results / "bare-round-times.jsonl"
+    own = ("algorithm", "run-name", "eval-every", "pretrain-epochs", "client-threads", "checkpoint-every")
     config = {
-        **{k: v for k, v in raw.items() if k not in ("algorithm", "run-name", "eval-every", "pretrain-epochs")},
+        **{k: v for k, v in raw.items() if k not in own},
         "fraction-evaluate": 0.0,
         "round-times": str(times),
     }
