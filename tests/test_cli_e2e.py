@@ -50,15 +50,26 @@ def test_the_smoke_sweep_resumes_after_a_kill_and_reports(tmp_path: Path) -> Non
     while not first.exists() and killed.poll() is None and time.monotonic() < deadline:
         time.sleep(0.5)
     assert first.exists(), "the first run of the sweep did not finish in 5 minutes"
-    time.sleep(8)  # the second run is under way
+    second = out / RUNS[1]
+    while not second.exists() and killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1)  # the second run is under way
     stop_process_tree(killed, graceful=False)  # as a crash or a closed laptop lid would
-    finished_at = first.stat().st_mtime_ns
+    # The in-process engine is fast enough that a run may finish within that second: count what finished.
+    finished = {
+        name: (out / name / "summary.json").stat().st_mtime_ns
+        for name in RUNS
+        if (out / name / "summary.json").exists()
+    }
+    assert RUNS[0] in finished and len(finished) < len(RUNS), sorted(finished)
 
     resumed = _sweep(out, 900)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert "sweep: 4 runs, 1 finished earlier (kept), 3 to run" in resumed.stdout
+    done = len(finished)
+    assert f"sweep: 4 runs, {done} finished earlier (kept), {4 - done} to run" in resumed.stdout
     assert "sweep: all 4 runs finished" in resumed.stdout
-    assert first.stat().st_mtime_ns == finished_at  # the finished run was not run again
+    for name, mtime in finished.items():  # the finished runs were not run again
+        assert (out / name / "summary.json").stat().st_mtime_ns == mtime, name
     assert all((out / name / "summary.json").is_file() for name in RUNS)
 
     again = _sweep(out, 120)
