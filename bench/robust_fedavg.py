@@ -2,14 +2,18 @@
 against the clean run.
 
 The same experiments as a sweep: bench/sweeps/robust_fedavg.toml (PFL_DATA_DIR=... pflower sweep
-bench/sweeps/robust_fedavg.toml; pflower report results/robust_fedavg --baseline clean).
+bench/sweeps/robust_fedavg.toml; pflower report results/robust_fedavg --baseline clean-none).
 
-20 clients, all of them every round; 2 of them (seeded, run-config attack-clients = 0.1) train on labels shifted
-by one class and upload w + 10 (w_local - w) (attack-boost = 10: the averaged update becomes about the attackers'
-one). Defences: `clip` (updates longer than the round's median update norm are shortened to it), `trimmed-mean`
-(20% of each coordinate's values dropped at each end), `median`. CPU preset: 10 rounds of 1 local epoch (batch 64,
-SGD lr 0.05), evaluation after the last round. The table gives the final mean +/- std client accuracy (no shift)
-and the server's median aggregation time per round, from each run's summary.json.
+20 clients, all of them every round; 2 of them (seeded, run-config attack-clients = 0.1) train on labels shifted by
+one class, upload w + 10 (w_local - w) (attack-boost = 10: the averaged update becomes about the attackers' one) and
+declare 100,000 training samples, the most max-client-samples allows (attack-declare: to outweigh the others). Every
+run caps each client's weight at 4 times the median declared count (max-weight-ratio = 4, as the deployment recipes
+set it). Every mode runs without and with the attackers: `none` (the sample-weighted average), `clip` (updates longer
+than the round's median update norm shortened to it, counts capped at the round's median), `trimmed-mean` (20% of each
+coordinate's values, at least one, dropped at each end), `median`. CPU preset: 10 rounds of 1 local epoch (batch 64,
+SGD lr 0.05), evaluation after the last round. The table gives the final mean +/- std client accuracy (no shift), what
+the attackers cost against the same mode without them, and the server's median aggregation time per round, from each
+run's summary.json.
 
     python bench/robust_fedavg.py [--data-dir ../shared/data] [--rounds 10]
 Further flags go to bench/compare.py.
@@ -22,13 +26,16 @@ from pathlib import Path
 
 from experiments.compare import main
 
-ATTACK = "attack-clients=0.1 attack-boost=10"
-RUNS = {  # name: (title, run-config overrides)
-    "clean": ("FedAvg, no attacker", ""),
-    "attack-none": ("2 attackers, no defence", ATTACK),
-    "attack-clip": ("2 attackers, norm clipping", f"{ATTACK} robust-aggregation='clip'"),
-    "attack-trimmed": ("2 attackers, trimmed mean (20%)", f"{ATTACK} robust-aggregation='trimmed-mean'"),
-    "attack-median": ("2 attackers, coordinate-wise median", f"{ATTACK} robust-aggregation='median'"),
+ATTACK = "attack-clients=0.1 attack-boost=10 attack-declare=100000"
+DEPLOYMENT = "max-weight-ratio=4"  # what the deployment recipes set
+MODES = {"none": "no defence", "clip": "norm clipping", "trimmed-mean": "trimmed mean (20%)", "median": "median"}
+RUNS = {  # name: (title, run-config overrides); per mode, without and with the attackers
+    f"{who}-{mode}": (
+        f"{'2 attackers' if who == 'attack' else 'no attacker'}, {title}",
+        " ".join(filter(None, [ATTACK if who == "attack" else "", f"robust-aggregation='{mode}'", DEPLOYMENT])),
+    )
+    for mode, title in MODES.items()
+    for who in ("clean", "attack")
 }
 DEFAULTS = [
     "--algorithms",
@@ -59,19 +66,26 @@ DEFAULTS = [
 
 
 def robust_table(summaries: dict[str, dict]) -> str:
-    """Markdown: one row per run, final accuracy without shift, updates clipped, aggregation time."""
+    """Markdown: one row per run, final accuracy without shift, the attackers' cost, updates clipped, aggregation
+    time."""
     lines = [
-        "| run | accuracy (%, mean +/- std over clients) | updates clipped | aggregation per round (ms) |",
-        "|---|---|---|---|",
+        "| run | accuracy (%, mean +/- std over clients) | cost of the attackers (points) | updates clipped "
+        "| aggregation per round (ms) |",
+        "|---|---|---|---|---|",
     ]
     for name, (title, _) in RUNS.items():
         s = summaries.get(name)
         if s is None:
             continue
-        acc = f"{100 * s['final']['mean']['acc-shift-0']:.2f} +/- {100 * s['final']['std']['acc-shift-0']:.2f}"
+        acc = 100 * s["final"]["mean"]["acc-shift-0"]
+        clean = summaries.get(name.replace("attack-", "clean-", 1)) if name.startswith("attack-") else None
+        cost = f"{100 * clean['final']['mean']['acc-shift-0'] - acc:.2f}" if clean else "-"
         robust = s.get("robust") or {}
         clipped = str(robust["clipped"]) if robust.get("method") == "clip" else "-"
-        lines.append(f"| {title} | {acc} | {clipped} | {1e3 * s['aggregate_s_median']:.1f} |")
+        lines.append(
+            f"| {title} | {acc:.2f} +/- {100 * s['final']['std']['acc-shift-0']:.2f} | {cost} | {clipped} "
+            f"| {1e3 * s['aggregate_s_median']:.1f} |"
+        )
     return "\n".join(lines)
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 
 import torch
 import torch._dynamo  # optimizers import it on their first step (1-1.5 s): paid here, at the handshake, not in round 1
-from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 from flwr.supercore import log
 
 from common import profiling
@@ -33,7 +34,7 @@ from common.messages import (
     STATE_DIR,
     STATE_KEY,
 )
-from common.persist import CLIENT_STATE_FOLDER
+from common.persist import CLIENT_STATE_FOLDER, StateFileError
 from common.validation import PayloadError, is_folder_name, read_count
 
 from .algorithms import ClientEnv, answer, client_class
@@ -86,7 +87,8 @@ def state_dir(context: Context, msg: Message, cfg: RunConfig) -> StateDir | None
         raise PayloadError(f"state-key {key!r} is not a plain folder name; message refused")
     partition_id, _ = _partition(context)
     if root != "auto":
-        return StateDir(Path(str(root)).expanduser() / str(key) / f"partition-{partition_id}")
+        path = Path(str(root)).expanduser() / str(key) / f"partition-{partition_id}"
+        return StateDir(path, run=str(key), partition=partition_id)
     # a resumed run keeps its folder, whose name is the state key the server sends
     run_folder = Path(cfg.resume).expanduser() if cfg.resume else cfg.resolved_results_dir / str(key)
     path = run_folder / CLIENT_STATE_FOLDER / f"partition-{partition_id}"
@@ -98,7 +100,7 @@ def state_dir(context: Context, msg: Message, cfg: RunConfig) -> StateDir | None
             _unwritable.add(path.parent)
             log(WARNING, "client state kept in memory: %s is not writable; set the node config's state-dir", existing)
         return None
-    return StateDir(path)
+    return StateDir(path, run=str(key), partition=partition_id)
 
 
 _unwritable: set[Path] = set()
@@ -136,6 +138,13 @@ def _round(msg: Message) -> int:
     return read_count(msg.content.config_records.get(CONFIG), SERVER_ROUND, allow_zero=True)
 
 
+def _state_refused(msg: Message, exc: StateFileError) -> Message:
+    """One ERROR line and an error reply for stored state that fails to load or to be signed: the round goes on
+    without this client rather than with a fresh state in place of the one it had (the server logs the reason)."""
+    log(ERROR, "client state refused: %s", exc)
+    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"StateFileError: {exc}"), reply_to=msg)
+
+
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Handshake: tell the server which partition this node holds and how much data. A node whose data cannot be
@@ -151,7 +160,7 @@ def query(msg: Message, context: Context) -> Message:
         {
             PARTITION_ID: partition_id,
             NUM_PARTITIONS: num_partitions,
-            NUM_TRAIN: env.data.num_train,
+            NUM_TRAIN: env.cfg.attack_declare if env.data.attacker and env.cfg.attack_declare else env.data.num_train,
             NUM_TEST: len(env.data.test_y),
         }
     )
@@ -162,7 +171,10 @@ def query(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     """One round of local training by the configured algorithm."""
     with profiling.record("client", kind="train", round=_round(msg)):
-        env, store = _env(context, msg, training=True)
+        try:
+            env, store = _env(context, msg, training=True)
+        except StateFileError as exc:
+            return _state_refused(msg, exc)
         config = msg.content.config_records[CONFIG]
         if config.get(SIMULATE_DROP, False):
             # drop-rate: the server picked this client to fail this round; the error reply exercises the real path.
@@ -171,7 +183,10 @@ def train(msg: Message, context: Context) -> Message:
             )
         algorithm = client_class(env.cfg.algorithm)(env)
         reply = Message(answer(algorithm, MessageType.TRAIN, _round(msg), msg.content), reply_to=msg)
-        _persist(env, store, msg)
+        try:
+            _persist(env, store, msg)
+        except StateFileError as exc:  # e.g. a key file that is not this user's: the state could not be kept
+            return _state_refused(msg, exc)
     return reply
 
 
@@ -179,10 +194,16 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Evaluation at every shift degree by the configured algorithm."""
     with profiling.record("client", kind="evaluate", round=_round(msg)):
-        env, store = _env(context, msg)
+        try:
+            env, store = _env(context, msg)
+        except StateFileError as exc:
+            return _state_refused(msg, exc)
         config = msg.content.config_records.get(CONFIG)
         newcomer = config is not None and config.get(NEWCOMER_MODEL, False) is True  # a held-out client
         algorithm = (NewcomerClient if newcomer else client_class(env.cfg.algorithm))(env)
         reply = Message(answer(algorithm, MessageType.EVALUATE, _round(msg), msg.content), reply_to=msg)
-        _persist(env, store, msg)
+        try:
+            _persist(env, store, msg)
+        except StateFileError as exc:
+            return _state_refused(msg, exc)
     return reply

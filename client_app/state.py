@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import re
-from logging import WARNING
 from pathlib import Path
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
-from flwr.supercore import log
 
-from common.persist import StateFileError, load_tree, save_tree
+from common.persist import StateFileError, load_tree, save_tree, signing_context, signing_key
 
 
 class ClientState:
@@ -42,6 +40,11 @@ class ClientState:
 
 
 _VERSION = re.compile(r"round-(\d{6})\.npz")
+# The key that signs a client's state files, in the folder above its state dir (the run's state folder: a device's
+# <state-dir>/<run>/, or the run folder's client-state/), mode 0600: someone who may write the state files but is not
+# this user can neither read it nor put their own in its place (signing_key refuses a key of another user's). It
+# travels with the state, so a state folder shared by the machines of a cluster verifies on each of them.
+KEY_FILE = ".state.key"
 
 
 class StateDir:
@@ -50,11 +53,16 @@ class StateDir:
     A message of round r reads the newest version of an earlier round (a training message) or of round r at
     most (an evaluation, which follows training). Versions of later rounds belong to a future the server rolled
     back from (it resumed from a checkpoint), so they are deleted. Saving keeps what a resume could need: the
-    newest version at or before the server's last checkpoint and every later one.
+    newest version at or before the server's last checkpoint and every later one. Every file is signed with the key
+    in `key_file` (default: KEY_FILE beside the state dir) together with its run (the server's state key), partition
+    and round; one whose signature does not match (changed, or moved from another of these) is refused.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, run: str, partition: int, key_file: Path | None = None) -> None:
         self.path = Path(path)
+        self.run = run
+        self.partition = partition
+        self.key_file = Path(key_file) if key_file is not None else self.path.parent / KEY_FILE
 
     def versions(self) -> list[int]:
         """Rounds with a stored version, oldest first."""
@@ -65,23 +73,36 @@ class StateDir:
     def _file(self, server_round: int) -> Path:
         return self.path / f"round-{server_round:06d}.npz"
 
+    def _context(self, server_round: int) -> bytes:
+        """What the signature of round `server_round`'s file binds it to, so a copy elsewhere or a rename is refused."""
+        return signing_context("client-state", self.run, self.partition, server_round)
+
     def load(self, server_round: int, training: bool) -> tuple[int, RecordDict] | None:
-        """(round, state) of the newest usable version for a message of `server_round`; None if there is none."""
+        """(round, state) of the newest usable version for a message of `server_round`; None if there is none.
+        StateFileError naming the file when that version fails to load (changed, unsigned, damaged): the client
+        must not go on from an older or a fresh state as if nothing had happened."""
         limit = server_round if training else server_round + 1
         for stale in [v for v in self.versions() if v >= limit]:
             self._file(stale).unlink(missing_ok=True)
-        for version in reversed(self.versions()):
-            try:
-                tree = load_tree(self._file(version))
-                return version, RecordDict(
-                    {
-                        key: ArrayRecord({name: Array(np.asarray(a)) for name, a in arrays.items()})
-                        for key, arrays in tree.items()
-                    }
-                )
-            except (StateFileError, AttributeError, TypeError) as exc:
-                log(WARNING, "client state %s unreadable, skipped: %s", self._file(version), exc)
-        return None
+        versions = self.versions()
+        if not versions:
+            return None
+        path = self._file(versions[-1])
+        try:
+            secret = signing_key(self.key_file, create=False)
+        except StateFileError as exc:
+            raise StateFileError(f"{path}: refused: cannot be verified: {exc}") from None
+        tree = load_tree(path, key=secret, context=self._context(versions[-1]))
+        try:
+            record = RecordDict(
+                {
+                    key: ArrayRecord({name: Array(np.asarray(a)) for name, a in arrays.items()})
+                    for key, arrays in tree.items()
+                }
+            )
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise StateFileError(f"{path}: refused: damaged ({type(exc).__name__}: {exc})") from None
+        return versions[-1], record
 
     def save(self, server_round: int, record: RecordDict, checkpoint_round: int | None) -> None:
         """Write the state of `server_round` atomically and drop versions no resume can need."""
@@ -89,7 +110,7 @@ class StateDir:
         tree = {
             key: {name: array.numpy() for name, array in arrays.items()} for key, arrays in record.array_records.items()
         }
-        save_tree(self._file(server_round), tree)
+        save_tree(self._file(server_round), tree, key=signing_key(self.key_file), context=self._context(server_round))
         older = [v for v in self.versions() if v < server_round]
         if checkpoint_round is None:
             keep = set()

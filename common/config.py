@@ -251,6 +251,21 @@ class RunConfig:
         low=0.0,
         high=1e7,
     )
+    takeover: str = hp(
+        "operator",
+        "deployment: who lets a gone node's partition go to another node: `operator` (`pflower allow-takeover "
+        "RUN_DIR PARTITION`, one take-over per consent) or `after-timeout` (any registered node, after "
+        "`takeover-after` seconds)",
+        choices=("operator", "after-timeout"),
+    )
+    max_weight_ratio: float = hp(
+        0.0,
+        "deployment: a client counts at most this many times the median training-sample count declared at the "
+        "handshake in every sample-weighted average (FedAvg, DM-PFL's and FedDST's votes, FLIU's n, ...), so a "
+        "client inflating its count gains little; the deployment recipes set 4; 0: no cap (studies: honest "
+        "quantity-skewed partitions exceed 4x the median)",
+        low=0.0,
+    )
     messages_in_flight: int = hp(
         64,
         "the most messages the server has out at once when pre-training or "
@@ -311,6 +326,12 @@ class RunConfig:
     )
     attack_boost: float = hp(
         10.0, "the attackers' update scale (model replacement: about the number of clients averaged)", low=1.0, high=1e4
+    )
+    attack_declare: int = hp(
+        0,
+        "simulation: the attackers also declare this many training samples at the handshake and in every reply, "
+        "to outweigh the others (0: their true count; at most `max-client-samples`, or the handshake is refused)",
+        low=0,
     )
     stages: bool = hp(False, "FLIU's stage metrics (G, L1, L2) for the clients of each round")
     stage_test_size: int = hp(2000, "size of the seeded pooled-test subset for the stages' Acc(G) (0: all)", low=0)

@@ -1,9 +1,15 @@
-"""Crash-safe files: atomic writes, and nested state (arrays + JSON) packed into one .npz read without pickle."""
+"""Crash-safe files: atomic writes, and nested state (arrays + JSON) packed into one .npz read without pickle,
+signed with HMAC-SHA256 under a key only its writer can read."""
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import hmac
+import io
 import json
 import os
+import stat
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +27,17 @@ class StateFileError(ValueError):
     """A state or checkpoint file that cannot be read back; the message names the file and the reason."""
 
 
+# A signed file's zip comment, its last bytes: this prefix, then the HMAC-SHA256 (hex) of its context (what the file
+# is: kind, run, partition, round; length-prefixed) and every byte before the hex.
+# Hex never contains the zip end-of-directory signature ("PK\x05\x06"), so zipfile cannot mistake it for one.
+SIGNATURE_PREFIX = b"hmac-sha256:"
+SIGNATURE_HEX = 64
+KEY_BYTES = 32
+_CHUNK = 8 << 20
+_NPY_HEADER_MAX = 65536 + 16  # a .npy header (format 1.0 caps it at 64 KiB); a longer one is read, not mapped
+# os.link's errors on file systems without hard links (FAT, some SMB shares, some FUSE mounts)
+_NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOSYS})
+
 CHECKPOINT_FILE = "checkpoint.npz"  # a run folder's server checkpoint (server_app/checkpoint.py writes it)
 CLIENT_STATE_FOLDER = "client-state"  # a run folder's simulated clients' state (client-state-dir=auto)
 
@@ -32,7 +49,7 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as fh:
+        with open(tmp, "w+b") as fh:  # readable too: save_tree signs what it wrote
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
@@ -118,58 +135,176 @@ def _write_npy(entry: IO[bytes], array: np.ndarray) -> None:
         entry.write(block.reshape(-1).view(np.uint8).data)  # bytes: zipfile counts len() of what it writes
 
 
-def save_tree(path: Path, tree: Any) -> int:
+def signing_key(path: Path, create: bool = True) -> bytes:
+    """The secret key in `path` (made on first use when `create`); StateFileError unless it is a private file of
+    this user's (a key someone else could read, or had put in place of ours, signs nothing)."""
+    path = Path(path)
+    if create and not os.path.lexists(path):
+        _create_key(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise StateFileError(f"{path}: the key that signs these files is missing") from None
+    except OSError as exc:
+        raise StateFileError(f"{path}: key file unreadable ({exc.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        key = os.read(fd, KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        raise StateFileError(f"{path}: key file refused: it must be a file of this user's with mode 0600")
+    if len(key) != KEY_BYTES:
+        raise StateFileError(f"{path}: key file refused: it does not hold a {KEY_BYTES}-byte key")
+    return key
+
+
+def _create_key(path: Path) -> None:
+    """A random key at `path`, mode 0600, complete before it appears (made in place where hard links are not
+    supported); where two processes make it at once, both end up with the one made first."""
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        key = os.urandom(KEY_BYTES)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
+        _write_new(tmp, key)
+        try:
+            os.link(tmp, path)  # never replaces a key another process made meanwhile
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            if exc.errno not in _NO_HARD_LINKS:
+                raise
+            # No hard links here: made in place, so a process reading it in the instant before its bytes are
+            # written is refused (a short key) rather than handed an incomplete one.
+            try:
+                _write_new(path, key)
+            except FileExistsError:
+                pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    except OSError as exc:
+        raise StateFileError(f"{path}: cannot create the key file ({exc})") from None
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """`data` in a new file of mode 0600 on disk (FileExistsError if `path` exists); nothing left where it fails."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        if os.write(fd, data) != len(data):
+            raise OSError(errno.EIO, "short write")
+        os.fsync(fd)
+    except OSError:
+        path.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(fd)
+
+
+def signing_context(*parts: str | int) -> bytes:
+    """What a signature binds a file to besides its bytes (its kind, run, partition, round), encoded unambiguously."""
+    return json.dumps(list(parts), separators=(",", ":")).encode()
+
+
+def _mac(fd: int, key: bytes, length: int, context: bytes) -> bytes:
+    """HMAC-SHA256 (hex) of `context` (length-prefixed) and the first `length` bytes of the open file `fd`, read in
+    chunks (a checkpoint may be gigabytes) with pread, so no file position moves."""
+    digest = hmac.new(key, digestmod=hashlib.sha256)
+    digest.update(len(context).to_bytes(8, "big"))
+    digest.update(context)
+    buffer = memoryview(bytearray(min(_CHUNK, max(length, 1))))
+    done = 0
+    while done < length:
+        n = os.preadv(fd, [buffer[: min(len(buffer), length - done)]], done)
+        if not n:
+            raise EOFError(f"file ends at byte {done} of {length}")
+        digest.update(buffer[:n])
+        done += n
+    return digest.hexdigest().encode()
+
+
+def _verify(fh: BinaryIO, key: bytes, path: Path, context: bytes) -> None:
+    """StateFileError naming `path` unless the open file ends with a signature of `context` and all its other bytes
+    under `key`."""
+    fd = fh.fileno()
+    size = os.fstat(fd).st_size
+    tail = len(SIGNATURE_PREFIX) + SIGNATURE_HEX
+    if size < tail or not os.pread(fd, tail, size - tail).startswith(SIGNATURE_PREFIX):
+        raise StateFileError(f"{path}: refused: it has no signature (damaged, or written by an older version)")
+    if not hmac.compare_digest(
+        os.pread(fd, SIGNATURE_HEX, size - SIGNATURE_HEX), _mac(fd, key, size - SIGNATURE_HEX, context)
+    ):
+        raise StateFileError(
+            f"{path}: refused: its signature does not match (the file was changed after it was written, was "
+            "moved from another partition, round or run, or was signed with another key)"
+        )
+
+
+def save_tree(path: Path, tree: Any, key: bytes | None = None, context: bytes = b"") -> int:
     """Pack `tree` into an .npz (uncompressed, as np.savez writes it) written atomically and streamed to disk, with no
-    copy in memory; returns its size."""
+    copy in memory; with `key`, signed together with `context` (its zip comment); returns its size."""
     with atomic_file(path) as fh:
         with zipfile.ZipFile(fh, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
-            for key, array in pack(tree).items():
-                with archive.open(f"{key}.npy", "w", force_zip64=True) as entry:
+            if key is not None:
+                archive.comment = SIGNATURE_PREFIX + bytes(SIGNATURE_HEX)  # written last; its bytes filled in below
+            for name, array in pack(tree).items():
+                with archive.open(f"{name}.npy", "w", force_zip64=True) as entry:
                     _write_npy(entry, array)
         size = fh.tell()
+        if key is not None:
+            fh.flush()
+            os.pwrite(fh.fileno(), _mac(fh.fileno(), key, size - SIGNATURE_HEX, context), size - SIGNATURE_HEX)
     return size
 
 
-def _mapped_member(path: Path, archive: zipfile.ZipFile, name: str) -> np.ndarray | None:
-    """A stored (uncompressed) .npy member of an .npz memory-mapped copy-on-write in place, or None when it cannot
-    be (compressed, object dtype, sizes that do not add up)."""
+def _mapped_member(fh: BinaryIO, archive: zipfile.ZipFile, name: str) -> np.ndarray | None:
+    """A stored (uncompressed) .npy member of an .npz memory-mapped copy-on-write in place from the open file, or
+    None when it cannot be (compressed, object dtype, sizes that do not add up)."""
     info = archive.getinfo(name)
     if info.compress_type != zipfile.ZIP_STORED:
         return None
-    with open(path, "rb") as fh:
-        fh.seek(info.header_offset)
-        local = fh.read(30)
-        if len(local) != 30 or local[:4] != b"PK\x03\x04":
-            return None
-        data_start = (
-            info.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
-        )
-        fh.seek(data_start)
-        version = np.lib.format.read_magic(fh)
+    fd = fh.fileno()  # pread: the zip reader's position in the shared file stays where it was
+    local = os.pread(fd, 30, info.header_offset)
+    if len(local) != 30 or local[:4] != b"PK\x03\x04":
+        return None
+    data_start = (
+        info.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+    )
+    header = io.BytesIO(os.pread(fd, _NPY_HEADER_MAX, data_start))
+    try:
+        version = np.lib.format.read_magic(header)
         readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
         if version not in readers:
             return None
-        shape, fortran, dtype = readers[version](fh)
-        offset = fh.tell()
+        shape, fortran, dtype = readers[version](header)
+    except ValueError:
+        return None
+    offset = data_start + header.tell()
     if dtype.hasobject or offset - data_start + int(np.prod(shape)) * dtype.itemsize != info.file_size:
         return None
-    return np.memmap(path, dtype=dtype, mode="c", offset=offset, shape=shape, order="F" if fortran else "C")
+    # the open file, not its name: what is mapped is the file that was verified, even if the name was swapped since
+    return np.memmap(fh, dtype=dtype, mode="c", offset=offset, shape=shape, order="F" if fortran else "C")
 
 
-def load_tree(path: Path, map_from_bytes: int | None = None) -> Any:
-    """Read a file written by `save_tree` (numpy arrays only: pickled objects are refused). Arrays of at least
-    `map_from_bytes` are memory-mapped copy-on-write from the file instead of read into memory."""
+def load_tree(path: Path, map_from_bytes: int | None = None, key: bytes | None = None, context: bytes = b"") -> Any:
+    """Read a file written by `save_tree` (numpy arrays only: pickled objects are refused); with `key` its signature
+    (of `context` and the file) is checked before anything in it is decoded. Arrays of at least `map_from_bytes` are
+    memory-mapped copy-on-write from the file instead of read into memory."""
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {}
-            for key in npz.files:
-                info = npz.zip.getinfo(f"{key}.npy")
-                mapped = (
-                    _mapped_member(Path(path), npz.zip, f"{key}.npy")
-                    if map_from_bytes is not None and info.file_size >= map_from_bytes
-                    else None
-                )
-                arrays[key] = mapped if mapped is not None else npz[key]
+        with open(path, "rb") as fh:
+            if key is not None:
+                _verify(fh, key, Path(path), context)
+            with np.load(fh, allow_pickle=False) as npz:
+                arrays = {}
+                for name in npz.files:
+                    info = npz.zip.getinfo(f"{name}.npy")
+                    mapped = (
+                        _mapped_member(fh, npz.zip, f"{name}.npy")
+                        if map_from_bytes is not None and info.file_size >= map_from_bytes
+                        else None
+                    )
+                    arrays[name] = mapped if mapped is not None else npz[name]
         return unpack(arrays)
+    except StateFileError:
+        raise
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise StateFileError(f"{path}: not a readable state file ({exc})") from None

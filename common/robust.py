@@ -53,11 +53,34 @@ def clip_updates(
     return out, clipped
 
 
+MIN_ROBUST_MODELS = 3  # trimmed mean and median need one update at each end besides the one they keep
+
+
 def trimmed_count(num_models: int, trim: float) -> int:
-    """Models dropped at each end of every coordinate: floor(trim * n), keeping at least one."""
+    """Models dropped at each end of every coordinate: floor(trim * n), at least one (a trimmed mean that trims
+    nothing is a plain mean: with 4 clients one update of 1e6 would set the result), keeping at least one."""
     if not 0.0 <= trim < 0.5:
         raise ValueError(f"trim must lie in [0, 0.5), got {trim}")
-    return min(int(np.floor(trim * num_models)), (num_models - 1) // 2)
+    if num_models < MIN_ROBUST_MODELS:
+        raise ValueError(f"a trimmed mean of {num_models} models cannot trim one from each end")
+    return min(max(1, int(np.floor(trim * num_models))), (num_models - 1) // 2)
+
+
+def robust_needs(method: str, per_round: int) -> str:
+    """Why a run with `per_round` training clients a round cannot use the robust rule `method`."""
+    return (
+        f"robust-aggregation '{method}' needs at least {MIN_ROBUST_MODELS} training clients a round to outvote a "
+        f"bad update; this run trains {per_round} (more clients, a larger fraction-train or min-train-clients, or "
+        "robust-aggregation 'none')"
+    )
+
+
+def capped_weights(weights: Sequence[float]) -> tuple[np.ndarray, int]:
+    """Each weight at most the median weight of the round (no client outweighs a typical one), and how many were
+    capped: under `clip` a client's share of the average stays near 1/n whatever count it declares."""
+    w = np.asarray(weights, dtype=np.float64)
+    cap = float(np.median(w))
+    return np.minimum(w, cap), int(np.sum(w > cap))
 
 
 def trimmed_mean(models: Sequence[Model], trim: float) -> list[np.ndarray]:
@@ -86,20 +109,30 @@ def robust_average(
 ) -> tuple[list[np.ndarray], dict[str, Any]]:
     """The round's aggregate under `rule`, and what the rule did (empty for plain weighted averaging).
 
-    clip: updates longer than the bound are shortened to it, then the sample-weighted average;
-    trimmed-mean / median: coordinate-wise over the models, ignoring sample counts (a count is what an attacker
-    inflates first)."""
+    clip: updates longer than the bound are shortened to it, then the average weighted by sample counts capped at
+    the round's median count; trimmed-mean / median: coordinate-wise over the models, ignoring sample counts (a
+    count is what an attacker inflates first). With fewer than MIN_ROBUST_MODELS updates no rule can outvote a bad
+    one: the round keeps `reference` and the report says why ("skipped")."""
+    if rule.method not in ROBUST_METHODS:
+        raise ValueError(f"unknown robust aggregation {rule.method!r}; one of {', '.join(ROBUST_METHODS)}")
     if rule.method == "none":
         return weighted_average(models, weights), {}
+    if len(models) < MIN_ROBUST_MODELS:  # no rule can outvote one bad update among two: keep the reference
+        return [np.array(r, dtype=np.float32) for r in reference], {
+            "method": rule.method,
+            "skipped": f"{len(models)} update(s), fewer than the {MIN_ROBUST_MODELS} a robust rule needs",
+        }
     if rule.method == "clip":
         norms = update_norms(models, reference)
         bound = rule.clip_norm if rule.clip_norm > 0 else float(np.median(norms))
         clipped, count = clip_updates(models, reference, bound, norms)
-        return weighted_average(clipped, weights), {
+        capped, weights_capped = capped_weights(weights)
+        return weighted_average(clipped, capped.tolist()), {
             "method": "clip",
             "norm_bound": bound,
             "clipped": count,
             "max_norm": float(norms.max()),
+            "weights_capped": weights_capped,
         }
     if rule.method == "trimmed-mean":
         return trimmed_mean(models, rule.trim), {

@@ -67,6 +67,11 @@ def validate_arrays(
     return out
 
 
+def printable(text: str, limit: int = 300) -> str:
+    """At most `limit` characters of received text, every unprintable one shown as '?' (safe to log)."""
+    return "".join(ch if ch.isprintable() else "?" for ch in text[:limit])
+
+
 def decode_npy(data: bytes) -> np.ndarray:
     """An array serialized in numpy's .npy format, read in place: a read-only view of `data`, no copy. Object
     dtypes (which would need pickle) and truncated data are refused with a ValueError."""

@@ -88,6 +88,16 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--out", type=Path, required=True, help="the export file (.npz)")
     export.add_argument("--webp", action="store_true", help="images as lossless WebP (about 0.6 of their size)")
     sub.add_parser("presets", help="list the presets")
+    takeover = sub.add_parser(
+        "allow-takeover",
+        help="deployment (takeover = operator): let another node take over these partitions of a running run, "
+        "once each (a replaced device)",
+    )
+    takeover.add_argument("run_dir", type=Path, help="the run's results folder (the server logs it at the start)")
+    takeover.add_argument("partitions", type=int, nargs="+", help="partition ids")
+    takeover.add_argument(
+        "--node", type=int, help="the node id that may take them (the server's refusal line names it; default: any)"
+    )
     for command, default in ((run, "simulation"), (sweep, "inprocess"), (results, "inprocess")):
         command.add_argument(
             "--engine",
@@ -197,6 +207,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "export":
         return _export(args)
+    if args.command == "allow-takeover":
+        return _allow_takeover(args.run_dir, args.partitions, args.node)
     if getattr(args, "workers", 0) < 0:
         raise ConfigError("--workers must be 0 (one per core) or more")
     if args.command == "results":
@@ -245,6 +257,23 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"{spec.name}: {run_state(out / spec.name)}{changed}")
         return 0
     return _execute(args, specs, out, args.engine or sweep.engine or "inprocess", True, args.keep_state)
+
+
+def _allow_takeover(run_dir: Path, partitions: list[int], node: int | None) -> int:
+    """Write the operator's consent to take-overs of `partitions` (by `node`, or any) into a run folder."""
+    from server_app.takeover import allow
+
+    if not (run_dir / "config.json").is_file():
+        raise ConfigError(f"{run_dir} is not a run folder (no config.json): give the folder the server logged")
+    if any(pid < 0 for pid in partitions) or (node is not None and node < 0):
+        raise ConfigError(f"partition and node ids are non-negative, got {partitions} and {node}")
+    try:
+        path = allow(run_dir, partitions, node)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the consent into {run_dir}: {exc}") from None
+    who = f"node {node}" if node is not None else "any node"
+    print(f"allowed: {who} to take over partition(s) {', '.join(map(str, partitions))} ({path}), once each")
+    return 0
 
 
 def _export(args: argparse.Namespace) -> int:

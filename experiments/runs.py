@@ -76,12 +76,25 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def folder_name(name: object, what: str, plus: bool = False) -> str:
+    """`name` when it is one plain folder name (never '..', a separator or an absolute path); ConfigError else."""
+    # an experiment's runs are folders <name>-seed<N>, the run-config `run-name` (at most 100 characters, no '+');
+    # '+' in a sweep's [[table]] row 'NAME+' marks experiment NAME's evaluation row. A sweep's name is a folder too.
+    chars, longest = (r"._+-", 100) if plus else (r"._-", 81)
+    if isinstance(name, str) and re.fullmatch(rf"[A-Za-z0-9][A-Za-z0-9{re.escape(chars)}]{{0,{longest - 1}}}", name):
+        return name
+    allowed = ", ".join(f"'{c}'" for c in chars)
+    raise ConfigError(
+        f"{what} {name!r} must be a plain folder name: letters, digits, {allowed}, starting with a letter or "
+        f"digit, at most {longest} characters (no '/', '\\', '..' or absolute path)"
+    )
+
+
 def plan(
     experiment: str, preset: Preset, config: dict[str, Any], seeds: list[int], clients: int | None = None
 ) -> list[RunSpec]:
     """One RunSpec per seed, the run config checked now (a bad key stops everything before any run starts)."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,80}", experiment):
-        raise ConfigError(f"experiment name {experiment!r} must be letters, digits, '.', '_' and '-'")
+    folder_name(experiment, "experiment name")
     merged = {**preset.run_config, **config}
     for reserved in ("seed", "run-name", "results-dir", "resume"):
         if reserved in config:

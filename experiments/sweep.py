@@ -13,7 +13,7 @@ from common.hparams import ConfigError
 
 from .engines import check_engine
 from .presets import preset
-from .runs import RunResult, RunSpec, changed_settings, parse_seeds, plan, run_state
+from .runs import RunResult, RunSpec, changed_settings, folder_name, parse_seeds, plan, run_state
 from .tables import TableSpec, parse_table
 
 TOP_KEYS = {"name", "preset", "seeds", "engine", "defaults", "groups", "experiment", "table"}  # table: results
@@ -48,6 +48,7 @@ def read_sweep(path: Path) -> Sweep:
     unknown = sorted(set(raw) - TOP_KEYS)
     if unknown:
         raise ConfigError(f"sweep file {path}: unknown top-level key(s) {unknown}; allowed: {sorted(TOP_KEYS)}")
+    folder = sweep_name(path, raw.get("name"))
     experiments = raw.get("experiment", [])
     if not isinstance(experiments, list) or not experiments:
         raise ConfigError(f"sweep file {path} has no [[experiment]] tables")
@@ -59,8 +60,9 @@ def read_sweep(path: Path) -> Sweep:
     algorithms: dict[str, str] = {}  # experiment -> algorithm, for the tables' rows
     for index, entry in enumerate(experiments, start=1):
         name = entry.get("name")
-        if not isinstance(name, str) or not name:
+        if name is None or name == "":
             raise ConfigError(f"sweep file {path}: experiment {index} has no name")
+        folder_name(name, f"sweep file {path}: experiment {index}: name")
         if name in algorithms:
             raise ConfigError(f"sweep file {path}: two experiments are named {name!r}")
         group = entry.get("group")
@@ -84,7 +86,14 @@ def read_sweep(path: Path) -> Sweep:
     engine = raw.get("engine")
     if engine is not None:
         engine = check_engine(str(engine))
-    return Sweep(str(raw.get("name", Path(path).stem)), specs, tables, engine)
+    return Sweep(folder, specs, tables, engine)
+
+
+def sweep_name(path: Path, name: object) -> str:
+    """The sweep's `name` (default: the file's stem), checked to be one plain folder name (results/<name>)."""
+    if name is None:
+        return folder_name(Path(path).stem, f"sweep file {path}: no `name`, so its file name", plus=True)
+    return folder_name(name, f"sweep file {path}: name", plus=True)
 
 
 def load_tables(path: Path) -> list[TableSpec]:

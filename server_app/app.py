@@ -24,11 +24,12 @@ from common.seeding import derive_seed
 from common.validation import is_folder_name
 
 from . import flower_speedups
-from .checkpoint import Checkpoint, config_differences, load_checkpoint
+from .checkpoint import Checkpoint, config_differences, load_checkpoint, server_key
 from .clients import ClientRegistry, RunAborted
 from .results import ResultsWriter, make_run_dir, read_run_config
 from .runner import RoundRunner
 from .strategies import strategy_class
+from .takeover import AfterTimeout, OperatorConsent
 
 app = ServerApp()
 flower_speedups.apply()  # simulation: the runtime's per-node message lookups, in this process (see the module)
@@ -69,6 +70,11 @@ def _fail(message: str) -> RunFailed:
 def open_run_dir(cfg: RunConfig) -> tuple[Path, Checkpoint | None]:
     """A new results folder, or with `resume` the given run folder and its checkpoint (checked against cfg)."""
     if not cfg.resume:
+        if cfg.checkpoint_every > 0:  # an unusable key folder stops the run now, not after its first round
+            try:
+                server_key()
+            except RunAborted as exc:
+                raise _fail(str(exc)) from None
         return make_run_dir(cfg.resolved_results_dir, cfg.algorithm, cfg.dataset, cfg.run_name), None
     run_dir = Path(cfg.resume).expanduser().resolve()
     if not is_folder_name(run_dir.name):  # the folder's name keys the clients' state dirs
@@ -116,7 +122,9 @@ def main(grid: Grid, context: Context) -> None:
     except (DataError, ConfigError) as exc:
         log(ERROR, "%s", exc)
         raise RunFailed(str(exc)) from None
-    clients = ClientRegistry(max_samples=cfg.max_client_samples, takeover_after=cfg.takeover_after)
+    clients = ClientRegistry(
+        max_samples=cfg.max_client_samples, takeover_after=cfg.takeover_after, max_weight_ratio=cfg.max_weight_ratio
+    )
     try:
         strategy = strategy_class(cfg.algorithm)(cfg, ModelLayout.of(model), clients)
     except (ConfigError, ValueError) as exc:
@@ -124,6 +132,7 @@ def main(grid: Grid, context: Context) -> None:
         raise RunFailed(str(exc)) from None
     run_dir, checkpoint = open_run_dir(cfg)
     strategy.workdir = run_dir
+    clients.consent = AfterTimeout() if cfg.takeover == "after-timeout" else OperatorConsent(run_dir)
     writer = ResultsWriter(run_dir, cfg.to_dict(), resume=checkpoint is not None)
     runner = RoundRunner(cfg, strategy, clients, writer=writer, state_key=run_dir.name, resume_from=checkpoint)
     log(INFO, "results folder: %s", run_dir)

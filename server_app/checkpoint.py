@@ -1,14 +1,19 @@
 """Server checkpoints: after each round the strategy's state, the round records and the resume history, in one
-atomically written .npz (no pickle); `resume` continues a run folder from its checkpoint."""
+atomically written .npz (no pickle) signed with the server's key; `resume` continues a run folder from its
+checkpoint."""
 
 from __future__ import annotations
 
 import json
+import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.persist import CHECKPOINT_FILE, StateFileError, load_tree, save_tree
+import numpy as np
+
+from common.persist import CHECKPOINT_FILE, StateFileError, load_tree, save_tree, signing_context, signing_key
 
 from .clients import RunAborted
 from .results import ResultsWriter
@@ -21,6 +26,8 @@ MAP_FROM_BYTES = 64 << 20
 RESUMABLE_CHANGES = frozenset(
     {"resume", "num-rounds", "round-timeout", "data-dir", "results-dir", "run-name", "checkpoint-every"}
 )
+KEY_DIR_ENV = "PFL_KEY_DIR"  # the folder of the server's signing key (default ~/.config/pflower)
+SERVER_KEY_FILE = "server.key"
 
 
 @dataclass
@@ -32,10 +39,34 @@ class Checkpoint:
     records: list[dict[str, Any]]
     elapsed_s: float = 0.0
     resumes: list[int] = field(default_factory=list)  # rounds earlier resumptions started after
+    clients: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # partition -> (node, train, test)
+
+
+def server_key_file() -> Path:
+    """The file of the key that signs this user's checkpoints: $PFL_KEY_DIR/server.key, else ~/.config/pflower/."""
+    # Not in the run folder: whoever may write there (a shared results disk, a copied run folder) must not also find
+    # the key that vouches for the checkpoint. A per-user folder (0700, the key 0600) keeps it with the server's
+    # user; resuming a run folder on another machine or account needs this key copied, or PFL_KEY_DIR pointed at it.
+    folder = os.environ.get(KEY_DIR_ENV)
+    return (Path(folder).expanduser() if folder else Path.home() / ".config" / "pflower") / SERVER_KEY_FILE
+
+
+def server_key() -> bytes:
+    """The key that signs this user's checkpoints, made on first use; RunAborted in one line when it cannot be."""
+    try:
+        return signing_key(server_key_file())
+    except StateFileError as exc:
+        raise RunAborted(f"cannot sign the checkpoint: {exc} (set {KEY_DIR_ENV} to a private folder)") from None
+
+
+def checkpoint_context(run_dir: Path) -> bytes:
+    """What a checkpoint's signature binds it to: its run folder (by name, the clients' state key), so a checkpoint
+    copied from another run's folder is refused."""
+    return signing_context("checkpoint", Path(run_dir).resolve().name)
 
 
 def save_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> int:
-    """Write run_dir/checkpoint.npz atomically; returns its size in bytes."""
+    """Write run_dir/checkpoint.npz atomically, signed; returns its size in bytes (RunAborted without a key)."""
     tree = {
         "format": FORMAT,
         "round": checkpoint.round,
@@ -43,12 +74,16 @@ def save_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> int:
         "records": json.dumps(checkpoint.records, sort_keys=True),
         "elapsed_s": checkpoint.elapsed_s,
         "resumes": list(checkpoint.resumes),
+        "clients": np.array([[pid, *info] for pid, info in sorted(checkpoint.clients.items())], np.int64).reshape(
+            -1, 4
+        ),
     }
-    return save_tree(Path(run_dir) / CHECKPOINT_FILE, tree)
+    return save_tree(Path(run_dir) / CHECKPOINT_FILE, tree, key=server_key(), context=checkpoint_context(run_dir))
 
 
 def load_checkpoint(run_dir: Path) -> Checkpoint:
-    """The checkpoint of a run folder; StateFileError naming the file if it is missing or unreadable."""
+    """The checkpoint of a run folder; StateFileError naming the file if it is missing, unreadable, not signed with
+    the server's key or holds impossible values."""
     path = Path(run_dir) / CHECKPOINT_FILE
     if not path.is_file():
         raise StateFileError(
@@ -56,19 +91,17 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
             "stopped before its first round ended)"
         )
     try:
-        tree = load_tree(path, map_from_bytes=MAP_FROM_BYTES)
+        key = signing_key(server_key_file(), create=False)
+    except StateFileError as exc:
+        raise StateFileError(f"{path}: cannot be verified: {exc} ({KEY_DIR_ENV} names the key's folder)") from None
+    try:
+        tree = load_tree(path, map_from_bytes=MAP_FROM_BYTES, key=key, context=checkpoint_context(run_dir))
     except RecursionError:
         raise StateFileError(f"{path}: damaged checkpoint (nested too deeply)") from None
     if not isinstance(tree, dict) or tree.get("format") != FORMAT:
         raise StateFileError(f"{path}: unknown checkpoint format")
     try:
-        checkpoint = Checkpoint(
-            int(tree["round"]),
-            tree["state"],
-            json.loads(str(tree["records"])),
-            float(tree["elapsed_s"]),
-            [int(r) for r in tree["resumes"]],
-        )
+        checkpoint = _decoded(tree)
         rounds = [int(record["round"]) for record in checkpoint.records]
     except (KeyError, TypeError, ValueError, RecursionError) as exc:  # json's errors are ValueErrors
         raise StateFileError(f"{path}: damaged checkpoint ({type(exc).__name__}: {exc})") from None
@@ -78,6 +111,33 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
             f"{rounds[:3]}{'...' if len(rounds) > 3 else ''})"
         )
     return checkpoint
+
+
+def _decoded(tree: dict[str, Any]) -> Checkpoint:
+    """The Checkpoint of a decoded tree; ValueError for a count that is not a whole number, a non-finite or
+    negative elapsed time, or resumptions after rounds it has not reached."""
+    round_ = _whole(tree["round"], "round")
+    elapsed = float(tree["elapsed_s"])
+    if not math.isfinite(elapsed) or elapsed < 0:
+        raise ValueError(f"elapsed time {elapsed!r} s")
+    resumes = [_whole(r, "resumed round") for r in tree["resumes"]]
+    if resumes != sorted(resumes) or any(not 1 <= r <= round_ for r in resumes):
+        raise ValueError(f"resumed after rounds {resumes[:5]} in a checkpoint of round {round_}")
+    records = json.loads(str(tree["records"]))
+    if not isinstance(records, list) or not all(isinstance(record, dict) for record in records):
+        raise TypeError("the round records are not a list of objects")
+    table = np.asarray(tree.get("clients", np.zeros((0, 4), np.int64)))
+    if table.dtype != np.int64 or table.ndim != 2 or table.shape[1] != 4 or (table < 0).any():
+        raise ValueError("the clients table is not a list of (partition, node, train, test) counts")
+    clients = {int(row[0]): (int(row[1]), int(row[2]), int(row[3])) for row in table}
+    return Checkpoint(round_, tree["state"], records, elapsed, resumes, clients)
+
+
+def _whole(value: Any, name: str) -> int:
+    """`value` when it is an int (not a bool, a float or a string); ValueError naming it else."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} {value!r} is not a whole number")
+    return value
 
 
 def config_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:

@@ -16,6 +16,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from common.config import RunConfig
 from common.messages import (
     CONFIG,
     METRICS,
@@ -27,8 +28,11 @@ from common.messages import (
     REFUSED,
     SERVER_ROUND,
 )
+from common.robust import MIN_ROBUST_MODELS, robust_needs
 from common.seeding import derive_seed
-from common.validation import PayloadError, read_count
+from common.validation import PayloadError, printable, read_count
+
+from .takeover import AfterTimeout, OperatorConsent
 
 
 def refusal(msg: Message) -> str | None:
@@ -40,7 +44,7 @@ def refusal(msg: Message) -> str | None:
         text = str(msg.content.config_records[REFUSED].get(REASON, "no reason given"))
     else:
         return None
-    return "".join(ch if ch.isprintable() else "?" for ch in text)[:300]
+    return printable(text)
 
 
 class RunAborted(RuntimeError):
@@ -61,20 +65,25 @@ class ClientInfo:
 class ClientRegistry:
     """Partition id -> client, and node id -> partition id.
 
-    The first handshake fixes the federation's partitions; each is bound to the node that claimed it first. A node
-    that connects later may take a partition over only when its holder has been gone (not among the connected nodes)
-    for `takeover_after` seconds; an unknown partition id, or one whose holder is still there, is refused with a
-    log line, and the node is asked again at most every `takeover_after` seconds.
+    The first handshake fixes the federation's partitions and their sample counts for the run; each partition is
+    bound to the node that claimed it first. A node that connects later may take a partition over only when its
+    holder has been gone (not among the connected nodes) for `takeover_after` seconds, the `consent` allows it (by
+    default: the operator, server_app/takeover.py) and it declares the partition's counts; an unknown partition id,
+    or one whose holder is still there, is refused with a log line, and the node is asked again at most every
+    `takeover_after` seconds.
     """
 
     by_partition: dict[int, ClientInfo] = field(default_factory=dict)
     node_to_partition: dict[int, int] = field(default_factory=dict)
     max_samples: int = 100_000  # run-config max-client-samples: a larger declared count is refused
     takeover_after: float = 120.0  # run-config takeover-after (seconds)
+    consent: OperatorConsent | AfterTimeout = field(default_factory=OperatorConsent)  # run-config takeover
+    max_weight_ratio: float = 0.0  # run-config max-weight-ratio (0: no cap)
     clock: Callable[[], float] = time.monotonic
     last_seen: dict[int, float] = field(default_factory=dict)  # partition -> when its holder was last connected
     refused: dict[int, float] = field(default_factory=dict)  # node -> when its claim was refused
     held_out: frozenset[int] = frozenset()  # partitions that never train (run-config holdout-clients)
+    expected: dict[int, ClientInfo] = field(default_factory=dict)  # a resumed run's partitions, from its checkpoint
 
     def add(self, info: ClientInfo) -> None:
         """Register (or replace) the client of a partition."""
@@ -112,9 +121,21 @@ class ClientRegistry:
     def __getitem__(self, partition_id: int) -> ClientInfo:
         return self.by_partition[partition_id]
 
+    def weight_cap(self) -> float:
+        """The most one client counts in a sample-weighted average: `max_weight_ratio` times the median training
+        count declared at the handshake (inf without a cap): a client that inflates its count gains little."""
+        if self.max_weight_ratio <= 0 or not self.by_partition:
+            return math.inf
+        return self.max_weight_ratio * float(np.median([c.num_train for c in self.by_partition.values()]))
+
     def total_train(self) -> int:
         """Training samples of all clients, as they declared them."""
         return sum(c.num_train for c in self.by_partition.values())
+
+    def weighted_total(self) -> float:
+        """Training samples of all clients as the weighted averages count them (each at most `weight_cap`)."""
+        cap = self.weight_cap()
+        return float(sum(min(c.num_train, cap) for c in self.by_partition.values()))
 
     def handshake(self, grid: Grid, timeout: float, node_ids: list[int] | None = None) -> list[int]:
         """Ask connected nodes (all, or the joining `node_ids`) for their partition and data sizes; keep consistent
@@ -186,10 +207,13 @@ class ClientRegistry:
     def _admit(self, info: ClientInfo, connected: set[int], joining: bool) -> bool:
         """Bind the claimed partition to the node, or raise PayloadError saying why not; True for a take-over."""
         pid, node = info.partition_id, info.node_id
+        if pid not in self and pid in self.expected:  # resuming: the checkpoint fixed the partition's counts
+            self._check_resumed(info, connected)
         if pid not in self:
-            if joining:
+            if joining or (self.expected and pid not in self.expected):
+                known = len(self.expected) if self.expected else len(self)
                 raise PayloadError(
-                    f"claims partition {pid}, which is not one of the {len(self)} partitions of this "
+                    f"claims partition {pid}, which is not one of the {known} partitions of this "
                     "run (fixed by the first handshake)"
                 )
             self.add(info)
@@ -205,10 +229,56 @@ class ClientRegistry:
                 f"claims partition {pid}, held by node {holder}, which has been gone for {gone:.0f} s; "
                 f"a take-over needs {self.takeover_after:g} s (run-config takeover-after)"
             )
+        first = self[pid]
+        if (info.num_train, info.num_test) != (first.num_train, first.num_test):
+            raise PayloadError(
+                f"claims partition {pid} with {info.num_train} training and {info.num_test} test samples; it was "
+                f"declared with {first.num_train} and {first.num_test} at the first handshake (fixed for the run)"
+            )
+        if not self.consent.allows(pid, node):
+            raise PayloadError(
+                f"claims partition {pid}, held by node {holder}, which has been gone for {gone:.0f} s; a take-over "
+                f"needs {self.consent.how(pid, node)}"
+            )
         self.node_to_partition.pop(holder, None)
         self.add(info)
         log(WARNING, "node %s took over partition %d from node %s, gone for %.0f s", node, pid, holder, gone)
         return True
+
+    def start(self, grid: Grid, cfg: RunConfig, resumed: dict[int, tuple[int, int, int]] | None = None) -> None:
+        """The run's first handshake (a resumed run: only its checkpoint's partitions and counts), the held-out
+        clients set aside; RunAborted when a robust rule cannot work with the clients a round trains."""
+        if resumed is not None:
+            self.expect(resumed)
+        self.handshake(grid, cfg.round_timeout)
+        self.hold_out(cfg.holdout_clients, cfg.seed)
+        per_round = sample_size(len(self.ids()), cfg.fraction_train, cfg.min_train_clients)
+        if cfg.robust_aggregation != "none" and per_round < MIN_ROBUST_MODELS:
+            raise RunAborted(robust_needs(cfg.robust_aggregation, per_round))
+
+    def expect(self, clients: dict[int, tuple[int, int, int]]) -> None:
+        """A resumed run: only the checkpoint's partitions, with their counts, may be claimed (partition -> (node,
+        training samples, test samples))."""
+        self.expected = {pid: ClientInfo(pid, node, train, test) for pid, (node, train, test) in clients.items()}
+
+    def table(self) -> dict[int, tuple[int, int, int]]:
+        """Partition -> (node, training samples, test samples): what a checkpoint keeps of the registry."""
+        return {pid: (c.node_id, c.num_train, c.num_test) for pid, c in self.by_partition.items()}
+
+    def _check_resumed(self, info: ClientInfo, connected: set[int]) -> None:
+        """PayloadError when a claim on resume changes the partition's counts, or its holder before the restart is
+        connected and is not the claimant."""
+        before = self.expected[info.partition_id]
+        if (info.num_train, info.num_test) != (before.num_train, before.num_test):
+            raise PayloadError(
+                f"claims partition {info.partition_id} with {info.num_train} training and {info.num_test} test "
+                f"samples; the run being resumed fixed {before.num_train} and {before.num_test}"
+            )
+        if before.node_id != info.node_id and before.node_id in connected:
+            raise PayloadError(
+                f"claims partition {info.partition_id}, held by node {before.node_id} before the restart, which is "
+                "connected"
+            )
 
     def refresh(self, grid: Grid, timeout: float) -> list[int]:
         """Note which holders are connected; handshake nodes that connected since the last round (new or restarted
@@ -225,11 +295,16 @@ class ClientRegistry:
         return self.handshake(grid, timeout, new) if new else []
 
 
+def sample_size(num_ids: int, fraction: float, minimum: int) -> int:
+    """How many of `num_ids` a round samples: round(fraction * num_ids), at least `minimum`, at most all."""
+    return min(num_ids, max(minimum, int(round(fraction * num_ids))))
+
+
 def seeded_sample(
     ids: list[int], fraction: float, minimum: int, seed: int, purpose: str, server_round: int
 ) -> list[int]:
     """round(fraction * len(ids)) of the ids (at least `minimum`, at most all), chosen by (seed, purpose, round)."""
-    k = min(len(ids), max(minimum, int(round(fraction * len(ids)))))
+    k = sample_size(len(ids), fraction, minimum)
     if k == len(ids):
         return sorted(ids)
     rng = np.random.default_rng(derive_seed(seed, purpose, server_round))

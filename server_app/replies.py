@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import WARNING
@@ -16,7 +17,7 @@ from common.data.domains import DOMAINS
 from common.evaluate import shift_key
 from common.messages import DOMAIN_ACC, DOMAIN_ID, LOSS, METRICS, NUM_EXAMPLES, NUM_TEST, TRAIN_FLOPS, TRAIN_LOSS
 from common.stages import STAGE_KEYS, summarize_stages
-from common.validation import PayloadError, check_echo, read_count, read_finite, read_fraction
+from common.validation import PayloadError, read_count, read_finite, read_fraction
 
 from .wire import content_digest, wire_bytes
 
@@ -34,13 +35,28 @@ class TrainReply:
     arrays: list[np.ndarray] | None = None
     payload: Any = None  # algorithm-specific decoded upload (e.g. sparse weights and masks)
     stages: dict[str, float] = field(default_factory=dict)  # FLIU stage accuracies, when reported
+    weight_cap: float = math.inf  # the most this reply counts in a weighted average (run-config max-weight-ratio)
+
+    @property
+    def weight(self) -> float:
+        """The reply's weight in every sample-weighted average: its sample count, at most `weight_cap`."""
+        return float(min(self.num_examples, self.weight_cap))
 
 
-def parse_train_metrics(partition_id: int, content: RecordDict, declared: int) -> TrainReply:
+def parse_train_metrics(
+    partition_id: int, content: RecordDict, declared: int, weight_cap: float = math.inf
+) -> TrainReply:
     """The metrics every training reply carries (PayloadError when they are missing or malformed, or when the
-    sample count exceeds the `declared` training samples of the client's handshake)."""
+    sample count exceeds the `declared` training samples of the client's handshake); its weight at most
+    `weight_cap`."""
     metrics = content.metric_records.get(METRICS)
-    reply = TrainReply(partition_id, read_count(metrics, NUM_EXAMPLES), read_finite(metrics, TRAIN_LOSS), content)
+    reply = TrainReply(
+        partition_id,
+        read_count(metrics, NUM_EXAMPLES),
+        read_finite(metrics, TRAIN_LOSS),
+        content,
+        weight_cap=weight_cap,
+    )
     if reply.num_examples > declared:
         raise PayloadError(
             f"num-examples = {reply.num_examples} exceeds the {declared} training samples the client "
@@ -49,40 +65,6 @@ def parse_train_metrics(partition_id: int, content: RecordDict, declared: int) -
     if metrics is not None:
         reply.stages = {key: read_fraction(metrics, key) for key in STAGE_KEYS if key in metrics}
     return reply
-
-
-@dataclass(frozen=True)
-class ReplyLimits:
-    """The most a reply of this model may hold; checked before anything in it is decoded or re-serialized."""
-
-    arrays: int
-    array_bytes: int
-    metrics: int = 1_000
-    records: int = 4
-
-    @classmethod
-    def for_model(cls, specs: list[tuple[str, tuple[int, ...]]]) -> ReplyLimits:
-        """Room for the whole model sent dense or sparse (4 arrays a tensor), twice over, plus framing."""
-        values = sum(int(np.prod(shape)) for _, shape in specs)
-        return cls(arrays=4 * len(specs) + 16, array_bytes=2 * 4 * values + (1 << 16))
-
-    def check(self, content: RecordDict, expected: Mapping[str, int] | None = None) -> None:
-        """PayloadError naming what is too large, or (with `expected`) a round or phase the reply does not name."""
-        records = len(content.array_records) + len(content.metric_records) + len(content.config_records)
-        if records > self.records:
-            raise PayloadError(f"{records} records, more than {self.records}")
-        arrays = [a for record in content.array_records.values() for a in record.values()]
-        if len(arrays) > self.arrays:
-            raise PayloadError(f"{len(arrays)} arrays, more than the {self.arrays} this model needs")
-        size = sum(len(a.data) for a in arrays)
-        if size > self.array_bytes:
-            raise PayloadError(f"{size} bytes of arrays, more than the {self.array_bytes} this model needs")
-        entries = sum(
-            len(v) if isinstance(v, list) else 1 for record in content.metric_records.values() for v in record.values()
-        )
-        if entries > self.metrics:
-            raise PayloadError(f"{entries} metric values, more than {self.metrics}")
-        check_echo(content.metric_records.get(METRICS), expected or {})
 
 
 def train_record(

@@ -21,15 +21,15 @@ from common import profiling
 from common.config import RunConfig
 from common.evaluate import shifted_metric_keys
 from common.messages import CHECKPOINT_ROUND, CONFIG, SIMULATE_DROP, STATE_KEY
-from common.validation import PayloadError, echo_values
+from common.validation import PayloadError, echo_values, printable
 
 from .checkpoint import Checkpoint, due, restore, save_checkpoint
 from .clients import ClientRegistry
 from .exchange import exchange_all, stream_replies
 from .faults import plan_faults
+from .limits import ReplyLimits
 from .newcomers import evaluate_newcomers
 from .replies import (
-    ReplyLimits,
     RoundLog,
     TrainReply,
     eval_statistics,
@@ -122,7 +122,7 @@ class RoundRunner:
             pid = self.clients.node_to_partition.get(node)
             if pid is None:
                 if msg.has_error():  # the SuperLink answers for a node it could not reach
-                    log(WARNING, "a message was not answered: %s", msg.error.reason)
+                    log(WARNING, "a message was not answered: %s", printable(str(msg.error.reason)))
                 else:
                     log(WARNING, "reply from unknown node %s ignored", node)
                 failed += 1
@@ -133,7 +133,7 @@ class RoundRunner:
                 continue
             self.strategy.on_client_reply(server_round, pid, not msg.has_error())
             if msg.has_error():
-                log(WARNING, "client %d (node %s) failed: %s", pid, node, msg.error.reason)
+                log(WARNING, "client %d (node %s) failed: %s", pid, node, printable(str(msg.error.reason)))
                 self.round_log.add_message(kind, pid, msg, 0)
                 failed += 1
                 continue
@@ -153,13 +153,14 @@ class RoundRunner:
         """Validated training replies (partition order), failed and rejected counts; each checked on arrival."""
         accepted: list[TrainReply] = []
         failed = rejected = 0
+        cap = self.clients.weight_cap()
         for msg in replies:  # as they arrive
             good, not_answered, oversized = self.sort_replies(server_round, [msg], "train_up")
             failed, rejected = failed + not_answered, rejected + oversized
             with profiling.timer("aggregate"):
                 for pid, reply_msg in good:
                     try:
-                        reply = parse_train_metrics(pid, reply_msg.content, self.clients[pid].num_train)
+                        reply = parse_train_metrics(pid, reply_msg.content, self.clients[pid].num_train, cap)
                         self.strategy.decode_train_reply(server_round, reply)
                         accepted.append(reply)
                     except PayloadError as exc:
@@ -199,16 +200,16 @@ class RoundRunner:
     def write_checkpoint(self, server_round: int, elapsed: float) -> None:
         """After every `checkpoint-every` rounds and the last one: the state needed to resume, atomically."""
         if self.writer is not None and due(server_round, self.cfg.checkpoint_every, self.cfg.num_rounds):
-            save_checkpoint(
-                self.writer.run_dir,
-                Checkpoint(server_round, self.strategy.state_dict(), self.writer.records, elapsed, self.resumes),
+            state = self.strategy.state_dict()
+            checkpoint = Checkpoint(
+                server_round, state, self.writer.records, elapsed, self.resumes, self.clients.table()
             )
+            save_checkpoint(self.writer.run_dir, checkpoint)
             self.checkpoint_round = server_round
 
     def run(self, grid: Grid) -> None:
         """Handshake, then the rounds: train, aggregate, evaluate, record, checkpoint, log progress with ETA."""
-        self.clients.handshake(grid, self.cfg.round_timeout)
-        self.clients.hold_out(self.cfg.holdout_clients, self.cfg.seed)
+        self.clients.start(grid, self.cfg, self.resume_from.clients if self.resume_from is not None else None)
         first, elapsed_before = 1, 0.0
         if self.resume_from is not None:
             self.resumes = restore(self.strategy, self.writer, self.resume_from)

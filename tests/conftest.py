@@ -1,13 +1,28 @@
-"""Shared fixtures: where the real datasets are, and a skip when they are absent."""
+"""Shared fixtures: where the real datasets are, and a skip when they are absent; signing keys kept out of $HOME."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+KEY_DIR_ENV = "PFL_KEY_DIR"  # server_app.checkpoint.KEY_DIR_ENV (not imported: this file stays free of torch/flwr)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_key_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The server's signing key in a temporary folder, never the developer's home: set in os.environ before any
+    other fixture, so the simulations and SuperLinks the tests start (module fixtures included) inherit it."""
+    previous = os.environ.get(KEY_DIR_ENV)
+    os.environ[KEY_DIR_ENV] = str(tmp_path_factory.mktemp("pfl-keys") / "keys")
+    yield
+    if previous is None:
+        os.environ.pop(KEY_DIR_ENV, None)
+    else:
+        os.environ[KEY_DIR_ENV] = previous
 
 
 def shared_data_dir() -> Path | None:

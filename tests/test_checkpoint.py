@@ -13,11 +13,17 @@ from client_app.state import StateDir
 from common.algorithms import SPECS
 from common.config import parse_run_config
 from common.persist import StateFileError
-from server_app.checkpoint import Checkpoint, config_differences, load_checkpoint, save_checkpoint
+from server_app.checkpoint import KEY_DIR_ENV, Checkpoint, config_differences, load_checkpoint, save_checkpoint
 
 from .inprocess import InProcessFederation
 
 CLIENTS = 4
+
+
+@pytest.fixture(autouse=True)
+def _server_key_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key that signs the checkpoints in a folder of the test's own, not the user's."""
+    monkeypatch.setenv(KEY_DIR_ENV, str(tmp_path_factory.mktemp("server-keys")))
 
 
 def _federation(algorithm: str, state_dir: str) -> InProcessFederation:
@@ -33,6 +39,10 @@ def _federation(algorithm: str, state_dir: str) -> InProcessFederation:
         "readjust-interval": 2,
     }
     return InProcessFederation(parse_run_config(raw), CLIENTS)
+
+
+def _store(tmp_path: Path, pid: int) -> StateDir:
+    return StateDir(tmp_path / "clients" / f"partition-{pid}", run="run", partition=pid)
 
 
 def _flat(content: RecordDict) -> dict:
@@ -62,7 +72,7 @@ def test_resumed_run_continues_exactly(algorithm: str, tmp_path) -> None:
         fed.train_round(rnd)
     save_checkpoint(tmp_path, Checkpoint(2, fed.strategy.state_dict(), [{"round": 1}, {"round": 2}], 1.5, []))
     for pid, record in fed.states.items():  # what each client wrote to its state dir after round 2
-        StateDir(tmp_path / "clients" / f"partition-{pid}").save(2, record, checkpoint_round=2)
+        _store(tmp_path, pid).save(2, record, checkpoint_round=2)
     uninterrupted = [fed.train_round(rnd) for rnd in (3, 4)] + [fed.evaluate(4)]
 
     resumed = _federation(algorithm, str(tmp_path / "clients"))
@@ -70,7 +80,7 @@ def test_resumed_run_continues_exactly(algorithm: str, tmp_path) -> None:
     assert checkpoint.round == 2 and checkpoint.records == [{"round": 1}, {"round": 2}]
     resumed.strategy.load_state_dict(checkpoint.state)
     for pid in resumed.states:
-        loaded = StateDir(tmp_path / "clients" / f"partition-{pid}").load(3, training=True)
+        loaded = _store(tmp_path, pid).load(3, training=True)
         resumed.states[pid] = loaded[1] if loaded else RecordDict()
     again = [resumed.train_round(rnd) for rnd in (3, 4)] + [resumed.evaluate(4)]
 
@@ -126,3 +136,9 @@ def test_a_resumed_client_models_strategy_restores_its_rows_into_the_run_folders
     W = resumed.strategy.matrix.W
     assert isinstance(W, np.memmap) and Path(W.filename) == tmp_path / "resumed" / "client-models.npy"
     assert np.array_equal(W, fed.strategy.matrix.W)
+
+
+def test_the_checkpoint_keeps_each_partitions_node_and_counts(tmp_path) -> None:
+    table = {0: (17, 120, 30), 3: (2**40, 5, 1)}
+    save_checkpoint(tmp_path, Checkpoint(1, {}, [{"round": 1}], 0.0, [], table))
+    assert load_checkpoint(tmp_path).clients == table

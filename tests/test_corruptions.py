@@ -13,7 +13,8 @@ from common.data.arrays import DataError, DatasetArrays
 from common.data.corruptions import CORRUPTIONS, SEVERITIES, corrupt, require_images
 from common.evaluate import corruption_key, shifted_metric_keys
 from common.validation import PayloadError
-from server_app.replies import ReplyLimits, parse_eval_metrics
+from server_app.limits import ReplyLimits
+from server_app.replies import parse_eval_metrics
 from server_app.results.shift import corruption_lines, corruption_table, plot_corruptions
 
 from .inprocess import InProcessFederation

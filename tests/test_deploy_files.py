@@ -6,17 +6,22 @@ from __future__ import annotations
 import configparser
 import re
 import shlex
+import ssl
 import subprocess
 import sys
+import threading
 import tomllib
 from functools import cache
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 from cryptography import x509
 
 from .conftest import REPO
+from .harness.deployment import FleetProxy, nginx_binary
 
 DEPLOY = REPO / "deploy"
 COMPOSE = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
@@ -90,6 +95,15 @@ def test_compose_flags_exist_and_every_file_they_name_is_mounted(service: str, c
             assert "/state" in mounts
 
 
+def test_the_superlinks_checkpoint_key_lives_on_its_state_volume() -> None:
+    """Not in the container's home (lost when it is recreated: resume would then refuse every checkpoint), and not
+    beside the run folders it vouches for."""
+    key_dir = Path(SERVICES["superlink"]["environment"]["PFL_KEY_DIR"])
+    volumes = {Path(container): host for container, host in _mounts("superlink").items() if host in COMPOSE["volumes"]}
+    assert any(key_dir.is_relative_to(mount) for mount in volumes), f"{key_dir} is on no named volume"
+    assert not key_dir.is_relative_to("/results")
+
+
 def test_superlink_certificate_names_the_compose_service_and_loopback(certs: Path) -> None:
     cert = x509.load_pem_x509_certificate((certs / "server.pem").read_bytes())
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -134,6 +148,133 @@ def test_no_service_sees_keys_it_does_not_need(service: str) -> None:
     assert len(private) == (1 if service.startswith("supernode") else 0), f"{service}: {sorted(private)}"
     if service != "proxy":
         assert "./certs/server.key" not in hosts
+
+
+def _bind_sources(service: str) -> list[Path]:
+    """The host paths of a service's bind mounts (named volumes and ${VAR} defaults aside), resolved as compose
+    does: relative to the compose file's folder."""
+    hosts = [h for h in _mounts(service).values() if h.startswith((".", "/"))]
+    return [(DEPLOY / h).resolve() for h in hosts]
+
+
+@pytest.mark.parametrize("service", sorted(SERVICES))
+def test_no_service_mounts_a_folder_that_holds_the_certificates(service: str) -> None:
+    certs = (DEPLOY / "certs").resolve()
+    for source in _bind_sources(service):
+        assert not certs.is_relative_to(source), f"{service} mounts {source}, which holds {certs} (every key)"
+        if source.is_relative_to(certs):
+            name = source.relative_to(certs).as_posix()
+            assert name == "ca.crt" or name.endswith(".pub") or service != "flwr", f"flwr sees {name}"
+
+
+def _project_packages() -> set[str]:
+    return {p.parent.name for p in REPO.glob("*/__init__.py")}
+
+
+def _imported_packages(folder: Path) -> set[str]:
+    """The project's own top-level packages that the Python files under folder import."""
+    found = set()
+    for path in folder.rglob("*.py"):
+        found |= set(re.findall(r"^\s*(?:from|import) ([A-Za-z_]\w*)", path.read_text(), re.M))
+    return found & _project_packages()
+
+
+def test_the_flwr_service_mounts_the_app_source_and_nothing_else_of_the_checkout() -> None:
+    mounts = _mounts("flwr")
+    project = {c: h for c, h in mounts.items() if c.startswith("/app/project")}
+    assert "/app/project" not in project, "the whole checkout (deploy/certs, .git, results) is not mounted"
+    assert project.pop("/app/project/pyproject.toml") == "../pyproject.toml"
+    packages = {c.removeprefix("/app/project/"): h for c, h in project.items()}
+    assert all(h == f"../{name}" and (REPO / name / "__init__.py").is_file() for name, h in packages.items()), packages
+    app = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["components"]
+    needed = {ref.split(".")[0] for ref in app.values()}
+    while True:  # and every project package they import, transitively
+        more = set().union(*(_imported_packages(REPO / name) for name in needed)) - needed
+        if not more:
+            break
+        needed |= more
+    assert set(packages) == needed, f"mounted {sorted(packages)}, the app imports {sorted(needed)}"
+    for volume in SERVICES["flwr"]["volumes"]:
+        assert volume.endswith(":ro"), f"flwr: {volume} is not read-only"
+
+
+def test_the_app_packed_from_the_flwr_service_mounts_is_a_valid_fab(tmp_path: Path) -> None:
+    import io
+    import shutil
+    import zipfile
+
+    from flwr.cli.build import build_fab_from_disk
+
+    for container, host in _mounts("flwr").items():
+        if container.startswith("/app/project/"):
+            source, target = (DEPLOY / host).resolve(), tmp_path / container.removeprefix("/app/project/")
+            if source.is_dir():
+                shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy(source, target)
+    names = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(tmp_path))).namelist()
+    assert {"server_app/app.py", "client_app/app.py", "pyproject.toml"} <= set(names)
+    assert not any(n.startswith(("deploy/", "tests/", "bench/")) for n in names)
+
+
+def _proxy_conf() -> str:
+    return (DEPLOY / "nginx" / "pflower-fleet.conf").read_text()
+
+
+def _directive(conf: str, name: str) -> str:
+    found = re.findall(rf"^\s*{name}\s+([^;]+);", conf, re.M)
+    assert len(found) == 1, f"{name}: {found}"
+    return found[0].strip()
+
+
+def _mebibytes(value: str) -> int:
+    assert re.fullmatch(r"\d+m", value), value
+    return int(value[:-1]) * 1024 * 1024
+
+
+BODY_LIMIT = 6 * 1024 * 1024  # deploy/nginx/pflower-fleet.conf's client_max_body_size
+
+
+def _largest_fleet_request(array_bytes: int) -> int:
+    """The largest Fleet API request body a SuperNode sends for a reply holding one float32 array of this size:
+    one PushObject request per object, arrays cut into Flower's chunks."""
+    import numpy as np
+    from flwr.app import ArrayRecord, MetricRecord, RecordDict
+    from flwr.proto.message_pb2 import PushObjectRequest
+    from flwr.proto.node_pb2 import Node
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    record = RecordDict(
+        {"arrays": ArrayRecord([np.ones(array_bytes // 4, np.float32)]), "metrics": MetricRecord({"n": 1})}
+    )
+    return max(
+        len(
+            PushObjectRequest(
+                node=Node(node_id=2**63 - 1),
+                run_id=2**63 - 1,
+                object_id="f" * 64,
+                object_content=item.deflate(),
+                session_id="s" * 64,
+            ).SerializeToString()
+        )
+        for item in get_all_nested_objects(record).values()
+    )
+
+
+def test_nginx_bounds_what_an_unauthenticated_request_makes_it_hold() -> None:
+    conf = _proxy_conf()
+    limit = _mebibytes(_directive(conf, "client_max_body_size"))
+    assert limit == BODY_LIMIT, "update BODY_LIMIT, deploy/README.md and the conf's comment together"
+    assert _mebibytes(_directive(conf, "client_body_buffer_size")) <= limit
+    assert "proxy_request_buffering off" not in conf, "nginx, not the SuperLink, waits for a slow sender"
+    # a model of any size still fits: the resnet10's 9.4 MB layer (the largest shipped) and a 40 MB one
+    for array_bytes in (9_437_184, 40_000_000):
+        assert _largest_fleet_request(array_bytes) <= limit - 512 * 1024
+    zones = dict(re.findall(r"^limit_(conn|req)_zone \$binary_remote_addr zone=(\w+):", conf, re.M))
+    assert set(zones) == {"conn", "req"}, "per-address zones for limit_conn and limit_req"
+    assert int(_directive(conf, f"limit_conn {zones['conn']}")) <= 32
+    assert _directive(conf, "limit_req").startswith(f"zone={zones['req']} ")
+    assert "limit_conn_status" not in conf and "limit_req_status" not in conf, "503: SuperNodes retry it"
 
 
 def _unit(name: str) -> configparser.ConfigParser:
@@ -225,3 +366,92 @@ def test_setup_script_dry_run_writes_the_node_config(tmp_path) -> None:
 def test_setup_script_explains_bad_input(args: list[str], message: str) -> None:
     done = _setup("--dry-run", *args)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def _readme_section(title: str) -> str:
+    text = (DEPLOY / "README.md").read_text()
+    found = re.search(rf"^## \d+\. {title}\n(.*?)(?=^## )", text, re.M | re.S)
+    assert found, title
+    return found.group(1)
+
+
+def test_the_readme_says_every_local_user_reaches_the_control_api_and_what_the_operator_does() -> None:
+    recipe = " ".join(_readme_section("SuperLink on loopback, nginx in front of it").split())
+    assert "open to every local user of the SuperLink's host" in recipe
+    for remedy in ("a host (or VM) of its own", "its own network namespace", "meta skuid"):
+        assert remedy in recipe, remedy
+    rows = [line for line in _readme_section("Security model").splitlines() if line.startswith("| local user")]
+    assert any("SuperLink's host" in row and "127.0.0.1:9092" in row for row in rows), rows
+    assert any("Docker host" in row for row in rows), "the compose recipe's namespace keeps them out"
+
+
+def test_the_readme_quotes_the_bounds_nginx_sets() -> None:
+    conf, text = _proxy_conf(), (DEPLOY / "README.md").read_text()
+    mib = _mebibytes(_directive(conf, "client_max_body_size")) // 2**20
+    conns = _directive(conf, "limit_conn pflower_fleet_conn")
+    model = _readme_section("Security model")
+    assert f"request body of at most {mib} MiB" in model and f"at most {conns} requests in progress" in model
+    assert f"request body of at most {mib} MiB" in " ".join(text.split()), "section 2 says it too"
+    assert "sees the CA certificate and the nodes' public keys, no private key" not in text
+    assert "`deploy/certs` is not mounted" in model
+
+
+class _Upstream(BaseHTTPRequestHandler):
+    """A stand-in SuperLink: answers every POST with the size of the body it received."""
+
+    sizes: list[int] = []
+
+    def do_POST(self) -> None:
+        size = int(self.headers.get("content-length", 0))
+        self.rfile.read(size)
+        self.sizes.append(size)
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *_: object) -> None:
+        """Quiet."""
+
+
+@pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed (Debian: apt-get install nginx)")
+def test_nginx_passes_the_largest_fleet_request_and_refuses_a_larger_body(certs: Path, tmp_path: Path) -> None:
+    _Upstream.sizes.clear()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(certs / "server.pem", certs / "server.key")
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    proxy = FleetProxy(tmp_path, certs, server.server_address[1]).start()
+    try:
+        trust = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        url = f"https://127.0.0.1:{proxy.port}/v1/fleet/push-object"
+        largest = _largest_fleet_request(9_437_184)
+        codes = [httpx.post(url, content=bytes(n), verify=trust, timeout=60).status_code for n in (largest, BODY_LIMIT)]
+        assert codes == [200, 200] and _Upstream.sizes == [largest, BODY_LIMIT]
+        for size in (BODY_LIMIT + 1, 64 * 1024 * 1024):
+            assert httpx.post(url, content=bytes(size), verify=trust, timeout=60).status_code == 413
+        assert _Upstream.sizes == [largest, BODY_LIMIT], "a body over the limit never reaches the SuperLink"
+    finally:
+        proxy.stop()
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_recipes_run_weight_averaging_algorithms_with_norm_clipping() -> None:
+    """The recommended deployment mode (`clip`) is what every weight-averaging command of the recipes sets, every
+    command caps a client's weight (`max-weight-ratio=4`), and each command's run config parses."""
+    from common.algorithms import SPECS
+    from common.config import parse_run_config
+    from experiments.runs import parse_assignment
+
+    text = (DEPLOY / "README.md").read_text()
+    commands = re.findall(r'flwr run [^\n]*?deploy --stream \\?\s*--run-config "([^"<]+)"', text)
+    averaging = []
+    for command in commands:
+        raw = dict(parse_assignment(item) for item in command.split())
+        assert raw.get("max-weight-ratio") == 4, command  # a device's declared count buys little
+        if SPECS[str(raw.get("algorithm", "fedavg"))].averages_models:
+            averaging.append(raw)
+            assert raw.get("robust-aggregation") == "clip", command
+            assert parse_run_config(raw).robust_rule.method == "clip"
+    assert averaging, "no weight-averaging command found in deploy/README.md"

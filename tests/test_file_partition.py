@@ -80,7 +80,10 @@ GOOD = {"train_0": np.array([0, 1, 2]), "test_0": np.array([3]), "train_1": np.a
         ({**GOOD, "train_1": np.array([], dtype=np.int64)}, r"'train_1' is empty"),
         ({**GOOD, "test_1": np.array([], dtype=np.int64)}, r"'test_1' is empty"),
         ({**GOOD, "test_0": np.array([2, 3])}, r"client 0's train and test share 1 indices \(e.g. 2\)"),
-        ({**GOOD, "train_1": np.array([4, "x"], dtype=object)}, r"unreadable"),
+        ({**GOOD, "train_1": np.array([4, "x"], dtype=object)}, r"'train_1' has dtype object; indices must be"),
+        ({**GOOD, "train_1": np.array([True, False])}, r"'train_1' has dtype bool; indices must be integers"),
+        ({**GOOD, "train_1": np.array([4, 5, 4])}, r"'train_1' repeats index 4; a client holds each of its samples"),
+        ({**GOOD, "test_1": np.array([2])}, r"clients 0 and 1 share index 2; a sample belongs to at most one client"),
         ({}, r"holds no train_<k>/test_<k> arrays"),
     ],
 )

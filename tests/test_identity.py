@@ -11,6 +11,7 @@ from flwr.app import ConfigRecord, MetricRecord, RecordDict
 from common.config import ConfigError, parse_run_config
 from server_app import clients as clients_module
 from server_app.clients import ClientRegistry
+from server_app.takeover import AfterTimeout, OperatorConsent, allow
 
 from .fakes import FakeReply
 from .inprocess import InProcessFederation
@@ -19,8 +20,9 @@ from .inprocess import InProcessFederation
 class ClaimGrid:
     """Connected nodes and the partition each one claims in the handshake (num-partitions 8)."""
 
-    def __init__(self, claims: dict[int, int]) -> None:
+    def __init__(self, claims: dict[int, int], num_train: dict[int, int] | None = None) -> None:
         self.claims = dict(claims)
+        self.num_train = num_train or {}
         self.asked: list[int] = []
 
     def get_node_ids(self) -> list[int]:
@@ -37,7 +39,7 @@ class ClaimGrid:
                             {
                                 "partition-id": self.claims[m.dst_node_id],
                                 "num-partitions": 8,
-                                "num-train": 100,
+                                "num-train": self.num_train.get(m.dst_node_id, 100),
                                 "num-test": 10,
                             }
                         )
@@ -65,8 +67,8 @@ def message_stand_in(monkeypatch):
     monkeypatch.setattr(clients_module, "Message", Message)
 
 
-def registry(claims: dict[int, int], clock: Clock, takeover_after: float = 120.0) -> ClientRegistry:
-    clients = ClientRegistry(takeover_after=takeover_after, clock=clock)
+def registry(claims: dict[int, int], clock: Clock, takeover_after: float = 120.0, consent=None) -> ClientRegistry:
+    clients = ClientRegistry(takeover_after=takeover_after, clock=clock, consent=consent or AfterTimeout())
     clients.handshake(ClaimGrid(claims), timeout=5)
     return clients
 
@@ -97,9 +99,9 @@ def test_two_nodes_claiming_one_partition_do_not_swap_it() -> None:
     assert grid.asked == [2], "a refused node is asked again only every takeover-after seconds (250 s passed)"
 
 
-def test_a_take_over_waits_until_the_holder_has_been_gone_long_enough(caplog) -> None:
+def test_a_take_over_waits_until_the_holder_has_been_gone_long_enough(caplog, tmp_path) -> None:
     clock = Clock()
-    clients = registry({1: 0, 2: 1}, clock)
+    clients = registry({1: 0, 2: 1}, clock, consent=OperatorConsent(tmp_path))
     grid = ClaimGrid({2: 1, 99: 0})  # node 1 is gone; node 99 claims its partition
     clock.now += 10
     with caplog.at_level(logging.WARNING, logger="flwr"):
@@ -107,14 +109,75 @@ def test_a_take_over_waits_until_the_holder_has_been_gone_long_enough(caplog) ->
         assert "held by node 1, which has been gone for 10 s; a take-over needs 120 s" in caplog.text
         clock.now += 60
         assert clients.refresh(grid, timeout=5) == [] and grid.asked == [99], "not asked again before 120 s"
-        clock.now += 70
+        clock.now += 70  # gone long enough, but the operator has not consented
+        assert clients.refresh(grid, timeout=5) == [] and clients[0].node_id == 1
+        assert f"a take-over needs the operator's consent: pflower allow-takeover {tmp_path} 0 --node 99" in caplog.text
+        allow(tmp_path, [0])
+        clock.now += 130
         assert clients.refresh(grid, timeout=5) == [0]
+    assert (tmp_path / "takeover-allowed").read_text() == "", "a consent serves one take-over"
     assert clients[0].node_id == 99 and clients.node_to_partition == {2: 1, 99: 0}
-    assert "node 99 took over partition 0 from node 1, gone for 140 s" in caplog.text
+    assert "node 99 took over partition 0 from node 1, gone for 270 s" in caplog.text
     # the old holder comes back: the new one is connected, so it is refused
     back = ClaimGrid({1: 0, 2: 1, 99: 0})
     clock.now += 500
     assert clients.refresh(back, timeout=5) == [] and clients[0].node_id == 99
+
+
+def test_the_operator_consents_with_pflower_allow_takeover(tmp_path, capsys) -> None:
+    from experiments.cli import main
+
+    assert main(["allow-takeover", str(tmp_path), "3"]) == 2  # not a run folder
+    assert "is not a run folder" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text("{}")
+    assert main(["allow-takeover", str(tmp_path), "3", "5"]) == 0
+    assert main(["allow-takeover", str(tmp_path), "6", "--node", "99"]) == 0
+    consent = OperatorConsent(tmp_path)
+    assert not consent.allows(4, 7) and consent.allows(5, 7) and not consent.allows(5, 7) and consent.allows(3, 8)
+    assert not consent.allows(6, 98), "a consent naming a node serves that node only"
+    assert consent.allows(6, 99) and not consent.allows(6, 99)
+
+
+def test_a_consent_file_that_cannot_be_trusted_is_no_consent_and_no_crash(tmp_path, caplog) -> None:
+    import os
+
+    consent = OperatorConsent(tmp_path)
+    target = tmp_path / "elsewhere"
+    target.write_text("0\n")
+    (tmp_path / "takeover-allowed").symlink_to(target)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        assert not consent.allows(0, 1)  # a link is never followed
+        assert "take-over consent not used" in caplog.text and target.read_text() == "0\n"
+        (tmp_path / "takeover-allowed").unlink()
+        (tmp_path / "takeover-allowed").write_text("0\n")
+        os.chmod(tmp_path / "takeover-allowed", 0o666)  # writable by others: anyone could grant
+        assert not consent.allows(0, 1) and "writable by it alone" in caplog.text
+        os.chmod(tmp_path / "takeover-allowed", 0o600)
+        (tmp_path / "takeover-allowed").write_bytes("\u00b2\n\xff\xfe\n1 2 3\n-4\n".encode("utf-8", "surrogateescape"))
+        assert not consent.allows(2, 1), "lines that are not plain ids are ignored, never a crash"
+    allow(tmp_path, [0], 5)
+    assert consent.allows(0, 5)
+
+
+def test_by_default_a_gone_holder_is_never_replaced_without_the_operator(caplog) -> None:
+    clock = Clock()
+    clients = ClientRegistry(clock=clock)  # what server_app.app builds for takeover = "operator"
+    clients.handshake(ClaimGrid({1: 0}), timeout=5)
+    for _ in range(5):
+        clock.now += 1000
+        assert clients.refresh(ClaimGrid({7: 0}), timeout=5) == [] and clients[0].node_id == 1
+    assert parse_run_config({}).takeover == "operator"
+
+
+def test_a_take_over_must_declare_the_partitions_first_counts(caplog) -> None:
+    clock = Clock()
+    clients = registry({1: 0}, clock, takeover_after=0.0)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        assert clients.refresh(ClaimGrid({7: 0}, num_train={7: 100_000}), timeout=5) == []
+    assert clients[0].node_id == 1 and clients[0].num_train == 100
+    assert "claims partition 0 with 100000 training and 10 test samples; it was declared with 100 and 10" in caplog.text
+    clock.now += 1
+    assert clients.refresh(ClaimGrid({8: 0}), timeout=5) == [0] and clients[0].num_train == 100
 
 
 def test_with_takeover_after_zero_a_gone_holder_is_replaced_at_once() -> None:
@@ -200,3 +263,30 @@ def test_a_refusing_node_is_counted_once_per_reason_with_its_text_made_printable
     assert clients.ids() == [3, 4, 5]
     assert caplog.text.count("failed the handshake") == 1
     assert "3 node(s) failed the handshake: too few samples??[31mfake log line" in caplog.text
+
+
+def test_a_resumed_run_keeps_the_partitions_and_counts_of_its_checkpoint(caplog) -> None:
+    before = {0: (10, 100, 10), 1: (2, 100, 10)}  # partition -> (node, train, test) as the checkpoint holds it
+
+    def resumed(claims: ClaimGrid) -> ClientRegistry:
+        clients = ClientRegistry(clock=Clock())
+        clients.expect(before)
+        with caplog.at_level(logging.WARNING, logger="flwr"):
+            clients.handshake(claims, timeout=5)
+        return clients
+
+    # node 7 inflates partition 0's counts, node 9 claims a partition the run never had
+    clients = resumed(ClaimGrid({7: 0, 2: 1, 9: 5}, num_train={7: 100_000}))
+    assert clients.table() == {1: (2, 100, 10)}
+    assert "claims partition 0 with 100000 training and 10 test samples; the run being resumed fixed 100 and 10" in (
+        caplog.text
+    )
+    assert "node 9: handshake rejected: claims partition 5, which is not one of the" in caplog.text
+    # the holder before the restart is connected: a newcomer answering first cannot take its partition
+    clients = resumed(ClaimGrid({3: 0, 10: 0, 2: 1}))
+    assert clients.table() == before
+    assert "node 3: handshake rejected: claims partition 0, held by node 10 before the restart, which is connected" in (
+        caplog.text
+    )
+    # it is gone (a simulation restarts with new node ids): a claim with the checkpoint's counts is taken
+    assert resumed(ClaimGrid({3: 0, 4: 1})).table() == {0: (3, 100, 10), 1: (4, 100, 10)}

@@ -1,17 +1,30 @@
-"""Crash-safe state files: pack/unpack, pickle refused, atomic replace, the client's state-dir versions."""
+"""Crash-safe state files: pack/unpack, pickle refused, atomic replace, the client's state-dir versions; signatures
+bound to a context; key files made where hard links are not supported; tests keep keys out of $HOME."""
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
 from flwr.app import RecordDict
 
 from client_app.state import ClientState, StateDir
-from common.persist import StateFileError, atomic_write_bytes, load_tree, pack, save_tree, unpack
+from common.persist import (
+    StateFileError,
+    atomic_write_bytes,
+    load_tree,
+    pack,
+    save_tree,
+    signing_context,
+    signing_key,
+    unpack,
+)
+from server_app.checkpoint import server_key_file
 
 
 def test_nested_state_round_trips_exactly(tmp_path) -> None:
@@ -78,7 +91,7 @@ def _value(record: RecordDict) -> float:
 
 
 def test_state_dir_reads_the_version_a_message_needs(tmp_path) -> None:
-    store = StateDir(tmp_path / "p0")
+    store = StateDir(tmp_path / "p0", run="run-a", partition=0)
     assert store.load(1, training=True) is None
     for rnd in (1, 3):
         store.save(rnd, _record(rnd), checkpoint_round=rnd - 1)
@@ -90,7 +103,7 @@ def test_state_dir_reads_the_version_a_message_needs(tmp_path) -> None:
 
 
 def test_versions_from_a_rolled_back_future_are_dropped(tmp_path) -> None:
-    store = StateDir(tmp_path / "p0")
+    store = StateDir(tmp_path / "p0", run="run-a", partition=0)
     for rnd in (2, 5, 6):
         store.save(rnd, _record(rnd), checkpoint_round=rnd - 1)
     # the server crashed in round 6 and resumed after round 5: round 6 runs again from round 5's state
@@ -99,7 +112,7 @@ def test_versions_from_a_rolled_back_future_are_dropped(tmp_path) -> None:
 
 
 def test_rollback_over_several_rounds_finds_the_state_at_the_checkpoint(tmp_path) -> None:
-    store = StateDir(tmp_path / "p0")
+    store = StateDir(tmp_path / "p0", run="run-a", partition=0)
     for rnd in (2, 5, 6):
         store.save(rnd, _record(rnd), checkpoint_round=4 if rnd > 4 else 0)  # checkpoint-every 4
     assert store.versions() == [2, 5, 6]
@@ -109,7 +122,7 @@ def test_rollback_over_several_rounds_finds_the_state_at_the_checkpoint(tmp_path
 
 
 def test_saving_keeps_only_what_a_resume_can_need(tmp_path) -> None:
-    store = StateDir(tmp_path / "p0")
+    store = StateDir(tmp_path / "p0", run="run-a", partition=0)
     for rnd in (1, 2, 3, 4):
         store.save(rnd, _record(rnd), checkpoint_round=2)
     assert store.versions() == [2, 3, 4]  # newest at or before the checkpoint, and everything after it
@@ -117,13 +130,14 @@ def test_saving_keeps_only_what_a_resume_can_need(tmp_path) -> None:
     assert store.versions() == [5]  # no checkpoints: the newest is all a restart needs
 
 
-def test_unreadable_newest_version_falls_back_to_an_older_one(tmp_path) -> None:
-    store = StateDir(tmp_path / "p0")
+def test_unreadable_newest_version_is_refused_not_replaced_by_an_older_one(tmp_path) -> None:
+    store = StateDir(tmp_path / "p0", run="run-a", partition=0)
     store.save(1, _record(1), checkpoint_round=0)
     store.save(2, _record(2), checkpoint_round=0)
     (tmp_path / "p0" / "round-000002.npz").write_bytes(b"torn")
-    version, record = store.load(3, training=True)
-    assert version == 1 and _value(record) == 1.0
+    with pytest.raises(StateFileError, match="round-000002.npz: refused: it has no signature"):
+        store.load(3, training=True)
+    assert store.versions() == [1, 2]  # nothing deleted: the files stay for a look
 
 
 def test_memory_mapped_arrays_are_streamed_and_can_be_mapped_back(tmp_path) -> None:
@@ -146,3 +160,64 @@ def test_memory_mapped_arrays_are_streamed_and_can_be_mapped_back(tmp_path) -> N
     assert load_tree(tmp_path / "state.npz")["W"][0, 0] == 0.0
     plain = load_tree(tmp_path / "state.npz")
     assert not isinstance(plain["W"], np.memmap) and np.array_equal(plain["W"], store)
+
+
+def test_a_signature_binds_the_file_to_its_context(tmp_path: Path) -> None:
+    key, path = os.urandom(32), tmp_path / "s.npz"
+    save_tree(path, {"a": np.arange(3)}, key=key, context=signing_context("client-state", "run-a", 0, 5))
+    assert load_tree(path, key=key, context=signing_context("client-state", "run-a", 0, 5))["a"].tolist() == [0, 1, 2]
+    for other in (signing_context("client-state", "run-a", 1, 5), signing_context("client-state", "run-a", 0, 3), b""):
+        with pytest.raises(StateFileError, match="s.npz: refused: its signature does not match .*moved"):
+            load_tree(path, key=key, context=other)
+
+
+def test_context_parts_cannot_run_into_each_other() -> None:
+    assert signing_context("client-state", "run-1", 23) != signing_context("client-state", "run-12", 3)
+    assert signing_context("a", "1") != signing_context("a", 1)
+
+
+@pytest.mark.parametrize("code", [errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV])
+def test_a_key_is_made_where_hard_links_are_not_supported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    def no_links(src: object, dst: object) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "link", no_links)  # as on FAT or an SMB share
+    key_file = tmp_path / "keys" / "server.key"
+    key = signing_key(key_file)
+    assert len(key) == 32 and signing_key(key_file) == key
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in key_file.parent.iterdir()] == ["server.key"]  # no temporary file left behind
+
+
+def test_without_hard_links_a_key_made_meanwhile_by_another_process_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key_file = tmp_path / "keys" / "server.key"
+    theirs = os.urandom(32)
+
+    def other_process_first(src: object, dst: object) -> None:
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, theirs)
+        os.close(fd)
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", other_process_first)
+    assert signing_key(key_file) == theirs
+
+
+def test_other_link_errors_still_stop_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_space(src: object, dst: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "link", no_space)
+    with pytest.raises(StateFileError, match="server.key: cannot create the key file .*No space left"):
+        signing_key(tmp_path / "server.key")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tests_keep_the_server_key_out_of_the_home_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
+    key_file = server_key_file()
+    assert key_file.is_relative_to(tmp_path_factory.getbasetemp())
+    assert os.environ["PFL_KEY_DIR"] == str(key_file.parent)  # os.environ: the processes tests start inherit it

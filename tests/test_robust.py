@@ -50,8 +50,8 @@ def test_clipping_shortens_only_the_long_updates() -> None:
 def test_clip_with_bound_zero_uses_the_median_update_norm() -> None:
     ups = models([1.0, 0.0], [0.0, 2.0], [100.0, 0.0])  # norms 1, 2, 100 -> bound 2
     averaged, report = robust_average(ups, [1, 1, 2], ZERO, RobustRule("clip"))
-    assert report == {"method": "clip", "norm_bound": 2.0, "clipped": 1, "max_norm": 100.0}
-    np.testing.assert_allclose(averaged[0], [(1.0 + 2 * 2.0) / 4, 2.0 / 4])
+    assert report == {"method": "clip", "norm_bound": 2.0, "clipped": 1, "max_norm": 100.0, "weights_capped": 1}
+    np.testing.assert_allclose(averaged[0], [(1.0 + 2.0) / 3, 2.0 / 3])  # the weight 2 capped at the median, 1
     _, fixed = robust_average(ups, [1, 1, 2], ZERO, RobustRule("clip", clip_norm=50.0))
     assert fixed["clipped"] == 1 and fixed["norm_bound"] == 50.0
 
@@ -59,18 +59,66 @@ def test_clip_with_bound_zero_uses_the_median_update_norm() -> None:
 def test_trimmed_mean_and_median_are_coordinate_wise() -> None:
     ups = models([1.0, -100.0], [2.0, 0.0], [3.0, 1.0], [4.0, 2.0], [100.0, 3.0])
     np.testing.assert_allclose(trimmed_mean(ups, 0.2)[0], [3.0, 1.0])  # drops one value at each end per coordinate
-    np.testing.assert_allclose(trimmed_mean(ups, 0.0)[0], [22.0, -94.0 / 5])
+    np.testing.assert_allclose(trimmed_mean(ups, 0.0)[0], [3.0, 1.0])  # trim 0 still drops one at each end
     np.testing.assert_allclose(coordinate_median(ups)[0], [3.0, 1.0])
     averaged, report = robust_average(ups, [1, 1, 1, 1, 10**6], ZERO, RobustRule("trimmed-mean", trim=0.2))
     np.testing.assert_allclose(averaged[0], [3.0, 1.0])  # the sample counts are ignored
     assert report == {"method": "trimmed-mean", "trimmed_each_end": 1}
 
 
-def test_trim_keeps_at_least_one_value_and_refuses_half() -> None:
-    assert [trimmed_count(n, 0.2) for n in (1, 2, 4, 5, 10, 20)] == [0, 0, 0, 1, 2, 4]
-    assert trimmed_count(3, 0.49) == 1 and trimmed_count(2, 0.49) == 0
+def test_trim_drops_at_least_one_at_each_end_keeps_one_and_refuses_half() -> None:
+    assert [trimmed_count(n, 0.2) for n in (3, 4, 5, 10, 20)] == [1, 1, 1, 2, 4]
+    assert trimmed_count(3, 0.49) == 1 and trimmed_count(4, 0.0) == 1
+    for n in (1, 2):
+        with pytest.raises(ValueError, match="cannot trim"):
+            trimmed_count(n, 0.2)
     with pytest.raises(ValueError, match="trim"):
         trimmed_count(10, 0.5)
+
+
+# ----- attacks replayed: the rules hold with few clients and inflated counts ---------------------------------
+@pytest.mark.parametrize("method", ["trimmed-mean", "median"])
+def test_with_four_clients_one_huge_update_does_not_become_the_global_update(method: str) -> None:
+    ups = models([0.1, 0.2], [0.2, 0.1], [0.15, 0.15], [1.75e6, -1.75e6])  # the old trimmed mean trimmed nothing
+    averaged, _ = robust_average(ups, [1, 1, 1, 1], ZERO, RobustRule(method, trim=0.2))
+    assert np.abs(averaged[0]).max() <= 0.2 + 1e-6
+
+
+def test_under_clip_a_client_declaring_the_largest_count_does_not_set_the_direction() -> None:
+    rng = np.random.default_rng(0)
+    honest = [[np.float32(1.0) + 0.1 * rng.standard_normal(50).astype(np.float32)] for _ in range(19)]
+    attacker = [np.full(50, -30.0, np.float32)]
+    weights = [2250.0] * 19 + [100_000.0]  # the most max-client-samples allows
+    averaged, report = robust_average([*honest, attacker], weights, [np.zeros(50, np.float32)], RobustRule("clip"))
+    cosine = float(averaged[0] @ attacker[0] / np.linalg.norm(averaged[0]) / np.linalg.norm(attacker[0]))
+    assert cosine < -0.9, f"the global update follows the honest clients, not the attacker (cosine {cosine:.2f})"
+    assert report["clipped"] >= 1 and report["weights_capped"] == 1
+
+
+@pytest.mark.parametrize("method", ["clip", "trimmed-mean", "median"])
+def test_a_robust_rule_with_two_updates_keeps_the_model(method: str) -> None:
+    reference = [np.array([1.0, 2.0], np.float32)]
+    averaged, report = robust_average(models([0.0, 0.0], [1e6, 1e6]), [1, 1], reference, RobustRule(method))
+    np.testing.assert_array_equal(averaged[0], reference[0])
+    assert report == {"method": method, "skipped": "2 update(s), fewer than the 3 a robust rule needs"}
+
+
+def test_a_client_counts_at_most_max_weight_ratio_times_the_median_declared_count() -> None:
+    from .fakes import hand_made_runner, train_content
+
+    specs = [("body.w", (2,))]
+    sizes = {0: 10, 1: 10, 2: 10, 3: 10, 4: 100_000}  # client 4 declares the most max-client-samples allows
+    runner = hand_made_runner(parse_run_config({}), specs, [np.zeros(2, np.float32)], sizes)
+    runner.clients.max_weight_ratio = 4.0  # run-config max-weight-ratio, as the deployment recipes set it
+    assert runner.clients.weight_cap() == 40.0  # 4 x the median declared count, 10
+    assert runner.clients.weighted_total() == 80.0  # FLIU's n: the inflated count capped too
+    replies = [FakeReply(100 + pid, train_content(["body.w"], [np.zeros(2, np.float32)], 10)) for pid in range(4)]
+    bad = train_content(["body.w"], [np.full(2, 100.0, np.float32)], 100_000)
+    runner.aggregate_train(1, [*replies, FakeReply(104, bad)])
+    np.testing.assert_allclose(runner.strategy.global_arrays[0], [50.0, 50.0])  # 40 / (4 x 10 + 40) of 100
+    uncapped = hand_made_runner(parse_run_config({}), specs, [np.zeros(2, np.float32)], sizes)  # studies: no cap
+    uncapped.aggregate_train(1, [*replies, FakeReply(104, bad)])
+    assert uncapped.strategy.global_arrays[0][0] > 99.9  # what a declared count bought before the cap
 
 
 def test_plain_averaging_reports_nothing_and_unknown_rules_fail() -> None:
@@ -196,3 +244,14 @@ def test_a_reply_must_name_the_round_and_phase_it_answers(caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="flwr"):
         fed.runner.aggregate_train(2, [FakeReply(1000, replies[0])])
     assert "it answers server-round None" in caplog.text and fed.round_log.train["used"] == 0
+
+
+def test_a_robust_rule_refuses_a_run_with_fewer_than_three_training_clients_a_round(tmp_path, caplog) -> None:
+    from experiments.engine.serve import serve
+
+    raw = {"algorithm": "fedavg", "dataset": "digits", "num-rounds": 1, "robust-aggregation": "clip"}
+    with caplog.at_level(logging.ERROR, logger="flwr"):
+        assert not serve({**raw, "results-dir": str(tmp_path)}, clients=2, workers=1)
+    assert "robust-aggregation 'clip' needs at least 3 training clients a round to outvote a bad update; this run " in (
+        caplog.text
+    )

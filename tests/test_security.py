@@ -199,7 +199,9 @@ def test_a_phase_one_upload_is_refused_in_phase_two(caplog) -> None:
 
 
 # ----- cost of a reply ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["metrics", "arrays", "bytes"])
+@pytest.mark.parametrize(
+    "kind", ["metrics", "arrays", "bytes", "config-entries", "config-bytes", "metric-key", "array-key"]
+)
 def test_oversized_replies_are_refused_before_decoding_or_counting(monkeypatch, caplog, kind: str) -> None:
     import logging
 
@@ -215,8 +217,16 @@ def test_oversized_replies_are_refused_before_decoding_or_counting(monkeypatch, 
         bad["metrics"] = MetricRecord({f"m{i}": 0.0 for i in range(20_000)} | {"num-examples": 10, "train-loss": 0.1})
     elif kind == "arrays":
         bad["arrays"] = ArrayRecord({f"junk{i}": Array(np.zeros(1, np.float32)) for i in range(10_000)})
-    else:
+    elif kind == "bytes":
         bad["arrays"] = ArrayRecord({"body.w": Array(np.zeros(1_000_000, np.float32))})
+    elif kind == "config-entries":  # 200,000 entries: refused by their count, before any is looked at
+        bad["extra"] = ConfigRecord({f"c{i}": i for i in range(200_000)})
+    elif kind == "config-bytes":
+        bad["extra"] = ConfigRecord({"blob": b"x" * 40_000_000})
+    elif kind == "metric-key":
+        bad["metrics"]["k" * 1_000_000] = 1.0
+    else:
+        bad["arrays"] = ArrayRecord({"body.w" + "x" * 100_000: Array(np.ones(2, np.float32))})
     counted = []
     import server_app.replies as replies_module
 
@@ -228,6 +238,26 @@ def test_oversized_replies_are_refused_before_decoding_or_counting(monkeypatch, 
     assert runner.round_log.train["rejected"] == 1 and runner.round_log.train["used"] == 1
     assert "client 1: reply refused before decoding" in caplog.text
     assert len(counted) == 1, "the oversized reply was never re-serialized to count its bytes"
+
+
+def test_a_reply_with_too_many_config_entries_is_refused_by_its_count_alone() -> None:
+    import numpy as np
+
+    from server_app.limits import ReplyLimits
+
+    from .fakes import train_content
+
+    class Untouchable(ConfigRecord):
+        def values(self):  # type: ignore[override]
+            raise AssertionError("the check looked at the entries one by one")
+
+        def keys(self):  # type: ignore[override]
+            raise AssertionError("the check looked at the keys one by one")
+
+    content = train_content(["body.w"], [np.ones(2, np.float32)], 10)
+    content["extra"] = Untouchable({f"c{i}": i for i in range(200_000)})
+    with pytest.raises(PayloadError, match="200000 config entries, more than the 64"):
+        ReplyLimits.for_model([("body.w", (2,))]).check(content)
 
 
 # ----- checkpoints ------------------------------------------------------------------------------------------
@@ -281,16 +311,22 @@ def test_a_checkpoint_with_impossible_rounds_is_refused(tmp_path, round_: int, r
         load_checkpoint(tmp_path)
 
 
-def test_a_checkpoint_with_a_broken_record_list_is_refused(tmp_path) -> None:
-    from common.persist import StateFileError, save_tree
-    from server_app.checkpoint import CHECKPOINT_FILE, FORMAT, load_checkpoint
+def test_a_checkpoint_with_a_broken_record_list_is_refused(tmp_path, monkeypatch) -> None:
+    from common.persist import StateFileError, save_tree, signing_key
+    from server_app.checkpoint import CHECKPOINT_FILE, FORMAT, checkpoint_context, load_checkpoint, server_key_file
 
+    monkeypatch.setenv("PFL_KEY_DIR", str(tmp_path / "keys"))
+    key = signing_key(server_key_file())  # signed by the server: what the checks after the signature see
     save_tree(
         tmp_path / CHECKPOINT_FILE,
         {"format": FORMAT, "round": 1, "state": {}, "records": "{not json", "elapsed_s": 0.0, "resumes": []},
+        key=key,
+        context=checkpoint_context(tmp_path),
     )
     with pytest.raises(StateFileError, match="damaged checkpoint"):
         load_checkpoint(tmp_path)
-    save_tree(tmp_path / CHECKPOINT_FILE, {"format": FORMAT, "state": {}})
+    save_tree(
+        tmp_path / CHECKPOINT_FILE, {"format": FORMAT, "state": {}}, key=key, context=checkpoint_context(tmp_path)
+    )
     with pytest.raises(StateFileError, match="damaged checkpoint .*KeyError"):
         load_checkpoint(tmp_path)

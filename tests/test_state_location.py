@@ -1,5 +1,5 @@
 """Where a simulated client keeps its state: `auto` in the run folder (memory where that cannot be written),
-`memory`, a named folder, or a device's node-config state-dir."""
+`memory`, a named folder, or a device's node-config state-dir; each signed for the run and partition."""
 
 from __future__ import annotations
 
@@ -11,14 +11,19 @@ import pytest
 from flwr.app import ConfigRecord, RecordDict
 
 from client_app.app import state_dir
+from client_app.state import StateDir
 from common.config import parse_run_config
 
 
-def _call(tmp: Path, node: dict, **config: object) -> Path | None:
+def _store(tmp: Path, node: dict, **config: object) -> StateDir | None:
     cfg = parse_run_config({"results-dir": str(tmp / "results"), **config})
     context = SimpleNamespace(node_config={"partition-id": 3, "num-partitions": 5, **node})
     msg = SimpleNamespace(content=RecordDict({"config": ConfigRecord({"state-key": "run-a"})}))
-    found = state_dir(context, msg, cfg)  # type: ignore[arg-type]
+    return state_dir(context, msg, cfg)  # type: ignore[arg-type]
+
+
+def _call(tmp: Path, node: dict, **config: object) -> Path | None:
+    found = _store(tmp, node, **config)
     return None if found is None else found.path
 
 
@@ -47,3 +52,11 @@ def test_auto_falls_back_to_memory_where_the_run_folder_is_not_writable(
     monkeypatch.setattr(os, "access", no_write)  # as for a user without rights there (root may write anywhere)
     assert _call(tmp_path, {}) is None
     assert asked == [tmp_path]  # the nearest folder that exists is the one checked
+
+
+@pytest.mark.parametrize("where", ["auto", "folder", "device"])
+def test_the_state_is_signed_for_the_run_and_partition_the_server_and_node_name(tmp_path: Path, where: str) -> None:
+    node = {"state-dir": str(tmp_path / "dev")} if where == "device" else {}
+    config = {"client-state-dir": str(tmp_path / "s")} if where == "folder" else {}
+    found = _store(tmp_path, node, **config)
+    assert found is not None and (found.run, found.partition) == ("run-a", 3)

@@ -7,7 +7,7 @@ from typing import cast
 from flwr.app import MessageType, RecordDict
 
 from common.algorithms import SPECS, resolve_half
-from common.messages import ARRAYS, METRICS
+from common.messages import ARRAYS, METRICS, NUM_EXAMPLES
 from common.records import to_record
 from common.robust import boosted_upload
 from common.validation import echo_values, record_to_numpy
@@ -32,6 +32,8 @@ def answer(algorithm: ClientAlgorithm, message_type: str, server_round: int, con
                 algorithm.cfg.attack_boost,
             )
             reply[ARRAYS] = to_record(list(upload), list(upload.values()))
+        if algorithm.env.data.attacker and algorithm.cfg.attack_declare:
+            reply.metric_records[METRICS][NUM_EXAMPLES] = algorithm.cfg.attack_declare
     else:
         reply = algorithm.evaluate(server_round, content)
     metrics = reply.metric_records[METRICS]

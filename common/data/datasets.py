@@ -13,7 +13,7 @@ import numpy as np
 
 from .arrays import DataError, DatasetArrays
 from .domains import digit_domains
-from .readers import femnist, har, usps
+from .readers import decode_cifar_batch, femnist, har, usps
 
 _MNIST_FILES = (
     "train-images-idx3-ubyte.gz",
@@ -74,7 +74,8 @@ def _mnist_like(name: str, data_dir: Path, cache_dir: Path, allow_download: bool
     return DatasetArrays(name, x, y, 10, mean, std, 255.0)
 
 
-# CIFAR-10 arrives as pickles, and unpickling runs code: every file is checked before it is read. Accepted: the
+# CIFAR-10 arrives as pickles, and unpickling runs code: every file is read once, its bytes are checked, and those
+# same bytes are decoded by an unpickler that admits only numpy arrays (readers.decode_cifar_batch). Accepted: the
 # official files (torchvision's md5 list, computed here) and the staged 30k-train subset (sha256 from its manifest).
 CIFAR_OFFICIAL_MD5 = {
     "data_batch_1": "c99cafc152244af753f735de768cd75f",
@@ -94,25 +95,41 @@ CIFAR_SUBSET_SHA256 = {
 }
 
 
-def verify_cifar_file(path: Path) -> None:
-    """Refuse (DataError) a CIFAR-10 pickle that is neither an official file nor the known subset's."""
-    md5, sha256 = hashlib.md5(usedforsecurity=False), hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            md5.update(chunk)
-            sha256.update(chunk)
-    if md5.hexdigest() != CIFAR_OFFICIAL_MD5.get(path.name) and sha256.hexdigest() != CIFAR_SUBSET_SHA256.get(
-        path.name
-    ):
+CIFAR_MAX_FILE_BYTES = 64 << 20  # an official batch is 31,035,704 bytes
+
+
+def verify_cifar_file(path: Path) -> bytes:
+    """The bytes of a CIFAR-10 pickle, read once; a DataError unless they are an official file's or the subset's."""
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(CIFAR_MAX_FILE_BYTES + 1)  # a batch is 31 MB: a huge file is refused unread
+    except OSError as exc:
+        raise DataError(f"cifar10: could not read {path}: {exc.strerror or exc}") from exc
+    if len(data) > CIFAR_MAX_FILE_BYTES:
+        raise DataError(f"cifar10: {path} is larger than any CIFAR-10 file ({CIFAR_MAX_FILE_BYTES:,} bytes): refused")
+    md5 = hashlib.md5(data, usedforsecurity=False).hexdigest()
+    sha256 = hashlib.sha256(data).hexdigest()
+    if md5 != CIFAR_OFFICIAL_MD5.get(path.name) and sha256 != CIFAR_SUBSET_SHA256.get(path.name):
         raise DataError(
             f"cifar10: {path} is neither the official CIFAR-10 file nor the known subset's "
-            f"(sha256 {sha256.hexdigest()}): refusing to unpickle it"
+            f"(sha256 {sha256}): refusing to unpickle it"
         )
+    return data
+
+
+def _download_cifar10(data_dir: Path) -> None:
+    from torchvision import datasets
+    from torchvision.datasets.utils import download_and_extract_archive
+
+    # Only the archive (md5-checked by torchvision); its batches are then read like local ones, never by torchvision.
+    cls = datasets.CIFAR10
+    try:
+        download_and_extract_archive(cls.url, str(data_dir), filename=cls.filename, md5=cls.tgz_md5)
+    except (OSError, RuntimeError) as exc:
+        raise DataError(f"cifar10: could not download {cls.url} into {data_dir}: {exc}") from exc
 
 
 def _cifar10(data_dir: Path, allow_download: bool) -> DatasetArrays:
-    from torchvision import datasets
-
     folder = data_dir / "cifar-10-batches-py"
     batches = sorted(p.name for p in folder.glob("data_batch_*")) if folder.is_dir() else []
     if not batches or not (folder / "test_batch").exists():
@@ -121,21 +138,12 @@ def _cifar10(data_dir: Path, allow_download: bool) -> DatasetArrays:
                 f"cifar10: expected data_batch_1..5 and test_batch in {folder} (set run-config "
                 "'data-dir' or $PFL_DATA_DIR, or allow-download=true)"
             )
-        datasets.CIFAR10(str(data_dir), train=True, download=True)
+        _download_cifar10(data_dir)
         batches = sorted(p.name for p in folder.glob("data_batch_*"))
-
-    for name in [*batches, "test_batch", "batches.meta"]:
-        verify_cifar_file(folder / name)
-
-    class _Present(datasets.CIFAR10):
-        # Only the batches on disk, each verified above (torchvision's own md5 check would refuse the subset).
-        train_list = [[b, None] for b in batches]
-        test_list = [["test_batch", None]]
-
-    train = _Present(str(data_dir), train=True, download=False)
-    test = _Present(str(data_dir), train=False, download=False)
-    x = np.concatenate([train.data, test.data]).transpose(0, 3, 1, 2)  # NHWC -> NCHW
-    y = np.concatenate([np.asarray(train.targets), np.asarray(test.targets)]).astype(np.int64)
+    # Each file is decoded from the very bytes that were checked (a file swapped after the check is never read).
+    parts = [decode_cifar_batch(folder / name, verify_cifar_file(folder / name)) for name in [*batches, "test_batch"]]
+    x = np.concatenate([images for images, _ in parts])
+    y = np.concatenate([labels for _, labels in parts])
     mean, std = _NORMALIZATION["cifar10"]
     return DatasetArrays("cifar10", np.ascontiguousarray(x), y, 10, mean, std, 255.0)
 

@@ -1,19 +1,42 @@
 """`partition='file'`: every client's train and test indices read from an .npz file (arrays `train_0`, `test_0`,
 `train_1`, `test_1`, ...: 1-D integer indices into the dataset in load order), validated with one-line errors;
-`save_partition_file` writes one."""
+`save_partition_file` writes one.
+
+The file is the user's, so it is read defensively: its sizes are checked from the zip's directory and each array's
+.npy header before anything is decompressed (a valid file holds at most one index per sample, so no more indices in
+all than the data set has samples), and no index may repeat within a client or appear in two clients."""
 
 from __future__ import annotations
 
+import lzma
+import math
 import re
 import zipfile
+import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
 from .arrays import DataError
 
-_NAME = re.compile(r"(train|test)_(0|[1-9][0-9]*)")
+_NAME = re.compile(r"(train|test)_(0|[1-9][0-9]{0,8})")
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_HEADER_MAX = 4096  # bytes of one array's .npy header (np.savez writes 128)
+_SHOWN_NAME_MAX = 40
+# What reading a damaged or unusual zip member can raise (corrupt streams, encryption, unknown compression).
+_READ_ERRORS = (
+    OSError,
+    ValueError,
+    EOFError,
+    RuntimeError,
+    NotImplementedError,
+    zipfile.BadZipFile,
+    zlib.error,
+    lzma.LZMAError,
+)
 
 
 def save_partition_file(path: str | Path, train: Sequence[np.ndarray], test: Sequence[np.ndarray]) -> None:
@@ -30,15 +53,38 @@ def save_partition_file(path: str | Path, train: Sequence[np.ndarray], test: Seq
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+def _shown(name: str) -> str:
+    """A member name quoted for a one-line message: escaped, and cut when long."""
+    if len(name) <= _SHOWN_NAME_MAX:
+        return ascii(name)
+    return f"{ascii(name[:_SHOWN_NAME_MAX])}... ({len(name)} characters)"
+
+
+def _members(where: str, infos: Sequence[zipfile.ZipInfo]) -> dict[str, zipfile.ZipInfo]:
+    """Array name (`train_<k>`, `test_<k>`) -> its zip member; any other, or a repeated, member is refused."""
+    members: dict[str, zipfile.ZipInfo] = {}
+    for info in infos:
+        name = info.filename.removesuffix(".npy")
+        if name == info.filename:
+            raise DataError(f"{where}: unexpected member {_shown(name)}; arrays are stored as <name>.npy")
+        if _NAME.fullmatch(name) is None:
+            raise DataError(
+                f"{where}: unexpected array {_shown(name)}; the file holds only train_<k> and test_<k> arrays"
+            )
+        if name in members:
+            raise DataError(f"{where}: array '{name}' is stored twice")
+        members[name] = info
+    return members
 
 
 def _client_count(where: str, names: Sequence[str]) -> int:
     clients: dict[int, set[str]] = {}
     for name in names:
         match = _NAME.fullmatch(name)
-        if match is None:
-            raise DataError(f"{where}: unexpected array '{name}'; the file holds only train_<k> and test_<k> arrays")
+        assert match is not None, name  # _members admits only these names
         clients.setdefault(int(match.group(2)), set()).add(match.group(1))
     if not clients:
         raise DataError(f"{where}: holds no train_<k>/test_<k> arrays")
@@ -51,13 +97,64 @@ def _client_count(where: str, names: Sequence[str]) -> int:
     return len(clients)
 
 
-def _indices(where: str, name: str, values: np.ndarray, num_samples: int) -> np.ndarray:
-    if values.ndim != 1:
-        raise DataError(f"{where}: '{name}' has shape {values.shape}; indices must be a 1-D array")
-    if values.dtype.kind not in "iu":
-        raise DataError(f"{where}: '{name}' has dtype {values.dtype}; indices must be integers")
-    if values.size == 0:
+def _check_sizes(where: str, members: dict[str, zipfile.ZipInfo], num_samples: int) -> None:
+    """Refuse, from the zip's directory alone, arrays that would unpack to more than the indices a file can hold."""
+    declared = sum(info.file_size for info in members.values())
+    bound = len(members) * _NPY_HEADER_MAX + 8 * num_samples
+    if declared > bound:
+        raise DataError(
+            f"{where}: its arrays unpack to {declared} bytes, more than the {bound} that {num_samples} indices (one "
+            "per sample of the data set) and their headers take: refusing to decompress it"
+        )
+
+
+@dataclass(frozen=True)
+class _Header:
+    """What an array's .npy header declares."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def size(self) -> int:
+        """Elements declared."""
+        return math.prod(self.shape)
+
+
+def _read_header(fh: IO[bytes]) -> _Header:
+    version = np.lib.format.read_magic(fh)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(fh, max_header_size=_NPY_HEADER_MAX)
+    elif version == (2, 0):
+        shape, _, dtype = np.lib.format.read_array_header_2_0(fh, max_header_size=_NPY_HEADER_MAX)
+    else:
+        raise ValueError(f".npy format version {version[0]}.{version[1]} (expected 1.0 or 2.0)")
+    return _Header(tuple(shape), dtype)
+
+
+def _check_header(where: str, name: str, header: _Header) -> None:
+    if len(header.shape) != 1:
+        raise DataError(f"{where}: '{name}' has shape {header.shape}; indices must be a 1-D array")
+    if header.dtype.kind not in "iu":
+        raise DataError(f"{where}: '{name}' has dtype {header.dtype}; indices must be integers")
+    if header.size < 0:  # a negative count would read the member to its end
+        raise DataError(f"{where}: '{name}' has shape {header.shape}; not a valid .npy header")
+    if header.size == 0:
         raise DataError(f"{where}: '{name}' is empty; every client needs training and test samples")
+
+
+def _read_array(where: str, name: str, fh: IO[bytes], header: _Header) -> np.ndarray:
+    nbytes = header.size * header.dtype.itemsize
+    data = fh.read(nbytes + 1)  # one byte more: trailing bytes are refused, and reading to the end checks the CRC
+    if len(data) != nbytes:
+        raise DataError(
+            f"{where}: '{name}' holds {len(data)} bytes of data, its header declares {header.size} "
+            f"{header.dtype} values ({nbytes} bytes)"
+        )
+    return np.frombuffer(data, dtype=header.dtype)
+
+
+def _indices(where: str, name: str, values: np.ndarray, num_samples: int) -> np.ndarray:
     low, high = int(values.min()), int(values.max())
     if low < 0 or high >= num_samples:
         bad = low if low < 0 else high
@@ -65,7 +162,70 @@ def _indices(where: str, name: str, values: np.ndarray, num_samples: int) -> np.
             f"{where}: '{name}' holds index {bad}, outside 0..{num_samples - 1} (the dataset's "
             f"{num_samples} samples in load order)"
         )
+    ordered = np.sort(values)
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    if repeated.size:
+        raise DataError(f"{where}: '{name}' repeats index {int(repeated[0])}; a client holds each of its samples once")
     return values.astype(np.int64)
+
+
+def _load_arrays(
+    where: str, archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], num_samples: int
+) -> dict[str, np.ndarray]:
+    """Every array, each header checked before its data is decompressed; at most `num_samples` indices in all."""
+    arrays: dict[str, np.ndarray] = {}
+    total = 0
+    for name in sorted(members, key=lambda n: (int(n.rpartition("_")[2]), n.startswith("test"))):
+        try:
+            with archive.open(members[name]) as fh:
+                header = _read_header(fh)
+                _check_header(where, name, header)
+                total += header.size
+                if total > num_samples:
+                    raise DataError(
+                        f"{where}: its arrays declare more than {num_samples} indices (at '{name}'), more than "
+                        "the data set has samples: an index may appear once in the whole file"
+                    )
+                values = _read_array(where, name, fh, header)
+        except DataError:
+            raise
+        except _READ_ERRORS as exc:
+            raise DataError(f"{where}: array '{name}' is unreadable ({_first_line(exc)})") from exc
+        arrays[name] = _indices(where, name, values, num_samples)
+    return arrays
+
+
+def _check_disjoint(where: str, train: Sequence[np.ndarray], test: Sequence[np.ndarray], num_samples: int) -> None:
+    """A client's train and test, and any two clients, share no index."""
+    owner = np.full(num_samples, -1, dtype=np.int64)
+    for k, (tr, te) in enumerate(zip(train, test)):
+        shared = np.intersect1d(tr, te)
+        if shared.size:
+            raise DataError(
+                f"{where}: client {k}'s train and test share {shared.size} indices (e.g. "
+                f"{int(shared[0])}); a client must not test on its training samples"
+            )
+        for idx in (tr, te):
+            taken = np.flatnonzero(owner[idx] >= 0)
+            if taken.size:
+                first = int(idx[taken[0]])
+                raise DataError(
+                    f"{where}: clients {int(owner[first])} and {k} share index {first}; a sample belongs to at "
+                    "most one client"
+                )
+            owner[idx] = k
+
+
+def _open_zip(where: str, file: Path) -> zipfile.ZipFile:
+    try:
+        with file.open("rb") as fh:
+            if fh.read(len(_NPY_MAGIC)) == _NPY_MAGIC:
+                raise DataError(f"{where}: a single .npy array, not an .npz archive of train_<k>/test_<k> arrays")
+        return zipfile.ZipFile(file)
+    except DataError:
+        raise
+    except _READ_ERRORS as exc:
+        raise DataError(f"{where}: not a readable .npz archive ({_first_line(exc)})") from exc
 
 
 def read_partition_file(
@@ -77,32 +237,16 @@ def read_partition_file(
     where = f"partition-file {file}"
     if not file.is_file():
         raise DataError(f"{where}: no such file")
-    try:
-        archive = np.load(file, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise DataError(f"{where}: not a readable .npz archive ({_first_line(exc)})") from exc
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise DataError(f"{where}: a single .npy array, not an .npz archive of train_<k>/test_<k> arrays")
-    train, test = [], []
-    with archive:
-        count = _client_count(where, archive.files)
+    with _open_zip(where, file) as archive:
+        members = _members(where, archive.infolist())
+        count = _client_count(where, list(members))
         if num_clients > count:
             raise DataError(
                 f"{where}: holds {count} clients, the run has {num_clients}: use at most {count} (num-supernodes)"
             )
-        for k in range(count):
-            try:
-                tr, te = archive[f"train_{k}"], archive[f"test_{k}"]
-            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-                raise DataError(f"{where}: client {k}'s arrays are unreadable ({_first_line(exc)})") from exc
-            tr = _indices(where, f"train_{k}", tr, num_samples)
-            te = _indices(where, f"test_{k}", te, num_samples)
-            shared = np.intersect1d(tr, te)
-            if shared.size:
-                raise DataError(
-                    f"{where}: client {k}'s train and test share {shared.size} indices (e.g. "
-                    f"{int(shared[0])}); a client must not test on its training samples"
-                )
-            train.append(tr)
-            test.append(te)
+        _check_sizes(where, members, num_samples)
+        arrays = _load_arrays(where, archive, members, num_samples)
+    train = [arrays[f"train_{k}"] for k in range(count)]
+    test = [arrays[f"test_{k}"] for k in range(count)]
+    _check_disjoint(where, train, test, num_samples)
     return tuple(train[:num_clients]), tuple(test[:num_clients])

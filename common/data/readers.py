@@ -1,12 +1,17 @@
 """FEMNIST (LEAF, by writer), UCI HAR (inertial signals, by subject) and USPS read from the data folder into
-DatasetArrays; samples keep their files' order (the order `partition='file'` indices refer to)."""
+DatasetArrays; samples keep their files' order (the order `partition='file'` indices refer to). CIFAR-10's python
+batches are decoded here from bytes already checked, by an unpickler that admits nothing but numpy arrays."""
 
 from __future__ import annotations
 
+import io
 import lzma
+import pickle
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy._core.multiarray import _reconstruct
 
 from .arrays import DataError, DatasetArrays
 from .domains import read_usps
@@ -95,3 +100,68 @@ def usps(data_dir: Path) -> DatasetArrays:
     x, y = read_usps(data_dir, "usps")
     mean, std = USPS_NORM
     return DatasetArrays("usps", np.ascontiguousarray(x[:, None, :, :]), y, 10, mean, std, 255.0)
+
+
+# The only globals a CIFAR-10 python batch refers to (numpy's array reconstruction; numpy 1 pickles, the official
+# files among them, name the module numpy.core). Everything else, builtins included, is refused.
+_CIFAR_GLOBALS: dict[tuple[str, str], Any] = {
+    ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+}
+CIFAR_PIXELS = 3 * 32 * 32
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Unpickles one CIFAR-10 batch held in memory; a reference to any other global is refused."""
+
+    def __init__(self, data: bytes, path: Path) -> None:
+        super().__init__(io.BytesIO(data), encoding="bytes")
+        self._path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        """The allowed numpy global, or a DataError naming the file and the global it asked for."""
+        found = _CIFAR_GLOBALS.get((module, name))
+        if found is None:
+            raise DataError(
+                f"cifar10: {self._path} refers to {ascii(f'{module}.{name}')[:80]}, which no CIFAR-10 batch "
+                "needs: refusing to unpickle it"
+            )
+        return found
+
+
+def decode_cifar_batch(path: Path, data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """A CIFAR-10 python batch's bytes -> images (N, 3, 32, 32) uint8 and labels (N,) int64; anything else in
+    the pickle is a one-line DataError naming `path`."""
+    try:
+        batch = _CifarUnpickler(data, path).load()
+    except DataError:
+        raise
+    except Exception as exc:  # a damaged pickle fails in many ways (EOF, types, recursion): each is one line
+        raise DataError(f"cifar10: {path} could not be decoded ({_first_line(exc)})") from exc
+    return _cifar_arrays(path, batch)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+def _cifar_arrays(path: Path, batch: object) -> tuple[np.ndarray, np.ndarray]:
+    images = batch.get(b"data") if isinstance(batch, dict) else None
+    labels = batch.get(b"labels") if isinstance(batch, dict) else None
+    if (
+        not isinstance(images, np.ndarray)
+        or images.dtype != np.uint8
+        or images.ndim != 2
+        or images.shape[1] != CIFAR_PIXELS
+        or not isinstance(labels, list)
+        or len(labels) != len(images)
+        or not all(type(label) is int and 0 <= label < 10 for label in labels)
+    ):
+        raise DataError(
+            f"cifar10: {path} is not a CIFAR-10 batch (a dict with b'data', uint8 (N, {CIFAR_PIXELS}), and "
+            "b'labels', N ints in 0..9)"
+        )
+    return images.reshape(-1, 3, 32, 32), np.asarray(labels, dtype=np.int64)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from logging import WARNING
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.supercore import log
 
 from common.algorithms import SPECS
 from common.config import RunConfig
@@ -105,7 +107,7 @@ class PFLStrategy:
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Fold validated replies into the server state (default: sample-weighted average, FedAvg)."""
-        self.global_arrays = self.average(replies, [r.num_examples for r in replies], self.global_arrays)
+        self.global_arrays = self.average(replies, [r.weight for r in replies], self.global_arrays)
 
     def average(
         self, replies: list[TrainReply], weights: Sequence[float], reference: list[np.ndarray]
@@ -114,6 +116,8 @@ class PFLStrategy:
         (the model the clients started from)."""
         averaged, report = robust_average([uploaded(r) for r in replies], weights, reference, self.cfg.robust_rule)
         self.aggregation_fields = {"robust": report} if report else {}
+        if "skipped" in report:
+            log(WARNING, "robust aggregation %s: %s; the model is kept", report["method"], report["skipped"])
         return averaged
 
     def eval_metrics(self, server_round: int, metrics: Mapping[str, Any] | None) -> dict[str, float]:

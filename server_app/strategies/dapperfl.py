@@ -82,7 +82,7 @@ class DapperFLStrategy(PFLStrategy):
             self.names,
             [p[0] for p in payloads],
             [p[1] for p in payloads],
-            [r.num_examples for r in replies],
+            [r.weight for r in replies],
         )
 
     def round_record(self, server_round: int) -> dict[str, Any]:

@@ -167,7 +167,7 @@ class DMPFLStrategy(SparseGlobalStrategy):
         """Phase 1: Eq. 5 and the new m_g; phase 2: masked FedAvg; phase 3: nothing on the server."""
         phase = self.phase(server_round)
         if phase == 1:
-            uploads = [(r.payload[0], r.payload[1], float(r.num_examples)) for r in replies]
+            uploads = [(r.payload[0], r.payload[1], r.weight) for r in replies]
             for reply in replies:
                 self.personal_masks.put(reply.partition_id, reply.payload[1])
             self.overlap = (

@@ -39,6 +39,6 @@ class FedDSTStrategy(SparseGlobalStrategy):
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Eq. 5 over the union of client masks; new m_g by magnitude among positions any client kept."""
-        uploads = [(r.payload[0], r.payload[1], float(r.num_examples)) for r in replies]
+        uploads = [(r.payload[0], r.payload[1], r.weight) for r in replies]
         weights, masks = aggregate_round(self.global_named, uploads, self.densities, min_vote_fraction=0.0)
         self.set_global(weights, masks)

@@ -18,14 +18,15 @@ class FLIUStrategy(PFLStrategy):
     """Theta^t = (1/K) sum_k theta_k (or sample-weighted); sends n and K so clients compute gamma_k(n_k) (Eq. 4)."""
 
     def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
-        """Adds n (all clients' training samples) and K (clients) for the adaptive gamma."""
+        """Adds n (all clients' training samples, each count capped as in the weighted averages) and K (clients) for
+        the adaptive gamma."""
         config = super().round_config(server_round, partition_id)
-        config[TOTAL_SAMPLES] = self.clients.total_train()
+        config[TOTAL_SAMPLES] = round(self.clients.weighted_total())  # counts capped as in the averages
         config[NUM_CLIENTS] = len(self.clients)
         return config
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Uniform average of the round's models (Alg. 1), or weighted by sample counts."""
         uniform = self.cfg.params_as(FLIUParams).fliu_weighting == "uniform"
-        weights = [1.0 if uniform else float(r.num_examples) for r in replies]
+        weights = [1.0 if uniform else r.weight for r in replies]
         self.global_arrays = self.average(replies, weights, self.global_arrays)

@@ -51,6 +51,6 @@ class PartialStrategy(PFLStrategy):
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Sample-weighted average of the shared entries; the others keep their values."""
         shared = [self.global_arrays[self.index[name]] for name in self.shared]
-        averaged = self.average(replies, [r.num_examples for r in replies], shared)
+        averaged = self.average(replies, [r.weight for r in replies], shared)
         for name, value in zip(self.shared, averaged):
             self.global_arrays[self.index[name]] = value

@@ -167,10 +167,10 @@ class SparseGlobalStrategy(PFLStrategy):
 
     def masked_average(self, replies: list[TrainReply]) -> dict[str, np.ndarray]:
         """Sample-weighted average of the uploads on m_g (prunable layers) and everywhere on dense layers."""
-        total = float(sum(r.num_examples for r in replies))
+        total = float(sum(r.weight for r in replies))
         out = {}
         for name, old in self.global_named.items():
-            mean = weighted_sum([r.payload[0][name] for r in replies], [r.num_examples for r in replies]) / total
+            mean = weighted_sum([r.payload[0][name] for r in replies], [r.weight for r in replies]) / total
             out[name] = (
                 select(self.global_masks[name], mean, old) if name in self.global_masks else mean.astype(np.float32)
             )

@@ -1,0 +1,129 @@
+"""Who may let a partition change hands (a replaced device): by default only the operator, by listing the partition
+(and, best, the node that may take it) in the run folder's `takeover-allowed` file with `pflower allow-takeover
+RUN_DIR PARTITION --node NODE`; each listing lets one take-over happen and is then struck out. Run-config
+`takeover = "after-timeout"` restores the unattended rule (any registered node, once the holder has been gone
+`takeover-after` seconds).
+
+The file is trusted only when it is a regular file (never a link) owned by the server's user (or root) and
+writable by no one else; it is read and rewritten under a lock, and replaced atomically, so a consent is used once
+even when the operator adds one while the server strikes another out. Anything unreadable counts as no consent,
+with a warning, never as an error of the run."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import stat
+from collections.abc import Iterator
+from logging import WARNING
+from pathlib import Path
+
+from flwr.supercore import log
+
+CONSENT_FILE = "takeover-allowed"
+Grant = tuple[int, int | None]  # (partition, the node that may take it; None: any node)
+
+
+class ConsentError(OSError):
+    """The consent file cannot be trusted or read; the message says why."""
+
+
+class OperatorConsent:
+    """Take-overs the operator allowed in `run_dir/takeover-allowed`, each used once; without a folder, none."""
+
+    def __init__(self, run_dir: Path | None = None) -> None:
+        self.run_dir = None if run_dir is None else Path(run_dir)
+
+    def allows(self, partition_id: int, node_id: int) -> bool:
+        """True (and the consent struck out) when the operator allowed this node, or any node, to take it."""
+        if self.run_dir is None:
+            return False
+        try:
+            with _locked(self.run_dir):
+                grants = read_grants(self.run_dir)
+                match = next((g for g in grants if g == (partition_id, node_id)), None) or next(
+                    (g for g in grants if g == (partition_id, None)), None
+                )
+                if match is None:
+                    return False
+                grants.remove(match)
+                write_grants(self.run_dir, grants)
+                return True
+        except (ConsentError, OSError) as exc:
+            log(WARNING, "take-over consent not used: %s", exc)
+            return False
+
+    def how(self, partition_id: int, node_id: int) -> str:
+        """What the operator runs to allow it."""
+        where = self.run_dir if self.run_dir is not None else "RUN_DIR"
+        return f"the operator's consent: pflower allow-takeover {where} {partition_id} --node {node_id}"
+
+
+class AfterTimeout:
+    """run-config takeover = 'after-timeout': no consent needed."""
+
+    def allows(self, partition_id: int, node_id: int) -> bool:
+        """Always."""
+        return True
+
+    def how(self, partition_id: int, node_id: int) -> str:
+        """Nothing to do."""
+        return "nothing more"
+
+
+@contextlib.contextmanager
+def _locked(run_dir: Path) -> Iterator[None]:
+    """An exclusive lock on the run folder's consent file (a lock file beside it, never followed as a link)."""
+    fd = os.open(run_dir / f".{CONSENT_FILE}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def read_grants(run_dir: Path) -> list[Grant]:
+    """The consents in the file (none when it is absent); ConsentError when it cannot be trusted."""
+    try:
+        fd = os.open(run_dir / CONSENT_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise ConsentError(f"{run_dir / CONSENT_FILE} cannot be opened ({exc.strerror}; a link is refused)") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_uid not in (os.getuid(), 0) or info.st_mode & 0o022:
+            raise ConsentError(
+                f"{run_dir / CONSENT_FILE} is not a regular file owned by this user (or root) and writable by it "
+                "alone: ignored"
+            )
+        text = handle.read(1 << 16).decode("ascii", errors="replace")
+    grants: list[Grant] = []
+    for line in text.splitlines():
+        words = line.split()
+        if 1 <= len(words) <= 2 and all(w.isascii() and w.isdigit() and len(w) <= 18 for w in words):
+            grants.append((int(words[0]), int(words[1]) if len(words) == 2 else None))
+    return grants
+
+
+def write_grants(run_dir: Path, grants: list[Grant]) -> None:
+    """Replace the file with these consents, atomically (a new file, mode 0600, renamed over the old)."""
+    text = "".join(f"{pid}\n" if node is None else f"{pid} {node}\n" for pid, node in grants)
+    temporary = run_dir / f".{CONSENT_FILE}.{os.getpid()}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(temporary, run_dir / CONSENT_FILE)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def allow(run_dir: Path, partition_ids: list[int], node_id: int | None = None) -> Path:
+    """Add consents to a run folder's file (the `pflower allow-takeover` command); the file's path."""
+    with _locked(run_dir):
+        grants = read_grants(run_dir)
+        write_grants(run_dir, [*grants, *((pid, node_id) for pid in partition_ids)])
+    return run_dir / CONSENT_FILE
