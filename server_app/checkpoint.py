@@ -74,9 +74,8 @@ def save_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> int:
         "records": json.dumps(checkpoint.records, sort_keys=True),
         "elapsed_s": checkpoint.elapsed_s,
         "resumes": list(checkpoint.resumes),
-        "clients": np.array([[pid, *info] for pid, info in sorted(checkpoint.clients.items())], np.int64).reshape(
-            -1, 4
-        ),
+        # node ids are Flower's unsigned 64-bit ids: the whole table is uint64
+        "clients": np.array([[pid, *row] for pid, row in sorted(checkpoint.clients.items())], np.uint64).reshape(-1, 4),
     }
     return save_tree(Path(run_dir) / CHECKPOINT_FILE, tree, key=server_key(), context=checkpoint_context(run_dir))
 
@@ -126,8 +125,8 @@ def _decoded(tree: dict[str, Any]) -> Checkpoint:
     records = json.loads(str(tree["records"]))
     if not isinstance(records, list) or not all(isinstance(record, dict) for record in records):
         raise TypeError("the round records are not a list of objects")
-    table = np.asarray(tree.get("clients", np.zeros((0, 4), np.int64)))
-    if table.dtype != np.int64 or table.ndim != 2 or table.shape[1] != 4 or (table < 0).any():
+    table = np.asarray(tree.get("clients", np.zeros((0, 4), np.uint64)))
+    if table.dtype != np.uint64 or table.ndim != 2 or table.shape[1] != 4:
         raise ValueError("the clients table is not a list of (partition, node, train, test) counts")
     clients = {int(row[0]): (int(row[1]), int(row[2]), int(row[3])) for row in table}
     return Checkpoint(round_, tree["state"], records, elapsed, resumes, clients)

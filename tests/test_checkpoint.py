@@ -139,6 +139,6 @@ def test_a_resumed_client_models_strategy_restores_its_rows_into_the_run_folders
 
 
 def test_the_checkpoint_keeps_each_partitions_node_and_counts(tmp_path) -> None:
-    table = {0: (17, 120, 30), 3: (2**40, 5, 1)}
+    table = {0: (17, 120, 30), 3: (2**64 - 1, 5, 1)}  # Flower's node ids are unsigned 64-bit
     save_checkpoint(tmp_path, Checkpoint(1, {}, [{"round": 1}], 0.0, [], table))
     assert load_checkpoint(tmp_path).clients == table
