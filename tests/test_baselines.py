@@ -10,7 +10,7 @@ from flwr.app import ConfigRecord, RecordDict
 from torch import nn
 from torch.nn import functional as F
 
-from client_app.algorithms import partial as partial_client
+from client_app.algorithms import base as client_base
 from client_app.algorithms.apfl import ALPHA
 from client_app.algorithms.local import PERSONAL
 from common.config import ConfigError, parse_run_config
@@ -145,7 +145,7 @@ def test_split_methods_send_fewer_bytes_than_fedavg() -> None:
 def test_fedrep_trains_the_head_with_the_body_frozen_then_the_body_with_the_head_frozen(monkeypatch) -> None:
     fed = _federation("fedrep")
     calls = []
-    real_train = partial_client.train
+    real_train = client_base.train  # the loop every client half calls through ClientAlgorithm.train_locally
 
     def spy(model, *args, trainable=None, **kwargs):
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -154,7 +154,7 @@ def test_fedrep_trains_the_head_with_the_body_frozen_then_the_body_with_the_head
         calls.append((set(trainable), changed))
         return stats
 
-    monkeypatch.setattr(partial_client, "train", spy)
+    monkeypatch.setattr(client_base, "train", spy)
     reply = fed.client(0).fit(1, fed.runner.message_contents(1, [0], "train")[0])
     head, body = {"head.weight", "head.bias"}, {"body.1.weight", "body.1.bias"}
     assert calls == [(head, head), (body, body)], "head epochs first (body frozen), then body epochs (head frozen)"

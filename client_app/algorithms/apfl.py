@@ -13,7 +13,6 @@ from torch import nn
 from common.algorithms import GLOBAL, APFLParams
 from common.models import SplitModel, get_arrays
 from common.personal import Mixture, mixture_arrays
-from common.train import train
 
 from .base import ClientAlgorithm
 from .local import PERSONAL
@@ -41,24 +40,14 @@ class APFLClient(ClientAlgorithm):
 
     def fit(self, server_round: int, content: RecordDict) -> RecordDict:
         """Train w, then v and alpha on the mixture with that w; keep v and alpha, upload w."""
-        data, settings = self.env.data, self.settings(server_round)
         w = self.received_model(content)
         received = self.snapshot(w)
         v = self.stored_model(PERSONAL, default=get_arrays(w))
         alpha = self.alpha()
         before = self.mixed(v, w, alpha) if self.cfg.stages else None
         mixture = Mixture(v, dict(w.named_parameters()), alpha)  # holds a copy of the received w
-        global_stats = train(
-            w, data.train_x, data.train_y, settings, self.generator(server_round), device=self.env.device
-        )
-        personal_stats = train(
-            mixture,
-            data.train_x,
-            data.train_y,
-            settings,
-            self.generator(server_round, "personal"),
-            device=self.env.device,
-        )
+        global_stats = self.train_locally(w, server_round)
+        personal_stats = self.train_locally(mixture, server_round, "personal")
         alpha = mixture.clamped_alpha()
         self.env.state.save_arrays(PERSONAL, get_arrays(v))
         self.env.state.save_named(ALPHA, {"alpha": np.array([alpha], np.float64)})

@@ -7,6 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,7 +38,7 @@ from common.models import ModelLayout, SplitModel, array_specs, build_model, get
 from common.records import to_record
 from common.seeding import derive_seed
 from common.stages import accuracy, stage_metrics
-from common.train import TrainSettings, TrainStats
+from common.train import TrainSettings, TrainStats, train
 from common.validation import PayloadError, read_finite, validate_arrays
 
 from ..state import ClientState
@@ -125,6 +126,21 @@ class ClientAlgorithm(ABC):
     def generator(self, server_round: int, purpose: str = "train") -> torch.Generator:
         """Seeded generator for this client, round and purpose."""
         return torch.Generator().manual_seed(derive_seed(self.cfg.seed, purpose, self.env.partition_id, server_round))
+
+    def train_locally(
+        self,
+        model: torch.nn.Module,
+        server_round: int,
+        purpose: str = "train",
+        settings: TrainSettings | None = None,
+        **options: Any,
+    ) -> TrainStats:
+        """The shared training loop on this client's training data, with this round's settings (or `settings`), the
+        generator seeded by (round, `purpose`), on the client's device; `options` go to common.train.train."""
+        data = self.env.data
+        chosen = settings if settings is not None else self.settings(server_round)
+        generator = self.generator(server_round, purpose)
+        return train(model, data.train_x, data.train_y, chosen, generator, device=self.env.device, **options)
 
     def evaluate_model(self, model: torch.nn.Module, shifted_sets: bool = True) -> EvalResult:
         """The shared evaluation loop on this client's test data at every shift degree and (unless `shifted_sets`

@@ -7,7 +7,7 @@ from flwr.app import RecordDict
 
 from common.algorithms import GLOBAL, DittoParams
 from common.models import get_arrays
-from common.train import proximal_loss, train
+from common.train import proximal_loss
 
 from .base import ClientAlgorithm
 from .local import PERSONAL
@@ -18,24 +18,13 @@ class DittoClient(ClientAlgorithm):
 
     def fit(self, server_round: int, content: RecordDict) -> RecordDict:
         """`local-epochs` on w (uploaded), then as many on v with the proximal pull toward the received w."""
-        data, settings = self.env.data, self.settings(server_round)
         w = self.received_model(content)
         received = self.snapshot(w)
         pull = proximal_loss(dict(w.named_parameters()), self.cfg.params_as(DittoParams).ditto_lambda)
         v = self.stored_model(PERSONAL, default=get_arrays(w))
         before = self.snapshot(v)
-        global_stats = train(
-            w, data.train_x, data.train_y, settings, self.generator(server_round), device=self.env.device
-        )
-        personal_stats = train(
-            v,
-            data.train_x,
-            data.train_y,
-            settings,
-            self.generator(server_round, "personal"),
-            extra_losses=[pull],
-            device=self.env.device,
-        )
+        global_stats = self.train_locally(w, server_round)
+        personal_stats = self.train_locally(v, server_round, "personal", extra_losses=[pull])
         self.env.state.save_arrays(PERSONAL, get_arrays(v))
         flops = self.train_flops(global_stats) + self.train_flops(personal_stats)
         return self.train_reply(global_stats, w, stages={"G": received, "L1": before, "L2": v}, flops=flops)

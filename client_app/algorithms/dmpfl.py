@@ -14,7 +14,7 @@ from common.dmpfl import PARTIAL, AdaptiveModel, compose_personal, decode_partia
 from common.evaluate import MemoLogits, entropy, predict_logits
 from common.masks import prune_and_regrow
 from common.messages import ARRAYS, GLOBAL_VERSION, PERSONAL_MASK_DIGEST, PHASE, READJUST_RATIO
-from common.train import TrainStats, train
+from common.train import TrainStats
 from common.validation import PayloadError, read_count, read_fraction, record_to_numpy
 
 from .sparse import Named, SparseGlobalClient, StaleGlobalModel
@@ -92,16 +92,7 @@ class DMPFLClient(SparseGlobalClient):
         """(trained model, stats, a copy of the start when `stages` is on)."""
         model = self.to_model(start)
         before = self.snapshot(model)
-        stats = train(
-            model,
-            self.env.data.train_x,
-            self.env.data.train_y,
-            self.settings(server_round),
-            self.generator(server_round),
-            update_masks=self.torch_masks(masks),
-            device=self.env.device,
-            **kwargs,
-        )
+        stats = self.train_locally(model, server_round, update_masks=self.torch_masks(masks), **kwargs)
         return model, stats, before
 
     def stages(

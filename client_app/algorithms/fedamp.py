@@ -12,7 +12,7 @@ from flwr.app import RecordDict
 from common.algorithms import CLOUD, AMPParams
 from common.messages import PRETRAIN
 from common.models import get_arrays
-from common.train import ProximalStep, train
+from common.train import ProximalStep
 
 from .base import ClientAlgorithm
 from .local import PERSONAL
@@ -41,14 +41,8 @@ class FedAMPClient(ClientAlgorithm):
             self.env.state.save_arrays(CLOUD_MODEL, get_arrays(model))
             pull = ProximalStep.toward(model, self.proximal_mu(content))
         cloud = self.snapshot(model)
-        stats = train(
-            model,
-            self.env.data.train_x,
-            self.env.data.train_y,
-            settings,
-            self.generator(server_round, "pretrain" if pull is None else "train"),
-            proximal=pull,
-            device=self.env.device,
+        stats = self.train_locally(
+            model, server_round, "pretrain" if pull is None else "train", settings, proximal=pull
         )
         self.env.state.save_arrays(PERSONAL, get_arrays(model))
         return self.train_reply(stats, model, stages={"L1": cloud, "L2": model})

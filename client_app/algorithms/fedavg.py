@@ -5,7 +5,7 @@ from __future__ import annotations
 from flwr.app import RecordDict
 
 from common.models import SplitModel
-from common.train import ExtraLoss, proximal_loss, train
+from common.train import ExtraLoss, proximal_loss
 
 from .base import ClientAlgorithm
 
@@ -21,15 +21,7 @@ class FedAvgClient(ClientAlgorithm):
         """Train the global model for local-epochs and send it back (stages: G = L1 = the received model)."""
         model = self.received_model(content)
         received = self.snapshot(model)
-        stats = train(
-            model,
-            self.env.data.train_x,
-            self.env.data.train_y,
-            self.settings(server_round),
-            self.generator(server_round),
-            extra_losses=self.extra_losses(model, content),
-            device=self.env.device,
-        )
+        stats = self.train_locally(model, server_round, extra_losses=self.extra_losses(model, content))
         return self.train_reply(stats, model, stages={"G": received, "L1": received, "L2": model})
 
 
@@ -50,12 +42,5 @@ class FedAvgFTClient(FedAvgClient):
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
         """Fine-tune the received global model on the local training data, then evaluate it."""
         model = self.received_model(content)
-        train(
-            model,
-            self.env.data.train_x,
-            self.env.data.train_y,
-            self.settings(server_round),
-            self.generator(server_round, "finetune"),
-            device=self.env.device,
-        )
+        self.train_locally(model, server_round, "finetune")
         return self.eval_reply(self.evaluate_model(model))

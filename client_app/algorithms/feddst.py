@@ -7,7 +7,6 @@ from flwr.app import RecordDict
 
 from common.masks import prune_and_regrow
 from common.messages import ARRAYS, READJUST_RATIO
-from common.train import train
 from common.validation import read_fraction
 
 from .sparse import SparseGlobalClient
@@ -25,16 +24,7 @@ class FedDSTClient(SparseGlobalClient):
         model = self.to_model(self.theta_g(w_g, m_g))
         received = self.snapshot(model)
         collector = self.gradient_collector() if fraction > 0 else None
-        stats = train(
-            model,
-            self.env.data.train_x,
-            self.env.data.train_y,
-            self.settings(server_round),
-            self.generator(server_round),
-            update_masks=self.torch_masks(m_g),
-            on_gradients=collector,
-            device=self.env.device,
-        )
+        stats = self.train_locally(model, server_round, update_masks=self.torch_masks(m_g), on_gradients=collector)
         trained, masks = self.named(model), m_g
         if collector is not None and set(collector.mean()) == set(m_g):
             weights = {n: torch.from_numpy(trained[n]) for n in m_g}

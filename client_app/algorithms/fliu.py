@@ -13,7 +13,7 @@ from common.algorithms import FLIUParams
 from common.fliu import adaptive_gamma, individualized_update
 from common.messages import NUM_CLIENTS, TOTAL_SAMPLES
 from common.models import SplitModel, get_arrays
-from common.train import TrainSettings, train
+from common.train import TrainSettings
 from common.validation import PayloadError, read_count
 
 from .base import ClientAlgorithm
@@ -51,14 +51,7 @@ class FLIUClient(ClientAlgorithm):
         global_model = self.received_model(content)
         model = self.individualized(global_model, content)
         before = self.snapshot(model)
-        stats = train(
-            model,
-            self.env.data.train_x,
-            self.env.data.train_y,
-            self.settings(server_round),
-            self.generator(server_round),
-            device=self.env.device,
-        )
+        stats = self.train_locally(model, server_round)
         self.env.state.save_arrays(PERSONAL, get_arrays(model))
         return self.train_reply(stats, model, stages={"G": global_model, "L1": before, "L2": model})
 

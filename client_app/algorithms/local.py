@@ -5,7 +5,6 @@ from __future__ import annotations
 from flwr.app import RecordDict
 
 from common.models import SplitModel, get_arrays
-from common.train import train
 
 from .base import ClientAlgorithm
 
@@ -23,14 +22,7 @@ class LocalClient(ClientAlgorithm):
         """Train the personal model and keep it."""
         model = self.personal_model()
         before = self.snapshot(model)
-        stats = train(
-            model,
-            self.env.data.train_x,
-            self.env.data.train_y,
-            self.settings(server_round),
-            self.generator(server_round),
-            device=self.env.device,
-        )
+        stats = self.train_locally(model, server_round)
         self.env.state.save_arrays(PERSONAL, get_arrays(model))
         return self.train_reply(stats, None, stages={"L1": before, "L2": model})
 

@@ -10,7 +10,6 @@ from flwr.app import RecordDict
 from common.algorithms import FINETUNED
 from common.evaluate import shift_key
 from common.messages import FINETUNE_EPOCHS
-from common.train import train
 from common.validation import PayloadError, read_count
 
 from .base import ClientAlgorithm
@@ -34,15 +33,7 @@ class NewcomerClient(ClientAlgorithm):
         received = self.evaluate_model(model)
         extra: dict[str, float] = {}
         if epochs:
-            data = self.env.data
-            train(
-                model,
-                data.train_x,
-                data.train_y,
-                replace(self.settings(server_round), epochs=epochs),
-                self.generator(server_round, "newcomer"),
-                device=self.env.device,
-            )
+            self.train_locally(model, server_round, "newcomer", replace(self.settings(server_round), epochs=epochs))
             extra = {
                 FINETUNED.prefix + shift_key(d): acc
                 for d, acc in self.evaluate_model(model, shifted_sets=False).shift_accuracy.items()

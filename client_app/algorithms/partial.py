@@ -13,7 +13,7 @@ from common.messages import ARRAYS
 from common.models import SplitModel, get_arrays, set_arrays
 from common.personal import shared_names
 from common.records import to_record
-from common.train import TrainStats, train
+from common.train import TrainStats
 from common.validation import validate_arrays
 
 from .base import ClientAlgorithm, ClientEnv
@@ -41,14 +41,7 @@ class PartialClient(ClientAlgorithm):
 
     def local_training(self, server_round: int, model: SplitModel) -> tuple[TrainStats, float]:
         """Train every parameter for `local-epochs`; the statistics and the training FLOPs."""
-        stats = train(
-            model,
-            self.env.data.train_x,
-            self.env.data.train_y,
-            self.settings(server_round),
-            self.generator(server_round),
-            device=self.env.device,
-        )
+        stats = self.train_locally(model, server_round)
         return stats, self.train_flops(stats)
 
     def fit(self, server_round: int, content: RecordDict) -> RecordDict:
@@ -74,26 +67,9 @@ class FedRepClient(PartialClient):
 
     def local_training(self, server_round: int, model: SplitModel) -> tuple[TrainStats, float]:
         """Head epochs, then body epochs; FLOPs of each phase counted with its frozen part."""
-        data, settings = self.env.data, self.settings(server_round)
         head = {name for name, _ in model.named_parameters() if name.startswith("head.")}
         body = {name for name, _ in model.named_parameters() if name.startswith("body.")}
-        head_stats = train(
-            model,
-            data.train_x,
-            data.train_y,
-            settings,
-            self.generator(server_round, "head"),
-            trainable=head,
-            device=self.env.device,
-        )
-        body_stats = train(
-            model,
-            data.train_x,
-            data.train_y,
-            settings,
-            self.generator(server_round),
-            trainable=body,
-            device=self.env.device,
-        )
+        head_stats = self.train_locally(model, server_round, "head", trainable=head)
+        body_stats = self.train_locally(model, server_round, trainable=body)
         flops = self.train_flops(head_stats, trainable=head) + self.train_flops(body_stats, trainable=body)
         return body_stats, flops
