@@ -4,8 +4,9 @@ process tree, with many clients, on the in-process engine (default) or Flower's 
 Setting: MNIST, Dirichlet(alpha), 10% of the clients per round, 1 local epoch, batch 32, cnn-mnist, 4 rounds, every
 client evaluated after the last one. Memory is sampled every 0.5 s from /proc: `RSS` is all resident memory
 (memory-mapped files included: FedAMP's model store is such a file, which the kernel can drop under pressure),
-`anon` only the private memory that cannot be dropped. A training round's rate is given as a share of the raw
-training loop's (experiments/measure.py: its rate on one core alone, times the workers).
+`anon` only the private memory that cannot be dropped; both include the shared memory in use (/dev/shm: the
+in-process engine's message blocks and the clients' state it holds between messages). A training round's rate is
+given as a share of the raw training loop's (experiments/measure.py: its rate on one core alone, times the workers).
 
     python bench/scale.py --data-dir ../shared/data [--clients 1000] [--alphas 0.3,1.0]
                           [--algorithms fedavg,dmpfl,fedamp] [--engine inprocess|simulation]

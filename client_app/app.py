@@ -15,7 +15,7 @@ from flwr.common.constant import ErrorCode
 from flwr.supercore import log
 
 from common import profiling
-from common.config import ConfigError, RunConfig, parse_run_config
+from common.config import ConfigError, RunConfig, due, parse_run_config
 from common.data.datasets import DataError
 from common.data.federated import client_data
 from common.messages import (
@@ -37,9 +37,10 @@ from common.messages import (
 from common.persist import CLIENT_STATE_FOLDER, StateFileError
 from common.validation import PayloadError, is_folder_name, read_count
 
+from . import state as client_state
 from .algorithms import ClientEnv, answer, client_class
 from .algorithms.newcomer import NewcomerClient
-from .state import ClientState, StateDir
+from .state import ClientState, Kept, StateDir
 
 app = ClientApp()
 
@@ -115,23 +116,50 @@ def _env(context: Context, msg: Message, training: bool = False) -> tuple[Client
     partition_id, num_partitions = _partition(context)
     data = client_data(cfg, partition_id, num_partitions)
     store = state_dir(context, msg, cfg)
-    record = context.state
+    state = _restore(context, msg, store, training)
+    return ClientEnv(cfg, data, state, resolve_device(cfg.device)), store
+
+
+def _restore(context: Context, msg: Message, store: StateDir | None, training: bool) -> ClientState:
+    """The state a message starts from: the copy the runtime keeps (the in-process engine), else the state dir's
+    newest usable version, else the node context's (client-state-dir=memory)."""
+    host = client_state.HOST
+    limit = _round(msg) if training else _round(msg) + 1  # a training message reads an earlier round's state
+    if host is not None and host.incoming is not None and host.incoming.server_round < limit:
+        return ClientState(dict(host.incoming.tree))
     if store is not None:
         loaded = store.load(_round(msg), training)
-        record = loaded[1] if loaded else RecordDict()
-        if loaded and store.path not in _restored:
+        if loaded is None:
+            return ClientState()
+        if store.path not in _restored:
             _restored.add(store.path)
             log(INFO, "client state restored from %s (round %d)", store.path, loaded[0])
-    return ClientEnv(cfg, data, ClientState(record), resolve_device(cfg.device)), store
+        if host is not None:  # the runtime keeps it from now on: the next message needs no read
+            host.outgoing = Kept(loaded[0], loaded[1], None, store, dirty=False)
+        return ClientState(loaded[1])
+    return ClientState() if host is not None else ClientState.from_record(context.state)
 
 
 @profiling.timed("persist")
-def _persist(env: ClientEnv, store: StateDir | None, msg: Message) -> None:
-    """Write the state to the state dir (atomically) when the message changed it."""
-    if store is not None and env.state.dirty:
-        config = msg.content.config_records[CONFIG]
-        checkpoint = read_count(config, CHECKPOINT_ROUND, allow_zero=True) if CHECKPOINT_ROUND in config else None
-        store.save(_round(msg), env.state.record, checkpoint)
+def _persist(env: ClientEnv, store: StateDir | None, msg: Message, context: Context) -> None:
+    """Keep the state when the message changed it: with the runtime that keeps it, else in the state dir (written
+    atomically), else in the node context."""
+    if not env.state.dirty:
+        return
+    config = msg.content.config_records[CONFIG]
+    checkpoint = read_count(config, CHECKPOINT_ROUND, allow_zero=True) if CHECKPOINT_ROUND in config else None
+    host = client_state.HOST
+    if host is not None:
+        # the runtime keeps it; in a round the server checkpoints, it also goes to the state dir now, on this worker
+        written = False
+        if store is not None and due(_round(msg), env.cfg.checkpoint_every, env.cfg.num_rounds):
+            store.save(_round(msg), env.state.tree, checkpoint)
+            written = True
+        host.outgoing = Kept(_round(msg), env.state.tree, checkpoint, store, dirty=not written)
+    elif store is not None:
+        store.save(_round(msg), env.state.tree, checkpoint)
+    else:
+        env.state.write_to(context.state)
 
 
 def _round(msg: Message) -> int:
@@ -184,7 +212,7 @@ def train(msg: Message, context: Context) -> Message:
         algorithm = client_class(env.cfg.algorithm)(env)
         reply = Message(answer(algorithm, MessageType.TRAIN, _round(msg), msg.content), reply_to=msg)
         try:
-            _persist(env, store, msg)
+            _persist(env, store, msg, context)
         except StateFileError as exc:  # e.g. a key file that is not this user's: the state could not be kept
             return _state_refused(msg, exc)
     return reply
@@ -203,7 +231,7 @@ def evaluate(msg: Message, context: Context) -> Message:
         algorithm = (NewcomerClient if newcomer else client_class(env.cfg.algorithm))(env)
         reply = Message(answer(algorithm, MessageType.EVALUATE, _round(msg), msg.content), reply_to=msg)
         try:
-            _persist(env, store, msg)
+            _persist(env, store, msg, context)
         except StateFileError as exc:
             return _state_refused(msg, exc)
     return reply

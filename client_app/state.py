@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -10,33 +11,80 @@ from flwr.app import Array, ArrayRecord, RecordDict
 
 from common.persist import StateFileError, load_tree, save_tree, signing_context, signing_key
 
+Tree = dict[str, dict[str, np.ndarray]]  # state key -> array name -> array (a list is kept as names "0", "1", ...)
+
 
 class ClientState:
-    """Named lists of arrays stored in a Flower RecordDict that stays on the device; `dirty` once changed."""
+    """Named arrays a client keeps across rounds, as a plain tree of numpy arrays; `dirty` once changed. Saving
+    copies the arrays and loading gives read-only views of them, so what is kept cannot change behind its back."""
 
-    def __init__(self, record: RecordDict) -> None:
-        self.record = record
-        self.dirty = False
+    def __init__(self, tree: Tree | None = None) -> None:
+        self.tree: Tree = {} if tree is None else tree
+        self.changed: set[str] = set()  # keys saved or forgotten since the state was made
+
+    @property
+    def dirty(self) -> bool:
+        """Whether anything changed."""
+        return bool(self.changed)
+
+    @classmethod
+    def from_record(cls, record: RecordDict) -> ClientState:
+        """The state held in a Flower RecordDict (a node context's state)."""
+        return cls(
+            {key: {name: a.numpy() for name, a in arrays.items()} for key, arrays in record.array_records.items()}
+        )
+
+    @property
+    def record(self) -> RecordDict:
+        """The state as a Flower RecordDict (what a node's context holds)."""
+        return RecordDict({key: self.array_record(key) for key in self.tree})
+
+    def array_record(self, key: str) -> ArrayRecord:
+        """The arrays under `key` as a Flower ArrayRecord."""
+        return ArrayRecord({name: Array(np.require(a, requirements="C")) for name, a in self.tree[key].items()})
+
+    def write_to(self, record: RecordDict) -> None:
+        """Bring a node context's state up to date with what changed here."""
+        for key in self.changed:
+            if key in self.tree:
+                record[key] = self.array_record(key)
+            elif key in record:
+                del record[key]
 
     def load_arrays(self, key: str) -> list[np.ndarray] | None:
         """The arrays saved under `key`, or None if never saved."""
-        stored = self.record.array_records.get(key)
-        return None if stored is None else stored.to_numpy_ndarrays()
+        stored = self.tree.get(key)
+        return None if stored is None else [_read_only(stored[str(i)]) for i in range(len(stored))]
 
     def save_arrays(self, key: str, arrays: list[np.ndarray]) -> None:
         """Replace the arrays saved under `key`."""
-        self.record[key] = ArrayRecord([np.require(a, requirements="C") for a in arrays])
-        self.dirty = True
+        self.save_named(key, {str(i): a for i, a in enumerate(arrays)})
 
     def load_named(self, key: str) -> dict[str, np.ndarray] | None:
         """The named arrays saved under `key`, or None if never saved."""
-        stored = self.record.array_records.get(key)
-        return None if stored is None else {name: array.numpy() for name, array in stored.items()}
+        stored = self.tree.get(key)
+        return None if stored is None else {name: _read_only(a) for name, a in stored.items()}
 
     def save_named(self, key: str, arrays: dict[str, np.ndarray]) -> None:
         """Replace the named arrays saved under `key` (any dtype: weights, bool masks, counters)."""
-        self.record[key] = ArrayRecord({name: Array(np.require(a, requirements="C")) for name, a in arrays.items()})
-        self.dirty = True
+        self.tree[key] = {name: np.array(a, order="C", copy=True) for name, a in arrays.items()}
+        self.changed.add(key)
+
+    def forget(self, key: str) -> None:
+        """Drop what is saved under `key` (nothing if nothing is)."""
+        if self.tree.pop(key, None) is not None:
+            self.changed.add(key)
+
+    def has(self, key: str) -> bool:
+        """Whether anything is saved under `key`."""
+        return key in self.tree
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    """A view of `array` that refuses writes."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 _VERSION = re.compile(r"round-(\d{6})\.npz")
@@ -77,7 +125,7 @@ class StateDir:
         """What the signature of round `server_round`'s file binds it to, so a copy elsewhere or a rename is refused."""
         return signing_context("client-state", self.run, self.partition, server_round)
 
-    def load(self, server_round: int, training: bool) -> tuple[int, RecordDict] | None:
+    def load(self, server_round: int, training: bool) -> tuple[int, Tree] | None:
         """(round, state) of the newest usable version for a message of `server_round`; None if there is none.
         StateFileError naming the file when that version fails to load (changed, unsigned, damaged): the client
         must not go on from an older or a fresh state as if nothing had happened."""
@@ -93,23 +141,16 @@ class StateDir:
         except StateFileError as exc:
             raise StateFileError(f"{path}: refused: cannot be verified: {exc}") from None
         tree = load_tree(path, key=secret, context=self._context(versions[-1]))
-        try:
-            record = RecordDict(
-                {
-                    key: ArrayRecord({name: Array(np.asarray(a)) for name, a in arrays.items()})
-                    for key, arrays in tree.items()
-                }
-            )
-        except (AttributeError, TypeError, ValueError) as exc:
-            raise StateFileError(f"{path}: refused: damaged ({type(exc).__name__}: {exc})") from None
-        return versions[-1], record
+        if not isinstance(tree, dict) or not all(
+            isinstance(arrays, dict) and all(isinstance(a, np.ndarray) for a in arrays.values())
+            for arrays in tree.values()
+        ):
+            raise StateFileError(f"{path}: refused: damaged (not a tree of named arrays)")
+        return versions[-1], {str(key): {str(name): a for name, a in arrays.items()} for key, arrays in tree.items()}
 
-    def save(self, server_round: int, record: RecordDict, checkpoint_round: int | None) -> None:
+    def save(self, server_round: int, tree: Tree, checkpoint_round: int | None) -> None:
         """Write the state of `server_round` atomically and drop versions no resume can need."""
         self.path.mkdir(parents=True, exist_ok=True)
-        tree = {
-            key: {name: array.numpy() for name, array in arrays.items()} for key, arrays in record.array_records.items()
-        }
         save_tree(self._file(server_round), tree, key=signing_key(self.key_file), context=self._context(server_round))
         older = [v for v in self.versions() if v < server_round]
         if checkpoint_round is None:
@@ -120,3 +161,38 @@ class StateDir:
         for version in older:
             if version not in keep:
                 self._file(version).unlink(missing_ok=True)
+
+
+@dataclass
+class Kept:
+    """A client's state as a message left it: the round it belongs to, its arrays, the last checkpoint round the
+    message named, where it goes on disk (None: memory only) and whether it changed since it was last on disk."""
+
+    server_round: int
+    tree: Tree
+    checkpoint_round: int | None
+    store: StateDir | None
+    dirty: bool
+
+
+class StateHost:
+    """Where a runtime other than Flower's keeps client state between messages (the in-process engine's worker): it
+    hands the client the state its message came with (`incoming`) and takes what the message left (`outgoing`),
+    so the state moves in memory and reaches the state dir only when the runtime writes it (at checkpoints)."""
+
+    def __init__(self) -> None:
+        self.incoming: Kept | None = None
+        self.outgoing: Kept | None = None
+
+    def begin(self, incoming: Kept | None) -> None:
+        """A new message: the state it came with (None: none, or on disk only)."""
+        self.incoming, self.outgoing = incoming, None
+
+
+HOST: StateHost | None = None  # set by a runtime that keeps client state itself; None under Flower's runtimes
+
+
+def host_state(host: StateHost | None) -> None:
+    """Install (or remove, with None) the runtime that keeps client state in this process."""
+    global HOST
+    HOST = host

@@ -360,7 +360,9 @@ class RunConfig:
         "auto",
         "simulation: where clients keep their state (personal weights, masks, "
         "algorithm state): `auto`: in files in the run folder (`client-state/`), so memory "
-        "grows with one round's clients, not with all, and a resumed run continues them; "
+        "grows with one round's clients, not with all, and a resumed run continues them "
+        "(the in-process engine holds them in shared memory between messages, up to "
+        "PFLOWER_STATE_MEMORY_MB, 4096 by default, and writes them for each checkpoint); "
         "`memory`: in the simulation's memory; or a folder (absolute path). On a device the "
         "node config's `state-dir` does this",
     )
@@ -460,3 +462,9 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     if cfg.model == "auto" and SPECS[algorithm].shares == "no-norm":  # FedBN: the dataset's model with batch norm
         cfg = replace(cfg, model=AUTO_MODEL[cfg.dataset] + "-bn")
     return cfg
+
+
+def due(server_round: int, every: int, num_rounds: int) -> bool:
+    """Whether a round-periodic task (checkpoint, evaluation) runs: every `every` rounds (0: never) and after the
+    last round."""
+    return every > 0 and (server_round % every == 0 or server_round == num_rounds)

@@ -145,12 +145,6 @@ def config_differences(recorded: dict[str, Any], current: dict[str, Any]) -> lis
     return sorted(k for k in keys if recorded.get(k) != current.get(k))
 
 
-def due(server_round: int, every: int, num_rounds: int) -> bool:
-    """Whether a round-periodic task (checkpoint, evaluation) runs: every `every` rounds (0: never) and after the
-    last round."""
-    return every > 0 and (server_round % every == 0 or server_round == num_rounds)
-
-
 def restore(strategy: PFLStrategy, writer: ResultsWriter | None, checkpoint: Checkpoint) -> list[int]:
     """Load a checkpoint's state into the strategy and its round records into the writer; returns the rounds after
     which this run folder was resumed (RunAborted when the state does not fit the configured model)."""

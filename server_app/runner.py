@@ -18,12 +18,12 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from common import profiling
-from common.config import RunConfig
+from common.config import RunConfig, due
 from common.evaluate import shifted_metric_keys
 from common.messages import CHECKPOINT_ROUND, CONFIG, SIMULATE_DROP, STATE_KEY
 from common.validation import PayloadError, echo_values, printable
 
-from .checkpoint import Checkpoint, due, restore, save_checkpoint
+from .checkpoint import Checkpoint, restore, save_checkpoint
 from .clients import ClientRegistry
 from .exchange import exchange_all, stream_replies
 from .faults import plan_faults
@@ -197,9 +197,13 @@ class RoundRunner:
         return due(server_round, self.cfg.eval_every, self.cfg.num_rounds)
 
     @profiling.timed("checkpoint")
-    def write_checkpoint(self, server_round: int, elapsed: float) -> None:
-        """After every `checkpoint-every` rounds and the last one: the state needed to resume, atomically."""
+    def write_checkpoint(self, server_round: int, elapsed: float, grid: Grid | None = None) -> None:
+        """After every `checkpoint-every` rounds and the last one: the state needed to resume, atomically. A grid
+        that keeps its clients' state itself (the in-process engine) writes it to their state dirs first."""
         if self.writer is not None and due(server_round, self.cfg.checkpoint_every, self.cfg.num_rounds):
+            persist = getattr(grid, "persist_client_state", None)
+            if persist is not None:
+                persist(self.checkpoint_round)
             state = self.strategy.state_dict()
             checkpoint = Checkpoint(
                 server_round, state, self.writer.records, elapsed, self.resumes, self.clients.table()
@@ -242,5 +246,5 @@ class RoundRunner:
         record = round_record(rnd, time.monotonic() - t0, elapsed, self.round_log, self.strategy.round_record(rnd))
         if self.writer is not None:
             self.writer.add_round(record, self.round_log.digests)
-        self.write_checkpoint(rnd, elapsed)
+        self.write_checkpoint(rnd, elapsed, grid)
         log(INFO, "%s", progress_text(record, self.cfg.num_rounds, self.cfg.shift_degrees, elapsed))

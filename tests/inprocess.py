@@ -6,7 +6,7 @@ from __future__ import annotations
 from flwr.app import MessageType, RecordDict
 
 from client_app.algorithms import ClientAlgorithm, ClientEnv, answer, client_class
-from client_app.state import ClientState
+from client_app.state import ClientState, Tree
 from common.config import RunConfig
 from common.data.federated import client_data, dataset_for
 from common.models import ModelLayout, build_model
@@ -30,7 +30,7 @@ class InProcessFederation:
         self.clients = ClientRegistry()
         self.strategy = strategy_class(cfg.algorithm)(cfg, ModelLayout.of(model), self.clients)
         self.runner = RoundRunner(cfg, self.strategy, self.clients)
-        self.states = {pid: RecordDict() for pid in range(num_clients)}
+        self.states: dict[int, Tree] = {pid: {} for pid in range(num_clients)}
         self.sent: dict[int, dict[int, RecordDict]] = {}  # the training messages of each round, by partition
         self.data = {pid: client_data(cfg, pid, num_clients) for pid in range(num_clients)}
         for pid in range(num_clients):

@@ -81,7 +81,7 @@ def test_resumed_run_continues_exactly(algorithm: str, tmp_path) -> None:
     resumed.strategy.load_state_dict(checkpoint.state)
     for pid in resumed.states:
         loaded = _store(tmp_path, pid).load(3, training=True)
-        resumed.states[pid] = loaded[1] if loaded else RecordDict()
+        resumed.states[pid] = loaded[1] if loaded else {}
     again = [resumed.train_round(rnd) for rnd in (3, 4)] + [resumed.evaluate(4)]
 
     for first, second in zip(uninterrupted, again):

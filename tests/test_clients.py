@@ -8,7 +8,7 @@ from flwr.app import ConfigRecord, RecordDict
 
 from client_app.algorithms import ClientEnv, client_class
 from client_app.algorithms.local import PERSONAL
-from client_app.state import ClientState
+from client_app.state import ClientState, Tree
 from common.config import parse_run_config
 from common.data.federated import client_data
 from common.evaluate import shift_key
@@ -17,9 +17,9 @@ from common.records import to_record
 from common.validation import validate_arrays
 
 
-def _client(name: str, state: RecordDict | None = None, **overrides):
+def _client(name: str, state: Tree | None = None, **overrides):
     cfg = parse_run_config({"algorithm": name, "dataset": "digits", "local-epochs": 2, "lr": 0.1, **overrides})
-    env = ClientEnv(cfg, client_data(cfg, 1, 4), ClientState(state if state is not None else RecordDict()), "cpu")
+    env = ClientEnv(cfg, client_data(cfg, 1, 4), ClientState(state if state is not None else {}), "cpu")
     return client_class(name)(env)
 
 
@@ -83,7 +83,7 @@ def test_fedprox_server_sends_its_mu_and_a_bad_mu_fails_the_client() -> None:
 
 
 def test_local_keeps_its_model_on_the_device_and_uploads_none() -> None:
-    state = RecordDict()
+    state: Tree = {}
     client = _client("local", state)
     reply = client.fit(1, RecordDict({"config": ConfigRecord({"server-round": 1})}))
     assert "arrays" not in reply.array_records

@@ -78,7 +78,7 @@ def test_personal_masks_keep_their_size_and_weights_outside_stay_zero() -> None:
     initial = {n: int(m.sum()) for n, m in fed.strategy.global_masks.items()}
     for rnd in (1, 2, 3):
         fed.train_round(rnd)
-    trained = [pid for pid, state in fed.states.items() if PERSONAL in state.array_records]
+    trained = [pid for pid, state in fed.states.items() if PERSONAL in state]
     assert trained
     for pid in trained:
         weights, masks = fed.client(pid).load_sparse(PERSONAL)
@@ -136,7 +136,7 @@ def test_global_model_sent_only_when_stale_and_resent_after_a_failure() -> None:
     holder = next(pid for pid, v in strategy.delivered.items() if v == strategy.version)
     content = strategy.train_content(2, holder, strategy.shared_payload(2))
     assert "global" not in content.array_records, "a client holding the current version gets no model"
-    fed.states[holder] = RecordDict()  # the device lost its state
+    fed.states[holder] = {}  # the device lost its state
     with pytest.raises(StaleGlobalModel):
         fed.client(holder).fit(2, content)
     fed.runner.aggregate_train(2, [FakeReply(1000 + holder, error="StaleGlobalModel")])
@@ -274,7 +274,7 @@ def test_a_partial_download_for_another_mask_is_stale_and_then_sent_whole() -> N
     pid = next(p for p in strategy.clients.ids() if strategy.personal_masks.get(p) is not None)
     content = strategy.train_content(5, pid, strategy.shared_payload(5))
     assert "global-partial" in content.array_records and "global" not in content.array_records
-    fed.states[pid] = RecordDict()  # the device lost its m_c
+    fed.states[pid] = {}  # the device lost its m_c
     with pytest.raises(StaleGlobalModel, match="personal mask"):
         fed.client(pid).fit(5, content)
     fed.runner.aggregate_train(5, [FakeReply(1000 + pid, error="StaleGlobalModel")])

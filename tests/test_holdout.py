@@ -111,7 +111,7 @@ class _Grid(PushPullGrid):
             if pid in self.forge:
                 replies.append(FakeReply(1000 + pid, self.forge[pid]))
                 continue
-            env = ClientEnv(self.fed.cfg, self.fed.data[pid], ClientState(RecordDict()), "cpu")
+            env = ClientEnv(self.fed.cfg, self.fed.data[pid], ClientState(), "cpu")
             replies.append(FakeReply(1000 + pid, answer(NewcomerClient(env), MessageType.EVALUATE, 1, msg.content)))
         return replies
 
@@ -146,7 +146,7 @@ def test_a_newcomer_reply_without_its_fine_tuned_rows_is_rejected(server_identit
 
 def test_a_newcomer_refuses_training_and_too_many_epochs() -> None:
     fed = _federation("fedavg")
-    env = ClientEnv(fed.cfg, fed.data[0], ClientState(RecordDict()), "cpu")
+    env = ClientEnv(fed.cfg, fed.data[0], ClientState(), "cpu")
     with pytest.raises(PayloadError, match="never trains"):
         NewcomerClient(env).fit(1, RecordDict())
     content = fed.runner.message_contents(1, [0], MessageType.EVALUATE, newcomers=True)[0]

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import RecordDict
 
-from client_app.state import ClientState, StateDir
+from client_app.state import ClientState, StateDir, Tree
 from common.persist import (
     StateFileError,
     atomic_write_bytes,
@@ -79,14 +78,14 @@ def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch) -> None:
     assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["state.npz"]
 
 
-def _record(value: float) -> RecordDict:
-    state = ClientState(RecordDict())
+def _record(value: float) -> Tree:
+    state = ClientState()
     state.save_arrays("personal", [np.full(3, value, np.float32)])
     state.save_named("mask", {"w": np.array([True, False])})
-    return state.record
+    return state.tree
 
 
-def _value(record: RecordDict) -> float:
+def _value(record: Tree) -> float:
     return float(ClientState(record).load_arrays("personal")[0][0])
 
 

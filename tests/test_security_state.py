@@ -17,7 +17,7 @@ import pytest
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from client_app.state import KEY_FILE, ClientState, StateDir
+from client_app.state import KEY_FILE, ClientState, StateDir, Tree
 from common.config import parse_run_config
 from common.persist import CHECKPOINT_FILE, SIGNATURE_HEX, StateFileError, load_tree, save_tree, signing_key
 from server_app.checkpoint import KEY_DIR_ENV, Checkpoint, load_checkpoint, restore, save_checkpoint, server_key_file
@@ -206,13 +206,13 @@ def test_a_new_run_makes_the_server_key_when_its_folder_is_opened(tmp_path: Path
 
 
 # ----- a client's stored state --------------------------------------------------------------------------------
-def _record(value: float) -> RecordDict:
-    state = ClientState(RecordDict())
+def _record(value: float) -> Tree:
+    state = ClientState()
     state.save_arrays("personal", [np.full(3, value, np.float32)])
-    return state.record
+    return state.tree
 
 
-def _value(record: RecordDict) -> float:
+def _value(record: Tree) -> float:
     arrays = ClientState(record).load_arrays("personal")
     assert arrays is not None
     return float(arrays[0][0])

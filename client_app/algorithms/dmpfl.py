@@ -17,7 +17,8 @@ from common.messages import ARRAYS, GLOBAL_VERSION, PERSONAL_MASK_DIGEST, PHASE,
 from common.train import TrainStats
 from common.validation import PayloadError, read_count, read_fraction, record_to_numpy
 
-from .sparse import Named, SparseGlobalClient, StaleGlobalModel
+from .sparse import GLOBAL as GLOBAL_KEY
+from .sparse import GLOBAL_VERSION_KEY, Named, SparseGlobalClient, StaleGlobalModel
 
 PERSONAL = "dmpfl/personal"  # client state: w_c on m_c and m_c, as the codec sends them
 BASE_ENTROPY_C, BASE_ENTROPY_G = "dmpfl/base-entropy-c", "dmpfl/base-entropy-g"
@@ -62,6 +63,17 @@ class DMPFLClient(SparseGlobalClient):
             return self._refine_global(server_round, w_g, m_g)
         return self._refine_personal(server_round, w_g, m_g)
 
+    def refresh_global(self, content: RecordDict) -> tuple[Named, Named]:
+        """As any sparse client; a cut of an older version than the model now held is dropped (never usable again:
+        the server cuts only the version it holds, and versions only grow)."""
+        weights, masks = super().refresh_global(content)
+        held = self.env.state.load_named(PARTIAL_ID)
+        version = read_count(self.instructions(content), GLOBAL_VERSION, allow_zero=True)
+        if held is not None and int(held["id"][0]) < version:
+            self.env.state.forget(PARTIAL_CUT)
+            self.env.state.forget(PARTIAL_ID)
+        return weights, masks
+
     def partial_global(self, content: RecordDict) -> tuple[Named, Named]:
         """(w_g, m_g) on m_c only: from the message's cut, or the stored cut of this version and m_c; a cut made for
         an m_c this client does not hold is stale (the server then sends the whole model)."""
@@ -80,6 +92,10 @@ class DMPFLClient(SparseGlobalClient):
             decoded = decode_partial_global(cut, self.shapes, m_c)
             state.save_named(PARTIAL_CUT, cut)
             state.save_named(PARTIAL_ID, {"id": np.array([version, expected], np.int64)})
+            held = state.load_named(GLOBAL_VERSION_KEY)
+            if held is not None and int(held["version"][0]) < version:  # the whole model of an older version
+                state.forget(GLOBAL_KEY)
+                state.forget(GLOBAL_VERSION_KEY)
             return decoded
         held, stored = state.load_named(PARTIAL_ID), state.load_named(PARTIAL_CUT)
         if held is None or held["id"].tolist() != [version, expected] or stored is None:

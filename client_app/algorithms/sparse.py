@@ -19,6 +19,7 @@ from common.validation import PayloadError, read_count, record_to_numpy
 from .base import ClientAlgorithm, ClientEnv
 
 GLOBAL = "global/model"  # client state: the global model of the version held, as the codec sends it
+GLOBAL_VERSION_KEY = "global/version"  # client state: that model's version
 
 
 class StaleGlobalModel(RuntimeError):
@@ -44,9 +45,9 @@ class SparseGlobalClient(ClientAlgorithm):
             if set(masks) != set(self.prunable):
                 raise PayloadError(f"global model has sparse layers {sorted(masks)}, expected {self.prunable}")
             self.save_sparse(GLOBAL, weights, masks)
-            state.save_named("global/version", {"version": np.array([version], np.int64)})
+            state.save_named(GLOBAL_VERSION_KEY, {"version": np.array([version], np.int64)})
             return weights, masks
-        held = state.load_named("global/version")
+        held = state.load_named(GLOBAL_VERSION_KEY)
         have = int(held["version"][0]) if held else None
         if have != version:
             raise StaleGlobalModel(f"client holds global version {have}, the server expects {version}")

@@ -24,6 +24,7 @@ from common.messages import NUM_PARTITIONS, PARTITION_ID
 
 from . import worker
 from .blobs import BlobRef, SharedArrays, drop
+from .states import HeldStates
 from .transport import blob_refs, num_bytes, records_in, records_out
 from .worker import Outcome, Task
 
@@ -65,6 +66,7 @@ class InProcessGrid(Grid):
             FIRST_NODE_ID + pid: {PARTITION_ID: pid, NUM_PARTITIONS: num_nodes} for pid in range(num_nodes)
         }
         self.states: dict[int, RecordDict] = {}  # node -> its context state (absent: empty)
+        self.held = HeldStates()  # node -> the client state the engine keeps for it
         self._shared = SharedArrays()  # array payloads of the messages in flight, in shared memory
         self._pending: dict[str, tuple[int, Message, Future[Outcome], list[BlobRef]]] = {}  # message id -> node,
         # the message, its outcome to come and the shared-memory blocks it uses
@@ -134,6 +136,7 @@ class InProcessGrid(Grid):
                 msg.metadata.ttl,
                 content,
                 state,
+                self.held.get(node),
             )
             self._pending[message_id] = (node, msg, self._submit(task), blob_refs(content) + blob_refs(state))
             self._latest[node] = message_id
@@ -189,6 +192,8 @@ class InProcessGrid(Grid):
             return
         self._shared.release(shared)
         self.clientapp_seconds += outcome.seconds
+        if outcome.kept is not None:
+            self.held.put(node, outcome.kept, busy=self._latest)
         if outcome.state is None:
             self.states.pop(node, None)
         else:
@@ -201,6 +206,13 @@ class InProcessGrid(Grid):
             reply = Message(records_in(outcome.content, unlink=True), reply_to=msg)
         reply.metadata.__dict__["_message_id"] = str(uuid4())
         self._ready[message_id] = reply
+
+    def persist_client_state(self, checkpoint_round: int | None) -> None:
+        """Write every client state the engine holds and the state dirs lack (the server is about to write a
+        checkpoint; `checkpoint_round`: its last one before this). Messages still in flight are waited for first."""
+        for message_id in list(self._pending):
+            self._collect(message_id)
+        self.held.write_all(checkpoint_round)
 
     def _restart_if_broken(self) -> None:
         """A pool whose worker died refuses all work: replace it (messages in flight get error replies); give the
@@ -228,10 +240,12 @@ class InProcessGrid(Grid):
             _, _, future, _ = self._pending[message_id]
             if future.done() and not future.cancelled() and future.exception() is None:
                 outcome = future.result()
-                for ref in blob_refs(outcome.content) + blob_refs(outcome.state):
+                kept = [outcome.kept.ref] if outcome.kept is not None and outcome.kept.ref is not None else []
+                for ref in blob_refs(outcome.content) + blob_refs(outcome.state) + kept:
                     drop(ref)
         self._pending.clear()
         self._shared.close()
+        self.held.close()
 
     def __enter__(self) -> InProcessGrid:
         return self

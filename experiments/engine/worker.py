@@ -17,7 +17,10 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
+from client_app.state import StateHost, host_state
+
 from .blobs import put
+from .states import StateBlock, pack, unpack
 from .transport import Records, records_in, records_out
 
 
@@ -34,6 +37,7 @@ class Task:
     ttl: float
     content: Records
     state: Records | None
+    kept: StateBlock | None = None  # the client state the engine keeps for the node (states.py)
 
 
 @dataclass(frozen=True)
@@ -45,16 +49,19 @@ class Outcome:
     error: tuple[int, str] | None
     state: Records | None
     seconds: float
+    kept: StateBlock | None = None  # the client state the message left, when it changed or was read from disk
 
 
 _APP: ClientApp | None = None
 _RUN_CONFIG: dict[str, Any] = {}
+_HOST: StateHost | None = None
 _FAILURES: set[tuple[str, str]] = set()  # errors this worker has logged with their traceback
 
 
 def start(run_config: dict[str, Any], threads: int, log_level: int) -> None:
-    """Worker initializer: torch on `threads` threads, the ClientApp imported once, the run's config kept."""
-    global _APP, _RUN_CONFIG
+    """Worker initializer: torch on `threads` threads, the ClientApp imported once, the run's config kept, client
+    state kept by the engine."""
+    global _APP, _RUN_CONFIG, _HOST
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     import torch
 
@@ -66,6 +73,8 @@ def start(run_config: dict[str, Any], threads: int, log_level: int) -> None:
     if os.environ.get(ENV):  # the server serves the data set from an export: so do its workers
         serve_export(Path(os.environ[ENV]))
     _APP, _RUN_CONFIG = app, dict(run_config)
+    _HOST = StateHost()
+    host_state(_HOST)
     logging.getLogger("flwr").setLevel(log_level)
 
 
@@ -75,7 +84,7 @@ def answer(task: Task) -> Outcome:
     logged here with its traceback."""
     from client_app.app import SimulatedDrop
 
-    if _APP is None:
+    if _APP is None or _HOST is None:
         raise RuntimeError("worker not started")
     started = time.perf_counter()
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = task.run_id, task.node_id, task.run_id
@@ -98,6 +107,7 @@ def answer(task: Task) -> Outcome:
     )
     content: Records | None = None
     error: tuple[int, str] | None = None
+    _HOST.begin(unpack(task.kept) if task.kept is not None else None)
     try:
         content = records_out(_APP(msg, context).content, put)
     except Exception as exc:  # the server gets an error reply
@@ -113,5 +123,7 @@ def answer(task: Task) -> Outcome:
             _FAILURES.add(seen)
         reason = f"ClientApp raised {type(exc).__name__}: {exc}".replace("\n", " ")
         error = (ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason)
-    kept = records_out(context.state, put) if len(context.state) else None
-    return Outcome(content, error, kept, time.perf_counter() - started)
+    context_state = records_out(context.state, put) if len(context.state) else None
+    left = pack(_HOST.outgoing) if _HOST.outgoing is not None else None
+    _HOST.begin(None)
+    return Outcome(content, error, context_state, time.perf_counter() - started, left)

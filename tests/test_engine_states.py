@@ -1,0 +1,151 @@
+"""Client state kept by the in-process engine between a node's messages (experiments/engine/states.py): exact
+round trips through shared memory, blocks freed, the memory budget spilling to the state dirs, checkpoints."""
+
+from __future__ import annotations
+
+from multiprocessing import shared_memory
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client_app.state import Kept, StateDir, Tree
+from experiments.engine.states import HeldStates, StateBlock, pack, unpack
+
+
+def _tree(value: float) -> Tree:
+    return {
+        "personal": {"0": np.full((3, 5), value, np.float32), "1": np.arange(7, dtype=np.int64)},
+        "masks": {"w": np.array([[True, False, True]]), "count": np.array(5, np.int64)},  # a 0-d array
+        "empty": {"e": np.zeros((0, 4), np.float32)},
+        "alpha": {"alpha": np.array([value], np.float64)},
+    }
+
+
+def _kept(tmp_path: Path, value: float, server_round: int, pid: int = 0, on_disk: bool = True) -> Kept:
+    store = StateDir(tmp_path / "run" / f"partition-{pid}", run="run", partition=pid) if on_disk else None
+    return Kept(server_round, _tree(value), 0, store, dirty=True)
+
+
+def _exists(block: StateBlock) -> bool:
+    assert block.ref is not None
+    try:
+        shared_memory.SharedMemory(name=block.ref.name).close()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _same(a: Tree, b: Tree) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k].keys() == b[k].keys()
+        and all(
+            x.dtype == b[k][n].dtype and x.shape == b[k][n].shape and np.array_equal(x, b[k][n])
+            for n, x in a[k].items()
+        )
+        for k in a
+    )
+
+
+def test_a_state_crosses_a_block_exactly_with_every_dtype_and_shape(tmp_path: Path) -> None:
+    held = HeldStates(limit=1 << 30)
+    block = pack(_kept(tmp_path, 2.5, server_round=4))
+    held.put(7, block)
+    back = unpack(block)
+    assert _same(back.tree, _tree(2.5)) and back.server_round == 4 and back.dirty
+    assert back.store is not None and back.store.path == tmp_path / "run" / "partition-0"
+    held.close()
+    assert not _exists(block)
+
+
+def test_a_new_state_frees_the_old_block(tmp_path: Path) -> None:
+    held = HeldStates(limit=1 << 30)
+    first, second = pack(_kept(tmp_path, 1.0, 1)), pack(_kept(tmp_path, 2.0, 2))
+    held.put(3, first)
+    held.put(3, second)
+    assert not _exists(first) and _exists(second) and held.get(3) == second
+    assert held.held_bytes == second.ref.size  # type: ignore[union-attr]
+    held.close()
+
+
+def test_over_the_budget_the_least_recently_used_idle_states_go_to_their_state_dirs(tmp_path: Path) -> None:
+    size = pack(_kept(tmp_path, 0.0, 1)).ref.size  # type: ignore[union-attr]
+    held = HeldStates(limit=2 * size)
+    blocks = {pid: pack(_kept(tmp_path, float(pid), 1, pid)) for pid in range(4)}
+    held.put(0, blocks[0])
+    held.put(1, blocks[1])
+    held.get(0)  # node 0 used again: node 1 is now the least recently used
+    held.put(2, blocks[2], busy={1})  # node 1 has a message in flight: its block must stay
+    assert held.get(1) is not None and held.get(0) is None and not _exists(blocks[0])
+    loaded = StateDir(tmp_path / "run" / "partition-0", run="run", partition=0).load(2, training=True)
+    assert loaded is not None and loaded[0] == 1 and _same(loaded[1], _tree(0.0))
+    held.put(3, blocks[3])
+    assert held.held_bytes <= 2 * size and held.written == 2
+    held.close()
+
+
+def test_memory_only_states_are_never_spilled(tmp_path: Path) -> None:
+    size = pack(_kept(tmp_path, 0.0, 1, on_disk=False)).ref.size  # type: ignore[union-attr]
+    held = HeldStates(limit=size)
+    held.put(0, pack(_kept(tmp_path, 0.0, 1, on_disk=False)))
+    held.put(1, pack(_kept(tmp_path, 1.0, 1, on_disk=False)))
+    assert held.get(0) is not None and held.get(1) is not None and held.written == 0
+    held.close()
+
+
+def test_a_checkpoint_writes_each_changed_state_once(tmp_path: Path) -> None:
+    held = HeldStates(limit=1 << 30)
+    held.put(0, pack(_kept(tmp_path, 1.0, 3, pid=0)))
+    held.put(1, pack(_kept(tmp_path, 2.0, 2, pid=1)))
+    held.write_all(checkpoint_round=0)
+    held.write_all(checkpoint_round=0)
+    assert held.written == 2
+    assert StateDir(tmp_path / "run" / "partition-0", run="run", partition=0).versions() == [3]
+    assert StateDir(tmp_path / "run" / "partition-1", run="run", partition=1).versions() == [2]
+    clean = held.get(0)
+    assert clean is not None and not clean.dirty and _exists(clean)  # still held: the next message reads no file
+    held.close()
+
+
+@pytest.mark.parametrize(("training", "checkpoint_every"), [(True, 0), (False, 0), (True, 5), (True, 2)])
+def test_the_client_app_starts_from_the_engines_copy_and_leaves_its_change_there(
+    tmp_path: Path, training: bool, checkpoint_every: int
+) -> None:
+    """Round 5's change stays with the engine, and reaches the state dir at once when round 5 is checkpointed."""
+    from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from client_app import app as client
+    from client_app.state import StateHost, host_state
+
+    for name in ("run_id", "node_id", "task_id"):
+        setattr(TaskIdentity, name, 1)
+
+    class _Context:
+        run_config = {
+            "dataset": "digits",
+            "client-state-dir": str(tmp_path / "states"),
+            "checkpoint-every": checkpoint_every,
+            "num-rounds": 20,
+        }
+        node_config = {"partition-id": 0, "num-partitions": 2}
+        state = RecordDict()
+
+    checkpointed = checkpoint_every > 0 and 5 % checkpoint_every == 0
+    config = ConfigRecord({"server-round": 5, "state-key": "run-a"})
+    kind = MessageType.TRAIN if training else MessageType.EVALUATE
+    msg = Message(RecordDict({"config": config}), dst_node_id=1, message_type=kind)
+    host = StateHost()
+    host_state(host)
+    try:
+        host.begin(Kept(4, _tree(1.5), 0, None, dirty=False))
+        env, store = client._env(_Context(), msg, training=training)  # type: ignore[arg-type]
+        assert _same(env.state.tree, _tree(1.5))
+        env.state.save_named("alpha", {"alpha": np.array([9.0])})
+        client._persist(env, store, msg, _Context())  # type: ignore[arg-type]
+        assert host.outgoing is not None and host.outgoing.server_round == 5
+        assert store is not None and store.versions() == ([5] if checkpointed else [])
+        assert host.outgoing.dirty is not checkpointed  # a state not yet in the state dir is written at the checkpoint
+        assert host.incoming is not None and host.incoming.tree["alpha"]["alpha"][0] == 1.5  # the copy it came with
+    finally:
+        host_state(None)
