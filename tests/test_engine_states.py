@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from client_app.state import Kept, StateDir, Tree
+from experiments.engine.blobs import drop
 from experiments.engine.states import HeldStates, StateBlock, pack, unpack
 
 
@@ -68,8 +69,15 @@ def test_a_new_state_frees_the_old_block(tmp_path: Path) -> None:
     held.close()
 
 
+def _size(kept: Kept) -> int:
+    block = pack(kept)
+    assert block.ref is not None
+    drop(block.ref)
+    return block.ref.size
+
+
 def test_over_the_budget_the_least_recently_used_idle_states_go_to_their_state_dirs(tmp_path: Path) -> None:
-    size = pack(_kept(tmp_path, 0.0, 1)).ref.size  # type: ignore[union-attr]
+    size = _size(_kept(tmp_path, 0.0, 1))
     held = HeldStates(limit=2 * size)
     blocks = {pid: pack(_kept(tmp_path, float(pid), 1, pid)) for pid in range(4)}
     held.put(0, blocks[0])
@@ -85,7 +93,7 @@ def test_over_the_budget_the_least_recently_used_idle_states_go_to_their_state_d
 
 
 def test_memory_only_states_are_never_spilled(tmp_path: Path) -> None:
-    size = pack(_kept(tmp_path, 0.0, 1, on_disk=False)).ref.size  # type: ignore[union-attr]
+    size = _size(_kept(tmp_path, 0.0, 1, on_disk=False))
     held = HeldStates(limit=size)
     held.put(0, pack(_kept(tmp_path, 0.0, 1, on_disk=False)))
     held.put(1, pack(_kept(tmp_path, 1.0, 1, on_disk=False)))
@@ -149,3 +157,18 @@ def test_the_client_app_starts_from_the_engines_copy_and_leaves_its_change_there
         assert host.incoming is not None and host.incoming.tree["alpha"]["alpha"][0] == 1.5  # the copy it came with
     finally:
         host_state(None)
+
+
+def test_blocks_a_run_left_behind_are_swept_and_names_stay_in_the_shared_memory_folder() -> None:
+    from experiments.engine import blobs
+
+    kept = blobs.put(b"x" * 100)
+    other = blobs.write([(3, memoryview(b"abc"))], 8)
+    assert blobs.take(other, unlink=True) == b"\0\0\0abc\0\0"
+    assert blobs.sweep(blobs.prefix()) >= 1 and not (blobs.SHM_DIR / kept.name).exists()
+    orphan = blobs.SHM_DIR / "pfl999999999-dead-run"  # a run whose server process is gone
+    orphan.write_bytes(b"x")
+    assert blobs.sweep_orphans() >= 1 and not orphan.exists()
+    for name in ("../etc/passwd", "", ".hidden", "a/b"):
+        with pytest.raises(ValueError, match="not a shared-memory block name"):
+            blobs.take(blobs.BlobRef(name, 1), unlink=False)

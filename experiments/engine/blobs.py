@@ -5,10 +5,15 @@ carries the same array (FedAvg's global model goes to every client of a round: w
 
 from __future__ import annotations
 
+import os
+import secrets
 from dataclasses import dataclass
-from multiprocessing import shared_memory
+from pathlib import Path
 
-SHARED_FROM_BYTES = 64 << 10  # smaller payloads go through the pipe: a block costs two system calls
+SHARED_FROM_BYTES = 64 << 10  # smaller payloads go through the pipe: a block costs a few system calls
+SHM_DIR = Path("/dev/shm")  # POSIX shared memory on Linux: each block a file of this tmpfs, read and written in place
+PREFIX_ENV = "PFLOWER_SHM_PREFIX"  # names every block of one engine run (the grid sets it for its workers)
+_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 @dataclass(frozen=True)
@@ -19,37 +24,108 @@ class BlobRef:
     size: int
 
 
-def put(data: bytes) -> BlobRef:
-    """Copy `data` into a new shared-memory block; the receiver (or the sender, with `drop`) unlinks it."""
-    block = shared_memory.SharedMemory(create=True, size=max(1, len(data)))
+def prefix() -> str:
+    """The name prefix of this run's blocks."""
+    return os.environ.get(PREFIX_ENV) or f"pfl{os.getpid()}-"
+
+
+def _path(name: str) -> str:
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"not a shared-memory block name: {name!r}")
+    return str(SHM_DIR / name)
+
+
+def write(parts: list[tuple[int, memoryview]], size: int) -> BlobRef:
+    """A new block of `size` bytes holding each (offset, bytes) part; only this user may open it. Written with
+    pwrite, not through a mapping: no page faults one by one, and no resource-tracker messages."""
+    name = prefix() + secrets.token_hex(8)
+    fd = os.open(_path(name), os.O_CREAT | os.O_EXCL | os.O_WRONLY | _FLAGS, 0o600)
     try:
-        assert block.buf is not None
-        block.buf[: len(data)] = data
-        return BlobRef(block.name, len(data))
+        os.ftruncate(fd, size)
+        for offset, data in parts:
+            done = 0
+            while done < len(data):
+                done += os.pwrite(fd, data[done:], offset + done)
+    except BaseException:
+        os.close(fd)
+        os.unlink(_path(name))
+        raise
+    os.close(fd)
+    return BlobRef(name, size)
+
+
+def put(data: bytes) -> BlobRef:
+    """Copy `data` into a new shared-memory block; the receiver (or the sender, with `drop`) frees it."""
+    return write([(0, memoryview(data))], len(data))
+
+
+def read_into(ref: BlobRef, parts: list[tuple[int, memoryview]]) -> None:
+    """Fill each writable buffer from the block at its offset."""
+    fd = os.open(_path(ref.name), os.O_RDONLY | _FLAGS)
+    try:
+        for offset, buffer in parts:
+            done = 0
+            while done < len(buffer):
+                got = os.preadv(fd, [buffer[done:]], offset + done)
+                if got == 0:
+                    raise EOFError(f"shared-memory block {ref.name} ends before byte {offset + len(buffer)}")
+                done += got
     finally:
-        block.close()
+        os.close(fd)
 
 
 def take(ref: BlobRef, unlink: bool) -> bytes:
     """The payload of a block (copied out); `unlink` frees the block too (its last reader)."""
-    block = shared_memory.SharedMemory(name=ref.name)
+    fd = os.open(_path(ref.name), os.O_RDONLY | _FLAGS)
     try:
-        assert block.buf is not None
-        return bytes(block.buf[: ref.size])
+        pieces = [os.pread(fd, ref.size, 0)]
+        done = len(pieces[0])
+        while done < ref.size:  # a read returns less only past the kernel's per-call limit (2 GiB)
+            pieces.append(os.pread(fd, ref.size - done, done))
+            if not pieces[-1]:
+                raise EOFError(f"shared-memory block {ref.name} holds fewer than {ref.size} bytes")
+            done += len(pieces[-1])
     finally:
-        block.close()
-        if unlink:
-            block.unlink()
+        os.close(fd)
+    if unlink:
+        drop(ref)
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 def drop(ref: BlobRef) -> None:
-    """Free a block nobody will read (a message given up on)."""
+    """Free a block (nothing if it is gone)."""
     try:
-        block = shared_memory.SharedMemory(name=ref.name)
+        os.unlink(_path(ref.name))
     except FileNotFoundError:
-        return
-    block.close()
-    block.unlink()
+        pass
+
+
+def sweep_orphans() -> int:
+    """Free this user's blocks of engine runs whose server process is gone (a run killed with SIGKILL could not free
+    its own); returns how many."""
+    freed = 0
+    for path in SHM_DIR.glob("pfl*-*"):
+        pid = path.name[3:].split("-", 1)[0]
+        try:
+            if not pid.isdigit() or path.stat().st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # the run that made it is gone
+            path.unlink(missing_ok=True)
+            freed += 1
+        except OSError:  # alive under another user, or the block vanished meanwhile
+            continue
+    return freed
+
+
+def sweep(name_prefix: str) -> int:
+    """Free every block whose name starts with `name_prefix` (what a run's processes left behind: a worker that
+    died mid-message); returns how many."""
+    freed = 0
+    for path in SHM_DIR.glob(f"{name_prefix}*") if name_prefix else []:
+        path.unlink(missing_ok=True)
+        freed += 1
+    return freed
 
 
 class SharedArrays:

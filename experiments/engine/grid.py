@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
@@ -23,7 +24,7 @@ from flwr.supercore.run import Run
 from common.messages import NUM_PARTITIONS, PARTITION_ID
 
 from . import worker
-from .blobs import BlobRef, SharedArrays, drop
+from .blobs import PREFIX_ENV, BlobRef, SharedArrays, drop, sweep, sweep_orphans
 from .states import HeldStates
 from .transport import blob_refs, num_bytes, records_in, records_out
 from .worker import Outcome, Task
@@ -75,6 +76,8 @@ class InProcessGrid(Grid):
         self.clientapp_seconds = 0.0  # time the ClientApps took, summed over messages
         self.bytes_moved = 0  # serialized bytes of messages and replies (states aside)
         self.restarts = 0  # pools replaced after a worker died
+        sweep_orphans()  # what killed runs left in shared memory
+        self._prefix = os.environ[PREFIX_ENV] = f"pfl{os.getpid()}-{uuid4().hex[:8]}-"  # the workers inherit it
         self._pool = self._new_pool()
 
     def _new_pool(self) -> Executor:
@@ -246,6 +249,9 @@ class InProcessGrid(Grid):
         self._pending.clear()
         self._shared.close()
         self.held.close()
+        sweep(self._prefix)  # blocks of replies never read (a worker that died mid-message)
+        if os.environ.get(PREFIX_ENV) == self._prefix:
+            del os.environ[PREFIX_ENV]
 
     def __enter__(self) -> InProcessGrid:
         return self

@@ -12,14 +12,13 @@ from collections import OrderedDict
 from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import shared_memory
 from pathlib import Path
 
 import numpy as np
 
 from client_app.state import Kept, StateDir, Tree
 
-from .blobs import BlobRef, drop
+from .blobs import BlobRef, drop, read_into, write
 
 ALIGN = 64  # each array starts on a cache line
 WRITERS = 4  # threads writing states to their state dirs at a checkpoint
@@ -43,46 +42,34 @@ class StateBlock:
 
 def pack(kept: Kept) -> StateBlock:
     """Copy a kept state into a new shared-memory block (in the worker that ran the message)."""
-    entries, offset = [], 0
-    arrays = [
-        (key, name, np.require(a, requirements="C")) for key, named in kept.tree.items() for name, a in named.items()
-    ]
-    for key, name, array in arrays:
-        entries.append((key, name, array.dtype.str, tuple(array.shape), offset))
-        offset += -(-array.nbytes // ALIGN) * ALIGN
-    ref = None
-    if offset:
-        block = shared_memory.SharedMemory(create=True, size=offset)
-        try:
-            assert block.buf is not None
-            for (_, _, _, _, start), (_, _, array) in zip(entries, arrays):
-                np.frombuffer(block.buf, np.uint8, array.nbytes, start)[:] = array.reshape(-1).view(np.uint8)
-            ref = BlobRef(block.name, offset)
-        finally:
-            block.close()
+    entries, parts, offset = [], [], 0
+    for key, named in kept.tree.items():
+        for name, value in named.items():
+            array = np.require(value, requirements="C")
+            entries.append((key, name, array.dtype.str, tuple(array.shape), offset))
+            if array.nbytes:
+                parts.append((offset, array.reshape(-1).view(np.uint8).data))
+            offset += -(-array.nbytes // ALIGN) * ALIGN
+    ref = write(parts, offset) if offset else None
     store = None if kept.store is None else (str(kept.store.path), kept.store.run, kept.store.partition)
     return StateBlock(ref, tuple(entries), kept.server_round, kept.checkpoint_round, store, kept.dirty)
 
 
 def unpack(block: StateBlock) -> Kept:
-    """The state a block holds, copied out of it (the block stays for the server to free)."""
+    """The state a block holds, read out of it (the block stays for the server to free)."""
     tree: Tree = {}
-    shm = shared_memory.SharedMemory(name=block.ref.name) if block.ref is not None else None
-    try:
-        for key, name, dtype, shape, offset in block.entries:
-            kind, count = np.dtype(dtype), int(np.prod(shape, dtype=np.int64))
-            if count == 0 or shm is None:
-                array = np.empty(shape, kind)
-            else:
-                assert shm.buf is not None
-                array = np.frombuffer(shm.buf, kind, count, offset).reshape(shape).copy()
-            tree.setdefault(key, {})[name] = array
-    finally:
-        if shm is not None:
-            shm.close()
-    store = (
-        None if block.store is None else StateDir(Path(block.store[0]), run=block.store[1], partition=block.store[2])
-    )
+    parts = []
+    for key, name, dtype, shape, offset in block.entries:
+        array = np.empty(shape, np.dtype(dtype))
+        tree.setdefault(key, {})[name] = array
+        if array.nbytes:
+            parts.append((offset, array.reshape(-1).view(np.uint8).data))
+    if parts:
+        assert block.ref is not None
+        read_into(block.ref, parts)
+    store = None
+    if block.store is not None:
+        store = StateDir(Path(block.store[0]), run=block.store[1], partition=block.store[2])
     return Kept(block.server_round, tree, block.checkpoint_round, store, block.dirty)
 
 
