@@ -5,8 +5,8 @@ The same experiments as a sweep: bench/sweeps/dapperfl_digits.toml (PFL_DATA_DIR
 bench/sweeps/dapperfl_digits.toml; pflower report results/dapperfl_digits).
 
 The global model's accuracy on each domain's held-out test data and their mean ("global accuracy"), mean +/- std
-over the seeds, beside the paper's Table 1 (its SVHN and SYN are our MNIST-M-style and SYN-style domains: README,
-"DapperFL and the four-domain Digits benchmark"); then MB and training FLOPs per client and round by pruning ratio
+over the seeds, beside the paper's Table 1 (its SVHN and SYN are our MNIST-M-style and SYN-style domains:
+docs/algorithms.md on DapperFL); then MB and training FLOPs per client and round by pruning ratio
 (DapperFL, first seed). Paper settings: 1% of each domain per client, 100 rounds of 5 epochs, SGD lr 0.01 momentum
 0.9 wd 1e-5, batch 64, ResNet10. CPU preset: `resnet10-s` (quarter widths), 20 rounds.
 

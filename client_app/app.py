@@ -46,7 +46,14 @@ app = ClientApp()
 
 
 class SimulatedDrop(RuntimeError):
-    """Raised by a client the server told to fail (run-config drop-rate)."""
+    """A client the server told to fail (run-config drop-rate); its reply carries this error's name."""
+
+
+def simulated_drop(msg: Message, partition_id: int, drop_rate: float) -> Message:
+    """The error reply of a client the server told to fail: the same reply as a ClientApp that raises (the code
+    Flower gives one), but returned, so that no engine logs a traceback for it; the server logs the reason once."""
+    reason = f"{SimulatedDrop.__name__}: client {partition_id} dropped this round (simulated, drop-rate {drop_rate:g})"
+    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
 
 
 @lru_cache(maxsize=8)
@@ -205,10 +212,7 @@ def train(msg: Message, context: Context) -> Message:
             return _state_refused(msg, exc)
         config = msg.content.config_records[CONFIG]
         if config.get(SIMULATE_DROP, False):
-            # drop-rate: the server picked this client to fail this round; the error reply exercises the real path.
-            raise SimulatedDrop(
-                f"client {env.partition_id} dropped this round (simulated, drop-rate {env.cfg.drop_rate:g})"
-            )
+            return simulated_drop(msg, env.partition_id, env.cfg.drop_rate)
         algorithm = client_class(env.cfg.algorithm)(env)
         reply = Message(answer(algorithm, MessageType.TRAIN, _round(msg), msg.content), reply_to=msg)
         try:

@@ -1,5 +1,5 @@
 """One spec per algorithm: its name, its hyperparameters (typed, with defaults, ranges and help) and the extra
-evaluation rows it reports. Server and client registries, the run-config parser, pyproject.toml and the README's
+evaluation rows it reports. Server and client registries, the run-config parser, pyproject.toml and the docs'
 tables all read from here.
 
 Adding an algorithm: a hyperparameter dataclass (if it has keys of its own) and one `AlgorithmSpec` entry
@@ -25,7 +25,7 @@ class EvalRow:
     required: bool  # a reply without it is rejected (else the row is kept when present)
 
 
-PLUS = EvalRow("plus-", "adaptive inference (+)", "+", required=True)
+PLUS = EvalRow("plus-", "DM-PFL+", "+", required=True)
 GLOBAL = EvalRow("global-", "global model", " (global model)", required=True)
 CLOUD = EvalRow("cloud-", "cloud model u_i", " (cloud model)", required=False)
 FINETUNED = EvalRow("finetuned-", "after fine-tuning", " (fine-tuned)", required=True)  # held-out clients' 2nd row

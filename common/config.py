@@ -3,6 +3,7 @@ its spec; one parse of Flower's run config with one-line errors for bad values."
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -77,6 +78,19 @@ def _absolute_path(key: str, value: Any) -> str:
     raise ConfigError(f"run-config '{key}' = {value!r} must be an absolute path")
 
 
+def _mlflow_uri(key: str, value: Any) -> str:
+    """An MLflow tracking URI (a server, a `file:` or `sqlite:` URI) or an absolute folder path, or empty."""
+    text = str(value) if isinstance(value, str) else ""
+    if value == "" or text.startswith(("http://", "https://", "file:", "sqlite:")):
+        return text
+    if text and Path(text).expanduser().is_absolute():
+        return text
+    raise ConfigError(
+        f"run-config '{key}' = {value!r} must be an MLflow server URL (http(s)://...), a `file:` URI or an "
+        "absolute folder path"
+    )
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Every general run-config key with its default; `params` holds the chosen algorithm's keys (its spec's
@@ -144,7 +158,7 @@ class RunConfig:
     partition_file: str = hp(
         "",
         "`file` partition: absolute path of an .npz with 1-D integer arrays `train_0`, "
-        "`test_0`, `train_1`, ... (indices into the dataset in load order, see the README); "
+        "`test_0`, `train_1`, ... (indices into the dataset in load order, see docs/configuration.md); "
         "a run with N clients uses the file's first N; `test-fraction` and `max-samples` do "
         "not apply",
         parse=_absolute_path,
@@ -362,7 +376,7 @@ class RunConfig:
         "algorithm state): `auto`: in files in the run folder (`client-state/`), so memory "
         "grows with one round's clients, not with all, and a resumed run continues them "
         "(the in-process engine holds them in shared memory between messages, up to "
-        "PFLOWER_STATE_MEMORY_MB, 4096 by default, and writes them for each checkpoint); "
+        "PFLOWER_STATE_MEMORY_MB, 2048 by default, and writes them for each checkpoint); "
         "`memory`: in the simulation's memory; or a folder (absolute path). On a device the "
         "node config's `state-dir` does this",
     )
@@ -371,6 +385,19 @@ class RunConfig:
         "write the digest (Flower's content-addressed object id) of every message sent "
         "and every reply received to `messages.jsonl` in the run folder: two runs (on two "
         "engines, or at two commits) compared message by message",
+    )
+    tensorboard: bool = hp(
+        False,
+        "also write every round's metrics (and the run config, and the final summary) as TensorBoard scalars to "
+        "`tensorboard/` in the run folder (needs the `tracking` extra; docs/tracking.md)",
+    )
+    mlflow_uri: str = hp(
+        "",
+        "also log the run config and every round's metrics (step = round) to MLflow: a tracking server "
+        "(`http(s)://...`) or a local folder (an absolute path or a `file:` URI); experiment: the results folder's "
+        "name, run: the run folder's; empty: off (needs the `tracking` extra; docs/tracking.md)",
+        parse=_mlflow_uri,
+        allowed="empty, an absolute path, `file:`, `http(s)://` or `sqlite:` URI",
     )
     params: Any = None
     algorithm_keys: dict[str, Any] = field(default_factory=dict)
@@ -418,6 +445,14 @@ def known_keys() -> dict[str, Any]:
     return keys
 
 
+def unknown_key_message(key: str, known: Mapping[str, Any] | None = None) -> str:
+    """One line for a run-config key that does not exist: the nearest known key, if one is close, and where every
+    key is listed (not the whole list: there are over a hundred)."""
+    close = difflib.get_close_matches(key, sorted(known if known is not None else known_keys()), n=1, cutoff=0.6)
+    hint = f": did you mean '{close[0]}'?" if close else ""
+    return f"unknown run-config key '{key}'{hint} (every key: `pflower keys`, or docs/configuration.md)"
+
+
 def _check_gradient_pull(cfg: RunConfig, params: Any) -> None:
     """FedProx's and Ditto's pulls are gradient terms (as their papers): SGD with momentum beta diverges on them once
     lr * coefficient >= 2 (1 + beta) (the heavy-ball stability bound on a quadratic)."""
@@ -438,7 +473,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     known = known_keys()
     for key in raw:
         if key not in known:
-            raise ConfigError(f"unknown run-config key '{key}'; known keys: {', '.join(sorted(known))}")
+            raise ConfigError(unknown_key_message(str(key), known))
     algorithm = choice("algorithm", raw.get("algorithm", "fedavg"), sorted(SPECS))
     algorithm_keys: dict[str, Any] = {}
     params: Any = None

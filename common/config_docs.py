@@ -1,5 +1,5 @@
-"""The run-config keys as pyproject.toml's [tool.flwr.app.config] and the README's tables, written from the
-declarations (common/config.py, common/algorithms.py).
+"""The run-config keys as pyproject.toml's [tool.flwr.app.config] and the tables of docs/configuration.md, written
+from the declarations (common/config.py, common/algorithms.py).
 
     python -m common.config_docs           # rewrite both files
     python -m common.config_docs --check   # exit 1 naming what differs (the tests run this check)
@@ -22,6 +22,7 @@ BEGIN, END = (
     "<!-- end of generated run-config tables -->",
 )
 SECTION = "[tool.flwr.app.config]"
+KEYS_PAGE = "docs/configuration.md"
 
 
 def algorithm_keys() -> list[tuple[KeyInfo, list[str]]]:
@@ -48,8 +49,8 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def readme_tables() -> str:
-    """The README's tables: general keys, algorithms, and the algorithms' own keys."""
+def key_tables() -> str:
+    """The run-config tables: general keys, algorithms, and the algorithms' own keys."""
     lines = [BEGIN, "", "| key | default | allowed | meaning |", "|---|---|---|---|"]
     for info in describe(RunConfig):
         lines.append(f"| `{info.key}` | {doc_value(info.default)} | {allowed_text(info)} | {_cell(info.hyper.help)} |")
@@ -74,22 +75,22 @@ def replace_pyproject(text: str) -> str:
     return pattern.sub(lambda _: pyproject_section(), text, count=1)
 
 
-def replace_readme(text: str) -> str:
-    """README text with the generated tables between the markers regenerated."""
+def replace_key_tables(text: str) -> str:
+    """The key page's text with the generated tables between the markers regenerated."""
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
-        raise ValueError("README.md lacks the run-config table markers")
-    return text[:start] + readme_tables() + text[end + len(END) :]
+        raise ValueError(f"{KEYS_PAGE} lacks the run-config table markers")
+    return text[:start] + key_tables() + text[end + len(END) :]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Rewrite pyproject.toml and README.md (or with --check, report which differs)."""
+    """Rewrite pyproject.toml and docs/configuration.md (or with --check, report which differs)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="only report files that differ")
     parser.add_argument("--repo", type=Path, default=REPO)
     args = parser.parse_args(argv)
     stale = []
-    for name, rewrite in (("pyproject.toml", replace_pyproject), ("README.md", replace_readme)):
+    for name, rewrite in (("pyproject.toml", replace_pyproject), (KEYS_PAGE, replace_key_tables)):
         path = args.repo / name
         old = path.read_text()
         new = rewrite(old)

@@ -1,7 +1,7 @@
 """Declared run-config keys: a dataclass field per key with its default, allowed range or values and one-line help.
 
 `hp(...)` declares a field; `parse_fields(cls, raw)` validates a raw Flower run config into an instance of
-`cls` with one-line errors naming the key; `describe(cls)` lists the keys for pyproject.toml and the README.
+`cls` with one-line errors naming the key; `describe(cls)` lists the keys for pyproject.toml and docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class Hyper:
     choices: tuple[str, ...] = ()
     parse: Callable[[str, Any], Any] | None = None  # a custom parser (key, raw value) -> value
     key: str = ""  # the dashed key; filled from the field name when empty
-    allowed: str = ""  # what the README's 'allowed' column says, where choices or a range cannot
+    allowed: str = ""  # what the key tables' 'allowed' column says, where choices or a range cannot
 
 
 def hp(
@@ -163,7 +163,7 @@ def toml_value(value: Any) -> str:
 
 
 def doc_value(value: Any) -> str:
-    """A default as shown in the README's tables."""
+    """A default as shown in the key tables (docs/configuration.md)."""
     if isinstance(value, tuple):
         return '`"' + ",".join(f"{v:g}" for v in value) + '"`'
     if isinstance(value, str) and not value:
@@ -172,7 +172,7 @@ def doc_value(value: Any) -> str:
 
 
 def allowed_text(info: KeyInfo) -> str:
-    """What a key accepts, for the README (choices or range; empty for free text)."""
+    """What a key accepts, for the key tables (choices or range; empty for free text)."""
     h = info.hyper
     if h.allowed:
         return h.allowed

@@ -4,8 +4,9 @@
 #   sudo deploy/setup_edge.sh --superlink 192.168.1.10:9093 --ca certs/ca.crt --key certs/nodes/node-3 \
 #        --partition 3 --partitions 10 [--data-dir /var/lib/pflower/data] [--torch-index URL] [--dry-run]
 #
-# Installs Python 3.11 venv /opt/pflower/.venv with torch 2.9.1 / torchvision 0.24.1 (PyPI's aarch64 CPU
-# builds; --torch-index points pip at another index, e.g. a CUDA build for a Jetson), copies the CA and the
+# Installs the project's device set (no extras) into the Python 3.11 venv /opt/pflower/.venv in one pip
+# resolution: its own pins choose torch (aarch64: 2.9.1 / 0.24.1 from PyPI, manylinux_2_28 wheels, so glibc >= 2.28;
+# --torch-index adds another index, e.g. a CUDA build for a Jetson), creates the data dir, copies the CA and the
 # node's private key to /var/lib/pflower (mode 0600), writes /etc/pflower/supernode.env and enables
 # flower-supernode.service (restarts forever). --dry-run prints every step instead of doing it.
 set -euo pipefail
@@ -60,26 +61,27 @@ if [ -z "$PYTHON" ]; then
   [ "$DRY_RUN" = 1 ] || die "python3.11 not found: Raspberry Pi OS 12 has it (apt install python3.11-venv); on Ubuntu 22.04 (JetPack 6) add it from the deadsnakes PPA"
   PYTHON=python3.11
 fi
-TORCH_ARGS=(torch==2.9.1 torchvision==0.24.1)
-[ -n "$TORCH_INDEX" ] && TORCH_ARGS=(--index-url "$TORCH_INDEX" --extra-index-url https://pypi.org/simple "${TORCH_ARGS[@]}")
+INDEX_ARGS=()
+[ -n "$TORCH_INDEX" ] && INDEX_ARGS=(--index-url "$TORCH_INDEX" --extra-index-url https://pypi.org/simple)
+DATA_DIR="${DATA_DIR:-$HOME_DIR/data}"
 
 if ! id -u pflower >/dev/null 2>&1; then
   run useradd --system --home-dir "$HOME_DIR" --shell /usr/sbin/nologin pflower
 fi
 run install -d -o pflower -g pflower -m 0750 "$HOME_DIR" "$HOME_DIR/state" "$HOME_DIR/flwr-home"
+run install -d -o pflower -g pflower -m 0750 "$DATA_DIR"
 run install -d -m 0755 "$PREFIX" /etc/pflower
 run install -o pflower -g pflower -m 0644 "$CA" "$HOME_DIR/ca.crt"
 run install -o pflower -g pflower -m 0600 "$KEY" "$HOME_DIR/node.key"
 run "$PYTHON" -m venv "$PREFIX/.venv"
-run "$PREFIX/.venv/bin/pip" install "${TORCH_ARGS[@]}"
-run "$PREFIX/.venv/bin/pip" install "$REPO"
+run "$PREFIX/.venv/bin/pip" install "${INDEX_ARGS[@]}" "$REPO"
 NODE_CONFIG="partition-id=$PARTITION num-partitions=$PARTITIONS state-dir='$HOME_DIR/state'"
 write /etc/pflower/supernode.env 0644 <<ENV
 PFL_CA=$HOME_DIR/ca.crt
 PFL_KEY=$HOME_DIR/node.key
 PFL_SUPERLINK=$SUPERLINK
 PFL_NODE_CONFIG="$NODE_CONFIG"
-PFL_DATA_DIR=${DATA_DIR:-$HOME_DIR/data}
+PFL_DATA_DIR=$DATA_DIR
 ENV
 # PFL_DATA_DIR: where this device's ClientApp finds MNIST/Fashion-MNIST/CIFAR-10 when the run config leaves
 # data-dir empty (the torchvision layout; the embedded digits dataset needs nothing)

@@ -88,6 +88,11 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--out", type=Path, required=True, help="the export file (.npz)")
     export.add_argument("--webp", action="store_true", help="images as lossless WebP (about 0.6 of their size)")
     sub.add_parser("presets", help="list the presets")
+    sub.add_parser("keys", help="list every run-config key with its default (docs/configuration.md explains them)")
+    sub.add_parser(
+        "stop-superlink",
+        help="stop the local SuperLink that `flwr run` started for this user's FLWR_HOME (and nothing else)",
+    )
     takeover = sub.add_parser(
         "allow-takeover",
         help="deployment (takeover = operator): let another node take over these partitions of a running run, "
@@ -198,6 +203,20 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "presets":
         for item in PRESETS.values():
             print(f"{item.name}: {item.help}")
+            print(f"  clients = {item.clients}")
+            for key, value in item.run_config.items():
+                print(f"  {key} = {value!r}")
+        return 0
+    if args.command == "keys":
+        from common.config import known_keys
+
+        for key, default in sorted(known_keys().items()):
+            print(f"{key} = {default!r}")
+        return 0
+    if args.command == "stop-superlink":
+        from .superlink import stop_flower_local_superlink
+
+        print(stop_flower_local_superlink())
         return 0
     if args.command == "report":
         from .report import write_report
@@ -212,13 +231,13 @@ def _dispatch(args: argparse.Namespace) -> int:
     if getattr(args, "workers", 0) < 0:
         raise ConfigError("--workers must be 0 (one per core) or more")
     if args.command == "results":
-        from .results import write_results
-
         sweep = read_sweep(args.file)
         runs = Path(args.runs or Path("results") / sweep.name).expanduser().resolve()
         status = 0
         if args.run:
             status = _execute(args, sweep.specs, runs, args.engine or sweep.engine or "inprocess", True, False)
+        from .results import write_results  # after the runs: their checks answer at once
+
         command = (
             f"pflower results {args.file}"
             + (f" --runs {args.runs}" if args.runs else "")
@@ -308,8 +327,12 @@ def _execute(
     args: argparse.Namespace, specs: list[RunSpec], out: Path, engine: str, sweep: bool, keep_state: bool
 ) -> int:
     """Run the specs into `out` on the engine, say how it went; the exit status (0: every run finished)."""
+    from .preflight import check_runs
+    from .runs import run_state
     from .sweep import check_kept_runs, summary_line
 
+    export = args.data_export.expanduser().resolve() if args.data_export and engine == "inprocess" else None
+    check_runs([s for s in specs if run_state(out / s.name) != "finished"], out, export)
     args.app = _app_dir(args.app) if engine == "simulation" else PROJECT
     check_kept_runs(specs, out)
     other = other_code_runs(specs, out, args.app)

@@ -16,6 +16,23 @@ from common.hparams import ConfigError
 CORRUPT = re.compile(r"^acc-corrupt-(.+)-(\d)$")
 SEED_SUFFIX = re.compile(r"-seed(\d+)$")
 NOT_SETTINGS = {"seed", "run-name", "results-dir", "resume", "data-dir", "client-state-dir"}
+# Keys that say how or where a run ran, not what it measured: runs differing only in these are comparable.
+NOT_EXPERIMENT = NOT_SETTINGS | {
+    "algorithm",
+    "allow-download",
+    "checkpoint-every",
+    "client-threads",
+    "device",
+    "message-digests",
+    "messages-in-flight",
+    "mlflow-uri",
+    "round-timeout",
+    "takeover",
+    "takeover-after",
+    "tensorboard",
+}
+# The words a settings header uses for the common keys (others appear as `key=value`).
+SETTING_WORDS = {"clients": "clients", "num-rounds": "rounds", "local-epochs": "epochs", "batch-size": "batch"}
 
 
 @dataclass
@@ -79,6 +96,11 @@ class Group:
         """The experiment's algorithm."""
         return str(self.config.get("algorithm", "?"))
 
+    @property
+    def settings(self) -> dict[str, Any]:
+        """What defines the experiment apart from its algorithm (see `experiment_settings`)."""
+        return experiment_settings(self.runs[0])
+
     def by_seed(self, value: Any) -> dict[int, float]:
         """seed -> value(run) for the runs where it is a finite number."""
         out = {}
@@ -132,6 +154,60 @@ def group_runs(runs: list[Run]) -> list[Group]:
             raise ConfigError(f"two runs of '{label}' have seed {run.seed}: {run.path}")
         group.runs.append(run)
     return list(groups.values())
+
+
+def _algorithm_keys() -> set[str]:
+    from dataclasses import fields
+
+    from common.algorithms import param_classes
+
+    return {f.name.replace("_", "-") for cls in param_classes() for f in fields(cls)}
+
+
+def experiment_settings(run: Run) -> dict[str, Any]:
+    """The run's settings that define an experiment: every run-config key but the algorithm and its own keys, the
+    seed, names and folders, and the engine's performance keys (NOT_EXPERIMENT); plus the number of clients."""
+    ignored = NOT_EXPERIMENT | _algorithm_keys()
+    settings = {k: v for k, v in sorted(run.config.items()) if k not in ignored}
+    settings["clients"] = run.summary.get("num_clients", (run.summary.get("final") or {}).get("num_clients"))
+    return settings
+
+
+def by_settings(groups: list[Group]) -> list[list[Group]]:
+    """Experiments grouped by their settings (first-seen order): only those within one list are comparable."""
+    found: list[tuple[dict[str, Any], list[Group]]] = []
+    for group in groups:
+        settings = group.settings
+        for known, members in found:
+            if known == settings:
+                members.append(group)
+                break
+        else:
+            found.append((settings, [group]))
+    return [members for _, members in found]
+
+
+def _setting_text(key: str, value: Any) -> str:
+    if isinstance(value, list):
+        value = ",".join(map(str, value))
+    return f"{value} {SETTING_WORDS[key]}" if key in SETTING_WORDS else f"{key}={value}"
+
+
+def settings_text(settings: dict[str, Any], keys: list[str]) -> str:
+    """The settings under `keys` in words: '10 clients, 20 rounds' (dataset and partition by their value)."""
+    words = []
+    for key in keys:
+        value = settings.get(key)
+        words.append(str(value) if key in ("dataset", "partition") else _setting_text(key, value))
+    return ", ".join(words)
+
+
+def distinguishing_keys(setting_groups: list[list[Group]]) -> list[str]:
+    """The settings keys whose values differ between the settings groups (data set, partition, clients first)."""
+    all_settings = [members[0].settings for members in setting_groups]
+    keys = sorted({k for s in all_settings for k in s if len({repr(t.get(k)) for t in all_settings}) > 1})
+    first = [k for k in ("dataset", "partition", "clients", "num-rounds") if k in keys]
+    return first + [k for k in keys if k not in first]
 
 
 def corruptions_of(groups: list[Group]) -> dict[str, list[int]]:

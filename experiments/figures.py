@@ -34,12 +34,16 @@ def _seed_mean(group: Group, value: Any) -> tuple[float, float]:
     return float(np.mean(values)), float(np.std(values)) if len(values) > 1 else 0.0
 
 
-def _panels(plt: Any, count: int, width: float, height: float, sharey: bool = False) -> tuple[Any, list[Any]]:
+def _panels(
+    plt: Any, count: int, width: float, height: float, sharey: bool = False, layout: str = "tight"
+) -> tuple[Any, list[Any]]:
     """A figure of `count` panels in rows of at most PANELS_PER_ROW (a single row of ten is unreadable once the
     page scales it down); the unused cells of the last row are hidden."""
     cols = min(count, PANELS_PER_ROW)
     rows = math.ceil(count / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, sharey=sharey)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(width * cols, height * rows), squeeze=False, sharey=sharey, layout=layout
+    )
     flat = [ax for row in axes for ax in row]
     for ax in flat[count:]:
         ax.set_visible(False)
@@ -50,7 +54,7 @@ def accuracy_vs_shift(groups: list[Group], out: Path) -> str:
     """Last-round (solid) and best-round (dashed) accuracy by shift degree; bars: client std (mean over seeds)."""
     plt = _plt()
     degrees = [float(d) for d in groups[0].runs[0].summary.get("shift_degrees", [0.0])]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5), layout="constrained")
     for index, g in enumerate(groups):
         color = f"C{index % 10}"
         keys = [shift_key(d) for d in degrees]
@@ -70,10 +74,9 @@ def accuracy_vs_shift(groups: list[Group], out: Path) -> str:
         ax.plot(x, [100 * v for v in best], color=color, linestyle="--", alpha=0.7, label=f"{g.label} (best round)")
     ax.set_xlabel("test-time shift degree (%)")
     ax.set_ylabel("accuracy (%), mean over seeds")
-    ax.set_title("Accuracy under test-time shift (bars: std across clients)")
+    ax.set_title("Accuracy under test-time shift\n(bars: std across clients)", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside the axes, never on a curve
     fig.savefig(out / "accuracy_vs_shift.png", dpi=120)
     plt.close(fig)
     return "accuracy_vs_shift.png"
@@ -84,7 +87,7 @@ def corruption_figure(groups: list[Group], found: dict[str, list[int]], out: Pat
     if not found:
         return None
     plt = _plt()
-    fig, axes = _panels(plt, len(groups), 4.2, 4, sharey=True)
+    fig, axes = _panels(plt, len(groups), 4.2, 4, sharey=True, layout="constrained")
     for ax, g in zip(axes, groups):
         clean = _seed_mean(g, lambda r: r.final.get(shift_key(0.0)))[0]
         for name, severities in found.items():
@@ -95,23 +98,32 @@ def corruption_figure(groups: list[Group], found: dict[str, list[int]], out: Pat
         ax.grid(alpha=0.3)
     for ax in axes[::PANELS_PER_ROW]:
         ax.set_ylabel("accuracy (%)")
-    axes[-1].legend(fontsize=7)
-    fig.tight_layout()
+    handles, labels = axes[-1].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="outside right center")
     fig.savefig(out / "corruptions.png", dpi=120)
     plt.close(fig)
     return "corruptions.png"
 
 
+def _scaled(values: list[float]) -> tuple[list[float], str]:
+    """Values divided by a power of 1000 that keeps them below 1000, and the factor as text ('' for none): the scale
+    goes into the axis label instead of matplotlib's offset text, which collides with the title."""
+    top = max((abs(v) for v in values if math.isfinite(v)), default=0.0)
+    power = int(math.floor(math.log10(top) / 3)) * 3 if top >= 1000 else 0
+    return [v / 10**power for v in values], (f" (x 1e{power})" if power else "")
+
+
 def costs_figure(groups: list[Group], base: Group | None, out: Path) -> str:
     """MB and training FLOPs per client, bars labelled with their ratio to the baseline."""
     plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(max(7.0, 1.4 * len(groups) + 3), 4))
-    for ax, value, title in (
-        (axes[0], attrgetter("mb_per_client"), "MB per client (train, down + up)"),
-        (axes[1], attrgetter("flops_per_client"), "training FLOPs per client"),
+    fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 1.4 * len(groups) + 4), 4.5), layout="constrained")
+    for ax, value, title, unit in (
+        (axes[0], attrgetter("mb_per_client"), "MB per client\n(train, down + up)", "MB"),
+        (axes[1], attrgetter("flops_per_client"), "training FLOPs per client", "FLOPs"),
     ):
         means = [_seed_mean(g, value)[0] for g in groups]
-        bars = ax.bar(range(len(groups)), means, color=[f"C{i % 10}" for i in range(len(groups))])
+        shown, scale = _scaled(means)
+        bars = ax.bar(range(len(groups)), shown, color=[f"C{i % 10}" for i in range(len(groups))])
         reference = _seed_mean(base, value)[0] if base else float("nan")
         for bar, mean in zip(bars, means):
             if reference and math.isfinite(reference):
@@ -122,9 +134,12 @@ def costs_figure(groups: list[Group], base: Group | None, out: Path) -> str:
                     va="bottom",
                     fontsize=8,
                 )
+        ax.margins(y=0.12)  # room for the ratio above the tallest bar
         ax.set_xticks(range(len(groups)), [g.label for g in groups], rotation=30, ha="right", fontsize=8)
-        ax.set_title(title + (f" (ratio to {base.label})" if base else ""), fontsize=9)
-    fig.tight_layout()
+        ax.set_ylabel(unit + scale)
+        ax.set_title(title, fontsize=9)
+    if base:
+        fig.suptitle(f"ratios over the bars: to {base.label}", fontsize=9)
     fig.savefig(out / "costs.png", dpi=120)
     plt.close(fig)
     return "costs.png"
@@ -133,7 +148,7 @@ def costs_figure(groups: list[Group], base: Group | None, out: Path) -> str:
 def frontier_figure(groups: list[Group], out: Path) -> str:
     """Accuracy against MB per client, the Pareto frontier (more accuracy for fewer bytes) drawn through."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4.5), layout="constrained")
     points = []
     for index, g in enumerate(groups):
         mb = _seed_mean(g, attrgetter("mb_per_client"))[0]
@@ -152,8 +167,7 @@ def frontier_figure(groups: list[Group], out: Path) -> str:
     ax.set_ylabel("accuracy (%), mean over seeds (bars: std)")
     ax.set_title("Cost frontier")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.savefig(out / "frontier.png", dpi=120)
     plt.close(fig)
     return "frontier.png"

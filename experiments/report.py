@@ -13,7 +13,16 @@ from common.evaluate import shift_key
 from common.hparams import ConfigError
 from common.persist import atomic_write_text
 
-from .collect import Group, Run, corruptions_of, find_runs, group_runs
+from .collect import (
+    Group,
+    Run,
+    by_settings,
+    corruptions_of,
+    distinguishing_keys,
+    find_runs,
+    group_runs,
+    settings_text,
+)
 from .stats import fmt_ci, mean_ci, paired_difference
 
 Value = Callable[[Run], Any]
@@ -73,9 +82,9 @@ def overview(groups: list[Group], base: Group | None) -> list[str]:
                 _cell(g, _final(top)),
                 _cell(g, lambda r: (r.summary.get("final") or {}).get("std", {}).get(shift_key(0.0))),
                 f"{mb:.3f}",
-                f"{mb / ratio_mb:.2f}x" if ratio_mb else "n/a",
+                f"{mb / ratio_mb:.2f}x" if base and ratio_mb else "n/a",
                 f"{flops:.3e}",
-                f"{flops / ratio_fl:.2f}x" if ratio_fl else "n/a",
+                f"{flops / ratio_fl:.2f}x" if base and ratio_fl else "n/a",
             ]
         )
         for row in SPECS[g.algorithm].eval_rows if g.algorithm in SPECS else ():
@@ -243,20 +252,9 @@ def stage_table(groups: list[Group]) -> list[str]:
     )
 
 
-def write_report(paths: list[Path], out: Path | None = None, baseline: str | None = None) -> Path:
-    """report.md and the figures for the runs under `paths`; returns the markdown file's path."""
-    from .figures import draw_all
-
-    groups = group_runs(find_runs(paths))
-    base = baseline_of(groups, baseline)
-    out = Path(out) if out else Path(paths[0]) / "report"
-    out.mkdir(parents=True, exist_ok=True)
-    figures = draw_all(groups, base, out)
-    settings = ", ".join(
-        f"{g.label}: {g.config.get('dataset')} / {g.config.get('partition')} / seeds {sorted(r.seed for r in g.runs)}"
-        for g in groups
-    )
-    lines = ["# Report", "", f"{sum(len(g.runs) for g in groups)} runs in {len(groups)} experiments ({settings}).", ""]
+def _section(groups: list[Group], base: Group | None) -> list[str]:
+    """Every table over one settings group's experiments."""
+    lines: list[str] = []
     for part in (
         overview(groups, base),
         paired_table(groups, base),
@@ -267,7 +265,60 @@ def write_report(paths: list[Path], out: Path | None = None, baseline: str | Non
         stage_table(groups),
     ):
         lines.extend(part)
-    lines.extend(f"![{name}]({name})" for name in figures)
+    return lines
+
+
+def left_out_lines(setting_groups: list[list[Group]], keys: list[str]) -> list[str]:
+    """One line per run in a settings group of a single experiment: nothing ran beside it to compare with."""
+    lines = []
+    for members in setting_groups:
+        if len(members) == 1:
+            group = members[0]
+            where = f" ({settings_text(group.settings, keys)})" if keys else ""
+            for run in group.runs:
+                lines.append(f"- {run.path.name}{where}: no other algorithm ran this setting")
+    if not lines:
+        return []
+    return ["Left out of every comparison:", ""] + lines + [""]
+
+
+def write_report(paths: list[Path], out: Path | None = None, baseline: str | None = None) -> Path:
+    """report.md and the figures for the runs under `paths`; returns the markdown file's path.
+
+    Runs are compared only with runs of the same settings (`experiment_settings`: everything but the algorithm and
+    its own keys, seed, names, folders and engine keys): one section per settings group, each with its own baseline
+    and figures."""
+    from .figures import draw_all
+
+    groups = group_runs(find_runs(paths))
+    baseline_of(groups, baseline)  # a --baseline naming no experiment is refused before anything is written
+    setting_groups = by_settings(groups)
+    keys = distinguishing_keys(setting_groups)
+    out = Path(out) if out else Path(paths[0]) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    settings = ", ".join(
+        f"{g.label}: {g.config.get('dataset')} / {g.config.get('partition')} / seeds {sorted(r.seed for r in g.runs)}"
+        for g in groups
+    )
+    lines = ["# Report", "", f"{sum(len(g.runs) for g in groups)} runs in {len(groups)} experiments ({settings}).", ""]
+    if len(setting_groups) > 1:
+        lines += [
+            f"The runs hold {len(setting_groups)} settings (they differ in {', '.join(keys)}); experiments are "
+            "compared only with those of the same settings.",
+            "",
+        ]
+    lines += left_out_lines(setting_groups, keys)
+    for index, members in enumerate(setting_groups, 1):
+        named = next((g for g in members if g.label == baseline), None) if baseline else None
+        base = named or baseline_of(members, None)
+        folder = f"settings{index}" if len(setting_groups) > 1 else ""  # each group's figures in its own folder
+        if len(setting_groups) > 1:
+            lines += [f"## Settings {index}: {settings_text(members[0].settings, keys)}", ""]
+        lines += _section(members, base)
+        (out / folder).mkdir(exist_ok=True)
+        names = [f"{folder}/{name}" if folder else name for name in draw_all(members, base, out / folder)]
+        lines.extend(f"![{name}]({name})" for name in names)
+        lines.append("")
     path = out / "report.md"
     atomic_write_text(path, "\n".join(lines) + "\n")
     return path.resolve()

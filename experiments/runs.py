@@ -90,6 +90,15 @@ def folder_name(name: object, what: str, plus: bool = False) -> str:
     )
 
 
+def absolute_data_dir(run_config: dict[str, Any]) -> dict[str, Any]:
+    """The run config with a relative `data-dir` made absolute against the current folder: the run reads it from
+    another folder (a simulation's SuperLink starts elsewhere)."""
+    raw = run_config.get("data-dir")
+    if not isinstance(raw, str) or not raw or Path(raw).expanduser().is_absolute():
+        return run_config
+    return {**run_config, "data-dir": str(Path.cwd() / raw)}
+
+
 def plan(
     experiment: str, preset: Preset, config: dict[str, Any], seeds: list[int], clients: int | None = None
 ) -> list[RunSpec]:
@@ -101,7 +110,7 @@ def plan(
             raise ConfigError(f"experiment {experiment}: '{reserved}' is set by the CLI (use --seeds / --out)")
     specs = []
     for seed in seeds:
-        run_config = {**merged, "seed": seed}
+        run_config = absolute_data_dir({**merged, "seed": seed})
         try:
             parse_run_config(run_config)
         except ConfigError as exc:

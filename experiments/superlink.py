@@ -72,6 +72,84 @@ def stop_process_tree(process: subprocess.Popen, graceful: bool = True) -> None:
     process.wait(timeout=15)
 
 
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists and has not exited (a zombie, not yet reaped by its parent, has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _command_line(pid: int) -> list[str]:
+    """The process's arguments from /proc ([] when it is gone or not readable)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def _option(args: list[str], name: str) -> str | None:
+    """The value after `name` in a command line (None when absent)."""
+    return args[args.index(name) + 1] if name in args[:-1] else None
+
+
+def _is_flower_local_superlink(pid: int, log_file: Path, port: str) -> bool:
+    """Whether this user's process `pid` is the SuperLink `flwr run` starts for a local federation: the command
+    `flower-superlink --simulation ... --port PORT --log-file FLWR_HOME/local-superlink/superlink.log`."""
+    try:
+        if Path(f"/proc/{pid}").stat().st_uid != os.getuid():
+            return False
+        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return False
+    argv = _command_line(pid)
+    # A console script runs as `python .../flower-superlink ARGS`, or directly as `flower-superlink ARGS`.
+    starts = [i for i, arg in enumerate(argv[:2]) if Path(arg).name == "flower-superlink"]
+    if not starts:
+        return False
+    args = argv[starts[0] + 1 :]
+    logged = _option(args, "--log-file")
+    return (
+        "--simulation" in args
+        and _option(args, "--port") == port
+        and logged is not None
+        and (cwd / logged).resolve() == log_file.resolve()
+    )
+
+
+def flower_local_superlinks(home: Path, port: str) -> list[int]:
+    """PIDs of this user's SuperLinks that `flwr run` started for the FLWR_HOME `home` on HTTP port `port`."""
+    log_file = home / "local-superlink" / "superlink.log"  # where Flower's managed local SuperLink logs
+    pids = [int(entry.name) for entry in Path("/proc").glob("[0-9]*")]
+    return sorted(pid for pid in pids if pid != os.getpid() and _is_flower_local_superlink(pid, log_file, port))
+
+
+def stop_flower_local_superlink(home: Path | None = None, port: str | None = None, wait: float = 10.0) -> str:
+    """Stop the SuperLink that `flwr run` started for a local federation (this user's, `home`: FLWR_HOME, default
+    Flower's; `port`: its HTTP port, default Flower's) and the processes it started; a line saying what stopped."""
+    if home is None or port is None:
+        from flwr.cli.constant import LOCAL_SUPERLINK_HTTP_API_PORT
+        from flwr.supercore.utils import get_flwr_home
+
+        home, port = home or get_flwr_home(), port or LOCAL_SUPERLINK_HTTP_API_PORT
+    found = flower_local_superlinks(Path(home), str(port))
+    if not found:
+        return f"no local SuperLink of FLWR_HOME {home} is running (port {port}): nothing stopped"
+    below = sorted({child for pid in found for child in descendants(pid)} - set(found))
+    for pid in [*found, *below]:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and any(_alive(pid) for pid in found):
+        time.sleep(0.1)
+    _kill_all([pid for pid in [*found, *below] if _alive(pid)])
+    started = f" and {len(below)} process(es) it started" if below else ""
+    pids = ", ".join(map(str, found))
+    return f"stopped the local SuperLink of FLWR_HOME {home} on port {port} (pid {pids}){started}"
+
+
 @dataclass
 class RunOutcome:
     """What `flwr run` printed, the run's id and its final status as the SuperLink reports it."""

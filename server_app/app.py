@@ -27,6 +27,7 @@ from . import flower_speedups
 from .checkpoint import Checkpoint, config_differences, load_checkpoint, server_key
 from .clients import ClientRegistry, RunAborted
 from .results import ResultsWriter, make_run_dir, read_run_config
+from .results.tracking import check_installed
 from .runner import RoundRunner
 from .strategies import strategy_class
 from .takeover import AfterTimeout, OperatorConsent
@@ -56,7 +57,9 @@ logging.getLogger("flwr").addFilter(_NoTracebackForRunFailed())
 def load_config(raw: dict[str, Any]) -> RunConfig:
     """Validated run config; a bad key or value is logged as one line and aborts the run."""
     try:
-        return parse_run_config(raw)
+        cfg = parse_run_config(raw)
+        check_installed(cfg.to_dict())  # a tracker turned on without its package: refused now, not mid-run
+        return cfg
     except ConfigError as exc:
         log(ERROR, "%s", exc)
         raise RunFailed(str(exc)) from None

@@ -24,7 +24,17 @@ FORMAT = 1
 MAP_FROM_BYTES = 64 << 20
 # keys that may differ between a run and its resumption (the rest must match: clients read the same config)
 RESUMABLE_CHANGES = frozenset(
-    {"resume", "num-rounds", "round-timeout", "data-dir", "results-dir", "run-name", "checkpoint-every"}
+    {
+        "resume",
+        "num-rounds",
+        "round-timeout",
+        "data-dir",
+        "results-dir",
+        "run-name",
+        "checkpoint-every",
+        "tensorboard",  # tracking changes where the metrics also go, never the run
+        "mlflow-uri",
+    }
 )
 KEY_DIR_ENV = "PFL_KEY_DIR"  # the folder of the server's signing key (default ~/.config/pflower)
 SERVER_KEY_FILE = "server.key"

@@ -330,7 +330,10 @@ def test_setup_script_dry_run_writes_the_node_config(tmp_path) -> None:
     )
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert "pip install torch==2.9.1 torchvision==0.24.1" in out
+    pip_lines = [line for line in out.splitlines() if "/pip install" in line]
+    assert pip_lines == [f"+ /opt/pflower/.venv/bin/pip install {REPO}"], "one resolution: the pins pick torch"
+    assert "install -d -o pflower -g pflower -m 0750 /var/lib/pflower/data" in out, "PFL_DATA_DIR is created"
+    assert "PFL_DATA_DIR=/var/lib/pflower/data" in out
     assert "PFL_NODE_CONFIG=\"partition-id=3 num-partitions=10 state-dir='/var/lib/pflower/state'\"" in out
     assert "PFL_SUPERLINK=10.0.0.5:9093" in out and "systemctl enable --now flower-supernode.service" in out
     assert f"-m 0600 {key} /var/lib/pflower/node.key" in out, "the private key is copied readable by its owner only"

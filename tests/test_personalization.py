@@ -347,21 +347,6 @@ def test_dropped_client_is_told_in_its_message() -> None:
     assert len(flagged) == round(0.5 * len(sampled))
 
 
-def test_client_app_raises_on_a_simulated_drop() -> None:
-    from client_app.app import SimulatedDrop, train
-
-    class _Ctx:
-        run_config = {"dataset": "digits", "drop-rate": 0.5}
-        node_config = {"partition-id": 0, "num-partitions": 2}
-        state = RecordDict()
-
-    class _Msg:
-        content = RecordDict({"config": ConfigRecord({"server-round": 1, "simulate-drop": True})})
-
-    with pytest.raises(SimulatedDrop, match="dropped"):
-        train(_Msg(), _Ctx())
-
-
 @pytest.mark.parametrize("rate", [0.1, 0.3, 0.5])
 @pytest.mark.parametrize("algorithm", sorted(SPECS))
 def test_every_algorithm_completes_with_failing_and_late_clients(algorithm: str, rate: float) -> None:

@@ -35,7 +35,7 @@ def test_writer_files_and_variant_rows(tmp_path) -> None:
     path = writer.finish({"algorithm": "dmpfl", "dataset": "digits", "num_clients": 4, "shift_degrees": [0.0, 1.0]})
     text = path.read_text()
     assert "| accuracy | 60.00 +/- 1.00 | 50.00 +/- 1.00 |" in text
-    assert "| adaptive inference (+) | 65.00 +/- 1.00 | 65.00 +/- 1.00 |" in text
+    assert "| DM-PFL+ | 65.00 +/- 1.00 | 65.00 +/- 1.00 |" in text
     assert json.loads((tmp_path / "config.json").read_text()) == {"seed": 1}
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1
     assert (tmp_path / "accuracy_vs_round.png").stat().st_size > 1000

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from .arrays import DataError, DatasetArrays
-from .domains import digit_domains
-from .readers import decode_cifar_batch, femnist, har, usps
+from .domains import digit_domains, digit_domains_cached, usps_missing
+from .readers import decode_cifar_batch, femnist, files_missing, har, usps
 
 _MNIST_FILES = (
     "train-images-idx3-ubyte.gz",
@@ -40,6 +40,23 @@ def _digits() -> DatasetArrays:
     return DatasetArrays("digits", x, bunch.target.astype(np.int64), 10, mean, std, 16.0)
 
 
+def _mnist_missing(name: str, data_dir: Path, cache_dir: Path) -> DataError | None:
+    """The error for MNIST-like files that are neither in data_dir (extracted or .gz) nor in the cache copy."""
+    folder = _TORCHVISION_NAMES[name]
+    raw, cached_raw = data_dir / folder / "raw", cache_dir / folder / "raw"
+    found = (
+        all((raw / f.removesuffix(".gz")).exists() for f in _MNIST_FILES)
+        or all((raw / f).exists() for f in _MNIST_FILES)
+        or all((cached_raw / f).exists() for f in _MNIST_FILES)
+    )
+    if found:
+        return None
+    return DataError(
+        f"{name}: expected {', '.join(_MNIST_FILES)} in {raw} (set run-config 'data-dir' or "
+        f"$PFL_DATA_DIR to the folder holding '{folder}/raw', or allow-download=true)"
+    )
+
+
 def _mnist_like(name: str, data_dir: Path, cache_dir: Path, allow_download: bool) -> DatasetArrays:
     from torchvision import datasets
 
@@ -57,11 +74,8 @@ def _mnist_like(name: str, data_dir: Path, cache_dir: Path, allow_download: bool
             for f in _MNIST_FILES:
                 if not (cached_raw / f).exists():
                     shutil.copyfile(raw / f, cached_raw / f)
-        elif not allow_download and not all((cached_raw / f).exists() for f in _MNIST_FILES):
-            raise DataError(
-                f"{name}: expected {', '.join(_MNIST_FILES)} in {raw} (set run-config 'data-dir' or "
-                f"$PFL_DATA_DIR to the folder holding '{folder}/raw', or allow-download=true)"
-            )
+        elif not allow_download and (missing := _mnist_missing(name, data_dir, cache_dir)):
+            raise missing
         root = cache_dir
     try:
         train = cls(str(root), train=True, download=not extracted)
@@ -129,15 +143,24 @@ def _download_cifar10(data_dir: Path) -> None:
         raise DataError(f"cifar10: could not download {cls.url} into {data_dir}: {exc}") from exc
 
 
+def _cifar_missing(data_dir: Path) -> DataError | None:
+    """The error for a data folder without CIFAR-10's batches (at least one data_batch_* and test_batch)."""
+    folder = data_dir / "cifar-10-batches-py"
+    batches = list(folder.glob("data_batch_*")) if folder.is_dir() else []
+    if batches and (folder / "test_batch").exists():
+        return None
+    return DataError(
+        f"cifar10: expected data_batch_1..5 and test_batch in {folder} (set run-config "
+        "'data-dir' or $PFL_DATA_DIR, or allow-download=true)"
+    )
+
+
 def _cifar10(data_dir: Path, allow_download: bool) -> DatasetArrays:
     folder = data_dir / "cifar-10-batches-py"
     batches = sorted(p.name for p in folder.glob("data_batch_*")) if folder.is_dir() else []
     if not batches or not (folder / "test_batch").exists():
-        if not allow_download:
-            raise DataError(
-                f"cifar10: expected data_batch_1..5 and test_batch in {folder} (set run-config "
-                "'data-dir' or $PFL_DATA_DIR, or allow-download=true)"
-            )
+        if not allow_download and (missing := _cifar_missing(data_dir)):
+            raise missing
         _download_cifar10(data_dir)
         batches = sorted(p.name for p in folder.glob("data_batch_*"))
     # Each file is decoded from the very bytes that were checked (a file swapped after the check is never read).
@@ -164,6 +187,29 @@ def load_dataset(name: str, data_dir: str, allow_download: bool = False) -> Data
     if name in _READERS:
         return _READERS[name](root)
     raise DataError(f"unknown dataset '{name}'")
+
+
+def check_dataset_files(name: str, data_dir: str, allow_download: bool = False) -> None:
+    """A one-line DataError when the data set's files are not under data_dir (the loaders' own checks, without
+    reading the data): what a run would find only after it started. A download, if allowed, is not checked."""
+    root = Path(data_dir).expanduser()
+    cache_dir = Path(os.environ.get("PFL_CACHE_DIR", Path.home() / ".cache" / "pflower")).expanduser() / "extracted"
+    if name in _TORCHVISION_NAMES:
+        missing = None if allow_download else _mnist_missing(name, root, cache_dir)
+    elif name == "cifar10":
+        missing = None if allow_download else _cifar_missing(root)
+    elif name == "digit-domains":
+        if digit_domains_cached(cache_dir):
+            return
+        for part in ("mnist", "cifar10"):  # built from these (never downloaded for it) and USPS
+            check_dataset_files(part, data_dir)
+        missing = usps_missing(root, name)
+    elif name in _READERS:
+        missing = files_missing(name, root)
+    else:
+        missing = None  # digits is embedded; an unknown name is the run config's error
+    if missing is not None:
+        raise missing
 
 
 def normalize(data: DatasetArrays, x: np.ndarray) -> np.ndarray:

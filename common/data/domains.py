@@ -61,16 +61,24 @@ def grey32(digits: np.ndarray) -> np.ndarray:
     return np.repeat(big.round().clamp(0, 255).to(torch.uint8).numpy(), 3, axis=1)
 
 
+def usps_missing(data_dir: Path, dataset: str = "usps") -> DataError | None:
+    """The error naming `dataset` when torchvision's USPS files are not in `data-dir/USPS` (None: they are)."""
+    root = data_dir / "USPS"
+    if (root / "usps.bz2").exists() and (root / "usps.t.bz2").exists():
+        return None
+    return DataError(
+        f"{dataset}: expected usps.bz2 and usps.t.bz2 in {root} (set run-config 'data-dir' or $PFL_DATA_DIR)"
+    )
+
+
 def read_usps(data_dir: Path, dataset: str = "usps") -> tuple[np.ndarray, np.ndarray]:
     """USPS from torchvision's files in `data-dir/USPS`: x (9298, 16, 16) uint8 (the 7,291 training rows, then the
     2,007 test rows) and y; a DataError naming `dataset` and the files when they are missing."""
     from torchvision import datasets
 
     root = data_dir / "USPS"
-    if not (root / "usps.bz2").exists() or not (root / "usps.t.bz2").exists():
-        raise DataError(
-            f"{dataset}: expected usps.bz2 and usps.t.bz2 in {root} (set run-config 'data-dir' or $PFL_DATA_DIR)"
-        )
+    if missing := usps_missing(data_dir, dataset):
+        raise missing
     parts = [datasets.USPS(str(root), train=train, download=False) for train in (True, False)]
     x = np.concatenate([np.asarray(p.data, dtype=np.uint8) for p in parts])
     y = np.concatenate([np.asarray(p.targets, dtype=np.int64) for p in parts])
@@ -147,9 +155,18 @@ def build_domains(data_dir: Path, load: Callable[[str], DatasetArrays]) -> tuple
     return x, y, domain
 
 
+def _cache_file(cache_dir: Path) -> Path:
+    return cache_dir / f"digit-domains-v{CACHE_VERSION}.npz"
+
+
+def digit_domains_cached(cache_dir: Path) -> bool:
+    """Whether the four domains were built and cached already (then no data set file is read for them)."""
+    return _cache_file(cache_dir).exists()
+
+
 def digit_domains(data_dir: Path, cache_dir: Path, load: Callable[[str], DatasetArrays]) -> DatasetArrays:
     """The four domains pooled (samples ordered by domain), built on first use and cached."""
-    cache = cache_dir / f"digit-domains-v{CACHE_VERSION}.npz"
+    cache = _cache_file(cache_dir)
     if cache.exists():
         with np.load(cache, allow_pickle=False) as saved:
             x, y, domain = saved["x"], saved["y"], saved["domain"]

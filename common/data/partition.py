@@ -25,10 +25,12 @@ def _from_flwr_partitioner(partitioner, labels: np.ndarray, num_clients: int) ->
 
 def iid(labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:
     """Equal-size random shards (flwr-datasets IidPartitioner over a seeded permutation)."""
-    from flwr_datasets.partitioner import IidPartitioner
-
     # IidPartitioner cuts contiguous shards; shuffle first so shards are random.
     order = np.random.default_rng(seed).permutation(len(labels))
+    try:
+        from flwr_datasets.partitioner import IidPartitioner
+    except ImportError:  # a device's base install: the same contiguous shards (the first len % n one longer)
+        return [order[shard] for shard in np.array_split(np.arange(len(labels)), num_clients)]
     parts = _from_flwr_partitioner(IidPartitioner(num_partitions=num_clients), labels[order], num_clients)
     return [order[p] for p in parts]
 

@@ -14,7 +14,7 @@ import numpy as np
 from numpy._core.multiarray import _reconstruct
 
 from .arrays import DataError, DatasetArrays
-from .domains import read_usps
+from .domains import read_usps, usps_missing
 
 FEMNIST_FILE = "FEMNIST_LEAF/femnist_leaf_niid_sf005.npz"
 HAR_FILES = ("UCI_HAR/inertial_x_float32_N-128-9.npy.xz", "UCI_HAR/labels_subjects.npz")
@@ -35,6 +35,20 @@ def _missing(dataset: str, data_dir: Path, files: tuple[str, ...]) -> None:
             f"{dataset}: expected {', '.join(str(data_dir / f) for f in absent)} (set run-config "
             "'data-dir' or $PFL_DATA_DIR to the folder holding it)"
         )
+
+
+def files_missing(dataset: str, data_dir: Path) -> DataError | None:
+    """The error a reader of femnist, har or usps raises first when its files are not in data_dir (None: they are,
+    or the data set is none of these)."""
+    if dataset == "usps":
+        return usps_missing(data_dir, dataset)
+    files = {"femnist": (FEMNIST_FILE,), "har": HAR_FILES}.get(dataset)
+    try:
+        if files is not None:
+            _missing(dataset, data_dir, files)
+    except DataError as exc:
+        return exc
+    return None
 
 
 def _npz(dataset: str, path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:

@@ -22,7 +22,7 @@ from .blobs import BlobRef, drop, read_into, write
 
 ALIGN = 64  # each array starts on a cache line
 WRITERS = 4  # threads writing states to their state dirs at a checkpoint
-DEFAULT_BUDGET = 4 << 30  # bytes of state held in shared memory before the least recently used are written out
+DEFAULT_BUDGET = 2 << 30  # bytes of state held in shared memory before the least recently used are written out
 
 Entry = tuple[str, str, str, tuple[int, ...], int]  # state key, array name, dtype, shape, offset in the block
 

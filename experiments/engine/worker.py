@@ -80,10 +80,8 @@ def start(run_config: dict[str, Any], threads: int, log_level: int) -> None:
 
 def answer(task: Task) -> Outcome:
     """Run the ClientApp on the task's message with the node's context. A ClientApp that raises gives an error reply
-    with Flower's code for it and the reason in one line (the server logs it); anything but a simulated drop is also
-    logged here with its traceback."""
-    from client_app.app import SimulatedDrop
-
+    with Flower's code for it and the reason in one line (the server logs it), and is logged here with its traceback
+    (once per kind of error); an error reply the ClientApp returns (a simulated drop) is passed on unlogged."""
     if _APP is None or _HOST is None:
         raise RuntimeError("worker not started")
     started = time.perf_counter()
@@ -109,18 +107,21 @@ def answer(task: Task) -> Outcome:
     error: tuple[int, str] | None = None
     _HOST.begin(unpack(task.kept) if task.kept is not None else None)
     try:
-        content = records_out(_APP(msg, context).content, put)
+        reply = _APP(msg, context)
+        if reply.has_error():  # returned, not raised (a simulated drop, refused state): passed on as it is
+            error = (int(reply.error.code), str(reply.error.reason))
+        else:
+            content = records_out(reply.content, put)
     except Exception as exc:  # the server gets an error reply
-        if not isinstance(exc, SimulatedDrop):
-            seen = (type(exc).__name__, str(exc))
-            logging.getLogger("flwr").log(
-                ERROR,
-                "client app failed on node %s%s",
-                task.node_id,
-                f": {seen[0]}: {seen[1]} (traceback above)" if seen in _FAILURES else "",
-                exc_info=seen not in _FAILURES,
-            )
-            _FAILURES.add(seen)
+        seen = (type(exc).__name__, str(exc))
+        logging.getLogger("flwr").log(
+            ERROR,
+            "client app failed on node %s%s",
+            task.node_id,
+            f": {seen[0]}: {seen[1]} (traceback above)" if seen in _FAILURES else "",
+            exc_info=seen not in _FAILURES,
+        )
+        _FAILURES.add(seen)
         reason = f"ClientApp raised {type(exc).__name__}: {exc}".replace("\n", " ")
         error = (ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason)
     context_state = records_out(context.state, put) if len(context.state) else None

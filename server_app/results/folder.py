@@ -16,6 +16,7 @@ from common.persist import atomic_file, atomic_write_text
 from .markdown import render_markdown
 from .plots import plot_run
 from .summary import summarize
+from .tracking import RunTracking
 
 
 def read_run_config(run_dir: Path) -> dict[str, Any]:
@@ -37,7 +38,8 @@ def make_run_dir(base: Path, algorithm: str, dataset: str, run_name: str) -> Pat
 
 
 class ResultsWriter:
-    """Writes one run's results as the run goes, so a crash loses at most the round in progress."""
+    """Writes one run's results as the run goes, so a crash loses at most the round in progress; and to the
+    trackers the run config turns on (TensorBoard, MLflow)."""
 
     def __init__(self, run_dir: Path, config: dict[str, Any], resume: bool = False) -> None:
         self.run_dir = run_dir
@@ -45,15 +47,19 @@ class ResultsWriter:
         atomic_write_text(run_dir / "config.json", json.dumps(config, indent=2, sort_keys=True))
         self._metrics = run_dir / "metrics.jsonl"
         self._digests = run_dir / "messages.jsonl"
+        self._resume = resume
+        self.tracking = RunTracking(run_dir, config)
         if not resume:
+            self.tracking.open([], resumed=False)
             self._metrics.write_text("")
             self._digests.unlink(missing_ok=True)
 
     def restart_from(self, records: list[dict[str, Any]]) -> None:
-        """Continue after the given rounds (a checkpoint's): metrics.jsonl is rewritten to hold just them, and
-        messages.jsonl (when the run keeps digests) just theirs."""
+        """Continue after the given rounds (a checkpoint's): metrics.jsonl is rewritten to hold just them,
+        messages.jsonl (when the run keeps digests) just theirs, and the trackers go on after them."""
         self.records = list(records)
         atomic_write_text(self._metrics, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+        self.tracking.open(self.records, resumed=True)
         if self._digests.is_file():
             last = records[-1]["round"] if records else 0
             kept = [
@@ -71,6 +77,8 @@ class ResultsWriter:
         if digests is not None:
             with self._digests.open("a") as fh:
                 fh.writelines(json.dumps({"round": record["round"], **d}, sort_keys=True) + "\n" for d in digests)
+        self.tracking.open([], resumed=self._resume)  # a no-op once open
+        self.tracking.add_round(record)
 
     def finish(self, info: dict[str, Any], artifacts: dict[str, np.ndarray] | None = None) -> Path:
         """Write summary.md, the plots and the algorithm's artifacts.npz; return the summary's absolute path."""
@@ -82,4 +90,5 @@ class ResultsWriter:
         path = self.run_dir / "summary.md"
         atomic_write_text(path, render_markdown(summary))
         plot_run(self.records, summary, self.run_dir)
+        self.tracking.close(summary)
         return path.resolve()

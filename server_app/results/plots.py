@@ -16,23 +16,24 @@ def plot_run(records: list[dict[str, Any]], summary: dict[str, Any], run_dir: Pa
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     evaluated = [r for r in records if r.get("eval")]
     if not evaluated:
         return
     degrees = summary["shift_degrees"]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7.5, 4), layout="constrained")
     rounds = [r["round"] for r in evaluated]
     for d in degrees:
         ax.plot(
             rounds, [100 * r["eval"]["mean"][shift_key(d)] for r in evaluated], marker=".", label=f"shift {100 * d:g}%"
         )
     ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("mean client accuracy (%)")
     ax.set_title(f"{summary.get('algorithm')} on {summary.get('dataset')}")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside the axes, never on a curve
     fig.savefig(run_dir / "accuracy_vs_round.png", dpi=120)
     plt.close(fig)
 

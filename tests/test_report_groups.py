@@ -1,0 +1,84 @@
+"""`pflower report` compares only runs of the same settings and names the runs it left out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.collect import by_settings, experiment_settings, find_runs, group_runs
+from experiments.report import write_report
+
+
+def _run(root: Path, name: str, algorithm: str, clients: int, rounds: int, acc: float, **extra: object) -> None:
+    run = root / name
+    run.mkdir(parents=True)
+    config = {"algorithm": algorithm, "dataset": "digits", "partition": "dirichlet", "num-rounds": rounds, "seed": 0}
+    config.update(extra)
+    final = {"mean": {"acc-shift-0": acc, "acc-shift-1": acc - 0.1}, "std": {"acc-shift-0": 0.1}}
+    summary = {
+        "algorithm": algorithm,
+        "num_clients": clients,
+        "final": final,
+        "shift_degrees": [0.0, 1.0],
+        "mb_per_client": {"train_down": 1.0, "train_up": 1.0},
+        "train_flops_per_client": 1e9,
+    }
+    (run / "config.json").write_text(json.dumps(config))
+    (run / "metrics.jsonl").write_text(json.dumps({"round": rounds, "eval": final}) + "\n")
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
+def test_settings_ignore_algorithm_keys_seed_and_engine_keys(tmp_path: Path) -> None:
+    _run(tmp_path, "a-seed0", "fedavg", 6, 2, 0.5, **{"client-threads": 1, "checkpoint-every": 1})
+    _run(tmp_path, "b-seed0", "dmpfl", 6, 2, 0.6, **{"sparsity": 0.8, "client-threads": 4, "device": "cuda"})
+    _run(tmp_path, "c-seed0", "fedavg", 6, 2, 0.6, **{"batch-size": 64})
+    runs = find_runs([tmp_path])
+    settings = experiment_settings(runs[0])
+    assert settings["clients"] == 6 and "algorithm" not in settings and "seed" not in settings
+    assert [[g.label for g in members] for members in by_settings(group_runs(runs))] == [["a", "b"], ["c"]]
+
+
+def test_a_mixed_folder_gives_two_groups_and_no_cross_setting_pair(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    _run(runs, "fedavg-quickstart-seed0", "fedavg", 10, 20, 0.9)
+    _run(runs, "fedavg-smoke-seed0", "fedavg", 6, 2, 0.2)
+    _run(runs, "dmpfl-smoke-seed0", "dmpfl", 6, 2, 0.3)
+    _run(runs, "fedprox-other-seed0", "fedprox", 6, 2, 0.3, **{"dataset": "mnist"})
+    text = write_report([runs], tmp_path / "report").read_text()
+    assert "## Settings 1: digits, 6 clients, 2 rounds" in text  # in path order: dmpfl-smoke first
+    assert "## Settings 2: digits, 10 clients, 20 rounds" in text
+    assert "## Settings 3: mnist, 6 clients, 2 rounds" in text
+    assert "- fedavg-quickstart-seed0 (digits, 10 clients, 20 rounds): no other algorithm ran this setting" in text
+    assert "- fedprox-other-seed0 (mnist, 6 clients, 2 rounds): no other algorithm ran this setting" in text
+    assert "dmpfl-smoke-seed0 (" not in text  # compared with fedavg-smoke, so not left out
+    # the only paired row is dmpfl against the smoke fedavg (+10 points), never against the quick start's (-60)
+    assert text.count("Paired difference to") == 1
+    assert "Paired difference to `fedavg-smoke`" in text and "| dmpfl-smoke | 10.00" in text
+    assert "-60.00" not in text and "nan" not in text  # no ratio to a baseline where a group has none
+    assert (tmp_path / "report" / "settings2" / "costs.png").is_file()
+    assert "![settings1/costs.png](settings1/costs.png)" in text
+
+
+def test_one_setting_keeps_the_flat_report(tmp_path: Path) -> None:
+    _run(tmp_path / "runs", "fedavg-seed0", "fedavg", 6, 2, 0.2)
+    _run(tmp_path / "runs", "dmpfl-seed0", "dmpfl", 6, 2, 0.3)
+    text = write_report([tmp_path / "runs"], tmp_path / "report").read_text()
+    assert "## Settings" not in text and "Left out" not in text and "![costs.png](costs.png)" in text
+
+
+def test_a_large_scale_goes_into_the_axis_label() -> None:
+    from experiments.figures import _scaled
+
+    assert _scaled([5e6, 2.05e7]) == ([5.0, 20.5], " (x 1e6)")
+    assert _scaled([0.03, 0.18]) == ([0.03, 0.18], "")
+
+
+def test_presets_lists_the_keys_each_preset_sets(capsys: pytest.CaptureFixture[str]) -> None:
+    from experiments.cli import main
+
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    assert "smoke: " in out and "  clients = 6\n" in out and "  num-rounds = 2\n" in out
+    assert "  dataset = 'cifar10'\n" in out and "  num-rounds = 300\n" in out

@@ -1,0 +1,137 @@
+"""`pflower run | sweep | results --run` check every run's data, partition file and results folder, and run-config
+keys, before starting anything: one line, exit 2, within a second."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from common.config import parse_run_config
+from common.hparams import ConfigError
+from experiments import cli
+from experiments.presets import preset
+from experiments.runs import plan
+
+MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+@pytest.fixture(autouse=True)
+def nothing_starts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record any engine the CLI makes (and refuse to start it): a check that fails must start none."""
+    made: list[str] = []
+
+    def refuse(name: str, *args: object, **kwargs: object) -> None:
+        made.append(name)
+        raise AssertionError(f"engine {name} was started")
+
+    monkeypatch.setattr(cli, "make_engine", refuse)
+    monkeypatch.setenv("PFL_CACHE_DIR", "/nonexistent-pflower-cache")  # no cached copy of MNIST counts
+    return made
+
+
+def _fails_fast(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run the CLI; assert exit 2 within a second with one line on stderr, nothing on stdout; that line."""
+    started = time.monotonic()
+    assert cli.main(argv) == 2
+    assert time.monotonic() - started < 1.0
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("engine", ["inprocess", "simulation"])
+def test_a_missing_data_dir_stops_the_run_before_anything_starts(
+    engine: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], nothing_starts: list[str]
+) -> None:
+    argv = ["run", "--dataset", "mnist", "--set", f"data-dir={tmp_path / 'nowhere'}", "--engine", engine]
+    line = _fails_fast([*argv, "--seeds", "0,1,2", "--out", str(tmp_path / "out")], capsys)
+    assert line.startswith("pflower: error: experiment fedavg-mnist-smoke: mnist: expected")
+    assert str(tmp_path / "nowhere" / "MNIST" / "raw") in line
+    assert nothing_starts == []
+    assert not (tmp_path / "out").exists(), "no results folder is made for a run that cannot start"
+
+
+def test_a_relative_data_dir_is_made_absolute_against_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    raw = tmp_path / "data" / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in MNIST_FILES:
+        (raw / name).write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    (spec,) = plan("e", preset("smoke"), {"dataset": "mnist", "data-dir": "data"}, [0])
+    assert spec.run_config["data-dir"] == str(tmp_path / "data")
+
+    from experiments.preflight import check_runs
+
+    check_runs([spec], tmp_path / "out")  # the files are found: no error
+    monkeypatch.chdir(tmp_path / "data")  # the same relative path elsewhere names another folder
+    (elsewhere,) = plan("e", preset("smoke"), {"dataset": "mnist", "data-dir": "data"}, [0])
+    with pytest.raises(ConfigError, match="mnist: expected"):
+        check_runs([elsewhere], tmp_path / "out")
+
+
+def test_a_sweep_checks_every_run_before_starting_any(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], nothing_starts: list[str]
+) -> None:
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(
+        "[[experiment]]\nname = 'fine'\n\n"
+        f"[[experiment]]\nname = 'broken'\ndataset = 'femnist'\ndata-dir = '{tmp_path}'\n"
+    )
+    for engine in ("inprocess", "simulation"):
+        line = _fails_fast(["sweep", str(sweep), "--out", str(tmp_path / "out"), "--engine", engine], capsys)
+        assert "experiment broken: femnist: expected" in line
+    assert nothing_starts == []
+
+
+def test_results_run_checks_the_runs_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], nothing_starts: list[str]
+) -> None:
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(
+        f"[[experiment]]\nname = 'a'\ndataset = 'cifar10'\ndata-dir = '{tmp_path}'\n\n"
+        "[[table]]\nid = 't'\nrows = ['a']\n"
+    )
+    argv = ["results", str(sweep), "--run", "--runs", str(tmp_path / "r"), "--out", str(tmp_path / "doc.md")]
+    assert "experiment a: cifar10: expected" in _fails_fast(argv, capsys)
+    assert nothing_starts == []
+
+
+def test_a_missing_partition_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], nothing_starts: list[str]
+) -> None:
+    argv = ["run", "--set", "partition=file", "--set", f"partition-file={tmp_path / 'p.npz'}", "--engine", "inprocess"]
+    line = _fails_fast([*argv, "--out", str(tmp_path / "out")], capsys)
+    assert f"'partition-file' '{tmp_path / 'p.npz'}': no such file" in line
+
+
+def test_a_results_folder_that_cannot_be_made_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], nothing_starts: list[str]
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    line = _fails_fast(["run", "--engine", "inprocess", "--out", str(tmp_path / "a-file" / "out")], capsys)
+    assert "results folder" in line and "cannot be made" in line
+
+
+def test_an_unknown_key_suggests_the_nearest_instead_of_listing_all(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = _fails_fast(["run", "--set", "fraction-trian=0.3", "--out", str(tmp_path)], capsys)
+    assert "unknown run-config key 'fraction-trian': did you mean 'fraction-train'?" in line
+    assert "pflower keys" in line and "num-rounds" not in line
+    with pytest.raises(ConfigError, match="did you mean 'drop-rate'"):
+        parse_run_config({"drop_rate": 0.1})
+    with pytest.raises(ConfigError) as unknown:
+        parse_run_config({"zzzz": 1})
+    assert "did you mean" not in str(unknown.value)
+
+
+def test_keys_lists_every_key(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["keys"]) == 0
+    out = capsys.readouterr().out
+    assert "fraction-train = 0.5" in out.splitlines() and "drop-rate = 0.0" in out.splitlines()
