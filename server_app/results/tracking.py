@@ -17,7 +17,8 @@ from typing import Any, Protocol
 
 from flwr.supercore import log
 
-from common.hparams import ConfigError
+from common.config import RunConfig
+from common.hparams import ConfigError, describe
 from common.persist import atomic_write_text
 
 STATE_FILE = "tracking.json"
@@ -48,13 +49,17 @@ def summary_numbers(summary: Mapping[str, Any]) -> dict[str, float]:
     return flatten_numbers(picked)
 
 
+_KEYS = {info.attr: info.key for info in describe(RunConfig)}
+TENSORBOARD_KEY, MLFLOW_URI_KEY = _KEYS["tensorboard"], _KEYS["mlflow_uri"]  # run-config keys, as declared
+
+
 def enabled(config: Mapping[str, Any]) -> dict[str, Any]:
     """The trackers a run config turns on: {"tensorboard": True, "mlflow": uri} (absent ones left out)."""
     out: dict[str, Any] = {}
-    if config.get("tensorboard"):
+    if config.get(TENSORBOARD_KEY):
         out["tensorboard"] = True
-    if config.get("mlflow-uri"):
-        out["mlflow"] = str(config["mlflow-uri"])
+    if config.get(MLFLOW_URI_KEY):
+        out["mlflow"] = str(config[MLFLOW_URI_KEY])
     return out
 
 
