@@ -1,7 +1,7 @@
 """The in-process engine's Grid: Flower's Grid interface over a pool of worker processes instead of a SuperLink and
 SuperNodes. Each message's records cross to a worker as the bytes Flower serializes them into and are rebuilt there
-(transport.py), the reply likewise on the way back; each node's context state travels with its messages; replies are
-pulled as they finish. The round runner works on it unchanged."""
+(transport.py), the reply likewise on the way back; each node's client state waits in shared memory between its
+messages (states.py); replies are pulled as they finish. The round runner works on it unchanged."""
 
 from __future__ import annotations
 
@@ -66,7 +66,6 @@ class InProcessGrid(Grid):
         self.node_config = {
             FIRST_NODE_ID + pid: {PARTITION_ID: pid, NUM_PARTITIONS: num_nodes} for pid in range(num_nodes)
         }
-        self.states: dict[int, RecordDict] = {}  # node -> its context state (absent: empty)
         self.held = HeldStates()  # node -> the client state the engine keeps for it
         self._shared = SharedArrays()  # array payloads of the messages in flight, in shared memory
         self._pending: dict[str, tuple[int, Message, Future[Outcome], list[BlobRef]]] = {}  # message id -> node,
@@ -127,7 +126,6 @@ class InProcessGrid(Grid):
             if node in self._latest:  # its earlier message must finish first: its state goes into this one
                 self._collect(self._latest[node])
             content = records_out(msg.content, self._shared.share)
-            state = records_out(self.states[node], self._shared.share) if node in self.states else None
             self.bytes_moved += num_bytes(content)
             task = Task(
                 self._run.run_id,
@@ -138,10 +136,9 @@ class InProcessGrid(Grid):
                 msg.metadata.group_id,
                 msg.metadata.ttl,
                 content,
-                state,
                 self.held.get(node),
             )
-            self._pending[message_id] = (node, msg, self._submit(task), blob_refs(content) + blob_refs(state))
+            self._pending[message_id] = (node, msg, self._submit(task), blob_refs(content))
             self._latest[node] = message_id
         return ids
 
@@ -197,10 +194,6 @@ class InProcessGrid(Grid):
         self.clientapp_seconds += outcome.seconds
         if outcome.kept is not None:
             self.held.put(node, outcome.kept, busy=self._latest)
-        if outcome.state is None:
-            self.states.pop(node, None)
-        else:
-            self.states[node] = records_in(outcome.state, unlink=True)
         if outcome.content is None:
             code, reason = outcome.error or (ErrorCode.UNKNOWN, "no reply")
             reply = Message(Error(code=code, reason=reason), reply_to=msg)
@@ -244,7 +237,7 @@ class InProcessGrid(Grid):
             if future.done() and not future.cancelled() and future.exception() is None:
                 outcome = future.result()
                 kept = [outcome.kept.ref] if outcome.kept is not None and outcome.kept.ref is not None else []
-                for ref in blob_refs(outcome.content) + blob_refs(outcome.state) + kept:
+                for ref in blob_refs(outcome.content) + kept:
                     drop(ref)
         self._pending.clear()
         self._shared.close()

@@ -11,7 +11,7 @@ import os
 from collections import OrderedDict
 from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -126,9 +126,7 @@ class HeldStates:
         assert kept.store is not None
         rounds = [r for r in (block.checkpoint_round, checkpoint_round) if r is not None]
         kept.store.save(kept.server_round, kept.tree, max(rounds) if rounds else None)
-        self._blocks[node] = StateBlock(
-            block.ref, block.entries, block.server_round, block.checkpoint_round, block.store, dirty=False
-        )
+        self._blocks[node] = replace(block, dirty=False)
         return True
 
     def write_all(self, checkpoint_round: int | None) -> None:

@@ -1,6 +1,6 @@
 """The client side of the in-process engine: a worker process that imports the ClientApp once, then answers each
-message it is handed with it, as a SuperNode's ClientApp process would (the node's context in; the reply and the
-updated context out)."""
+message it is handed with it, as a SuperNode's ClientApp process would (the message and the node's client state
+in; the reply and the state it left out)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from .transport import Records, records_in, records_out
 
 @dataclass(frozen=True)
 class Task:
-    """One message for one node: its header, its content, and the node's context state (None: empty)."""
+    """One message for one node: its header, its content, and the client state the engine keeps for the node."""
 
     run_id: int
     node_id: int
@@ -36,18 +36,16 @@ class Task:
     group_id: str
     ttl: float
     content: Records
-    state: Records | None
     kept: StateBlock | None = None  # the client state the engine keeps for the node (states.py)
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """The node's reply (its content, or an error's code and reason), its context state afterwards (None: empty)
-    and the seconds its ClientApp took."""
+    """The node's reply (its content, or an error's code and reason), the seconds its ClientApp took, and the client
+    state the message left."""
 
     content: Records | None
     error: tuple[int, str] | None
-    state: Records | None
     seconds: float
     kept: StateBlock | None = None  # the client state the message left, when it changed or was read from disk
 
@@ -95,12 +93,11 @@ def answer(task: Task) -> Outcome:
     )
     meta = msg.metadata.__dict__
     meta["_message_id"], meta["_run_id"], meta["_src_node_id"] = task.message_id, task.run_id, 1
-    state = records_in(task.state) if task.state is not None else RecordDict()
     context = Context(
         run_id=task.run_id,
         node_id=task.node_id,
         node_config=dict(task.node_config),
-        state=state,
+        state=RecordDict(),  # client state comes through the engine's StateHost, not the context
         run_config=dict(_RUN_CONFIG),
     )
     content: Records | None = None
@@ -124,7 +121,6 @@ def answer(task: Task) -> Outcome:
         _FAILURES.add(seen)
         reason = f"ClientApp raised {type(exc).__name__}: {exc}".replace("\n", " ")
         error = (ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason)
-    context_state = records_out(context.state, put) if len(context.state) else None
     left = pack(_HOST.outgoing) if _HOST.outgoing is not None else None
     _HOST.begin(None)
-    return Outcome(content, error, context_state, time.perf_counter() - started, left)
+    return Outcome(content, error, time.perf_counter() - started, left)
