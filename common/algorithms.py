@@ -193,6 +193,13 @@ class DapperFLParams:
     dapperfl_gamma: float = hp(0.01, "DAR: weight of mean ||z||^2 of the encoder output (Eq. 5)", low=0.0)
     dapperfl_mfp: bool = hp(True, "model fusion pruning (off: prune the received model by l1 directly)")
     dapperfl_dar: bool = hp(True, "domain adaptive regularization (off: cross-entropy only)")
+    dapperfl_variant: str = hp(
+        "paper",
+        "paper: the paper's equations; official: the authors' public code as it runs (no fusion; every conv but "
+        "the first, batch-norm scales and linear input columns zeroed in the full-shape model; the zeros "
+        "uploaded and averaged, no Eq. 6; DAR gamma ||z|| in every epoch)",
+        choices=("paper", "official"),
+    )
 
 
 @dataclass(frozen=True)

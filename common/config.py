@@ -16,8 +16,20 @@ from .hparams import ConfigError, as_dict, choice, describe, hp, parse_fields
 from .robust import ROBUST_METHODS, RobustRule
 from .validation import is_folder_name
 
-DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "digit-domains", "femnist", "har", "usps")
-PARTITIONS = ("iid", "dirichlet", "pathological", "ls", "qs", "lsqs", "grouped", "domains", "natural", "file")
+DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "digit-domains", "femnist", "femnist-digits", "har", "usps")
+PARTITIONS = (
+    "iid",
+    "dirichlet",
+    "pathological",
+    "ls",
+    "qs",
+    "lsqs",
+    "grouped",
+    "grouped-exact",
+    "domains",
+    "natural",
+    "file",
+)
 MODELS = (
     "auto",
     "mlp",
@@ -38,6 +50,7 @@ AUTO_MODEL = {
     "cifar10": "cnn-cifar",
     "digit-domains": "resnet10-s",
     "femnist": "cnn-mnist",
+    "femnist-digits": "cnn-mnist",
     "har": "dnn-har",
     "usps": "cnn-mnist",
 }
@@ -103,7 +116,8 @@ class RunConfig:
         "`digit-domains`: MNIST, USPS, MNIST-M-style and SYN-style digits at 32x32 RGB, built from "
         "`data-dir` (MNIST, USPS, CIFAR-10); `cifar10` reads every `data_batch_*` present (the "
         "staged 30k-image subset or all 50k); `femnist` (LEAF's FEMNIST sample, 28x28, 62 classes, by "
-        "writer), `har` (UCI HAR's inertial windows, 9 channels x 128 steps, 6 activities, by subject), "
+        "writer), `femnist-digits` (the same file's digit samples only: 10 classes, by writer), `har` "
+        "(UCI HAR's inertial windows, 9 channels x 128 steps, 6 activities, by subject), "
         "`usps` (16x16 digits, its train and test files pooled)",
         choices=DATASETS,
     )
@@ -122,10 +136,13 @@ class RunConfig:
         "clients hold half of the samples); FLIU's `ls` (Dirichlet label rows balanced by "
         "Sinkhorn-Knopp: equal client sizes, every sample used), `qs` (Dirichlet client sizes, "
         "balanced labels), `lsqs` (both); FedAMP's `grouped` (5 groups of clients, 80% of each "
-        "client's data from its group's 2 classes, 500/400/300/200/100 samples per client); "
+        "client's data from its group's 2 classes, 500/400/300/200/100 samples per client, split by "
+        "`test-fraction`); `grouped-exact` (the same as the FedAMP paper: 500/400/300/200/100 training "
+        "samples plus 100 test samples per client, both with the 80/20 class mix; `test-fraction` does not "
+        "apply); "
         "DapperFL's `domains` (digit-domains: each client holds `domain-share` of one domain); "
-        "`natural` (femnist, har: one client per writer or subject); `file` (every client's train "
-        "and test indices from `partition-file`)",
+        "`natural` (femnist, femnist-digits, har: one client per writer or subject); `file` (every "
+        "client's train and test indices from `partition-file`)",
         choices=PARTITIONS,
     )
     domain_share: float = hp(

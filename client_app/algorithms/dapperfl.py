@@ -2,6 +2,10 @@
 fuse it with the global model, prune output channels by l1 to the device's ratio, train the physically smaller
 model with the domain adaptive regularizer for the remaining epochs, upload it with its channel masks.
 
+`dapperfl-variant = official` runs the authors' public code as it behaves instead (common/dapperfl.py): the
+fine-tuned model is pruned unfused, by the public code's layer-wise rules, as fixed zeros in the full-shape model,
+which is trained with the DAR term ||z|| in every epoch and uploaded whole, zeros included.
+
 Paper: Jia et al., "DapperFL: Domain Adaptive Federated Learning with Model Fusion Pruning for Edge Devices", NeurIPS
 2024, arXiv:2412.05823."""
 
@@ -16,12 +20,12 @@ from flwr.app import ArrayRecord, RecordDict
 
 from common.algorithms import GLOBAL, DapperFLParams
 from common.channels import channel_groups, pruned_model
-from common.dapperfl import dar_loss, fuse, fusion_factor, select_channels
+from common.dapperfl import OFFICIAL, dar_loss, fusion_factor, official_prune, pruning_input, select_channels
 from common.flops import flops_per_sample, training_flops
 from common.messages import CHANNEL_MASKS
 from common.models import SplitModel, build_model, get_arrays, set_arrays
 from common.records import to_plain_record
-from common.train import train
+from common.train import ExtraLoss, train
 
 from .base import ClientAlgorithm
 
@@ -35,7 +39,8 @@ def mask_record(masks: list[np.ndarray]) -> ArrayRecord:
 
 
 class DapperFLClient(ClientAlgorithm):
-    """Trains and uploads a model pruned to its device's ratio; evaluates that model and the global one."""
+    """Trains and uploads a model pruned to its device's ratio; evaluates that model and the global one.
+    `paper`: physically smaller model and channel masks; `official`: the full-shape model with zeros."""
 
     def ratio(self) -> float:
         """This device's pruning ratio: the configured list cycled over partition ids."""
@@ -43,12 +48,15 @@ class DapperFLClient(ClientAlgorithm):
         return ratios[self.env.partition_id % len(ratios)]
 
     def fit(self, server_round: int, content: RecordDict) -> RecordDict:
-        """Algorithm 1 (model fusion pruning, epoch 1), then epochs 2..E of CE + gamma ||z||^2 on the pruned model."""
+        """Algorithm 1 (model fusion pruning, epoch 1), then epochs 2..E of CE + gamma ||z||^2 on the pruned model;
+        `official`: the same steps as the public code runs them (module docstring)."""
         params = self.cfg.params_as(DapperFLParams)
+        variant = params.dapperfl_variant
         data, device = self.env.data, self.env.device
         model = self.received_model(content)
         received = self.snapshot(model)
         settings = self.settings(server_round)
+        extra = [dar_loss(params.dapperfl_gamma, variant)] if params.dapperfl_dar and params.dapperfl_gamma > 0 else []
         full_epochs = 0
         if params.dapperfl_mfp:
             global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -58,17 +66,19 @@ class DapperFLClient(ClientAlgorithm):
                 data.train_y,
                 replace(settings, epochs=1),
                 self.generator(server_round, "mfp"),
+                extra_losses=extra if variant == OFFICIAL else (),  # the public code's DAR runs from epoch 1
                 device=device,
             )
             alpha = fusion_factor(
                 server_round, params.dapperfl_alpha0, params.dapperfl_alpha_min, params.dapperfl_epsilon
             )
-            model.load_state_dict(fuse(global_state, model.state_dict(), alpha))
+            model.load_state_dict(pruning_input(variant, global_state, model.state_dict(), alpha))
             full_epochs = 1
+        if variant == OFFICIAL:
+            return self.fit_official(server_round, model, received, extra, full_epochs)
         groups = channel_groups(model)
         masks = select_channels(dict(zip(model.state_dict(), get_arrays(model))), groups, self.ratio())
         small = pruned_model(model, groups, masks)
-        extra = [dar_loss(params.dapperfl_gamma)] if params.dapperfl_dar and params.dapperfl_gamma > 0 else []
         stats = train(
             small,
             data.train_x,
@@ -89,6 +99,34 @@ class DapperFLClient(ClientAlgorithm):
         reply[CHANNEL_MASKS] = mask_record(masks)
         return reply
 
+    def fit_official(
+        self,
+        server_round: int,
+        model: torch.nn.Module,
+        received: torch.nn.Module | None,
+        extra: list[ExtraLoss],
+        full_epochs: int,
+    ) -> RecordDict:
+        """The public code's pruning as zeros in the full-shape model, held there by update masks over the remaining
+        epochs; the whole model uploaded, zeros included (no channel masks)."""
+        data, settings = self.env.data, self.settings(server_round)
+        masks = official_prune(model, self.ratio())
+        stats = train(
+            model,
+            data.train_x,
+            data.train_y,
+            replace(settings, epochs=settings.epochs - full_epochs),
+            self.generator(server_round),
+            update_masks=masks,
+            extra_losses=extra,
+            device=self.env.device,
+        )
+        self.env.state.save_arrays(LOCAL, get_arrays(model))
+        # zeros in a full-shape model save no computation: every epoch costs what the unpruned model costs
+        dense = self.flops_per_sample(tuple(g.size for g in channel_groups(model)))
+        flops = training_flops(dense, data.num_train, settings.epochs)
+        return self.train_reply(stats, model, stages={"G": received, "L1": received, "L2": model}, flops=flops)
+
     def flops_per_sample(self, kept: tuple[int, ...]) -> float:
         """Training FLOPs of one sample for the model keeping `kept` channels of each group (cached)."""
         data = self.env.data
@@ -96,7 +134,10 @@ class DapperFLClient(ClientAlgorithm):
 
     def local_model(self) -> torch.nn.Module | None:
         """The pruned model this client trained last (None before its first round)."""
-        arrays, masks = self.env.state.load_arrays(LOCAL), self.env.state.load_arrays(MASKS)
+        arrays = self.env.state.load_arrays(LOCAL)
+        if arrays is not None and self.cfg.params_as(DapperFLParams).dapperfl_variant == OFFICIAL:
+            return self.new_model(arrays)  # full shape, pruned entries 0
+        masks = self.env.state.load_arrays(MASKS)
         if arrays is None or masks is None:
             return None
         base: SplitModel = self.new_model()

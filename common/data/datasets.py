@@ -13,7 +13,7 @@ import numpy as np
 
 from .arrays import DataError, DatasetArrays
 from .domains import digit_domains, digit_domains_cached, usps_missing
-from .readers import decode_cifar_batch, femnist, files_missing, har, usps
+from .readers import decode_cifar_batch, femnist, femnist_digits, files_missing, har, usps
 
 _MNIST_FILES = (
     "train-images-idx3-ubyte.gz",
@@ -28,7 +28,7 @@ _NORMALIZATION = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "digits": ((0.3,), (0.38,)),
 }
-_READERS = {"femnist": femnist, "har": har, "usps": usps}
+_READERS = {"femnist": femnist, "femnist-digits": femnist_digits, "har": har, "usps": usps}
 
 
 def _digits() -> DatasetArrays:

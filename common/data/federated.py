@@ -15,7 +15,7 @@ from .datasets import DataError, DatasetArrays, load_dataset, normalize
 from .domains import domain_partition
 from .natural import natural_partition
 from .noise import flip_labels, seeded_client_ids, shift_labels
-from .partition import partition, train_test_split
+from .partition import grouped_exact, partition, train_test_split
 from .partition_file import read_partition_file
 from .shift import ShiftPlan, make_shift_plan
 
@@ -105,11 +105,14 @@ def _split_cached(
         subset = np.sort(
             np.random.default_rng(derive_seed(seed, "max-samples")).choice(subset, size=max_samples, replace=False)
         )
+    if scheme == "grouped-exact":  # the paper's training and test counts per client: test-fraction does not apply
+        train_parts, test_parts = grouped_exact(data.y[subset], num_clients, derive_seed(seed, "partition"))
+        return FederatedSplit(tuple(subset[p] for p in train_parts), tuple(subset[p] for p in test_parts))
     if scheme == "natural":
         if data.natural_id is None:
             raise DataError(
-                f"partition 'natural' needs a data set with natural clients (femnist: writers, har: "
-                f"subjects), not '{dataset}'"
+                f"partition 'natural' needs a data set with natural clients (femnist, femnist-digits: "
+                f"writers; har: subjects), not '{dataset}'"
             )
         parts = [
             subset[p]

@@ -1,4 +1,5 @@
-"""Split sample labels across clients (IID, Dirichlet, pathological, LS/QS/LSQS, grouped); 75/25 train/test."""
+"""Split sample labels across clients (IID, Dirichlet, pathological, LS/QS/LSQS, grouped); 75/25 train/test, or
+FedAMP's exact per-client train and test counts (grouped-exact)."""
 
 from __future__ import annotations
 
@@ -285,6 +286,27 @@ def _grouped_counts(groups: np.ndarray, sizes: np.ndarray, num_classes: int, dom
     return counts
 
 
+def _grouped_setup(
+    labels: np.ndarray,
+    num_clients: int,
+    num_groups: int,
+    dominant_share: float,
+    group_sizes: Sequence[int],
+    scheme: str = "grouped",
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct labels, their sample counts and every client's group, after checking the arguments."""
+    classes, class_sizes = np.unique(labels, return_counts=True)
+    if len(classes) < 3:
+        raise DataError(f"{scheme} partition needs at least 3 classes, the labels have {len(classes)}")
+    if len(group_sizes) != num_groups:
+        raise DataError(f"{scheme} partition: {len(group_sizes)} group sizes for {num_groups} groups")
+    if not 1 <= num_groups <= num_clients:
+        raise DataError(f"{scheme} partition: {num_groups} groups need between 1 and {num_clients} clients")
+    if not 0.0 <= dominant_share <= 1.0 or min(group_sizes) < 2:
+        raise DataError(f"{scheme} partition needs 0 <= dominant-share <= 1 and at least 2 samples per client")
+    return classes, class_sizes, np.arange(num_clients) * num_groups // num_clients
+
+
 def grouped(
     labels: np.ndarray,
     num_clients: int,
@@ -301,16 +323,7 @@ def grouped(
     all sizes are scaled down by one factor (with a warning); below 10% of the asked sizes it is an
     error. Samples are drawn without replacement; not every sample is used.
     """
-    classes, class_sizes = np.unique(labels, return_counts=True)
-    if len(classes) < 3:
-        raise DataError(f"grouped partition needs at least 3 classes, the labels have {len(classes)}")
-    if len(group_sizes) != num_groups:
-        raise DataError(f"grouped partition: {len(group_sizes)} group sizes for {num_groups} groups")
-    if not 1 <= num_groups <= num_clients:
-        raise DataError(f"grouped partition: {num_groups} groups need between 1 and {num_clients} clients")
-    if not 0.0 <= dominant_share <= 1.0 or min(group_sizes) < 2:
-        raise DataError("grouped partition needs 0 <= dominant-share <= 1 and at least 2 samples per client")
-    groups = np.arange(num_clients) * num_groups // num_clients
+    classes, class_sizes, groups = _grouped_setup(labels, num_clients, num_groups, dominant_share, group_sizes)
     asked = np.asarray(group_sizes, dtype=np.float64)[groups]
     scale = 1.0
     counts = _grouped_counts(groups, asked.astype(np.int64), len(classes), dominant_share)
@@ -331,6 +344,43 @@ def grouped(
             stacklevel=2,
         )
     return _assign(labels, classes, counts, np.random.default_rng(seed))
+
+
+def grouped_exact(
+    labels: np.ndarray,
+    num_clients: int,
+    seed: int,
+    test_size: int = 100,
+    num_groups: int = 5,
+    dominant_share: float = 0.8,
+    group_sizes: Sequence[int] = (500, 400, 300, 200, 100),
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """FedAMP's grouped split as its paper states it: (train, test) indices of every client.
+
+    A client of group g holds group_sizes[g] training samples and `test_size` test samples, each set with
+    `grouped`'s class counts for its size (dominant_share on classes 2g and 2g + 1, the rest spread evenly),
+    so the test set follows the client's training distribution. All sets are disjoint, drawn without
+    replacement; sizes are never scaled: a class with too few samples is a DataError.
+    """
+    scheme = "grouped-exact"
+    classes, class_sizes, groups = _grouped_setup(labels, num_clients, num_groups, dominant_share, group_sizes, scheme)
+    if test_size < 1:
+        raise DataError(f"{scheme} partition needs at least 1 test sample per client, got {test_size}")
+    train_counts = _grouped_counts(
+        groups, np.asarray(group_sizes, dtype=np.int64)[groups], len(classes), dominant_share
+    )
+    test_counts = _grouped_counts(groups, np.full(num_clients, test_size, dtype=np.int64), len(classes), dominant_share)
+    needed = train_counts.sum(axis=0) + test_counts.sum(axis=0)
+    short = np.flatnonzero(needed > class_sizes)
+    if len(short):
+        c = int(short[0])
+        raise DataError(
+            f"{scheme} partition: {num_clients} clients need {needed[c]} samples of class {classes[c]}, the data "
+            f"has {class_sizes[c]}; use fewer clients, or partition 'grouped' (which scales the sizes down)"
+        )
+    # One deal over 2K rows (the K training sets, then the K test sets): no sample lands in two sets.
+    parts = _assign(labels, classes, np.vstack([train_counts, test_counts]), np.random.default_rng(seed))
+    return parts[:num_clients], parts[num_clients:]
 
 
 def partition(

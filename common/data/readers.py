@@ -1,6 +1,7 @@
-"""FEMNIST (LEAF, by writer), UCI HAR (inertial signals, by subject) and USPS read from the data folder into
-DatasetArrays; samples keep their files' order (the order `partition='file'` indices refer to). CIFAR-10's python
-batches are decoded here from bytes already checked, by an unpickler that admits nothing but numpy arrays."""
+"""FEMNIST (LEAF, by writer; all 62 classes or its digits only), UCI HAR (inertial signals, by subject) and USPS
+read from the data folder into DatasetArrays; samples keep their files' order (the order `partition='file'` indices
+refer to). CIFAR-10's python batches are decoded here from bytes already checked, by an unpickler that admits
+nothing but numpy arrays."""
 
 from __future__ import annotations
 
@@ -38,11 +39,11 @@ def _missing(dataset: str, data_dir: Path, files: tuple[str, ...]) -> None:
 
 
 def files_missing(dataset: str, data_dir: Path) -> DataError | None:
-    """The error a reader of femnist, har or usps raises first when its files are not in data_dir (None: they are,
-    or the data set is none of these)."""
+    """The error a reader of femnist, femnist-digits, har or usps raises first when its files are not in data_dir
+    (None: they are, or the data set is none of these)."""
     if dataset == "usps":
         return usps_missing(data_dir, dataset)
-    files = {"femnist": (FEMNIST_FILE,), "har": HAR_FILES}.get(dataset)
+    files = {"femnist": (FEMNIST_FILE,), "femnist-digits": (FEMNIST_FILE,), "har": HAR_FILES}.get(dataset)
     try:
         if files is not None:
             _missing(dataset, data_dir, files)
@@ -59,24 +60,44 @@ def _npz(dataset: str, path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarra
         raise DataError(f"{dataset}: could not read {path} (arrays {', '.join(keys)}): {exc}") from exc
 
 
-def femnist(data_dir: Path) -> DatasetArrays:
-    """LEAF's FEMNIST sample: (N, 1, 28, 28) uint8 with ink high (LEAF stores white backgrounds), 62 classes,
-    the writer of every sample as its natural id; rows in the file's order (by writer)."""
-    _missing("femnist", data_dir, (FEMNIST_FILE,))
-    arrays = _npz("femnist", data_dir / FEMNIST_FILE, ("x", "y", "writer"))
-    x = (255 - arrays["x"].astype(np.uint8))[:, None, :, :]
+def _femnist_file(dataset: str, data_dir: Path) -> dict[str, np.ndarray]:
+    """The staged FEMNIST file's images (inverted: ink high, (N, 1, 28, 28) uint8), labels and writers."""
+    _missing(dataset, data_dir, (FEMNIST_FILE,))
+    arrays = _npz(dataset, data_dir / FEMNIST_FILE, ("x", "y", "writer"))
+    return {
+        "x": np.ascontiguousarray((255 - arrays["x"].astype(np.uint8))[:, None, :, :]),
+        "y": arrays["y"].astype(np.int64),
+        "writer": arrays["writer"].astype(np.int64),
+    }
+
+
+def _femnist_arrays(name: str, arrays: dict[str, np.ndarray], num_classes: int) -> DatasetArrays:
     mean, std = FEMNIST_NORM
     return DatasetArrays(
-        "femnist",
-        np.ascontiguousarray(x),
-        arrays["y"].astype(np.int64),
-        62,
+        name,
+        arrays["x"],
+        arrays["y"],
+        num_classes,
         mean,
         std,
         255.0,
-        natural_id=arrays["writer"].astype(np.int64),
+        natural_id=arrays["writer"],
         natural_kind="writer",
     )
+
+
+def femnist(data_dir: Path) -> DatasetArrays:
+    """LEAF's FEMNIST sample: (N, 1, 28, 28) uint8 with ink high (LEAF stores white backgrounds), 62 classes,
+    the writer of every sample as its natural id; rows in the file's order (by writer)."""
+    return _femnist_arrays("femnist", _femnist_file("femnist", data_dir), 62)
+
+
+def femnist_digits(data_dir: Path) -> DatasetArrays:
+    """FEMNIST's digits only: the file's samples with labels 0-9 (10 classes), as `femnist` reads them (same
+    images, normalization and writers), in the file's order."""
+    arrays = _femnist_file("femnist-digits", data_dir)
+    digits = arrays["y"] < 10
+    return _femnist_arrays("femnist-digits", {key: a[digits] for key, a in arrays.items()}, 10)
 
 
 def har(data_dir: Path) -> DatasetArrays:

@@ -2,6 +2,10 @@
 and channel masks against its pruning ratio, recover the pruned channels from the previous global model (Eq. 6)
 and average by sample count (Eq. 7).
 
+`dapperfl-variant = official` (the authors' public code as it runs): uploads are the full-shape model with the
+pruned entries 0 and no channel masks; the zeros enter the sample-weighted average as they are (the public code's
+recovery is overwritten by `prune.remove` before it averages), so Eq. 6 recovers nothing there.
+
 Paper: Jia et al., "DapperFL: Domain Adaptive Federated Learning with Model Fusion Pruning for Edge Devices", NeurIPS
 2024, arXiv:2412.05823."""
 
@@ -14,7 +18,7 @@ import numpy as np
 from common.algorithms import DapperFLParams
 from common.channels import entry_indices, keep_count, pruned_shapes
 from common.config import ConfigError, RunConfig
-from common.dapperfl import aggregate
+from common.dapperfl import OFFICIAL, aggregate
 from common.messages import ARRAYS, CHANNEL_MASKS
 from common.models import ModelLayout
 from common.validation import PayloadError, validate_arrays
@@ -25,7 +29,8 @@ from .base import PFLStrategy
 
 
 class DapperFLStrategy(PFLStrategy):
-    """Sends the global model; takes back physically pruned models of different widths with their channel masks."""
+    """Sends the global model; takes back physically pruned models of different widths with their channel masks
+    (`official`: full-shape models with zeros, averaged as they are)."""
 
     uploads_weights = False
 
@@ -36,6 +41,7 @@ class DapperFLStrategy(PFLStrategy):
         self.groups = list(model.channels)
         self.names = [name for name, _ in self.specs]
         self.ratios = cfg.params_as(DapperFLParams).dapperfl_ratios
+        self.official = cfg.params_as(DapperFLParams).dapperfl_variant == OFFICIAL
         self.by_ratio: dict[str, dict[str, Any]] = {}  # the round's uploads grouped by pruning ratio
 
     def ratio(self, partition_id: int) -> float:
@@ -44,8 +50,13 @@ class DapperFLStrategy(PFLStrategy):
 
     def decode_train_reply(self, server_round: int, reply: TrainReply) -> None:
         """Masks: one 0/1 uint8 vector per channel group keeping exactly the channels the client's ratio keeps;
-        arrays: the model's entries at the widths those masks give, float32, finite."""
+        arrays: the model's entries at the widths those masks give, float32, finite (`official`: the full-shape
+        model, no masks)."""
         content, ratio = reply.content, self.ratio(reply.partition_id)
+        if self.official:
+            full = validate_arrays(content.array_records.get(ARRAYS), self.specs)
+            reply.payload = (dict(zip(self.names, full, strict=True)), {})
+            return
         flags = validate_arrays(
             content.array_records.get(CHANNEL_MASKS),
             [(f"group-{i}", (g.size,)) for i, g in enumerate(self.groups)],
@@ -67,7 +78,8 @@ class DapperFLStrategy(PFLStrategy):
         reply.payload = (dict(zip(self.names, arrays, strict=True)), indices)
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
-        """Eq. 6 then Eq. 7: pruned channels from the previous global model, then the sample-weighted average."""
+        """Eq. 6 then Eq. 7: pruned channels from the previous global model, then the sample-weighted average
+        (`official`: the full-shape uploads, zeros included, averaged as they are)."""
         self.by_ratio = {}
         for reply in replies:
             entry = self.by_ratio.setdefault(
