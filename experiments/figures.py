@@ -208,8 +208,49 @@ def matrix_figure(
     return name
 
 
-def draw_all(groups: list[Group], base: Group | None, out: Path, only: tuple[str, ...] | None = None) -> list[str]:
-    """Every figure that applies to these runs (or those named in `only`); returns their file names."""
+GLOBAL_KEY = "global-acc-shift-0"  # a personalized method's global model, where it evaluates one
+
+
+def global_per_round(groups: list[Group], out: Path) -> str:
+    """The global model's accuracy without shift at every evaluated round, mean over seeds (band: min to max): an
+    algorithm's `global-acc-shift-0` where it reports one (DM-PFL's theta_g), else its accuracy (FedAvg, FedDST)."""
+    if not groups:
+        return ""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
+    for index, group in enumerate(groups):
+        records = [r for run in group.runs for r in run.records if r.get("eval")]
+        key = GLOBAL_KEY if any(GLOBAL_KEY in r["eval"]["mean"] for r in records) else "acc-shift-0"
+        by_round: dict[int, list[float]] = {}
+        for record in records:
+            if key in record["eval"]["mean"]:
+                by_round.setdefault(int(record["round"]), []).append(100.0 * float(record["eval"]["mean"][key]))
+        rounds = sorted(by_round)
+        values = [by_round[r] for r in rounds]
+        label = f"{group.label} ({'global model' if key == GLOBAL_KEY else 'its model'})"
+        ax.plot(rounds, [np.mean(v) for v in values], color=f"C{index % 10}", label=label)
+        if any(len(v) > 1 for v in values):
+            low, high = [min(v) for v in values], [max(v) for v in values]
+            ax.fill_between(rounds, low, high, color=f"C{index % 10}", alpha=0.2)
+    ax.set_xlabel("round")
+    ax.set_ylabel("accuracy without shift (%), mean over clients")
+    ax.set_title("Global models' accuracy per round")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.legend(loc="lower right")
+    fig.savefig(out / "global_per_round.png", dpi=120)
+    plt.close(fig)
+    return "global_per_round.png"
+
+
+def draw_all(
+    groups: list[Group],
+    base: Group | None,
+    out: Path,
+    only: tuple[str, ...] | None = None,
+    round_groups: list[Group] | None = None,
+) -> list[str]:
+    """Every figure that applies to these runs (or those named in `only`; `round_groups`: the groups of the
+    global-rounds figure, default all); returns their file names."""
     makers = {
         "shift": lambda: accuracy_vs_shift(groups, out),
         "corruption": lambda: corruption_figure(groups, corruptions_of(groups), out),
@@ -226,6 +267,8 @@ def draw_all(groups: list[Group], base: Group | None, out: Path, only: tuple[str
         "mask-overlap": lambda: matrix_figure(
             groups, "mask_overlap", "DM-PFL: mask overlap (IoU),\nlast phase-1 round's uploads", "mask_overlap.png", out
         ),
+        "global-rounds": lambda: global_per_round(groups if round_groups is None else round_groups, out),
     }
-    names = [maker() for name, maker in makers.items() if only is None or name in only]
+    wanted = [name for name in makers if name != "global-rounds"] if only is None else only  # that one on request
+    names = [maker() for name, maker in makers.items() if name in wanted]
     return [n for n in names if n]

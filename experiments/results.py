@@ -14,12 +14,13 @@ from pathlib import Path
 from common.hparams import ConfigError
 from common.persist import atomic_write_text
 
+from .claims import claim_lines
 from .collect import Group, find_runs, group_runs
 from .report import corruption_table, domain_table, overview, paired_table, shift_table, stage_table, unseen_table
 from .runs import RunSpec, run_commits, run_state, short_commit
 from .stats import fmt_ci, mean_ci, paired_difference
 from .sweep import check_tables, read_sweep
-from .tables import RATIOS, Column, TableSpec, find_row, metric_reader, row_experiment
+from .tables import Column, TableSpec, find_row, row_experiment, row_values
 
 SETTING_KEYS = (
     "dataset",
@@ -37,19 +38,8 @@ SETTING_KEYS = (
 
 
 def _values(groups: list[Group], spec: TableSpec, row: str, column: Column) -> dict[int, float]:
-    """seed -> the row's value in the column (ratios: to the baseline's run of the same seed)."""
-    found = find_row(groups, row)
-    if found is None:
-        return {}
-    group, prefix = found
-    if column.metric in RATIOS:
-        base = find_row(groups, spec.baseline) if spec.baseline else None
-        if base is None:
-            return {}
-        read = metric_reader(RATIOS[column.metric])
-        reference = base[0].by_seed(read)
-        return {s: v / reference[s] for s, v in group.by_seed(read).items() if reference.get(s)}
-    return group.by_seed(metric_reader(column.metric, prefix))
+    """seed -> the row's value in the column."""
+    return row_values(groups, spec, row, column.metric)
 
 
 def _fmt(values: dict[int, float], column: Column) -> str:
@@ -199,7 +189,8 @@ def section(groups: list[Group], spec: TableSpec, check: OrderCheck, figures_dir
     if spec.figures:
         out = figures_dir / spec.id
         out.mkdir(parents=True, exist_ok=True)
-        for name in draw_all(used, base, out, only=spec.figures):
+        rounds = [found[0] for row in spec.round_rows if (found := find_row(used, row))]
+        for name in draw_all(used, base, out, only=spec.figures, round_groups=rounds or None):
             lines.append(f"![{spec.id}: {name}]({os.path.relpath(out / name, doc_dir)})")
         lines.append("")
     return lines
@@ -249,6 +240,7 @@ def write_results(sweep_file: Path, runs_dir: Path, out: Path, command: str | No
         "The order check compares every two rows of a column where the paper gives both numbers.",
         "",
     ]
+    lines += claim_lines(groups, tables, sweep.claims)
     checks = [order_check(groups, table) for table in tables]
     lines += overview_table(tables, checks, specs, runs_dir)
     for table, check in zip(tables, checks):

@@ -5,29 +5,32 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.config import RunConfig
 from common.hparams import ConfigError
 
+from .claims import Claim, parse_claim
 from .engines import check_engine
 from .presets import preset
 from .runs import RunResult, RunSpec, changed_settings, folder_name, parse_seeds, plan, run_state
 from .tables import TableSpec, parse_table
 
-TOP_KEYS = {"name", "preset", "seeds", "engine", "defaults", "groups", "experiment", "table"}  # table: results
+TOP_KEYS = {"name", "preset", "seeds", "engine", "defaults", "groups", "experiment", "table", "claim"}  # results
 EXPERIMENT_KEYS = {"name", "preset", "seeds", "clients", "group"}  # besides run-config keys
 
 
 @dataclass(frozen=True)
 class Sweep:
-    """A sweep file read: its name, runs, [[table]] entries and the engine it asks for (None: the CLI's default)."""
+    """A sweep file read: its name, runs, [[table]] and [[claim]] entries and the engine it asks for (None: the
+    CLI's default)."""
 
     name: str
     specs: list[RunSpec]
     tables: list[TableSpec]
     engine: str | None = None
+    claims: list[Claim] = field(default_factory=list)
 
 
 def load_sweep(path: Path) -> tuple[str, list[RunSpec]]:
@@ -83,10 +86,15 @@ def read_sweep(path: Path) -> Sweep:
         parse_table(table, algorithms, f"sweep file {path}: table {index}")
         for index, table in enumerate(raw.get("table", []), start=1)
     ]
+    by_id = {t.id: t for t in tables}
+    claims = [
+        parse_claim(claim, by_id, f"sweep file {path}: claim {index}")
+        for index, claim in enumerate(raw.get("claim", []), start=1)
+    ]
     engine = raw.get("engine")
     if engine is not None:
         engine = check_engine(str(engine))
-    return Sweep(folder, specs, tables, engine)
+    return Sweep(folder, specs, tables, engine, claims)
 
 
 def sweep_name(path: Path, name: object) -> str:

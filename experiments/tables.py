@@ -25,9 +25,10 @@ TABLE_KEYS = {
     "sections",
     "figures",
     "notes",
+    "round-rows",
 }
 SECTIONS = ("overview", "paired", "shift", "unseen", "corruption", "domain", "stages")
-FIGURES = ("shift", "corruption", "costs", "frontier", "attention", "mask-overlap")
+FIGURES = ("shift", "corruption", "costs", "frontier", "attention", "mask-overlap", "global-rounds")
 RATIOS = {"mb-ratio": "mb", "flops-ratio": "flops"}
 DOMAIN = re.compile(r"^domain-.+-acc$")
 
@@ -61,6 +62,7 @@ class TableSpec:
     sections: tuple[str, ...]
     figures: tuple[str, ...]
     notes: str
+    round_rows: tuple[str, ...] = ()  # the rows of the "global-rounds" figure
 
 
 def row_experiment(row: str) -> str:
@@ -136,6 +138,9 @@ def parse_table(raw: dict[str, Any], experiments: dict[str, str], where: str) ->
                 "(nan where the paper has none)"
             )
         paper[row] = tuple(float(v) for v in values)
+    round_rows = _strings(raw.get("round-rows", []), f"{where} ({table_id}): round-rows")
+    if strays := sorted(set(round_rows) - set(rows)):
+        raise ConfigError(f"{where} ({table_id}): round-rows {strays} are not among its rows")
     baseline = raw.get("baseline")
     if baseline is not None and baseline not in rows:
         raise ConfigError(f"{where} ({table_id}): baseline {baseline!r} is not one of its rows")
@@ -151,6 +156,7 @@ def parse_table(raw: dict[str, Any], experiments: dict[str, str], where: str) ->
         _choices(raw.get("sections", ["overview"]), SECTIONS, f"{where} ({table_id}): sections"),
         _choices(raw.get("figures", []), FIGURES, f"{where} ({table_id}): figures"),
         str(raw.get("notes", "")).strip(),
+        round_rows,
     )
 
 
@@ -212,3 +218,19 @@ def find_row(groups: list[Group], row: str) -> tuple[Group, str] | None:
             if row == group.label + extra.suffix:
                 return group, extra.prefix
     return None
+
+
+def row_values(groups: list[Group], spec: TableSpec, row: str, metric: str) -> dict[int, float]:
+    """seed -> the row's value of `metric` (ratios: to the table's baseline run of the same seed)."""
+    found = find_row(groups, row)
+    if found is None:
+        return {}
+    group, prefix = found
+    if metric in RATIOS:
+        base = find_row(groups, spec.baseline) if spec.baseline else None
+        if base is None:
+            return {}
+        read = metric_reader(RATIOS[metric])
+        reference = base[0].by_seed(read)
+        return {s: v / reference[s] for s, v in group.by_seed(read).items() if reference.get(s)}
+    return group.by_seed(metric_reader(metric, prefix))

@@ -1,0 +1,108 @@
+"""The papers' headline claims and their verdicts in a results document: a [[claim]] entry of a sweep file says
+that row `a` is above (or below) row `b` in one metric of one of its tables; the verdict is `holds` or `fails` when
+the paired 95% interval over the seeds both rows ran excludes zero, else `undecided` (with the budget that would
+decide it)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from common.hparams import ConfigError
+
+from .collect import Group
+from .stats import fmt_ci, mean_ci, paired_difference
+from .tables import Column, TableSpec, row_values
+
+CLAIM_KEYS = {"text", "table", "a", "b", "relation", "metric", "decide"}
+RELATIONS = {">": "above", "<": "below"}
+VERDICTS = ("holds", "fails beyond the seeds' noise", "undecided", "not run yet")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """'`a` relation `b` in `metric`' over the runs of table `table`; `decide`: the budget that would decide it."""
+
+    text: str
+    table: str
+    a: str
+    b: str
+    relation: str
+    metric: str
+    decide: str
+
+
+def parse_claim(raw: dict[str, Any], tables: dict[str, TableSpec], where: str) -> Claim:
+    """One [[claim]] entry checked against the sweep's tables (ConfigError naming what is wrong)."""
+    unknown = sorted(set(raw) - CLAIM_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(CLAIM_KEYS)}")
+    for key in ("text", "table", "a", "b", "metric"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise ConfigError(f"{where}: `{key}` must be a non-empty string")
+    spec = tables.get(raw["table"])
+    if spec is None:
+        raise ConfigError(f"{where}: table {raw['table']!r} is not one of {sorted(tables)}")
+    for key in ("a", "b"):
+        if raw[key] not in spec.rows:
+            raise ConfigError(f"{where}: {key} = {raw[key]!r} is not a row of table {spec.id!r}")
+    relation = raw.get("relation", ">")
+    if relation not in RELATIONS:
+        raise ConfigError(f"{where}: relation must be one of {sorted(RELATIONS)}, not {relation!r}")
+    return Claim(
+        raw["text"], raw["table"], raw["a"], raw["b"], relation, raw["metric"], str(raw.get("decide", "")).strip()
+    )
+
+
+def verdict(groups: list[Group], spec: TableSpec, claim: Claim) -> tuple[str, str]:
+    """(verdict, the evidence: both rows' means and the paired difference in the claimed direction)."""
+    column = Column(claim.metric, claim.metric)
+    a = row_values(groups, spec, claim.a, claim.metric)
+    b = row_values(groups, spec, claim.b, claim.metric)
+    diff, half, n = paired_difference(a, b)
+    if n == 0:
+        return "not run yet", ""
+    sign = 1.0 if claim.relation == ">" else -1.0
+    toward = sign * diff
+    if math.isfinite(half) and toward - half > 0:
+        found = "holds"
+    elif math.isfinite(half) and toward + half < 0:
+        found = "fails beyond the seeds' noise"
+    else:
+        found = "undecided"
+    scale, digits = (100.0, 2) if column.percent else (1.0, 3)
+    shared = sorted(set(a) & set(b))
+    mean_a, half_a, _ = mean_ci([a[s] for s in shared])
+    mean_b, half_b, _ = mean_ci([b[s] for s in shared])
+    evidence = (
+        f"ours {claim.a} {fmt_ci(mean_a, half_a, scale, digits)} vs {claim.b} {fmt_ci(mean_b, half_b, scale, digits)}"
+        f" ({claim.metric}), {claim.a} - {claim.b} = {fmt_ci(diff, half, scale, digits)} over {n} seed"
+        + ("s" if n != 1 else "")
+        + (" (one seed: no interval)" if n == 1 else "")
+    )
+    return found, evidence
+
+
+def claim_lines(groups: list[Group], tables: list[TableSpec], claims: list[Claim]) -> list[str]:
+    """The document's opening list: each claim with its verdict, the numbers, and for an undecided one the budget
+    that would decide it."""
+    if not claims:
+        return []
+    by_id = {t.id: t for t in tables}
+    lines = ["## The papers' headline claims", ""]
+    counts = dict.fromkeys(VERDICTS, 0)
+    for claim in claims:
+        found, evidence = verdict(groups, by_id[claim.table], claim)
+        counts[found] += 1
+        line = f"- **{found}**: {claim.text}" + (f"; {evidence}" if evidence else "")
+        if found in ("undecided", "not run yet") and claim.decide:
+            line += f". Decided by: {claim.decide}"
+        lines.append(line + ".")
+    summary = ", ".join(f"{n} {name}" for name, n in counts.items() if n)
+    return lines + [
+        "",
+        f"Verdicts: {summary}. A verdict is `holds` or `fails` only where the paired 95% interval "
+        "over seeds excludes zero.",
+        "",
+    ]

@@ -1,0 +1,124 @@
+"""The results document's headline claims: verdicts from the paired interval over seeds, the evidence quoted,
+the budget that would decide an undecided one, bad [[claim]] entries refused; the global-rounds figure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from common.hparams import ConfigError
+from experiments.results import write_results
+from experiments.sweep import read_sweep
+from tests.test_experiments import _fixture_run
+from tests.test_results_doc import SWEEP
+
+CLAIMS = """
+[[claim]]
+text = "DM-PFL above FedAvg at full shift"
+table = "main"
+a = "dmpfl"
+b = "fedavg"
+metric = "acc-shift-1"
+
+[[claim]]
+text = "DM-PFL moves fewer bytes"
+table = "main"
+a = "dmpfl"
+b = "fedavg"
+relation = "<"
+metric = "mb-ratio"
+
+[[claim]]
+text = "DM-PFL+ above FedAvg at full shift"
+table = "main"
+a = "dmpfl+"
+b = "fedavg"
+metric = "acc-shift-1"
+decide = "ten seeds"
+
+[[claim]]
+text = "Ditto above FedAvg"
+table = "main"
+a = "ditto"
+b = "fedavg"
+metric = "acc-shift-0"
+decide = "a Ditto run"
+"""
+
+
+def _runs(root: Path, seeds: tuple[int, ...]) -> Path:
+    fedavg = {0: (0.60, 0.40), 1: (0.64, 0.44)}
+    dmpfl = {0: (0.70, 0.30), 1: (0.80, 0.34)}
+    for seed in seeds:
+        _fixture_run(root, f"fedavg-seed{seed}", "fedavg", seed, *fedavg[seed], 2.0, 1e9)
+        _fixture_run(root, f"dmpfl-seed{seed}", "dmpfl", seed, *dmpfl[seed], 1.0, 5e8)
+        path = root / f"dmpfl-seed{seed}" / "summary.json"
+        summary = json.loads(path.read_text())
+        summary["final"]["mean"].update({"plus-acc-shift-0": 0.5, "plus-acc-shift-1": 0.45 + 0.1 * seed})
+        path.write_text(json.dumps(summary))
+    return root
+
+
+def _document(tmp_path: Path, seeds: tuple[int, ...], extra: str = "") -> str:
+    sweep = tmp_path / "doc.toml"
+    sweep.write_text(SWEEP + extra + CLAIMS)
+    path, _, _ = write_results(sweep, _runs(tmp_path / "runs", seeds), tmp_path / "docs" / "results.md")
+    return path.read_text()
+
+
+def test_verdicts_follow_the_paired_interval_over_seeds(tmp_path: Path) -> None:
+    text = _document(tmp_path, (0, 1))
+    head, _, rest = text.partition("## The papers' headline claims")
+    assert rest and "| table |" not in rest.split("\n\n")[1]  # the list opens the document, before the overview
+    # 100%: dmpfl - fedavg = -10 points on both seeds: an interval of zero width below zero
+    assert (
+        "- **fails beyond the seeds' noise**: DM-PFL above FedAvg at full shift; ours dmpfl 32.00 +/- 25.41 vs "
+        "fedavg 42.00 +/- 25.41 (acc-shift-1), dmpfl - fedavg = -10.00 +/- 0.00 over 2 seeds." in text
+    )
+    # bytes: 0.5 of FedAvg's on both seeds, claimed below
+    assert "- **holds**: DM-PFL moves fewer bytes; ours dmpfl 0.500 +/- 0.000 vs fedavg 1.000 +/- 0.000" in text
+    # DM-PFL+ at 100%: +5 and +11 points, an interval over two seeds that spans zero
+    assert "- **undecided**: DM-PFL+ above FedAvg at full shift;" in text
+    assert "dmpfl+ - fedavg = 8.00 +/- 38.12 over 2 seeds. Decided by: ten seeds." in text
+    assert "- **not run yet**: Ditto above FedAvg. Decided by: a Ditto run." in text
+    assert "Verdicts: 1 holds, 1 fails beyond the seeds' noise, 1 undecided, 1 not run yet." in text
+
+
+def test_one_seed_decides_nothing(tmp_path: Path) -> None:
+    text = _document(tmp_path, (0,))
+    assert "- **undecided**: DM-PFL moves fewer bytes;" in text
+    assert "dmpfl - fedavg = -0.500 over 1 seed (one seed: no interval)." in text
+    assert "**holds**" not in text and "**fails" not in text
+
+
+@pytest.mark.parametrize(
+    ("claim", "message"),
+    [
+        ("text = 'x'\ntable = 'other'\na = 'dmpfl'\nb = 'fedavg'\nmetric = 'acc-shift-0'\n", "table 'other' is not"),
+        ("text = 'x'\ntable = 'main'\na = 'local'\nb = 'fedavg'\nmetric = 'acc-shift-0'\n", "a = 'local' is not a row"),
+        ("text = 'x'\ntable = 'main'\na = 'dmpfl'\nb = 'fedavg'\nmetric = 'm'\nrelation = '>='\n", "relation must"),
+        ("text = 'x'\ntable = 'main'\na = 'dmpfl'\nb = 'fedavg'\nmetric = 'm'\nverdict = 'holds'\n", "unknown key"),
+        ("table = 'main'\na = 'dmpfl'\nb = 'fedavg'\nmetric = 'm'\n", "`text` must be"),
+    ],
+)
+def test_bad_claims_are_refused_in_one_line(tmp_path: Path, claim: str, message: str) -> None:
+    sweep = tmp_path / "bad.toml"
+    sweep.write_text(SWEEP + "[[claim]]\n" + claim)
+    with pytest.raises(ConfigError, match=message):
+        read_sweep(sweep)
+
+
+def test_the_global_rounds_figure_draws_the_named_rows(tmp_path: Path) -> None:
+    extra = SWEEP.replace('id = "main"', 'id = "rounds"').replace('title = "Main table"', 'title = "Rounds"')
+    extra = extra[extra.index("[[table]]") :].replace('figures = ["shift"]', 'figures = ["global-rounds"]')
+    extra = extra.replace('notes = "Why ours differ."', 'notes = ""\nround-rows = ["fedavg", "dmpfl"]')
+    text = _document(tmp_path, (0, 1), extra)
+    figure = tmp_path / "docs" / "figures" / "rounds" / "global_per_round.png"
+    assert figure.stat().st_size > 5_000 and "](figures/rounds/global_per_round.png)" in text
+    assert not (tmp_path / "docs" / "figures" / "main" / "global_per_round.png").exists()  # not asked for there
+    sweep = tmp_path / "stray.toml"
+    sweep.write_text(SWEEP + extra.replace('round-rows = ["fedavg", "dmpfl"]', 'round-rows = ["fedprox"]'))
+    with pytest.raises(ConfigError, match="round-rows \\['fedprox'\\] are not among its rows"):
+        read_sweep(sweep)
