@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -184,6 +185,8 @@ def other_code_runs(specs: list[RunSpec], out: Path, app: Path) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `pflower` console script; returns the exit code (0: everything finished)."""
     args = _parser().parse_args(argv)
+    # a SIGTERM (`kill`, `timeout`) unwinds as Ctrl+C does, so the run in progress is stopped, not orphaned
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         return _dispatch(args)
     except (ConfigError, DataError) as exc:
@@ -192,9 +195,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, Terminated):
+            print("pflower: terminated; finished runs are kept, `pflower sweep` resumes the rest", file=sys.stderr)
+            return 143
         print("pflower: interrupted; finished runs are kept, `pflower sweep` resumes the rest", file=sys.stderr)
         return 130
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, so that everything it started is stopped on the way out."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM handler: unwind."""
+    raise Terminated()
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -353,6 +353,9 @@ def run_streamed(
             lines.append(line)
             echo(line.rstrip("\n"))
         process.wait()
+    except BaseException:  # Ctrl+C or SIGTERM here: the run's own session would not hear it and run on
+        stop_process_tree(process)
+        raise
     finally:
         timed_out = not timer.is_alive() and process.returncode != 0
         timer.cancel()

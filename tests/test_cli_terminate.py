@@ -1,0 +1,73 @@
+"""`pflower sweep` stopped by a signal (SIGTERM from `kill` or `timeout`, SIGINT from Ctrl+C) stops the run it
+started with everything below it: the run lives in its own session, so nothing else would reach it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.superlink import descendants, stop_process_tree
+
+SWEEP = """name = "long"
+preset = "smoke"
+engine = "inprocess"
+seeds = [0]
+
+[defaults]
+num-rounds = 500
+
+[[experiment]]
+name = "fedavg"
+algorithm = "fedavg"
+"""
+
+
+def _pflower() -> str:
+    found = shutil.which("pflower") or str(Path(sys.executable).parent / "pflower")
+    if not Path(found).exists():
+        pytest.skip("the pflower console script is not installed (pip install -e .)")
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signalled_sweep_stops_its_run(tmp_path: Path, sig: signal.Signals, code: int) -> None:
+    sweep = tmp_path / "long.toml"
+    sweep.write_text(SWEEP)
+    process = subprocess.Popen(
+        [_pflower(), "sweep", str(sweep), "--out", str(tmp_path / "out"), "--workers", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (tmp_path / "out" / "fedavg-seed0" / "metrics.jsonl").exists():
+            time.sleep(0.2)
+        started = descendants(process.pid)
+        assert len(started) >= 2, "the run (server and worker) did not start in 2 minutes"
+        os.kill(process.pid, sig)  # the sweep only, as `timeout` or `kill` does
+        assert process.wait(timeout=60) == code
+        assert "finished runs are kept" in (process.stderr.read() if process.stderr else "")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(pid) for pid in started):
+            time.sleep(0.2)
+        assert not [pid for pid in started if _alive(pid)], "processes of the run outlived the sweep"
+    finally:
+        stop_process_tree(process, graceful=False)
