@@ -17,7 +17,7 @@ from .presets import preset
 from .runs import RunResult, RunSpec, changed_settings, folder_name, parse_seeds, plan, run_state
 from .tables import TableSpec, parse_table
 
-TOP_KEYS = {"name", "preset", "seeds", "engine", "defaults", "groups", "experiment", "table", "claim"}  # results
+TOP_KEYS = {"name", "title", "preset", "seeds", "engine", "defaults", "groups", "experiment", "table", "claim"}
 EXPERIMENT_KEYS = {"name", "preset", "seeds", "clients", "group"}  # besides run-config keys
 
 
@@ -31,6 +31,7 @@ class Sweep:
     tables: list[TableSpec]
     engine: str | None = None
     claims: list[Claim] = field(default_factory=list)
+    title: str = "Results: the seed papers' comparisons on this implementation"  # of its results document
 
 
 def load_sweep(path: Path) -> tuple[str, list[RunSpec]]:
@@ -94,7 +95,10 @@ def read_sweep(path: Path) -> Sweep:
     engine = raw.get("engine")
     if engine is not None:
         engine = check_engine(str(engine))
-    return Sweep(folder, specs, tables, engine, claims)
+    title = raw.get("title", Sweep.title)
+    if not isinstance(title, str) or not title.strip():
+        raise ConfigError(f"sweep file {path}: `title` must be a non-empty string")
+    return Sweep(folder, specs, tables, engine, claims, title.strip())
 
 
 def sweep_name(path: Path, name: object) -> str:

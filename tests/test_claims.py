@@ -122,3 +122,14 @@ def test_the_global_rounds_figure_draws_the_named_rows(tmp_path: Path) -> None:
     sweep.write_text(SWEEP + extra.replace('round-rows = ["fedavg", "dmpfl"]', 'round-rows = ["fedprox"]'))
     with pytest.raises(ConfigError, match="round-rows \\['fedprox'\\] are not among its rows"):
         read_sweep(sweep)
+
+
+def test_a_sweep_titles_its_document(tmp_path: Path) -> None:
+    assert _document(tmp_path, (0,)).startswith("# Results: the seed papers' comparisons on this implementation\n")
+    sweep = tmp_path / "titled.toml"
+    sweep.write_text('title = "At the paper\'s budget"\n' + SWEEP)
+    path, _, _ = write_results(sweep, tmp_path / "runs", tmp_path / "titled.md")
+    assert path.read_text().startswith("# At the paper's budget\n")
+    sweep.write_text('title = ""\n' + SWEEP)
+    with pytest.raises(ConfigError, match="`title` must be a non-empty string"):
+        read_sweep(sweep)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
-from client_app.algorithms.dmpfl import BASE_ENTROPY_C, PERSONAL
+from client_app.algorithms.dmpfl import BASE_ENTROPY_C, BASE_ENTROPY_G, PERSONAL
 from client_app.algorithms.sparse import StaleGlobalModel
 from client_app.state import ClientState
 from common.config import parse_run_config
@@ -359,7 +359,8 @@ def test_dmpfl_evaluation_runs_each_model_once_per_set_with_identical_metrics(mo
     assert metrics == reference, "the memo changes no metric"
     # with the memo, one pass per model and set: theta_c and theta_g on the test and shift sets (4), theta_g on the
     # training data for BE_g (1) and theta_c there for BE_c unless its phase 3 stored it (1); a client that never
-    # trained holds theta_c = theta_g, one model: test, shift and training data once each (3)
+    # trained holds theta_c = theta_g, one model on the test and shift sets (2): DM-PFL+ would choose between two
+    # identical models, so no base entropy is computed, and its three rows are the same numbers
     kinds = [
         (
             ClientState(fed.states[pid]).load_named(PERSONAL) is not None,
@@ -368,8 +369,14 @@ def test_dmpfl_evaluation_runs_each_model_once_per_set_with_identical_metrics(mo
         for pid in sorted(fed.states)
     ]
     assert {(False, False), (True, False), (True, True)} <= set(kinds), kinds
-    assert with_memo == sum(3 if not trained else 6 - stored_c for trained, stored_c in kinds), (with_memo, kinds)
+    assert with_memo == sum(2 if not trained else 6 - stored_c for trained, stored_c in kinds), (with_memo, kinds)
     assert without > with_memo
+    for pid, (trained, _) in zip(sorted(fed.states), kinds):
+        if not trained:
+            assert ClientState(fed.states[pid]).load_named(BASE_ENTROPY_G) is None
+            row = metrics[pid]
+            keys = [f"acc-shift-{d:g}" for d in (0, 0.5, 1)]
+            assert all(row[p + key] == row[key] for p in ("plus-", "global-") for key in keys), row
 
 
 def test_memo_logits_runs_a_batch_once_and_tells_inputs_apart() -> None:

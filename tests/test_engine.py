@@ -58,7 +58,7 @@ def _gone(name: str) -> bool:
     return False
 
 
-def test_contents_cross_identical_and_shared_blocks_are_freed_by_their_last_user() -> None:
+def test_contents_cross_identical_and_shared_blocks_are_kept_while_recent_then_freed() -> None:
     content = _content()
     shared = SharedArrays()
     first, second = records_out(content, shared.share), records_out(content, shared.share)
@@ -67,9 +67,17 @@ def test_contents_cross_identical_and_shared_blocks_are_freed_by_their_last_user
     for items in (first, second):
         assert records_in(items).object_id == content.object_id  # Flower's hash over everything: the same
     shared.release(refs)
-    assert not _gone(refs[0].name), "the second message still uses it"
     shared.release(refs)
-    assert _gone(refs[0].name)
+    assert not _gone(refs[0].name), "idle, but one of the most recent: the window's next batch may send it again"
+    assert blob_refs(records_out(content, shared.share)) == refs, "sent again: the same block, not a new one"
+    shared.release(refs)
+    others = [_content() for _ in range(SharedArrays.KEPT_IDLE)]  # newer payloads, each answered at once
+    for other in others:
+        shared.release(blob_refs(records_out(other, shared.share)))
+    assert _gone(refs[0].name), "the oldest idle block is freed once KEPT_IDLE newer ones are idle"
+    kept = [blob_refs(records_out(other, shared.share))[0] for other in others]
+    shared.close()
+    assert all(_gone(ref.name) for ref in kept)
 
 
 def test_a_reply_block_is_freed_by_its_reader() -> None:

@@ -15,6 +15,7 @@ from flwr.app import MessageType
 
 from common.attention import ModelMatrix, cloud_models
 from common.config import parse_run_config
+from common.messages import ARRAYS
 from server_app.exchange import exchange
 from server_app.replies import TrainReply
 
@@ -278,3 +279,23 @@ def test_checkpoint_and_resume_of_the_store_stay_out_of_resident_memory(
     assert float(restored.W[7, -1]) == 2.0 and float(restored.W[0, 0]) == 0.5
     np.testing.assert_array_equal(restored.G, matrix.G)
     assert restored.heard.tolist() == matrix.heard.tolist()
+
+
+def test_an_evaluation_in_many_batches_builds_its_shared_payload_once() -> None:
+    cfg = parse_run_config({"algorithm": "fedavg"})
+    runner = hand_made_runner(cfg, [("w", (10,))], [np.zeros(10, np.float32)], dict.fromkeys(range(6), 5))
+    built: list[int] = []
+    payload = runner.strategy.shared_payload
+
+    def counted(server_round: int) -> dict:
+        built.append(server_round)
+        return payload(server_round)
+
+    runner.strategy.shared_payload = counted  # type: ignore[method-assign]
+    batches = [runner.message_contents(1, pids, MessageType.EVALUATE) for pids in ([0, 1], [2], [3, 4, 5])]
+    assert built == [1], "one global model serialized for the whole evaluation, not one per batch of the window"
+    models = {id(content.array_records[ARRAYS]) for batch in batches for content in batch}
+    assert len(models) == 1, "every message carries the same record (one shared-memory block on the engine)"
+    runner.message_contents(1, [0], MessageType.TRAIN)
+    runner.message_contents(2, [0], MessageType.EVALUATE)
+    assert built == [1, 1, 2], "another kind of message or round builds its own"

@@ -11,7 +11,7 @@ from flwr.app import RecordDict
 
 from common.algorithms import GLOBAL, PLUS
 from common.dmpfl import PARTIAL, AdaptiveModel, compose_personal, decode_partial_global, masks_digest
-from common.evaluate import MemoLogits, entropy, predict_logits
+from common.evaluate import MemoLogits, entropy, predict_logits, shift_key
 from common.masks import prune_and_regrow
 from common.messages import ARRAYS, GLOBAL_VERSION, PERSONAL_MASK_DIGEST, PHASE, READJUST_RATIO
 from common.train import TrainStats
@@ -197,9 +197,15 @@ class DMPFLClient(SparseGlobalClient):
         w_g, m_g = self.refresh_global(content)
         personal = self.load_sparse(PERSONAL)
         # the three rows run theta_c and theta_g on the same sets: each pays one forward pass per batch; a client
-        # that never trained holds w_c = w_g and m_c = m_g, so theta_c is theta_g and one model serves both
+        # that never trained holds w_c = w_g and m_c = m_g, so theta_c is theta_g
         model_g = MemoLogits(self.to_model(self.theta_g(w_g, m_g)))
-        model_c = model_g if personal is None else MemoLogits(self.to_model(self.theta_c(w_g, m_g, *personal)))
+        if personal is None:  # DM-PFL+ chooses between two identical models: all three rows are theta_g's, and the
+            # base entropies (a pass over the training data) would decide nothing
+            result = self.evaluate_model(model_g)
+            same = {shift_key(d): acc for d, acc in result.shift_accuracy.items()}
+            rows = {row.prefix + key: acc for row in (PLUS, GLOBAL) for key, acc in same.items()}
+            return self.eval_reply(result, rows)
+        model_c = MemoLogits(self.to_model(self.theta_c(w_g, m_g, *personal)))
         plus = AdaptiveModel(model_c, model_g, *self.stored_base_entropies(content, model_c, model_g))
         extra = self.row(PLUS, plus)
         extra.update(self.row(GLOBAL, model_g))

@@ -130,12 +130,17 @@ def sweep(name_prefix: str) -> int:
 
 class SharedArrays:
     """The sender's side for messages to workers: one block per distinct payload object, shared by every message
-    that carries it, freed when the last of those messages is answered."""
+    that carries it. A block whose messages are all answered stays while its payload is one of the `KEPT_IDLE` most
+    recent idle ones: the sliding window of messages-in-flight sends one round's payload in many batches, and a
+    block freed between two batches would be written again."""
+
+    KEPT_IDLE = 4
 
     def __init__(self) -> None:
         self._blocks: dict[int, tuple[bytes, BlobRef]] = {}  # id(payload) -> the payload (kept alive), its block
         self._users: dict[str, int] = {}  # block name -> messages not answered yet
         self._key: dict[str, int] = {}  # block name -> id(payload)
+        self._idle: list[str] = []  # blocks without users, oldest first
 
     def share(self, data: bytes) -> BlobRef:
         """The block holding `data` (made on first use); the caller must `release` it once per `share`."""
@@ -145,19 +150,25 @@ class SharedArrays:
             self._blocks[key] = (data, ref)
             self._users[ref.name], self._key[ref.name] = 0, key
         ref = self._blocks[key][1]
+        if ref.name in self._idle:
+            self._idle.remove(ref.name)
         self._users[ref.name] += 1
         return ref
 
     def release(self, refs: list[BlobRef]) -> None:
-        """One user of each block is done; a block with no users left is freed."""
+        """One user of each block is done; a block with no users left joins the idle ones, and the oldest idle
+        blocks beyond `KEPT_IDLE` are freed."""
         for ref in refs:
             if ref.name not in self._users:
                 continue
             self._users[ref.name] -= 1
-            if self._users[ref.name] <= 0:
-                del self._users[ref.name]
-                del self._blocks[self._key.pop(ref.name)]
-                drop(ref)
+            if self._users[ref.name] <= 0 and ref.name not in self._idle:
+                self._idle.append(ref.name)
+        while len(self._idle) > self.KEPT_IDLE:
+            name = self._idle.pop(0)
+            del self._users[name]
+            _, ref = self._blocks.pop(self._key.pop(name))
+            drop(ref)
 
     def close(self) -> None:
         """Free every block."""
@@ -166,3 +177,4 @@ class SharedArrays:
         self._blocks.clear()
         self._users.clear()
         self._key.clear()
+        self._idle.clear()

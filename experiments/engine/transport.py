@@ -40,12 +40,28 @@ def records_out(content: RecordDict, share: Callable[[bytes], BlobRef] | None = 
     return out
 
 
+_RECENT: dict[str, bytes] = {}  # a worker's last few shared blocks (names are never reused): read once, not per message
+RECENT_BLOCKS = 4
+
+
+def _shared(ref: BlobRef) -> bytes:
+    """A shared block's payload, read from shared memory on its first message in this process only (every client
+    of a round gets the same global model: one read, one bytes object, per worker)."""
+    if ref.name not in _RECENT:
+        if len(_RECENT) >= RECENT_BLOCKS:
+            del _RECENT[next(iter(_RECENT))]
+        _RECENT[ref.name] = take(ref, unlink=False)
+    return _RECENT[ref.name]
+
+
 def records_in(items: Records, unlink: bool = False) -> RecordDict:
     """The record dict `records_out` gave these values for (payloads in shared memory copied out; `unlink`: and
     their blocks freed, by their only reader)."""
 
     def payload(data: bytes | BlobRef) -> bytes:
-        return take(data, unlink) if isinstance(data, BlobRef) else data
+        if not isinstance(data, BlobRef):
+            return data
+        return take(data, unlink=True) if unlink else _shared(data)
 
     content = RecordDict()
     for name, kind, values in items:
