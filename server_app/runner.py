@@ -63,7 +63,6 @@ class RoundRunner:
         self._late: set[int] = set()  # simulated stragglers of the training round in progress
         self._limits = ReplyLimits.for_model(strategy.specs)
         self._expected: dict[int, dict[str, int]] = {}  # per client: the round (and phase) its reply must name
-        self._shared: tuple[tuple[int, str, bool], dict] | None = None  # the exchange in progress' shared payload
 
     # ----- messages --------------------------------------------------------------------------------------
     @profiling.timed("build")
@@ -73,12 +72,7 @@ class RoundRunner:
         """Each client's message content (held-out clients': the newcomer's); training clients picked by drop-rate
         are told to fail and those picked by straggler-rate will have their replies set aside as late."""
         strategy, cfg = self.strategy, self.cfg
-        # built once per round and kind of message, not per batch of the evaluation's sliding window: the same objects
-        # in every message (one serialization of the global model, one shared-memory block on the in-process engine)
-        exchange_key = (server_round, message_type, newcomers)
-        if self._shared is None or self._shared[0] != exchange_key:
-            self._shared = (exchange_key, strategy.shared_payload(server_round))
-        shared = self._shared[1]
+        shared = strategy.round_payload(server_round, f"{message_type}/{'newcomers' if newcomers else 'clients'}")
         is_train = message_type == MessageType.TRAIN
         build = strategy.train_content if is_train else strategy.eval_content
         build = strategy.newcomer_content if newcomers else build

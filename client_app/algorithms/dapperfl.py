@@ -25,7 +25,7 @@ from common.flops import flops_per_sample, training_flops
 from common.messages import CHANNEL_MASKS
 from common.models import SplitModel, build_model, get_arrays, set_arrays
 from common.records import to_plain_record
-from common.train import ExtraLoss, train
+from common.train import ExtraLoss, TrainStats, train
 
 from .base import ClientAlgorithm
 
@@ -79,15 +79,7 @@ class DapperFLClient(ClientAlgorithm):
         groups = channel_groups(model)
         masks = select_channels(dict(zip(model.state_dict(), get_arrays(model))), groups, self.ratio())
         small = pruned_model(model, groups, masks)
-        stats = train(
-            small,
-            data.train_x,
-            data.train_y,
-            replace(settings, epochs=settings.epochs - full_epochs),
-            self.generator(server_round),
-            extra_losses=extra,
-            device=device,
-        )
+        stats = self.train_remaining(small, server_round, full_epochs, extra)
         self.env.state.save_arrays(LOCAL, get_arrays(small))
         self.env.state.save_arrays(MASKS, [m.astype(np.float32) for m in masks])
         flops = training_flops(
@@ -110,22 +102,33 @@ class DapperFLClient(ClientAlgorithm):
         """The public code's pruning as zeros in the full-shape model, held there by update masks over the remaining
         epochs; the whole model uploaded, zeros included (no channel masks)."""
         data, settings = self.env.data, self.settings(server_round)
-        masks = official_prune(model, self.ratio())
-        stats = train(
-            model,
-            data.train_x,
-            data.train_y,
-            replace(settings, epochs=settings.epochs - full_epochs),
-            self.generator(server_round),
-            update_masks=masks,
-            extra_losses=extra,
-            device=self.env.device,
-        )
+        stats = self.train_remaining(model, server_round, full_epochs, extra, official_prune(model, self.ratio()))
         self.env.state.save_arrays(LOCAL, get_arrays(model))
         # zeros in a full-shape model save no computation: every epoch costs what the unpruned model costs
         dense = self.flops_per_sample(tuple(g.size for g in channel_groups(model)))
         flops = training_flops(dense, data.num_train, settings.epochs)
         return self.train_reply(stats, model, stages={"G": received, "L1": received, "L2": model}, flops=flops)
+
+    def train_remaining(
+        self,
+        model: torch.nn.Module,
+        server_round: int,
+        full_epochs: int,
+        extra: list[ExtraLoss],
+        update_masks: dict[str, torch.Tensor] | None = None,
+    ) -> TrainStats:
+        """The epochs after the fusion-pruning epoch (all of them without MFP), with the DAR term."""
+        settings = self.settings(server_round)
+        return train(
+            model,
+            self.env.data.train_x,
+            self.env.data.train_y,
+            replace(settings, epochs=settings.epochs - full_epochs),
+            self.generator(server_round),
+            update_masks=update_masks,
+            extra_losses=extra,
+            device=self.env.device,
+        )
 
     def flops_per_sample(self, kept: tuple[int, ...]) -> float:
         """Training FLOPs of one sample for the model keeping `kept` channels of each group (cached)."""

@@ -43,6 +43,7 @@ class PFLStrategy:
         self.clients = clients
         self.aggregation_fields: dict[str, Any] = {}  # {"robust": what the rule did} after a robust aggregation
         self.workdir: Path | None = None  # the run folder, where large server state may live on disk (set by the app)
+        self._payload: tuple[tuple[int, str], dict[str, Any]] | None = None  # round_payload's last one
 
     # ----- who takes part ----------------------------------------------------------------------------
     def sample(self, server_round: int) -> list[int]:
@@ -74,6 +75,14 @@ class PFLStrategy:
     def shared_payload(self, server_round: int) -> dict[str, Any]:
         """Objects built once per round and shared by every client's message (never mutated)."""
         return {"global": self.global_record()}
+
+    def round_payload(self, server_round: int, kind: str) -> dict[str, Any]:
+        """`shared_payload`, built once per round and kind of message, not once per batch of the evaluation's window:
+        the same objects in every message (one serialization of the global model; on the in-process engine, one
+        shared-memory block)."""
+        if self._payload is None or self._payload[0] != (server_round, kind):
+            self._payload = ((server_round, kind), self.shared_payload(server_round))
+        return self._payload[1]
 
     def train_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
         """Content of one client's training message (default: the global model)."""
