@@ -4,16 +4,15 @@ started with everything below it: the run lives in its own session, so nothing e
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from experiments.superlink import descendants, stop_process_tree
+from tests.test_cli_e2e import _pflower
 
 SWEEP = """name = "long"
 preset = "smoke"
@@ -27,13 +26,6 @@ num-rounds = 500
 name = "fedavg"
 algorithm = "fedavg"
 """
-
-
-def _pflower() -> str:
-    found = shutil.which("pflower") or str(Path(sys.executable).parent / "pflower")
-    if not Path(found).exists():
-        pytest.skip("the pflower console script is not installed (pip install -e .)")
-    return found
 
 
 def _alive(pid: int) -> bool:
