@@ -93,6 +93,19 @@ def decode_sparse(
 
     When the payload carries bits, `known_mask` is ignored (the sender's mask may legitimately differ).
     """
+    values, mask = decode_sparse_values(payload, expected_shape, known_mask, value_dtype, max_abs)
+    return scatter(values, mask), mask
+
+
+def decode_sparse_values(
+    payload: SparseTensor,
+    expected_shape: tuple[int, ...],
+    known_mask: np.ndarray | None = None,
+    value_dtype: str = "float32",
+    max_abs: float = MAX_ABS_VALUE,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(values at the set positions, row-major, bool mask) from a payload validated as decode_sparse does: what an
+    aggregation that never needs the dense tensor takes (no scatter into a fresh tensor per upload)."""
     expected = tuple(int(d) for d in expected_shape)
     if tuple(payload.shape) != expected:
         raise PayloadError(f"shape {tuple(payload.shape)} differs from the expected {expected}")
@@ -126,7 +139,7 @@ def decode_sparse(
     if values.size != nnz:
         raise PayloadError(f"nnz mismatch: {values.size} values for {nnz} set mask bits")
     check_values("values", values, max_abs)
-    return scatter(values, mask), mask
+    return values, mask
 
 
 def sparse_nbytes(payload: SparseTensor) -> int:
@@ -208,8 +221,10 @@ def decode_model(
     known_masks: dict[str, np.ndarray] | None = None,
     value_dtype: str = "float32",
     max_abs: float = MAX_ABS_VALUE,
+    sparse_as_values: bool = False,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """(dense tensors, masks of the tensors sent sparse) from encode_model's arrays, all validated."""
+    """(dense tensors, masks of the tensors sent sparse) from encode_model's arrays, all validated;
+    `sparse_as_values`: a tensor sent sparse comes as its 1-D values (decode_sparse_values), not dense."""
     groups = _group_keys(arrays)
     if set(groups) != set(expected_shapes):
         missing = sorted(set(expected_shapes) - set(groups))
@@ -229,7 +244,8 @@ def decode_model(
         else:
             known = None if known_masks is None else known_masks.get(name)
             try:
-                dense[name], masks[name] = decode_sparse(from_arrays(name, arrays), shape, known, value_dtype, max_abs)
+                decode = decode_sparse_values if sparse_as_values else decode_sparse
+                dense[name], masks[name] = decode(from_arrays(name, arrays), shape, known, value_dtype, max_abs)
             except PayloadError as exc:
                 raise PayloadError(f"tensor '{name}': {exc}") from None
     return dense, masks

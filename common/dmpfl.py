@@ -170,25 +170,35 @@ def decode_partial_global(
 
 
 def aggregate_masked(
-    w_g: np.ndarray, weights: Sequence[np.ndarray], masks: Sequence[np.ndarray], sizes: Sequence[float]
+    w_g: np.ndarray, values: Sequence[np.ndarray], masks: Sequence[np.ndarray], sizes: Sequence[float]
 ) -> tuple[np.ndarray, np.ndarray]:
     """Eq. 5 for one layer: on the union of the masks, sum_c |D_c| w_c m_c / sum_c |D_c| m_c; elsewhere the old w_g.
 
-    Returns (new w_g, vote counts = number of client masks holding each position). Accumulated in client order a
-    cache-sized block of positions at a time (the same bits as whole-layer sums, without a trip to memory for
-    every client)."""
+    `values`: each client's w_c at its mask's set positions (row-major), as the upload carries them. Returns (new
+    w_g, vote counts = number of client masks holding each position). Accumulated in client order a cache-sized
+    block of positions at a time, each client's block scattered there (the same bits as whole-layer sums over
+    dense uploads, without a dense tensor per upload or a trip to memory for every client)."""
     old = flat(w_g)
-    flat_weights, flat_masks = [flat(w) for w in weights], [flat(m) for m in masks]
+    flat_masks = [flat(m) for m in masks]
+    for v, m in zip(values, flat_masks, strict=True):
+        if m.size != old.size or np.ndim(v) != 1 or np.size(v) != np.count_nonzero(m):
+            raise ValueError(f"a client's mask has {m.size} positions ({old.size} expected) for {np.size(v)} values")
     out = np.empty(old.size, np.float32)
     votes = np.empty(old.size, np.int64)
+    taken = [0] * len(values)  # values of each client used by the blocks so far
     for part in blocks(old.size):
         numerator = np.zeros(part.stop - part.start, np.float64)
         denominator = np.zeros_like(numerator)
         count = np.zeros(part.stop - part.start, np.int64)
-        for w_c, m_c, size in zip(flat_weights, flat_masks, sizes, strict=True):
-            numerator += size * keep(m_c[part], w_c[part])
-            denominator += size * m_c[part]
-            count += m_c[part]
+        for client, (v_c, m_c, size) in enumerate(zip(values, flat_masks, sizes, strict=True)):
+            block = m_c[part]
+            positions = np.flatnonzero(block)
+            w_c = np.zeros(block.size, np.float32)
+            w_c[positions] = v_c[taken[client] : taken[client] + positions.size]
+            taken[client] += positions.size
+            numerator += size * w_c
+            denominator += size * block
+            count += block
         covered = denominator > 0
         out[part] = np.where(covered, numerator / np.where(covered, denominator, 1.0), old[part])
         votes[part] = count
@@ -214,7 +224,8 @@ def aggregate_round(
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Phase-1 server step on a whole model: Eq. 5 on masked layers, size-weighted mean on dense ones, new m_g.
 
-    replies: (client weights, client masks of the masked layers, |D_c|) per client.
+    replies: (client weights: the masked layers as their values on the client's mask, the others dense; client
+    masks of the masked layers; |D_c|) per client.
     """
     new_w: dict[str, np.ndarray] = {}
     new_m: dict[str, np.ndarray] = {}

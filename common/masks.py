@@ -136,19 +136,31 @@ def apply_masks(params: Mapping[str, torch.Tensor], masks: Mapping[str, torch.Te
     return out
 
 
-def _select(scores: torch.Tensor, candidates: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
+def _select_flat(scores: np.ndarray, candidates: np.ndarray, k: int, largest: bool) -> np.ndarray:
     """The k `candidates` (ascending flat indices) of smallest (largest) score, ties to the lower index: the first k
-    of a stable sort, found by one k-th value selection instead of a sort (O(n))."""
+    of a stable sort, found by one k-th value selection (np.partition, O(n)) instead of a sort. On numpy: its
+    selection and nonzero run 6-10x faster than torch.kthvalue and Tensor.nonzero on one CPU thread."""
     if k <= 0:
         return candidates[:0]
     if k >= len(candidates):
         return candidates
-    values = -scores[candidates] if largest else scores[candidates]
-    threshold = torch.kthvalue(values, k).values
+    values = np.negative(scores[candidates]) if largest else scores[candidates]
+    threshold = np.partition(values, k - 1)[k - 1]
     chosen = values < threshold
-    ties = (values == threshold).nonzero().flatten()[: k - int(chosen.sum())]
+    ties = np.flatnonzero(values == threshold)[: k - int(np.count_nonzero(chosen))]
     chosen[ties] = True
     return candidates[chosen]
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU numpy view (or copy, from another device) of a tensor."""
+    return tensor.detach().cpu().numpy()
+
+
+def _select(scores: torch.Tensor, candidates: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
+    """_select_flat on tensors (the result on the candidates' device)."""
+    chosen = _select_flat(_numpy(scores), _numpy(candidates), k, largest)
+    return torch.from_numpy(chosen).to(candidates.device)
 
 
 def prune_and_regrow(
@@ -160,7 +172,8 @@ def prune_and_regrow(
     """DST readjustment: per layer prune round(fraction * active) smallest |w|, regrow as many largest |grad|.
 
     Regrowth picks among positions inactive after pruning, so a just-pruned one may come back. Pruned and
-    regrown weights are 0. Ties go to the lower flat index (stable sorts). Returns (new_masks, new_weights).
+    regrown weights are 0. Ties go to the lower flat index (stable sorts). Returns (new_masks, new_weights), on
+    the masks' device.
     """
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"fraction must be in [0, 1], got {fraction!r}")
@@ -169,20 +182,20 @@ def prune_and_regrow(
     for name, mask in masks.items():
         if not mask.shape == weights[name].shape == grads[name].shape:
             raise ValueError(f"mask, weight and grad of {name!r} differ in shape")
-        flat_mask = mask.reshape(-1).clone()
-        # gradients come from training, which may have run on a GPU: bring them to the weights' (and masks') device
-        w, g = weights[name].detach().reshape(-1), grads[name].detach().reshape(-1).to(mask.device)
-        k = round(fraction * int(flat_mask.sum()))
+        # gradients come from training, which may have run on a GPU: the selection runs on the CPU
+        flat_mask = _numpy(mask).reshape(-1).copy()
+        k = round(fraction * int(np.count_nonzero(flat_mask)))
         if k:
-            pruned = _select(w.abs(), flat_mask.nonzero().flatten(), k, largest=False)
+            w, g = _numpy(weights[name]).reshape(-1), _numpy(grads[name]).reshape(-1)
+            pruned = _select_flat(np.abs(w), np.flatnonzero(flat_mask), k, largest=False)
             flat_mask[pruned] = False
-            regrown = _select(g.abs(), (~flat_mask).nonzero().flatten(), k, largest=True)
+            regrown = _select_flat(np.abs(g), np.flatnonzero(~flat_mask), k, largest=True)
             flat_mask[regrown] = True
             flat_w = new_weights[name].reshape(-1)
-            flat_w[pruned] = 0
-            flat_w[regrown] = 0
+            changed = torch.from_numpy(np.concatenate([pruned, regrown])).to(flat_w.device)
+            flat_w[changed] = 0
             new_weights[name] = flat_w.reshape(weights[name].shape)
-        new_masks[name] = flat_mask.reshape(mask.shape)
+        new_masks[name] = torch.from_numpy(flat_mask.reshape(mask.shape)).to(mask.device)
     return new_masks, new_weights
 
 
@@ -202,10 +215,10 @@ def topk_mask(values: torch.Tensor, density: float, eligible: torch.Tensor | Non
     else:
         if eligible.shape != values.shape:
             raise ValueError(f"eligible has shape {tuple(eligible.shape)}, values {tuple(values.shape)}")
-        candidates = eligible.reshape(-1).nonzero().flatten()
+        candidates = torch.from_numpy(np.flatnonzero(_numpy(eligible)))
     keep = _select(flat.abs(), candidates, round(density * flat.numel()), largest=True)
     out = torch.zeros(flat.numel(), dtype=torch.bool)
-    out[keep] = True
+    out[keep.cpu()] = True
     return out.reshape(values.shape)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from common.dmpfl import (
@@ -37,10 +38,12 @@ def test_eq5_weighted_on_union_old_value_elsewhere() -> None:
     w_g = np.array([9.0, 9.0, 9.0, 9.0], np.float32)
     w1, m1 = np.array([1.0, 2.0, 5.0, 7.0], np.float32), np.array([True, True, False, False])
     w2, m2 = np.array([3.0, 6.0, 8.0, 7.0], np.float32), np.array([True, False, True, False])
-    new, votes = aggregate_masked(w_g, [w1, w2], [m1, m2], [1, 3])
+    new, votes = aggregate_masked(w_g, [w1[m1], w2[m2]], [m1, m2], [1, 3])  # the values on each mask, as uploaded
     # pos 0: (1*1 + 3*3)/(1+3) = 2.5; pos 1: only client 1 -> 2; pos 2: only client 2 -> 8; pos 3: nobody -> old 9
     assert new.tolist() == [2.5, 2.0, 8.0, 9.0]
     assert votes.tolist() == [2, 1, 1, 0]
+    with pytest.raises(ValueError, match="values"):  # a dense upload is not its values
+        aggregate_masked(w_g, [w1, w2], [m1, m2], [1, 3])
 
 
 def test_vote_filter_at_exactly_30_percent() -> None:
@@ -56,12 +59,12 @@ def test_aggregate_round_dense_layers_weighted_mean() -> None:
     w_g = {"w": np.zeros(4, np.float32), "b": np.zeros(2, np.float32)}
     replies = [
         (
-            {"w": np.array([1, 1, 0, 0], np.float32), "b": np.array([1, 2], np.float32)},
+            {"w": np.array([1, 1], np.float32), "b": np.array([1, 2], np.float32)},
             {"w": np.array([True, True, False, False])},
             1.0,
         ),
         (
-            {"w": np.array([0, 3, 3, 0], np.float32), "b": np.array([3, 4], np.float32)},
+            {"w": np.array([3, 3], np.float32), "b": np.array([3, 4], np.float32)},
             {"w": np.array([False, True, True, False])},
             1.0,
         ),

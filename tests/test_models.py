@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from common.config import ConfigError
-from common.models import array_specs, build_model, get_arrays, set_arrays
+from common.models import MaxPool2d, array_specs, build_model, get_arrays, set_arrays
 
 
 def test_mcmahan_cnn_shape_and_size() -> None:
@@ -47,3 +49,35 @@ def test_arrays_round_trip() -> None:
 def test_cnn_on_tiny_images_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="needs larger images"):
         build_model("cnn-mnist", "digits", (1, 4, 4), 10, seed=0)
+
+
+def test_max_pool_gives_torch_results_in_both_modes() -> None:
+    x = torch.randn(3, 8, 10, 10)
+    x[0, 0, :2, :2] = 1.0  # a tie: both kernels pick the first position
+    ours, torchs = MaxPool2d(2), torch.nn.MaxPool2d(2)
+    with torch.no_grad():
+        fast = ours(x)
+        assert torch.equal(fast, torchs(x)) and fast.is_contiguous()
+    leaf_a, leaf_b = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    ours(leaf_a).pow(2).sum().backward()
+    torchs(leaf_b).pow(2).sum().backward()
+    assert torch.equal(leaf_a.grad, leaf_b.grad)
+
+
+def test_cnn_trains_bit_for_bit_as_with_torchs_pooling() -> None:
+    ours = build_model("cnn-cifar", "cifar10", (3, 32, 32), 10, seed=0)
+    torchs = copy.deepcopy(ours)
+    for index, module in enumerate(torchs.body):
+        if isinstance(module, MaxPool2d):
+            torchs.body[index] = torch.nn.MaxPool2d(2)
+    generator = torch.Generator().manual_seed(1)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (ours, torchs)]
+    for _ in range(3):
+        x, y = torch.randn(16, 3, 32, 32, generator=generator), torch.randint(0, 10, (16,), generator=generator)
+        for model, optimizer in zip((ours, torchs), optimizers, strict=True):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), torchs.state_dict().values()))
+    with torch.no_grad():
+        assert torch.equal(ours(x), torchs(x))

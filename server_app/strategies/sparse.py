@@ -14,7 +14,7 @@ from common.aggregate import weighted_sum
 from common.algorithms import SparseParams
 from common.codec import decode_model, encode_model
 from common.config import RunConfig
-from common.masked_ops import select
+from common.masked_ops import scatter, select
 from common.masks import erk_densities, random_masks
 from common.messages import ARRAYS, CONFIG, GLOBAL_MODEL, GLOBAL_VERSION
 from common.models import ModelLayout
@@ -129,7 +129,8 @@ class SparseGlobalStrategy(PFLStrategy):
 
     # ----- replies ---------------------------------------------------------------------------------------
     def decode_upload(self, content: RecordDict, values_only: bool) -> tuple[Named, Named]:
-        """Validated (weights, masks) of a sparse upload: every prunable layer sparse, the rest dense."""
+        """Validated (weights, masks) of a sparse upload: every prunable layer sparse, kept as its 1-D values on its
+        mask (the aggregations take them so), the rest dense."""
         arrays = record_to_numpy(content.array_records.get(ARRAYS))
         carried = sorted(key.rsplit("/", 1)[0] for key in arrays if key.endswith("/bits"))
         if values_only and carried:  # e.g. a phase-1 upload replayed in phase 2: it would average zeros into m_g
@@ -139,16 +140,16 @@ class SparseGlobalStrategy(PFLStrategy):
             )
         known = self.global_masks if values_only else None
         try:
-            weights, masks = decode_model(arrays, self.shapes, known_masks=known)
+            weights, masks = decode_model(arrays, self.shapes, known_masks=known, sparse_as_values=True)
         except ValueError as exc:
             raise PayloadError(str(exc)) from None
         if set(masks) != set(self.prunable):
             raise PayloadError(f"sparse layers {sorted(masks)} differ from the model's {self.prunable}")
         for name, mask in masks.items():
             allowed = round(self.densities[name] * mask.size)
-            if int(mask.sum()) > allowed:
+            if weights[name].size > allowed:  # one value per set mask position (decode_model checked)
                 raise PayloadError(
-                    f"mask of '{name}' keeps {int(mask.sum())} weights, more than the {allowed} its density allows"
+                    f"mask of '{name}' keeps {weights[name].size} weights, more than the {allowed} its density allows"
                 )
         return weights, masks
 
@@ -166,14 +167,17 @@ class SparseGlobalStrategy(PFLStrategy):
         return False
 
     def masked_average(self, replies: list[TrainReply]) -> dict[str, np.ndarray]:
-        """Sample-weighted average of the uploads on m_g (prunable layers) and everywhere on dense layers."""
+        """Sample-weighted average of values-only uploads on m_g (prunable layers: the values, all on m_g's
+        positions, averaged as they are, then put in place) and everywhere on dense layers."""
         total = float(sum(r.weight for r in replies))
         out = {}
         for name, old in self.global_named.items():
             mean = weighted_sum([r.payload[0][name] for r in replies], [r.weight for r in replies]) / total
-            out[name] = (
-                select(self.global_masks[name], mean, old) if name in self.global_masks else mean.astype(np.float32)
-            )
+            if name in self.global_masks:
+                mask = self.global_masks[name]
+                out[name] = select(mask, scatter(mean, mask), old)
+            else:
+                out[name] = mean.astype(np.float32)
         return out
 
     def log_masks(self) -> None:
