@@ -41,10 +41,12 @@ class SparseGlobalClient(ClientAlgorithm):
         version = read_count(self.instructions(content), GLOBAL_VERSION, allow_zero=True)
         state = self.env.state
         if GLOBAL_MODEL in content.array_records:
-            weights, masks = decode_model(record_to_numpy(content.array_records[GLOBAL_MODEL]), self.shapes)
+            arrays = record_to_numpy(content.array_records[GLOBAL_MODEL])
+            weights, masks = decode_model(arrays, self.shapes)
             if set(masks) != set(self.prunable):
                 raise PayloadError(f"global model has sparse layers {sorted(masks)}, expected {self.prunable}")
-            self.save_sparse(GLOBAL, weights, masks)
+            # what save_sparse would store, validated: encode_model(weights, masks) gives these arrays again
+            state.save_named(GLOBAL, arrays)
             state.save_named(GLOBAL_VERSION_KEY, {"version": np.array([version], np.int64)})
             return weights, masks
         held = state.load_named(GLOBAL_VERSION_KEY)
