@@ -75,6 +75,14 @@ def test_model_round_trip_is_exact(density: float) -> None:
     assert set(masks) == set(tensors) and np.array_equal(got["bias"], dense["bias"])
     for name, (x, mask) in tensors.items():
         _assert_exact((got[name], masks[name]), x, mask)
+    values, value_masks = decode_model(arrays, shapes, sparse_as_values=True)  # what the server aggregates
+    assert np.array_equal(values["bias"], dense["bias"])
+    for name, (x, mask) in tensors.items():
+        assert values[name].ndim == 1 and np.array_equal(values[name], x[mask])
+        assert np.array_equal(value_masks[name], mask)
+    arrays["t0/values"] = np.append(arrays["t0/values"], np.float32(1))
+    with pytest.raises(PayloadError, match="nnz"):
+        decode_model(arrays, shapes, sparse_as_values=True)
 
 
 def test_round_trip_through_flower_arrays() -> None:
