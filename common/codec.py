@@ -45,7 +45,7 @@ def unpack_mask(bits: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     pad = (-n) % 8
     if pad and int(bits[-1]) & ((1 << pad) - 1):
         raise PayloadError("mask bits have nonzero padding after the last position")
-    return np.unpackbits(bits, count=n).astype(np.bool_).reshape(shape)
+    return np.unpackbits(bits, count=n).view(np.bool_).reshape(shape)  # 0/1 bytes: valid bools, no copy
 
 
 def mask_digest(mask: np.ndarray) -> int:
