@@ -47,6 +47,8 @@ def test_a_signalled_sweep_stops_its_run(tmp_path: Path, sig: signal.Signals, co
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # Ctrl+C's default: a shell's background job starts with SIGINT ignored, and Python keeps an inherited SIG_IGN
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 120
