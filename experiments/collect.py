@@ -136,6 +136,17 @@ def find_runs(paths: list[Path]) -> list[Run]:
     return [_load(p) for p in found]
 
 
+def _setting(config: dict[str, Any], key: str) -> Any:
+    """A run's value of a key; a key its config.json lacks (written before the key existed) has the key's default,
+    which is what that code did."""
+    if key in config:
+        return config[key]
+    from common.config import known_keys
+
+    default = known_keys().get(key)
+    return json.loads(json.dumps(default)) if default is not None else None
+
+
 def group_runs(runs: list[Run]) -> list[Group]:
     """Runs grouped by experiment name (run folder name without '-seedN'); a group's runs must share settings."""
     groups: dict[str, Group] = {}
@@ -146,7 +157,7 @@ def group_runs(runs: list[Run]) -> list[Group]:
             differ = sorted(
                 k
                 for k in set(run.config) | set(group.config)
-                if k not in NOT_SETTINGS and run.config.get(k) != group.config.get(k)
+                if k not in NOT_SETTINGS and _setting(run.config, k) != _setting(group.config, k)
             )
             if differ:
                 raise ConfigError(f"{run.path} and {group.runs[0].path} are both '{label}' but differ in {differ[:5]}")

@@ -247,6 +247,17 @@ def test_the_report_holds_exactly_the_runs_numbers(tmp_path: Path) -> None:
         group_runs(find_runs([bad]))
 
 
+def test_a_key_missing_from_an_older_runs_config_counts_as_its_default(tmp_path: Path) -> None:
+    _fixture_run(tmp_path, "x-seed0", "dapperfl", 0, 0.6, 0.4, 2.0, 1e9)  # written before dapperfl-variant existed
+    _fixture_run(tmp_path, "x-seed1", "dapperfl", 1, 0.6, 0.4, 2.0, 1e9)
+    config = tmp_path / "x-seed1" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "dapperfl-variant": "paper"}))
+    assert [len(g.runs) for g in group_runs(find_runs([tmp_path]))] == [2]
+    config.write_text(json.dumps({**json.loads(config.read_text()), "dapperfl-variant": "official"}))
+    with pytest.raises(ConfigError, match=r"differ in \['dapperfl-variant'\]"):
+        group_runs(find_runs([tmp_path]))
+
+
 def test_a_failed_run_is_explained_by_its_own_error_line_not_flowers() -> None:
     from experiments.runs import _last_error
 
