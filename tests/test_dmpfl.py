@@ -349,6 +349,7 @@ def test_dmpfl_evaluation_runs_each_model_once_per_set_with_identical_metrics(mo
         with monkeypatch.context() as patch:
             if not memo:
                 patch.setattr(client_dmpfl, "MemoLogits", lambda model: model)
+            patch.setattr("common.evaluate.CPU_IMAGE_BATCH", 10**6)  # one forward call per set: calls count passes
             fed = _federation("dmpfl", num_clients=6, **{"shift-degrees": "0,0.5,1", "fraction-train": 0.34})
             for rnd in range(1, 7):
                 fed.train_round(rnd)
