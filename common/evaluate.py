@@ -17,7 +17,7 @@ from .data.federated import ClientData
 from .data.shift import shifted_correct
 
 # Rows per forward pass. On a CPU, images go in batches of 128: a convolution's output for 512 images (cnn-mnist's
-# first: 51 MB) overflows the caches, and 128 at a time took half the time (cnn-mnist, cnn-cifar, resnet10-s, one
+# first: 51 MB) overflows the caches, and 128 at a time took 18-45% less time (cnn-mnist, cnn-cifar, resnet10-s, one
 # thread), with logits equal bit for bit to 512's for the models without batch norm (measured on each model).
 CPU_IMAGE_BATCH, BATCH = 128, 512
 
