@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -136,15 +137,18 @@ def find_runs(paths: list[Path]) -> list[Run]:
     return [_load(p) for p in found]
 
 
+@functools.cache
+def _defaults() -> dict[str, Any]:
+    """Every run-config key's default, as config.json writes it (tuples as lists)."""
+    from common.config import known_keys
+
+    return json.loads(json.dumps(known_keys()))
+
+
 def _setting(config: dict[str, Any], key: str) -> Any:
     """A run's value of a key; a key its config.json lacks (written before the key existed) has the key's default,
     which is what that code did."""
-    if key in config:
-        return config[key]
-    from common.config import known_keys
-
-    default = known_keys().get(key)
-    return json.loads(json.dumps(default)) if default is not None else None
+    return config[key] if key in config else _defaults().get(key)
 
 
 def group_runs(runs: list[Run]) -> list[Group]:
