@@ -11,6 +11,7 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 from .messages import PHASE, SERVER_ROUND
+from .payload_memo import PayloadMemo
 
 
 class PayloadError(ValueError):
@@ -47,6 +48,14 @@ def validate_arrays(
         missing = sorted(set(expected) - set(received))
         extra = sorted(set(received) - set(expected))
         raise PayloadError(f"array keys differ from the model's (missing {missing[:3]}, unexpected {extra[:3]})")
+    params = (tuple((name, tuple(shape)) for name, shape in specs), max_abs, dtype)
+    return list(_VALIDATED.get(arrays, params, lambda: _checked(arrays, specs, max_abs, dtype)))
+
+
+def _checked(
+    arrays: Mapping[str, Any], specs: Sequence[tuple[str, tuple[int, ...]]], max_abs: float, dtype: str
+) -> tuple[np.ndarray, ...]:
+    """validate_arrays' checks, after the keys (its result as a tuple)."""
     out = []
     for name, shape in specs:
         item = arrays[name]
@@ -64,7 +73,11 @@ def validate_arrays(
             raise PayloadError(f"array '{name}' decodes to {value.dtype} {value.shape}, expected {dtype} {shape}")
         check_values(f"array '{name}'", value, max_abs)
         out.append(value)
-    return out
+    return tuple(out)
+
+
+# the same global model reaches every client a worker serves in a round as one bytes object: checked once
+_VALIDATED: PayloadMemo[tuple[np.ndarray, ...]] = PayloadMemo()
 
 
 def printable(text: str, limit: int = 300) -> str:

@@ -358,10 +358,10 @@ def test_dmpfl_evaluation_runs_each_model_once_per_set_with_identical_metrics(mo
             results[memo] = calls[0], {cid: dict(r.metric_records["metrics"]) for cid, r in replies.items()}
     (with_memo, metrics), (without, reference) = results[True], results[False]
     assert metrics == reference, "the memo changes no metric"
-    # with the memo, one pass per model and set: theta_c and theta_g on the test and shift sets (4), theta_g on the
-    # training data for BE_g (1) and theta_c there for BE_c unless its phase 3 stored it (1); a client that never
-    # trained holds theta_c = theta_g, one model on the test and shift sets (2): DM-PFL+ would choose between two
-    # identical models, so no base entropy is computed, and its three rows are the same numbers
+    # with the memo, one pass per model and set: theta_c and theta_g on the test set and shift draws (one set: 2),
+    # theta_g on the training data for BE_g (1) and theta_c there for BE_c unless its phase 3 stored it (1); a
+    # client that never trained holds theta_c = theta_g, one model on the test set and draws (1): DM-PFL+ would
+    # choose between two identical models, so no base entropy is computed, and its three rows are the same numbers
     kinds = [
         (
             ClientState(fed.states[pid]).load_named(PERSONAL) is not None,
@@ -370,7 +370,7 @@ def test_dmpfl_evaluation_runs_each_model_once_per_set_with_identical_metrics(mo
         for pid in sorted(fed.states)
     ]
     assert {(False, False), (True, False), (True, True)} <= set(kinds), kinds
-    assert with_memo == sum(2 if not trained else 6 - stored_c for trained, stored_c in kinds), (with_memo, kinds)
+    assert with_memo == sum(1 if not trained else 4 - stored_c for trained, stored_c in kinds), (with_memo, kinds)
     assert without > with_memo
     for pid, (trained, _) in zip(sorted(fed.states), kinds):
         if not trained:

@@ -107,3 +107,25 @@ def test_metric_readers() -> None:
         read_fraction({"a": 1.5}, "a")
     with pytest.raises(PayloadError):
         read_finite({"l": float("inf")}, "l")
+
+
+def test_the_same_bytes_are_checked_once_and_new_bytes_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    import common.validation as validation
+
+    decoded: list[int] = []
+    real = validation.decode_npy
+    monkeypatch.setattr(validation, "decode_npy", lambda data: decoded.append(len(data)) or real(data))
+    monkeypatch.setattr(validation, "_VALIDATED", validation.PayloadMemo())
+    record = _record(_good())
+    first = validate_arrays(record, SPECS)
+    again = validate_arrays(record, SPECS)  # the same bytes objects: the first result, nothing decoded again
+    assert len(decoded) == 2 and all(a is b for a, b in zip(first, again))
+    with pytest.raises(PayloadError, match="magnitude"):  # another bound is another check
+        validate_arrays(record, SPECS, max_abs=4.0)
+    assert len(decoded) == 3  # "w" decoded, and refused
+    with pytest.raises(PayloadError, match="magnitude"):  # a check that failed is never remembered as passed
+        validate_arrays(record, SPECS, max_abs=4.0)
+    assert len(decoded) == 4
+    nan = {**_good(), "b": np.array([0, np.nan, 1], np.float32)}
+    with pytest.raises(PayloadError, match="NaN or Inf"):  # equal names and shapes, other bytes: checked anew
+        validate_arrays(_record(nan), SPECS)

@@ -35,6 +35,7 @@ from common.messages import (
     TRAIN_LOSS,
 )
 from common.models import ModelLayout, SplitModel, array_specs, build_model, get_arrays, model_layout
+from common.payload_memo import PayloadMemo
 from common.records import to_record
 from common.seeding import derive_seed
 from common.stages import accuracy, stage_metrics
@@ -110,6 +111,16 @@ class ClientAlgorithm(ABC):
     def received_model(self, content: RecordDict, key: str = ARRAYS) -> SplitModel:
         """A model holding the arrays the server sent (validated like any received payload)."""
         return self.new_model(validate_arrays(content.array_records.get(key), self.layout().specs))
+
+    def received_model_to_read(self, content: RecordDict, key: str = ARRAYS) -> SplitModel:
+        """received_model for a caller that only evaluates it (never trains or changes it): the model is built once
+        per payload in this process and shared by every client that gets the same one."""
+        record = content.array_records.get(key)
+        if record is None:
+            return self.received_model(content, key)
+        data = self.env.data
+        params = (self.cfg.model, self.cfg.dataset, tuple(data.input_shape), data.num_classes)
+        return _RECEIVED_MODELS.get(record, params, lambda: self.received_model(content, key))
 
     def settings(self, server_round: int) -> TrainSettings:
         """Local training settings of this round (lr decayed per round)."""
@@ -246,8 +257,12 @@ class ClientAlgorithm(ABC):
 
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
         """Answer an evaluation message (default: evaluate the model the server sent, also on its domain)."""
-        model = self.received_model(content)
+        model = self.received_model_to_read(content)
         return self.eval_reply(self.evaluate_model(model), self.domain_metrics(model))
+
+
+# the model an evaluation round sends every client (FedAvg's global model): built once per worker process
+_RECEIVED_MODELS: PayloadMemo[SplitModel] = PayloadMemo(size=1)
 
 
 def _flops_per_sample(

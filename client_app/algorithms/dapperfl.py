@@ -150,7 +150,7 @@ class DapperFLClient(ClientAlgorithm):
 
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
         """The client's own pruned model on its test split (the global model before it has one), and the global."""
-        received = self.received_model(content)
+        received = self.received_model_to_read(content)
         local = self.local_model()
         extra = {**self.row(GLOBAL, received), **self.domain_metrics(received)}
         return self.eval_reply(self.evaluate_model(local if local is not None else received), extra)

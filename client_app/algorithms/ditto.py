@@ -31,6 +31,6 @@ class DittoClient(ClientAlgorithm):
 
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
         """The personal model v (main accuracy) and the received global model ('global-' row)."""
-        w = self.received_model(content)
+        w = self.received_model_to_read(content)
         v = self.stored_model(PERSONAL, default=get_arrays(w))
         return self.eval_reply(self.evaluate_model(v), self.row(GLOBAL, w))

@@ -12,6 +12,7 @@ from common.codec import decode_model, encode_model
 from common.dmpfl import Named, compose_global
 from common.messages import GLOBAL_MODEL, GLOBAL_VERSION
 from common.models import SplitModel, get_arrays
+from common.payload_memo import PayloadMemo
 from common.records import to_plain_record
 from common.train import MeanGradient
 from common.validation import PayloadError, read_count, record_to_numpy
@@ -20,6 +21,8 @@ from .base import ClientAlgorithm, ClientEnv
 
 GLOBAL = "global/model"  # client state: the global model of the version held, as the codec sends it
 GLOBAL_VERSION_KEY = "global/version"  # client state: that model's version
+# the global model a round sends: decoded once per worker process, not once per client (common/payload_memo.py)
+_RECEIVED: PayloadMemo[tuple[Named, Named, Named]] = PayloadMemo()
 
 
 class StaleGlobalModel(RuntimeError):
@@ -41,14 +44,13 @@ class SparseGlobalClient(ClientAlgorithm):
         version = read_count(self.instructions(content), GLOBAL_VERSION, allow_zero=True)
         state = self.env.state
         if GLOBAL_MODEL in content.array_records:
-            arrays = record_to_numpy(content.array_records[GLOBAL_MODEL])
-            weights, masks = decode_model(arrays, self.shapes)
-            if set(masks) != set(self.prunable):
-                raise PayloadError(f"global model has sparse layers {sorted(masks)}, expected {self.prunable}")
+            record = content.array_records[GLOBAL_MODEL]
+            params = (tuple(self.shapes.items()), tuple(self.prunable))
+            arrays, weights, masks = _RECEIVED.get(record, params, lambda: self._decode_global(record))
             # what save_sparse would store, validated: encode_model(weights, masks) gives these arrays again
             state.save_named(GLOBAL, arrays)
             state.save_named(GLOBAL_VERSION_KEY, {"version": np.array([version], np.int64)})
-            return weights, masks
+            return dict(weights), dict(masks)
         held = state.load_named(GLOBAL_VERSION_KEY)
         have = int(held["version"][0]) if held else None
         if have != version:
@@ -57,6 +59,17 @@ class SparseGlobalClient(ClientAlgorithm):
         if stored is None:
             raise StaleGlobalModel(f"client state lacks the global model of version {version}")
         return stored
+
+    def _decode_global(self, record: ArrayRecord) -> tuple[Named, Named, Named]:
+        """The global model's arrays as sent, and its weights and masks, validated; read-only (the results are
+        shared by every client this process serves with the same payload)."""
+        arrays = record_to_numpy(record)
+        weights, masks = decode_model(arrays, self.shapes)
+        if set(masks) != set(self.prunable):
+            raise PayloadError(f"global model has sparse layers {sorted(masks)}, expected {self.prunable}")
+        for value in (*weights.values(), *masks.values()):
+            value.setflags(write=False)
+        return arrays, weights, masks
 
     def save_sparse(self, key: str, weights: Named, masks: Named) -> None:
         """Keep a model in client state as the codec sends it: its masked layers as bits + the values on the mask
@@ -82,8 +95,8 @@ class SparseGlobalClient(ClientAlgorithm):
 
     @staticmethod
     def torch_masks(masks: Named) -> dict[str, torch.Tensor]:
-        """Masks as bool tensors (the training loop's update masks)."""
-        return {name: torch.from_numpy(np.asarray(m, dtype=bool)) for name, m in masks.items()}
+        """Masks as bool tensors (the training loop's update masks; copies: a received mask is read-only)."""
+        return {name: torch.from_numpy(np.array(m, dtype=bool)) for name, m in masks.items()}
 
     @staticmethod
     def densities(masks: Named) -> dict[str, float]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 import torch
@@ -60,6 +60,11 @@ class ClientData:
     def num_train(self) -> int:
         """Training samples held."""
         return len(self.train_y)
+
+    @cached_property
+    def test_and_draws(self) -> torch.Tensor:
+        """The test inputs followed by the shift draws' (an evaluation runs one pass over both; made once)."""
+        return torch.cat([self.test_x, self.shift_x]) if len(self.shift_x) else self.test_x
 
 
 def dataset_for(cfg: RunConfig) -> DatasetArrays:
