@@ -53,7 +53,3 @@ class PayloadMemo(Generic[T]):
             del self._entries[next(iter(self._entries))]
         self._entries[key] = ([item.data for item in record.values()], value)
         return value
-
-    def clear(self) -> None:
-        """Forget every result."""
-        self._entries.clear()
