@@ -104,6 +104,13 @@ def _parser() -> argparse.ArgumentParser:
     takeover.add_argument(
         "--node", type=int, help="the node id that may take them (the server's refusal line names it; default: any)"
     )
+    for command in (sweep, results):
+        command.add_argument(
+            "--only",
+            metavar="EXPERIMENTS",
+            help="only these experiments: comma-separated names or shell globs, e.g. 'fedampx-*,path-fliu' "
+            "(results: the tables' rows and the claims of these experiments; with --run, only their runs)",
+        )
     for command, default in ((run, "simulation"), (sweep, "inprocess"), (results, "inprocess")):
         command.add_argument(
             "--engine",
@@ -213,7 +220,7 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from .sweep import read_sweep, shard
+    from .sweep import narrow, read_sweep, shard
 
     if args.command == "presets":
         for item in PRESETS.values():
@@ -248,17 +255,19 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "results":
         sweep = read_sweep(args.file)
         runs = Path(args.runs or Path("results") / sweep.name).expanduser().resolve()
+        specs = narrow(sweep, args.only).specs if args.only else sweep.specs
         status = 0
         if args.run:
-            status = _execute(args, sweep.specs, runs, args.engine or sweep.engine or "inprocess", True, False)
+            status = _execute(args, specs, runs, args.engine or sweep.engine or "inprocess", True, False)
         from .results import write_results  # after the runs: their checks answer at once
 
         command = (
             f"pflower results {args.file}"
             + (f" --runs {args.runs}" if args.runs else "")
             + (f" --out {args.out}" if args.out != Path("docs/results.md") else "")
+            + (f" --only '{args.only}'" if args.only else "")
         )
-        path, done, total = write_results(args.file, runs, args.out, command)
+        path, done, total = write_results(args.file, runs, args.out, command, args.only)
         print(f"results: {path} ({done} of {total} runs finished)")
         return status
     if args.command == "run":
@@ -278,7 +287,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _execute(args, specs, Path(args.out).expanduser().resolve(), args.engine or "simulation", False, True)
     sweep = read_sweep(args.file)
     out = Path(args.out or Path("results") / sweep.name).expanduser().resolve()
-    specs = shard(sweep.specs, args.shard) if args.shard else sweep.specs
+    specs = narrow(sweep, args.only).specs if args.only else sweep.specs
+    specs = shard(specs, args.shard) if args.shard else specs
     if args.list:
         from .runs import changed_settings, run_state
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from common.config import RunConfig
@@ -15,7 +16,7 @@ from .claims import Claim, parse_claim
 from .engines import check_engine
 from .presets import preset
 from .runs import RunResult, RunSpec, changed_settings, folder_name, parse_seeds, plan, run_state
-from .tables import TableSpec, parse_table
+from .tables import TableSpec, parse_table, row_experiment
 
 TOP_KEYS = {"name", "title", "preset", "seeds", "engine", "defaults", "groups", "experiment", "table", "claim"}
 EXPERIMENT_KEYS = {"name", "preset", "seeds", "clients", "group"}  # besides run-config keys
@@ -121,6 +122,37 @@ def check_tables(path: Path, tables: list[TableSpec]) -> list[TableSpec]:
     if len(set(ids)) != len(ids):
         raise ConfigError(f"sweep file {path}: two tables share an id")
     return tables
+
+
+def narrow(sweep: Sweep, only: str) -> Sweep:
+    """The sweep narrowed to the experiments `only` names (comma-separated names or shell globs such as
+    'fedampx-*', each matching at least one): their runs, the tables' rows of theirs (a table left with none is
+    dropped) and the claims that compare two of them."""
+    patterns = [p.strip() for p in only.split(",") if p.strip()]
+    if not patterns:
+        raise ConfigError("--only needs experiment names or globs, e.g. --only 'fedampx-*,path-fliu'")
+    names = list(dict.fromkeys(s.experiment for s in sweep.specs))
+    unmatched = [p for p in patterns if not any(fnmatchcase(n, p) for n in names)]
+    if unmatched:
+        listed = ", ".join(names[:10]) + (f" (+{len(names) - 10} more)" if len(names) > 10 else "")
+        raise ConfigError(f"--only: {', '.join(unmatched)} names no experiment of the sweep; its experiments: {listed}")
+    keep = {n for n in names if any(fnmatchcase(n, p) for p in patterns)}
+    tables = []
+    for table in sweep.tables:
+        rows = tuple(r for r in table.rows if row_experiment(r) in keep)
+        if rows:
+            tables.append(
+                replace(
+                    table,
+                    rows=rows,
+                    baseline=table.baseline if table.baseline in rows else None,
+                    paper={r: v for r, v in table.paper.items() if r in rows},
+                    round_rows=tuple(r for r in table.round_rows if r in rows),
+                )
+            )
+    ids = {t.id for t in tables}
+    claims = [c for c in sweep.claims if c.table in ids and row_experiment(c.a) in keep and row_experiment(c.b) in keep]
+    return replace(sweep, specs=[s for s in sweep.specs if s.experiment in keep], tables=tables, claims=claims)
 
 
 def shard(specs: list[RunSpec], text: str) -> list[RunSpec]:

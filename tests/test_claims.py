@@ -133,3 +133,21 @@ def test_a_sweep_titles_its_document(tmp_path: Path) -> None:
     sweep.write_text('title = ""\n' + SWEEP)
     with pytest.raises(ConfigError, match="`title` must be a non-empty string"):
         read_sweep(sweep)
+
+
+def test_only_narrows_the_document_to_some_experiments(tmp_path: Path) -> None:
+    sweep = tmp_path / "doc.toml"
+    sweep.write_text(SWEEP + CLAIMS)
+    runs = _runs(tmp_path / "runs", (0, 1))
+    path, done, total = write_results(sweep, runs, tmp_path / "docs" / "only.md", only="dmpfl,dit*")
+    text = path.read_text()
+    assert (done, total) == (2, 4)  # dmpfl's two seeds of dmpfl and ditto's four runs
+    table = text[text.index("| row |") :].split("\n\n")[0]
+    assert "| dmpfl |" in table and "| dmpfl+ |" in table and "| ditto |" in table and "| fedavg |" not in table
+    assert "MB x FedAvg" in table and "| - |" in table  # the ratio column without its baseline: no number
+    assert "## The papers' headline claims" not in text  # every claim compares with fedavg, which is left out
+    assert "`pflower sweep " + str(sweep) + " --only 'dmpfl,dit*'` resumes them" in text
+    narrowed = write_results(sweep, runs, tmp_path / "docs" / "pair.md", only="fedavg,dmpfl")[0].read_text()
+    assert "Verdicts: 1 holds, 1 fails beyond the seeds' noise, 1 undecided." in narrowed  # Ditto's claim dropped
+    with pytest.raises(ConfigError, match="--only: fedprox names no experiment of the sweep; its experiments: fedavg"):
+        write_results(sweep, runs, tmp_path / "docs" / "x.md", only="fedprox,dmpfl")

@@ -17,7 +17,7 @@ from experiments.presets import PRESETS, preset, run_config_text
 from experiments.report import write_report
 from experiments.runs import RunResult, RunSpec, parse_assignment, parse_seeds, plan, run_state
 from experiments.stats import fmt_ci, mean_ci, paired_difference
-from experiments.sweep import load_sweep, run_sweep, shard, summary_line
+from experiments.sweep import load_sweep, narrow, read_sweep, run_sweep, shard, summary_line
 from tests.gitrepo import one_commit_checkout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,6 +94,27 @@ def test_the_cli_refuses_a_bad_shard_in_one_line(capsys: pytest.CaptureFixture[s
     assert cli.main(["sweep", str(REPO / "bench" / "sweeps" / "smoke.toml"), "--shard", "3/2", "--list"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("pflower: error: --shard '3/2' must be K/N") and len(err.strip().splitlines()) == 1
+
+
+def test_only_runs_the_named_experiments_and_composes_with_shards(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = "seeds = [0, 1]\n" + "".join(f"[[experiment]]\nname = '{n}'\n" for n in ("fx-a", "fx-b", "other"))
+    sweep = read_sweep(_write(tmp_path / "s.toml", text))
+    assert [s.name for s in narrow(sweep, "fx-*").specs] == ["fx-a-seed0", "fx-a-seed1", "fx-b-seed0", "fx-b-seed1"]
+    assert [s.name for s in narrow(sweep, " other , fx-b").specs] == [
+        "fx-b-seed0",
+        "fx-b-seed1",
+        "other-seed0",
+        "other-seed1",
+    ]
+    for bad, message in (("fx-c", "--only: fx-c names no experiment"), (" , ", "--only needs experiment names")):
+        with pytest.raises(ConfigError, match=message):
+            narrow(sweep, bad)
+    assert cli.main(["sweep", str(tmp_path / "s.toml"), "--only", "fx-*", "--shard", "2/2", "--list"]) == 0
+    assert capsys.readouterr().out.split() == ["fx-a-seed1:", "new", "fx-b-seed1:", "new"]
+    assert cli.main(["sweep", str(tmp_path / "s.toml"), "--only", "FX-A", "--list"]) == 2  # names match exactly
+    assert "--only: FX-A names no experiment" in capsys.readouterr().err
 
 
 def _specs(count: int) -> list[RunSpec]:
