@@ -107,9 +107,11 @@ def _parser() -> argparse.ArgumentParser:
     for command in (sweep, results):
         command.add_argument(
             "--only",
+            action="append",
             metavar="EXPERIMENTS",
-            help="only these experiments: comma-separated names or shell globs, e.g. 'fedampx-*,path-fliu' "
-            "(results: the tables' rows and the claims of these experiments; with --run, only their runs)",
+            help="only these experiments: comma-separated names or shell globs, e.g. 'fedampx-*,path-fliu'; may "
+            "be given again to add more (results: the tables' rows and the claims of these experiments; with "
+            "--run, only their runs)",
         )
     for command, default in ((run, "simulation"), (sweep, "inprocess"), (results, "inprocess")):
         command.add_argument(
@@ -255,7 +257,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "results":
         sweep = read_sweep(args.file)
         runs = Path(args.runs or Path("results") / sweep.name).expanduser().resolve()
-        specs = narrow(sweep, args.only).specs if args.only else sweep.specs
+        only = ",".join(args.only) if args.only else None
+        specs = narrow(sweep, only).specs if only else sweep.specs
         status = 0
         if args.run:
             status = _execute(args, specs, runs, args.engine or sweep.engine or "inprocess", True, False)
@@ -265,9 +268,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             f"pflower results {args.file}"
             + (f" --runs {args.runs}" if args.runs else "")
             + (f" --out {args.out}" if args.out != Path("docs/results.md") else "")
-            + (f" --only '{args.only}'" if args.only else "")
+            + (f" --only '{only}'" if only else "")
         )
-        path, done, total = write_results(args.file, runs, args.out, command, args.only)
+        path, done, total = write_results(args.file, runs, args.out, command, only)
         print(f"results: {path} ({done} of {total} runs finished)")
         return status
     if args.command == "run":
@@ -287,7 +290,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _execute(args, specs, Path(args.out).expanduser().resolve(), args.engine or "simulation", False, True)
     sweep = read_sweep(args.file)
     out = Path(args.out or Path("results") / sweep.name).expanduser().resolve()
-    specs = narrow(sweep, args.only).specs if args.only else sweep.specs
+    specs = narrow(sweep, ",".join(args.only)).specs if args.only else sweep.specs
     specs = shard(specs, args.shard) if args.shard else specs
     if args.list:
         from .runs import changed_settings, run_state

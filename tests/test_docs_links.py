@@ -20,8 +20,8 @@ HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
 
 
 def markdown_files(repo: Path) -> list[Path]:
-    """README.md, docs/*.md and deploy/*.md of a checkout."""
-    return [repo / "README.md", *sorted((repo / "docs").glob("*.md")), *sorted((repo / "deploy").glob("*.md"))]
+    """README.md, docs/**/*.md and deploy/*.md of a checkout."""
+    return [repo / "README.md", *sorted((repo / "docs").rglob("*.md")), *sorted((repo / "deploy").glob("*.md"))]
 
 
 def _prose_lines(text: str) -> list[str]:
@@ -108,8 +108,8 @@ def test_readme_keeps_the_quick_start_commands() -> None:
 
 def test_mkdocs_nav_lists_every_docs_page() -> None:
     nav = re.findall(r"^\s*-\s*[^:\n]+:\s*(\S+\.md)\s*$", (REPO / "mkdocs.yml").read_text(), re.MULTILINE)
-    pages = sorted(path.name for path in (REPO / "docs").glob("*.md"))
-    assert sorted(nav) == pages, "mkdocs.yml's nav and docs/*.md differ"
+    pages = sorted(path.relative_to(REPO / "docs").as_posix() for path in (REPO / "docs").rglob("*.md"))
+    assert sorted(nav) == pages, "mkdocs.yml's nav and docs/**/*.md differ"
 
 
 @pytest.mark.parametrize(

@@ -113,6 +113,8 @@ def test_only_runs_the_named_experiments_and_composes_with_shards(
             narrow(sweep, bad)
     assert cli.main(["sweep", str(tmp_path / "s.toml"), "--only", "fx-*", "--shard", "2/2", "--list"]) == 0
     assert capsys.readouterr().out.split() == ["fx-a-seed1:", "new", "fx-b-seed1:", "new"]
+    assert cli.main(["sweep", str(tmp_path / "s.toml"), "--only", "fx-b", "--only", "oth*", "--list"]) == 0
+    assert capsys.readouterr().out.split()[::2] == ["fx-b-seed0:", "fx-b-seed1:", "other-seed0:", "other-seed1:"]
     assert cli.main(["sweep", str(tmp_path / "s.toml"), "--only", "FX-A", "--list"]) == 2  # names match exactly
     assert "--only: FX-A names no experiment" in capsys.readouterr().err
 
