@@ -222,7 +222,7 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from .sweep import narrow, read_sweep, shard
+    from .sweep import document_sweep, narrow, read_sweep, shard
 
     if args.command == "presets":
         for item in PRESETS.values():
@@ -255,13 +255,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     if getattr(args, "workers", 0) < 0:
         raise ConfigError("--workers must be 0 (one per core) or more")
     if args.command == "results":
-        sweep = read_sweep(args.file)
-        runs = Path(args.runs or Path("results") / sweep.name).expanduser().resolve()
         only = ",".join(args.only) if args.only else None
-        specs = narrow(sweep, only).specs if only else sweep.specs
+        sweep = document_sweep(args.file, only)  # a bad selection or a file without tables: refused before any run
+        runs = Path(args.runs or Path("results") / sweep.name).expanduser().resolve()
         status = 0
         if args.run:
-            status = _execute(args, specs, runs, args.engine or sweep.engine or "inprocess", True, False)
+            status = _execute(args, sweep.specs, runs, args.engine or sweep.engine or "inprocess", True, False)
         from .results import write_results  # after the runs: their checks answer at once
 
         command = (

@@ -19,7 +19,7 @@ from .collect import Group, find_runs, group_runs
 from .report import corruption_table, domain_table, overview, paired_table, shift_table, stage_table, unseen_table
 from .runs import RunSpec, run_commits, run_state, short_commit
 from .stats import fmt_ci, mean_ci, paired_difference
-from .sweep import check_tables, narrow, read_sweep
+from .sweep import document_sweep
 from .tables import Column, TableSpec, find_row, row_experiment, row_values
 
 SETTING_KEYS = (
@@ -213,16 +213,12 @@ def write_results(
     """The results document for a sweep file's tables over the finished runs in runs_dir (`only`: narrowed to
     those experiments, as `pflower sweep --only`); figures beside it in figures/; returns (path, finished runs,
     runs in the sweep)."""
-    sweep = read_sweep(sweep_file)
-    if only:
-        sweep = narrow(sweep, only)
-        if not sweep.tables:
-            raise ConfigError(f"--only {only}: none of these experiments is a row of {sweep_file}'s tables")
+    sweep = document_sweep(sweep_file, only)
     specs, tables = sweep.specs, sweep.tables
-    tables = check_tables(sweep_file, tables)
+    resume = f"pflower sweep {sweep_file}" + (f" --only '{only}'" if only else "")
     finished = [s for s in specs if run_state(runs_dir / s.name) == "finished"]
     if not finished:
-        raise ConfigError(f"no finished run of {sweep_file} under {runs_dir}: run `pflower sweep {sweep_file}` first")
+        raise ConfigError(f"no finished run of {sweep_file} under {runs_dir}: run `{resume}` first")
     groups = group_runs(find_runs([runs_dir / s.name for s in finished]))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -238,8 +234,7 @@ def write_results(
     ]
     if len(finished) < len(specs):
         lines += [
-            f"**Incomplete:** {len(specs) - len(finished)} runs have not finished; `pflower sweep "
-            f"{sweep_file}" + (f" --only '{only}'" if only else "") + "` resumes them.",
+            f"**Incomplete:** {len(specs) - len(finished)} runs have not finished; `{resume}` resumes them.",
             "",
         ]
     lines += [

@@ -155,6 +155,18 @@ def narrow(sweep: Sweep, only: str) -> Sweep:
     return replace(sweep, specs=[s for s in sweep.specs if s.experiment in keep], tables=tables, claims=claims)
 
 
+def document_sweep(path: Path, only: str | None = None) -> Sweep:
+    """A sweep file read for its results document: narrowed to the experiments `only` names, with at least one
+    table (ConfigError otherwise, before anything runs)."""
+    sweep = read_sweep(path)
+    if only:
+        sweep = narrow(sweep, only)
+        if not sweep.tables:
+            raise ConfigError(f"--only {only}: none of these experiments is a row of {path}'s tables")
+    check_tables(path, sweep.tables)
+    return sweep
+
+
 def shard(specs: list[RunSpec], text: str) -> list[RunSpec]:
     """The K-th of N interleaved shares of a sweep's runs ('K/N', K from 1): runs K, K+N, K+2N, ... of the file's
     order, so that N sweeps on one results folder never run the same run and each gets every experiment's seeds."""

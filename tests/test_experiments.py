@@ -119,6 +119,26 @@ def test_only_runs_the_named_experiments_and_composes_with_shards(
     assert "--only: FX-A names no experiment" in capsys.readouterr().err
 
 
+def test_results_run_with_only_runs_just_those_experiments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = "seeds = [0]\n" + "".join(f"[[experiment]]\nname = '{n}'\n" for n in ("fx-a", "fx-b", "other"))
+    text += "[[table]]\nid = 't'\nrows = ['fx-a', 'other']\ncolumns = [{ label = '0%', metric = 'acc-shift-0' }]\n"
+    ran: list[str] = []
+
+    def execute(args: object, specs: list[RunSpec], *rest: object) -> int:
+        ran.extend(s.name for s in specs)
+        return 0
+
+    monkeypatch.setattr(cli, "_execute", execute)
+    sweep = _write(tmp_path / "s.toml", text)
+    argv = ["results", str(sweep), "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "r.md"), "--run"]
+    assert cli.main([*argv, "--only", "fx-*"]) == 2  # nothing finished: no document, in one line
+    assert ran == ["fx-a-seed0", "fx-b-seed0"]
+    assert cli.main([*argv, "--only", "fx-b"]) == 2  # a selection with no table row is refused before anything runs
+    _write(sweep, text.split("[[table]]")[0])
+    assert cli.main(argv) == 2  # so is a sweep file without tables
+    assert ran == ["fx-a-seed0", "fx-b-seed0"]
+
+
 def _specs(count: int) -> list[RunSpec]:
     return plan("exp", preset("smoke"), {}, list(range(count)))
 
