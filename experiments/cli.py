@@ -328,15 +328,10 @@ def _export(args: argparse.Namespace) -> int:
     from common.data.federated import dataset_for
 
     from .exports import rows_read, write_export
-    from .sweep import read_sweep
+    from .sweep import narrow, read_sweep
 
-    specs = read_sweep(args.file).specs
-    if args.experiments:
-        wanted = set(args.experiments.split(","))
-        unknown = sorted(wanted - {s.experiment for s in specs})
-        if unknown:
-            raise ConfigError(f"no experiment(s) {', '.join(unknown)} in {args.file}")
-        specs = [s for s in specs if s.experiment in wanted]
+    sweep = read_sweep(args.file)
+    specs = narrow(sweep, args.experiments, "--experiments").specs if args.experiments else sweep.specs
     configs = [parse_run_config(s.run_config) for s in specs]
     names = sorted({c.dataset for c in configs})
     if len(names) != 1:

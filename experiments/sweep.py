@@ -124,18 +124,19 @@ def check_tables(path: Path, tables: list[TableSpec]) -> list[TableSpec]:
     return tables
 
 
-def narrow(sweep: Sweep, only: str) -> Sweep:
+def narrow(sweep: Sweep, only: str, option: str = "--only") -> Sweep:
     """The sweep narrowed to the experiments `only` names (comma-separated names or shell globs such as
     'fedampx-*', each matching at least one): their runs, the tables' rows of theirs (a table left with none is
     dropped) and the claims that compare two of them."""
     patterns = [p.strip() for p in only.split(",") if p.strip()]
     if not patterns:
-        raise ConfigError("--only needs experiment names or globs, e.g. --only 'fedampx-*,path-fliu'")
+        raise ConfigError(f"{option} needs experiment names or globs, e.g. {option} 'fedampx-*,path-fliu'")
     names = list(dict.fromkeys(s.experiment for s in sweep.specs))
     unmatched = [p for p in patterns if not any(fnmatchcase(n, p) for n in names)]
     if unmatched:
         listed = ", ".join(names[:10]) + (f" (+{len(names) - 10} more)" if len(names) > 10 else "")
-        raise ConfigError(f"--only: {', '.join(unmatched)} names no experiment of the sweep; its experiments: {listed}")
+        missing = ", ".join(unmatched)
+        raise ConfigError(f"{option}: {missing} names no experiment of the sweep; its experiments: {listed}")
     keep = {n for n in names if any(fnmatchcase(n, p) for p in patterns)}
     tables = []
     for table in sweep.tables:
