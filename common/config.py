@@ -215,6 +215,19 @@ class RunConfig:
     min_train_clients: int = hp(2, "lower bound on clients per round", low=1)
     fraction_evaluate: float = hp(1.0, "fraction of clients evaluated (all by default)", low=0.0, high=1.0)
     eval_every: int = hp(1, "evaluate every N rounds and after the last one (0: never)", low=0)
+    stop_patience: int = hp(
+        0,
+        "stop once the best mean accuracy (shift 0, the evaluated clients' mean) has not risen by more than "
+        "`stop-min-delta` in this many rounds; `num-rounds` is then a cap and the summary names the round it "
+        "stopped at (0: run every round)",
+        low=0,
+    )
+    stop_min_delta: float = hp(
+        0.0,
+        "the rise of the best mean accuracy that counts as improving for `stop-patience` (0.001: 0.1 point)",
+        low=0.0,
+        high=1.0,
+    )
     holdout_clients: float = hp(
         0.0,
         "this fraction of the clients (seeded, at least 1 when > 0, never all) never "
@@ -511,6 +524,11 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
                 f"({', '.join(averaging)}), not to '{algorithm}'"
             )
     _check_gradient_pull(cfg, params)
+    if cfg.stop_patience > 0 and not 0 < cfg.eval_every <= cfg.stop_patience:
+        raise ConfigError(
+            f"run-config 'stop-patience' = {cfg.stop_patience} needs an evaluation within every {cfg.stop_patience} "
+            f"rounds: 'eval-every' = {cfg.eval_every} must be between 1 and it"
+        )
     if cfg.model == "auto" and SPECS[algorithm].shares == "no-norm":  # FedBN: the dataset's model with batch norm
         cfg = replace(cfg, model=AUTO_MODEL[cfg.dataset] + "-bn")
     return cfg

@@ -20,7 +20,7 @@ from .report import corruption_table, domain_table, overview, paired_table, shif
 from .runs import RunSpec, run_commits, run_state, short_commit
 from .stats import fmt_ci, mean_ci, paired_difference
 from .sweep import document_sweep
-from .tables import Column, TableSpec, find_row, row_experiment, row_values
+from .tables import ROUNDS, Column, TableSpec, find_row, row_experiment, row_values
 
 SETTING_KEYS = (
     "dataset",
@@ -43,6 +43,9 @@ def _values(groups: list[Group], spec: TableSpec, row: str, column: Column) -> d
 
 
 def _fmt(values: dict[int, float], column: Column) -> str:
+    if column.metric in ROUNDS:
+        shown = (f"{values[seed]:g}" if math.isfinite(values[seed]) else "n/a" for seed in sorted(values))
+        return ", ".join(shown) or "n/a"
     mean, half, _ = mean_ci(list(values.values()))
     if column.percent:
         return fmt_ci(mean, half)
@@ -54,6 +57,8 @@ def _fmt(values: dict[int, float], column: Column) -> str:
 def _paper(value: float, column: Column) -> str:
     if not math.isfinite(value):
         return "-"
+    if column.metric in ROUNDS:
+        return f"{value:g}"
     return f"{value:.2f}" if column.percent else f"{value:.3f}"
 
 

@@ -30,6 +30,7 @@ TABLE_KEYS = {
 SECTIONS = ("overview", "paired", "shift", "unseen", "corruption", "domain", "stages")
 FIGURES = ("shift", "corruption", "costs", "frontier", "attention", "mask-overlap", "global-rounds")
 RATIOS = {"mb-ratio": "mb", "flops-ratio": "flops"}
+ROUNDS = ("rounds", "best-round")  # counts of rounds: shown per seed, not as a mean
 DOMAIN = re.compile(r"^domain-.+-acc$")
 
 
@@ -43,7 +44,7 @@ class Column:
     @property
     def percent(self) -> bool:
         """Accuracies are shown in %, costs and ratios as they are."""
-        return self.metric not in ("mb", "flops") and self.metric not in RATIOS
+        return self.metric not in ("mb", "flops") and self.metric not in RATIOS and self.metric not in ROUNDS
 
 
 @dataclass(frozen=True)
@@ -185,8 +186,13 @@ def metric_reader(metric: str, prefix: str = "") -> Callable[[Run], float]:
     a final mean key ('acc-shift-0'), 'best:<key>' (the best evaluation round), 'std:<key>' (client spread),
     'unseen:<key>' (held-out clients), 'stage:<stage>:<acc_local|acc_global|acc>', 'corrupt' or 'corrupt:<s>'
     (mean over corruptions, at one severity), 'domains' (mean over the domain-<d>-acc keys: DapperFL's global
-    accuracy), 'mb', 'flops' (per client, training)."""
+    accuracy), 'mb', 'flops' (per client, training), 'rounds' (rounds run: fewer than num-rounds when
+    stop-patience ended the run) or 'best-round' (the round of the best mean accuracy at shift 0)."""
     kind, _, rest = metric.partition(":")
+    if metric == "rounds":
+        return lambda run: _number(run.summary.get("rounds_completed"))
+    if metric == "best-round":
+        return lambda run: _number(run.summary.get("best_round"))
     if metric == "mb":
         return lambda run: run.mb_per_client
     if metric == "flops":

@@ -112,6 +112,13 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"{summary.get('num_clients')} clients, partition {summary.get('partition')}, "
         f"{summary['rounds_completed']} rounds, seed {summary.get('seed')}."
     )
+    stopped = summary.get("stopped_early")
+    if stopped:
+        lines.append(
+            f"Stopped early after round {stopped['round']}: the best mean accuracy (round {summary.get('best_round')}) "
+            f"rose by no more than {100 * stopped['min_delta']:g} points in its last {stopped['patience']} rounds "
+            "(stop-patience)."
+        )
     if summary.get("resumed_after_rounds"):
         lines.append(
             f"Stopped and resumed from its checkpoint after round(s) "

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from common.evaluate import shift_key
+from common.stopping import accuracy_curve, best_round
 
 
 def _mb(num_bytes: float) -> float:
@@ -18,10 +18,8 @@ def summarize(records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, 
     evaluated = [r for r in records if r.get("eval")]
     final = evaluated[-1]["eval"] if evaluated else None
     degrees = info.get("shift_degrees", [])
-    best_mean = max(
-        (r["eval"]["mean"][shift_key(0.0)] for r in evaluated if shift_key(0.0) in r["eval"]["mean"]),
-        default=float("nan"),
-    )
+    curve = accuracy_curve(records)
+    best_mean = max((acc for _, acc in curve), default=float("nan"))
     num_clients = max(int(info.get("num_clients", 1)), 1)
     totals = {k: sum(r["bytes"][k] for r in records) for k in ("train_down", "train_up", "eval_down", "eval_up")}
     return {
@@ -30,6 +28,7 @@ def summarize(records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, 
         "final_round": evaluated[-1]["round"] if evaluated else None,
         "final": final and {"mean": final["mean"], "std": final["std"], "num_clients": final["num_clients"]},
         "best_mean_accuracy": best_mean,
+        "best_round": best_round(curve),
         "bytes_total": totals,
         "mb_per_client": {k: _mb(v) / num_clients for k, v in totals.items()},
         "train_flops_total": sum(r["train"].get("flops", 0) for r in records),

@@ -1,0 +1,41 @@
+"""The plateau rule of `stop-patience`: whether a run's best mean accuracy has stopped improving."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from common.evaluate import shift_key
+
+
+def accuracy_curve(records: Iterable[Mapping[str, Any]]) -> list[tuple[int, float]]:
+    """(round, mean accuracy at shift 0) of every evaluated round record, in record order."""
+    key = shift_key(0.0)
+    return [
+        (int(r["round"]), float(r["eval"]["mean"][key]))
+        for r in records
+        if r.get("eval") and key in r["eval"].get("mean", {})
+    ]
+
+
+def stalled(curve: list[tuple[int, float]], patience: int, min_delta: float) -> bool:
+    """True when, `patience` rounds or more into the run, no evaluation in the last `patience` rounds beat the
+    best one before them by more than `min_delta`. Until an evaluation older than the window exists there is
+    nothing to compare with, so a young run never stalls; a NaN accuracy never counts as improving."""
+    if patience <= 0 or not curve:
+        return False
+    last = curve[-1][0]
+    before = [acc for rnd, acc in curve if rnd <= last - patience and acc == acc]
+    if not before:
+        return False
+    window = [acc for rnd, acc in curve if rnd > last - patience and acc == acc]
+    return not any(acc > max(before) + min_delta for acc in window)
+
+
+def best_round(curve: list[tuple[int, float]]) -> int | None:
+    """The first round that reached the best mean accuracy (None for a curve without a number)."""
+    finite = [(rnd, acc) for rnd, acc in curve if acc == acc]
+    if not finite:
+        return None
+    top = max(acc for _, acc in finite)
+    return next(rnd for rnd, acc in finite if acc == top)
