@@ -226,6 +226,9 @@ class RoundRunner:
             log(INFO, "resumed after round %d of %d from its checkpoint", self.checkpoint_round, self.cfg.num_rounds)
             first, elapsed_before = self.resume_from.round + 1, self.resume_from.elapsed_s
             self.curve = accuracy_curve(self.writer.records) if self.writer is not None else []
+            if self.plateaued(self.resume_from.round):  # it had stopped and died before its summary was written
+                log(INFO, "the run had stopped after round %d (stop-patience): nothing to resume", first - 1)
+                return
         log(INFO, "%s", settings_text(self.cfg, len(self.clients)))
         start = time.monotonic() - elapsed_before
         for rnd in range(first, self.cfg.num_rounds + 1):

@@ -117,6 +117,8 @@ def test_metric_readers_read_each_kind_of_value() -> None:
         "stages": {"L2": {"acc_local": [0.8, 0.1], "acc_global": [0.4, 0.1]}},
         "mb_per_client": {"train_down": 1.5, "train_up": 0.5},
         "train_flops_per_client": 3e9,
+        "rounds_completed": 57,
+        "best_round": 41,
     }
     records = [{"round": r, "eval": {"mean": {"acc-shift-0": acc}}} for r, acc in ((1, 0.7), (2, 0.5))]
     run = Run(Path("x"), {"seed": 0}, summary, records)
@@ -133,6 +135,8 @@ def test_metric_readers_read_each_kind_of_value() -> None:
         ("domains", ""): 0.6,
         ("mb", ""): 2.0,
         ("flops", ""): 3e9,
+        ("rounds", ""): 57,
+        ("best-round", ""): 41,
     }
     for (metric, prefix), value in expected.items():
         assert math.isclose(metric_reader(metric, prefix)(run), value), metric
@@ -229,6 +233,34 @@ def test_the_results_document_holds_the_runs_numbers_the_papers_and_the_order_di
     assert "Code that made the runs (app commit; '+changes': uncommitted edits): not recorded (4 runs)." in text
     with pytest.raises(ConfigError, match="no finished run"):
         write_results(sweep, tmp_path / "empty", out)
+
+
+def test_round_counts_are_shown_per_seed_not_as_a_mean(tmp_path: Path) -> None:
+    sweep = _write(
+        tmp_path / "doc.toml",
+        """
+name = "doc"
+preset = "smoke"
+seeds = [0, 1]
+[[experiment]]
+name = "fedavg"
+algorithm = "fedavg"
+[[table]]
+id = "plateau"
+rows = ["fedavg"]
+columns = [{ label = "best", metric = "best:acc-shift-0" }, { label = "best round", metric = "best-round" },
+           { label = "rounds", metric = "rounds" }]
+[table.paper]
+fedavg = [50.0, nan, 90.0]
+""",
+    )
+    runs = tmp_path / "runs"
+    for seed, (best, rounds) in enumerate(((46, 56), (62, 72))):
+        _fixture_run(runs, f"fedavg-seed{seed}", "fedavg", seed, 0.6, 0.4, 2.0, 1e9)
+        path = runs / f"fedavg-seed{seed}" / "summary.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "best_round": best, "rounds_completed": rounds}))
+    text = write_results(sweep, runs, tmp_path / "out.md")[0].read_text()
+    assert "| fedavg | 2 | 65.00 +/- 0.00 | 50.00 | 46, 62 | 56, 72 | 90 |" in text  # no paper column without a number
 
 
 def test_each_run_records_the_commits_that_made_it_and_the_document_counts_them(tmp_path: Path) -> None:

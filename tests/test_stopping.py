@@ -69,23 +69,23 @@ def test_bad_stop_settings_are_one_line_errors(raw: dict, message: str) -> None:
         parse_run_config(raw)
 
 
+# an lr too small to move the model: every evaluation ties with round 1, so with patience 2 the rule fires after
+# round 3 (rounds 2 and 3 did not beat round 1) of a 10-round cap
+STALLING = {
+    "dataset": "digits",
+    "algorithm": "fedavg",
+    "num-rounds": 10,
+    "fraction-train": 0.5,
+    "local-epochs": 1,
+    "lr": 1e-9,
+    "eval-every": 1,
+    "stop-patience": 2,
+    "checkpoint-every": 5,
+}
+
+
 def test_a_run_that_stops_improving_stops_at_the_rule_s_round(tmp_path: Path) -> None:
-    # an lr too small to move the model: every evaluation ties with round 1, so with patience 2 the rule fires after
-    # round 3 (rounds 2 and 3 did not beat round 1) of a 10-round cap
-    config = {
-        "dataset": "digits",
-        "algorithm": "fedavg",
-        "num-rounds": 10,
-        "fraction-train": 0.5,
-        "local-epochs": 1,
-        "lr": 1e-9,
-        "eval-every": 1,
-        "stop-patience": 2,
-        "checkpoint-every": 5,
-        "results-dir": str(tmp_path),
-        "run-name": "run",
-    }
-    assert serve(config, 4, workers=0)
+    assert serve({**STALLING, "results-dir": str(tmp_path), "run-name": "run"}, 4, workers=0)
     run_dir = tmp_path / "run"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rounds_completed"] == 3 and summary["final_round"] == 3
@@ -94,3 +94,15 @@ def test_a_run_that_stops_improving_stops_at_the_rule_s_round(tmp_path: Path) ->
     assert load_checkpoint(run_dir).round == 3  # the last round run is checkpointed, off the checkpoint-every grid
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
     assert "Stopped early after round 3" in (run_dir / "summary.md").read_text()
+
+
+def test_a_stopped_run_that_died_before_its_summary_resumes_to_no_more_rounds(tmp_path: Path) -> None:
+    config = {**STALLING, "results-dir": str(tmp_path), "run-name": "run"}
+    assert serve(config, 4, workers=0)
+    run_dir = tmp_path / "run"
+    first = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").unlink()  # killed after the last checkpoint, before the summary
+    assert serve({**config, "resume": str(run_dir)}, 4, workers=0)
+    again = json.loads((run_dir / "summary.json").read_text())
+    assert again["rounds_completed"] == 3 and again["stopped_early"] == first["stopped_early"]
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
