@@ -144,14 +144,17 @@ def test_metric_readers_read_each_kind_of_value() -> None:
         assert math.isnan(metric_reader(missing)(run)), missing
 
 
-SWEEP = """
+SWEEP_HEAD = """
 name = "doc"
 preset = "smoke"
 seeds = [0, 1]
 [[experiment]]
 name = "fedavg"
 algorithm = "fedavg"
-[[experiment]]
+"""
+SWEEP = (
+    SWEEP_HEAD
+    + """[[experiment]]
 name = "dmpfl"
 algorithm = "dmpfl"
 [[experiment]]
@@ -175,6 +178,7 @@ dmpfl = [70.0, 46.0, 0.4]
 "dmpfl+" = [69.0, 41.0, nan]
 ditto = [60.0, 44.0, 1.0]
 """
+)
 
 
 def test_the_results_document_holds_the_runs_numbers_the_papers_and_the_order_differences(tmp_path: Path) -> None:
@@ -238,13 +242,8 @@ def test_the_results_document_holds_the_runs_numbers_the_papers_and_the_order_di
 def test_round_counts_are_shown_per_seed_not_as_a_mean(tmp_path: Path) -> None:
     sweep = _write(
         tmp_path / "doc.toml",
-        """
-name = "doc"
-preset = "smoke"
-seeds = [0, 1]
-[[experiment]]
-name = "fedavg"
-algorithm = "fedavg"
+        SWEEP_HEAD
+        + """
 [[table]]
 id = "plateau"
 rows = ["fedavg"]
