@@ -20,12 +20,11 @@ Paper: Jia et al., "DapperFL: Domain Adaptive Federated Learning with Model Fusi
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
 
 from common.data.domains import DOMAINS
-from experiments.compare import main
+from experiments.compare import compare_args, main
 
 RUNS = {  # name: (title, algorithm[overrides])
     "fedavg": ("FedAvg", "fedavg"),
@@ -43,32 +42,19 @@ PAPER = {  # Table 1 (MNIST, USPS, SVHN, SYN, global) and Table 3 (global)
     "dapperfl-nomfp": (None, None, None, None, 73.34),
     "dapperfl": (96.25, 86.30, 82.45, 37.26, 74.30),
 }
-DEFAULTS = [
-    "--algorithms",
-    ",".join(f"{name}:{spec}" for name, (_, spec) in RUNS.items()),
-    "--dataset",
-    "digit-domains",
-    "--data-dir",
-    str(Path(__file__).resolve().parent.parent.parent / "shared" / "data"),
-    "--partition",
-    "domains",
-    "--clients",
-    "10",
-    "--rounds",
-    "20",
-    "--fraction",
-    "1.0",
-    "--epochs",
-    "5",
-    "--batch-size",
-    "64",
-    "--lr",
-    "0.01",
-    "--eval-every",
-    "20",
-    "--extra",
-    "model='resnet10-s' momentum=0.9 weight-decay=1e-5 shift-degrees='0'",
-]
+DEFAULTS = compare_args(
+    algorithms=",".join(f"{name}:{spec}" for name, (_, spec) in RUNS.items()),
+    dataset="digit-domains",
+    partition="domains",
+    clients=10,
+    rounds=20,
+    fraction=1.0,
+    epochs=5,
+    batch_size=64,
+    lr=0.01,
+    eval_every=20,
+    extra="model='resnet10-s' momentum=0.9 weight-decay=1e-5 shift-degrees='0'",
+)
 
 
 def domain_accuracies(summary: dict) -> list[float]:

@@ -16,41 +16,28 @@ Further flags go to bench/compare.py.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from common.algorithms import CLOUD
-from experiments.compare import main
+from experiments.compare import compare_args, main
 
 ALGORITHMS = {"fedavg": "FedAvg", "dmpfl": "DM-PFL", "fedamp": "FedAMP"}
 RATES = (0.0, 0.1, 0.3, 0.5)
-DEFAULTS = [
-    "--algorithms",
-    ",".join(f"{algo}-drop{int(100 * rate)}:{algo}[drop-rate={rate}]" for algo in ALGORITHMS for rate in RATES),
-    "--dataset",
-    "mnist",
-    "--data-dir",
-    str(Path(__file__).resolve().parent.parent.parent / "shared" / "data"),
-    "--partition",
-    "dirichlet",
-    "--alpha",
-    "0.3",
-    "--clients",
-    "100",
-    "--rounds",
-    "20",
-    "--fraction",
-    "0.1",
-    "--epochs",
-    "2",
-    "--batch-size",
-    "64",
-    "--lr",
-    "0.05",
-    "--eval-every",
-    "20",
-    "--extra",
-    "sparsity=0.5 iterations=2 pretrain-epochs=1",
-]
+DEFAULTS = compare_args(
+    algorithms=",".join(
+        f"{algo}-drop{int(100 * rate)}:{algo}[drop-rate={rate}]" for algo in ALGORITHMS for rate in RATES
+    ),
+    dataset="mnist",
+    partition="dirichlet",
+    alpha=0.3,
+    clients=100,
+    rounds=20,
+    fraction=0.1,
+    epochs=2,
+    batch_size=64,
+    lr=0.05,
+    eval_every=20,
+    extra="sparsity=0.5 iterations=2 pretrain-epochs=1",
+)
 
 
 def dropout_table(summaries: dict[str, dict]) -> str:

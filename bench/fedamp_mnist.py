@@ -21,9 +21,8 @@ arXiv:2007.03797."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from experiments.compare import main
+from experiments.compare import compare_args, main
 
 DROP = "drop-rate=0.3"
 DIRTY = "dirty-clients=0.4 dirty-fraction=0.4"
@@ -43,32 +42,19 @@ ALGORITHMS = ",".join(
         f"heurfedamp-dirty:heurfedamp[{DIRTY}]",
     ]
 )
-DEFAULTS = [
-    "--algorithms",
-    ALGORITHMS,
-    "--dataset",
-    "mnist",
-    "--data-dir",
-    str(Path(__file__).resolve().parent.parent.parent / "shared" / "data"),
-    "--partition",
-    "grouped",
-    "--clients",
-    "100",
-    "--rounds",
-    "15",
-    "--fraction",
-    "0.2",
-    "--epochs",
-    "2",
-    "--batch-size",
-    "100",
-    "--lr",
-    "0.001",
-    "--eval-every",
-    "5",
-    "--extra",
-    "optimizer='adam' fedamp-sigma=100.0 heurfedamp-sigma=25.0 heurfedamp-tau=0.95",
-]
+DEFAULTS = compare_args(
+    algorithms=ALGORITHMS,
+    dataset="mnist",
+    partition="grouped",
+    clients=100,
+    rounds=15,
+    fraction=0.2,
+    epochs=2,
+    batch_size=100,
+    lr=0.001,
+    eval_every=5,
+    extra="optimizer='adam' fedamp-sigma=100.0 heurfedamp-sigma=25.0 heurfedamp-tau=0.95",
+)
 
 if __name__ == "__main__":
     main(DEFAULTS + sys.argv[1:])

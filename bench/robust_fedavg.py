@@ -22,9 +22,8 @@ Further flags go to bench/compare.py.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from experiments.compare import main
+from experiments.compare import compare_args, main
 
 ATTACK = "attack-clients=0.1 attack-boost=10 attack-declare=100000"
 DEPLOYMENT = "max-weight-ratio=4"  # what the deployment recipes set
@@ -37,32 +36,19 @@ RUNS = {  # name: (title, run-config overrides); per mode, without and with the 
     for mode, title in MODES.items()
     for who in ("clean", "attack")
 }
-DEFAULTS = [
-    "--algorithms",
-    ",".join(f"{name}:fedavg[{extra}]" if extra else f"{name}:fedavg" for name, (_, extra) in RUNS.items()),
-    "--dataset",
-    "mnist",
-    "--data-dir",
-    str(Path(__file__).resolve().parent.parent.parent / "shared" / "data"),
-    "--partition",
-    "dirichlet",
-    "--alpha",
-    "0.3",
-    "--clients",
-    "20",
-    "--rounds",
-    "10",
-    "--fraction",
-    "1.0",
-    "--epochs",
-    "1",
-    "--batch-size",
-    "64",
-    "--lr",
-    "0.05",
-    "--eval-every",
-    "10",
-]
+DEFAULTS = compare_args(
+    algorithms=",".join(f"{name}:fedavg[{extra}]" if extra else f"{name}:fedavg" for name, (_, extra) in RUNS.items()),
+    dataset="mnist",
+    partition="dirichlet",
+    alpha=0.3,
+    clients=20,
+    rounds=10,
+    fraction=1.0,
+    epochs=1,
+    batch_size=64,
+    lr=0.05,
+    eval_every=10,
+)
 
 
 def robust_table(summaries: dict[str, dict]) -> str:

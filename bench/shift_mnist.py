@@ -19,39 +19,24 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 
-from experiments.compare import main
+from experiments.compare import compare_args, main
 
 ALGORITHMS = "fedavg,fedavg-ft,lg-fedavg,fedper,fedrep,ditto,apfl,feddst,dmpfl"
-DEFAULTS = [
-    "--algorithms",
-    ALGORITHMS,
-    "--dataset",
-    "mnist",
-    "--data-dir",
-    str(Path(__file__).resolve().parent.parent.parent / "shared" / "data"),
-    "--partition",
-    "dirichlet",
-    "--alpha",
-    "0.3",
-    "--clients",
-    "100",
-    "--rounds",
-    "30",
-    "--fraction",
-    "0.1",
-    "--epochs",
-    "5",
-    "--batch-size",
-    "64",
-    "--lr",
-    "0.05",
-    "--eval-every",
-    "30",
-    "--extra",
-    "sparsity=0.5 iterations=3",
-]
+DEFAULTS = compare_args(
+    algorithms=ALGORITHMS,
+    dataset="mnist",
+    partition="dirichlet",
+    alpha=0.3,
+    clients=100,
+    rounds=30,
+    fraction=0.1,
+    epochs=5,
+    batch_size=64,
+    lr=0.05,
+    eval_every=30,
+    extra="sparsity=0.5 iterations=3",
+)
 
 # DM-PFL [KDD 2023] Table 7 (MNIST Dir(0.3), 300 rounds): accuracy (%) without shift and at 100% shift
 PAPER_MNIST = {

@@ -31,6 +31,14 @@ from common.algorithms import eval_rows
 from .engines import ENGINES, make_engine
 
 REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data"  # the staged data sets beside a checkout
+
+
+def compare_args(**options: str | int | float) -> list[str]:
+    """This command's arguments from keyword options (`batch_size=64` -> `--batch-size 64`), reading the data from
+    ../shared/data beside the checkout unless `data_dir` says otherwise: the benchmarks' default flags."""
+    options = {"data_dir": str(SHARED_DATA), **options}
+    return [item for key, value in options.items() for item in (f"--{key.replace('_', '-')}", str(value))]
 
 
 def _pct(mean: float, std: float) -> str:

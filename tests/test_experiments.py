@@ -394,3 +394,17 @@ def test_a_run_records_its_commit_as_soon_as_its_folder_exists(tmp_path: Path) -
         execute(KilledAtTheEnd(), tmp_path / "app", spec, tmp_path, False, lambda line: None)  # type: ignore[arg-type]
     assert seen == [[commit]]  # recorded before the kill
     assert run_commits(tmp_path / spec.name) == [commit]
+
+
+def test_compare_args_spell_the_benchmarks_flags_and_default_the_data_to_the_shared_folder() -> None:
+    from experiments.compare import SHARED_DATA, compare_args
+
+    assert compare_args(batch_size=64, lr=0.05) == [
+        "--data-dir",
+        str(SHARED_DATA),
+        "--batch-size",
+        "64",
+        "--lr",
+        "0.05",
+    ]
+    assert compare_args(data_dir="/d", eval_every=5) == ["--data-dir", "/d", "--eval-every", "5"]
