@@ -269,7 +269,7 @@ def code_line(run_dirs: list[Path]) -> str:
     parts = [f"{commit} ({n} run{'s' if n != 1 else ''})" for commit, n in counts.items()]
     if unrecorded:
         parts.append(f"not recorded ({unrecorded} run{'s' if unrecorded != 1 else ''})")
-    return "Code that made the runs (app commit; '+changes': uncommitted edits): " + ", ".join(parts) + "."
+    return "Code that made the runs (app commit; '+changes': uncommitted edits of the code): " + ", ".join(parts) + "."
 
 
 def overview_table(

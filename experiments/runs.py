@@ -249,13 +249,19 @@ def short_commit(folder: Path) -> str:
     return _git(folder, "rev-parse", "--short", "HEAD") or ""
 
 
+# what does not make a run's numbers: documents, tests, benchmark drivers and sweep files (a run's settings are in
+# its config.json), deployment recipes; an edit of these while a sweep runs does not mark its runs '+changes'
+NOT_CODE = ("docs", "tests", "bench", "deploy", ".ci", "*.md")
+
+
 def app_commit(app_dir: Path) -> str:
-    """The app folder's git commit (short), with '+changes' when its tracked files differ from it; '' when the
-    folder is not a git checkout (or git is missing)."""
+    """The app folder's git commit (short), with '+changes' when its tracked code differs from it (NOT_CODE
+    aside); '' when the folder is not a git checkout (or git is missing)."""
     head = short_commit(app_dir)
     if not head:
         return ""
-    return head + ("+changes" if _git(app_dir, "status", "--porcelain", "--untracked-files=no") else "")
+    code = [".", *(f":(exclude){path}" for path in NOT_CODE)]
+    return head + ("+changes" if _git(app_dir, "status", "--porcelain", "--untracked-files=no", "--", *code) else "")
 
 
 def record_code(run_dir: Path, commit: str) -> None:

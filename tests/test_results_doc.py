@@ -234,7 +234,7 @@ def test_the_results_document_holds_the_runs_numbers_the_papers_and_the_order_di
     assert "Why ours differ." in text and "Paper: a paper, Table 9." in text
     assert (tmp_path / "docs" / "figures" / "main" / "accuracy_vs_shift.png").stat().st_size > 5_000
     assert "](figures/main/accuracy_vs_shift.png)" in text
-    assert "Code that made the runs (app commit; '+changes': uncommitted edits): not recorded (4 runs)." in text
+    assert "(app commit; '+changes': uncommitted edits of the code): not recorded (4 runs)." in text
     with pytest.raises(ConfigError, match="no finished run"):
         write_results(sweep, tmp_path / "empty", out)
 
@@ -278,13 +278,16 @@ def test_each_run_records_the_commits_that_made_it_and_the_document_counts_them(
     (runs[2] / "code.json").write_text("[1, 2")  # damaged: read as nothing recorded
     assert run_commits(runs[2]) == []
     assert code_line(runs) == (
-        "Code that made the runs (app commit; '+changes': uncommitted edits): abc1234 (2 runs), "
+        "Code that made the runs (app commit; '+changes': uncommitted edits of the code): abc1234 (2 runs), "
         "def5678+changes (1 run), not recorded (1 run)."
     )
     app = tmp_path / "app"
     app.mkdir()
     assert app_commit(app) == ""  # not a git checkout
-    head = one_commit_checkout(app)
+    head = one_commit_checkout(app, ["docs/a.md", "bench/sweeps/s.toml", "README.md"])
+    assert app_commit(app) == head
+    for edited in ("docs/a.md", "bench/sweeps/s.toml", "README.md"):  # not code: a run's numbers do not change
+        (app / edited).write_text("edited\n")
     assert app_commit(app) == head
     (app / "f.py").write_text("x = 2\n")
     assert app_commit(app) == head + "+changes"
