@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.hparams import ConfigError
+from common.stopping import accuracy_curve, best_round
 
 from .collect import CORRUPT, Group, Run
 
@@ -191,8 +192,8 @@ def metric_reader(metric: str, prefix: str = "") -> Callable[[Run], float]:
     kind, _, rest = metric.partition(":")
     if metric == "rounds":
         return lambda run: _number(run.summary.get("rounds_completed"))
-    if metric == "best-round":
-        return lambda run: _number(run.summary.get("best_round"))
+    if metric == "best-round":  # the round 'best:' reads: the run's main accuracy's best, for its every row
+        return lambda run: _number(best_round(accuracy_curve(run.records)))
     if metric == "mb":
         return lambda run: run.mb_per_client
     if metric == "flops":

@@ -118,9 +118,11 @@ def test_metric_readers_read_each_kind_of_value() -> None:
         "mb_per_client": {"train_down": 1.5, "train_up": 0.5},
         "train_flops_per_client": 3e9,
         "rounds_completed": 57,
-        "best_round": 41,
     }
-    records = [{"round": r, "eval": {"mean": {"acc-shift-0": acc}}} for r, acc in ((1, 0.7), (2, 0.5))]
+    records = [
+        {"round": r, "eval": {"mean": {"acc-shift-0": acc, "cloud-acc-shift-0": cloud}}}
+        for r, acc, cloud in ((1, 0.7, 0.6), (2, 0.5, 0.8))
+    ]
     run = Run(Path("x"), {"seed": 0}, summary, records)
     expected = {
         ("acc-shift-0", ""): 0.5,
@@ -136,7 +138,9 @@ def test_metric_readers_read_each_kind_of_value() -> None:
         ("mb", ""): 2.0,
         ("flops", ""): 3e9,
         ("rounds", ""): 57,
-        ("best-round", ""): 41,
+        ("best-round", ""): 1,
+        ("best:cloud-acc-shift-0", ""): 0.6,  # an extra row's value at the main accuracy's best round
+        ("best-round", "cloud-"): 1,  # the round that 'best:' reads, for every row of the run
     }
     for (metric, prefix), value in expected.items():
         assert math.isclose(metric_reader(metric, prefix)(run), value), metric
@@ -254,12 +258,12 @@ fedavg = [50.0, nan, 90.0]
 """,
     )
     runs = tmp_path / "runs"
-    for seed, (best, rounds) in enumerate(((46, 56), (62, 72))):
+    for seed, rounds in enumerate((56, 72)):  # the fixture's best evaluation is its round 1
         _fixture_run(runs, f"fedavg-seed{seed}", "fedavg", seed, 0.6, 0.4, 2.0, 1e9)
         path = runs / f"fedavg-seed{seed}" / "summary.json"
-        path.write_text(json.dumps({**json.loads(path.read_text()), "best_round": best, "rounds_completed": rounds}))
+        path.write_text(json.dumps({**json.loads(path.read_text()), "rounds_completed": rounds}))
     text = write_results(sweep, runs, tmp_path / "out.md")[0].read_text()
-    assert "| fedavg | 2 | 65.00 +/- 0.00 | 50.00 | 46, 62 | 56, 72 | 90 |" in text  # no paper column without a number
+    assert "| fedavg | 2 | 65.00 +/- 0.00 | 50.00 | 1, 1 | 56, 72 | 90 |" in text  # no paper column without a number
 
 
 def test_each_run_records_the_commits_that_made_it_and_the_document_counts_them(tmp_path: Path) -> None:
