@@ -156,7 +156,7 @@ def main(grid: Grid, context: Context) -> None:
         "num_clients": len(clients),
         "shift_degrees": list(cfg.shift_degrees),
         "resumed_after_rounds": runner.resumes,
-        **({"stopped_early": runner.stopped_early} if runner.stopped_early else {}),
+        **({"stopped_early": runner.plateau.stopped} if runner.plateau.stopped else {}),
     }
     summary_path = writer.finish(info, strategy.artifacts())
     for line in summary_path.read_text().splitlines():

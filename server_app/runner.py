@@ -21,7 +21,6 @@ from common import profiling
 from common.config import RunConfig, due
 from common.evaluate import shifted_metric_keys
 from common.messages import CHECKPOINT_ROUND, CONFIG, SIMULATE_DROP, STATE_KEY
-from common.stopping import accuracy_curve, best_round, stalled
 from common.validation import PayloadError, echo_values, printable
 
 from .checkpoint import Checkpoint, restore, save_checkpoint
@@ -30,14 +29,8 @@ from .exchange import exchange_all, stream_replies
 from .faults import plan_faults
 from .limits import ReplyLimits
 from .newcomers import evaluate_newcomers
-from .replies import (
-    RoundLog,
-    TrainReply,
-    eval_statistics,
-    evaluation_rows,
-    parse_train_metrics,
-    train_record,
-)
+from .plateau import Plateau
+from .replies import RoundLog, TrainReply, eval_statistics, evaluation_rows, parse_train_metrics, train_record
 from .results import ResultsWriter, progress_text, round_record, settings_text
 from .strategies.base import PFLStrategy
 from .warmup import pretrain_round
@@ -64,8 +57,7 @@ class RoundRunner:
         self._late: set[int] = set()  # simulated stragglers of the training round in progress
         self._limits = ReplyLimits.for_model(strategy.specs)
         self._expected: dict[int, dict[str, int]] = {}  # per client: the round (and phase) its reply must name
-        self.curve: list[tuple[int, float]] = []  # (round, mean accuracy at shift 0) of every evaluated round
-        self.stopped_early: dict[str, float] | None = None  # set when `stop-patience` ended the run
+        self.plateau = Plateau(cfg)  # `stop-patience`: the accuracy curve, and where the run stopped early
 
     # ----- messages --------------------------------------------------------------------------------------
     @profiling.timed("build")
@@ -200,11 +192,9 @@ class RoundRunner:
         return due(server_round, self.cfg.eval_every, self.cfg.num_rounds)
 
     @profiling.timed("checkpoint")
-    def write_checkpoint(self, server_round: int, elapsed: float, grid: Grid | None = None, last: bool = False) -> None:
-        """After every `checkpoint-every` rounds and the last one (`last`: a run stopped early): the state needed to
-        resume, atomically. A grid that keeps its clients' state itself (the in-process engine) writes it to their
-        state dirs first."""
-        last_round = server_round if last else self.cfg.num_rounds
+    def write_checkpoint(self, server_round: int, elapsed: float, grid: Grid | None, last_round: int) -> None:
+        """After every `checkpoint-every` rounds and the last one: the state to resume from, atomically. A grid that
+        keeps its clients' state itself (the in-process engine) writes it to their state dirs first."""
         if self.writer is not None and due(server_round, self.cfg.checkpoint_every, last_round):
             persist = getattr(grid, "persist_client_state", None)
             if persist is not None:
@@ -225,10 +215,8 @@ class RoundRunner:
             self.checkpoint_round = self.resume_from.round
             log(INFO, "resumed after round %d of %d from its checkpoint", self.checkpoint_round, self.cfg.num_rounds)
             first, elapsed_before = self.resume_from.round + 1, self.resume_from.elapsed_s
-            self.curve = accuracy_curve(self.writer.records) if self.writer is not None else []
-            if self.plateaued(self.resume_from.round):  # it had stopped and died before its summary was written
-                log(INFO, "the run had stopped after round %d (stop-patience): nothing to resume", first - 1)
-                return
+            if self.plateau.resumed(self.writer.records if self.writer is not None else [], first - 1):
+                return  # it had stopped, then died before its summary was written
         log(INFO, "%s", settings_text(self.cfg, len(self.clients)))
         start = time.monotonic() - elapsed_before
         for rnd in range(first, self.cfg.num_rounds + 1):
@@ -236,17 +224,8 @@ class RoundRunner:
                 if self.run_round(grid, rnd, rnd > first, start):
                     break
 
-    def plateaued(self, server_round: int) -> bool:
-        """Whether `stop-patience` ends the run after this round (never after the last one: it ends anyway)."""
-        cfg = self.cfg
-        if server_round >= cfg.num_rounds or not stalled(self.curve, cfg.stop_patience, cfg.stop_min_delta):
-            return False
-        self.stopped_early = {"round": server_round, "patience": cfg.stop_patience, "min_delta": cfg.stop_min_delta}
-        return True
-
     def run_round(self, grid: Grid, rnd: int, refresh: bool, start: float) -> bool:
-        """One round: re-handshake joiners, (warm up,) train, aggregate, evaluate, record, checkpoint, progress.
-        True when the run stops after it (`stop-patience`)."""
+        """One round: handshake joiners, (warm up,) train, aggregate, evaluate, record, checkpoint; True: the last."""
         t0, timeout = time.monotonic(), self.cfg.round_timeout
         self.round_log = RoundLog.starting(self.cfg.message_digests)
         if refresh:
@@ -265,19 +244,7 @@ class RoundRunner:
         record = round_record(rnd, time.monotonic() - t0, elapsed, self.round_log, self.strategy.round_record(rnd))
         if self.writer is not None:
             self.writer.add_round(record, self.round_log.digests)
-        self.curve += accuracy_curve([record])
-        stop = self.plateaued(rnd)
-        self.write_checkpoint(rnd, elapsed, grid, last=stop)
+        stop = self.plateau.ends_after(rnd, record)
+        self.write_checkpoint(rnd, elapsed, grid, rnd if stop else self.cfg.num_rounds)  # a stopped run's last round
         log(INFO, "%s", progress_text(record, self.cfg.num_rounds, self.cfg.shift_degrees, elapsed))
-        if stop:
-            log(
-                INFO,
-                "stopping after round %d of %d: the best mean accuracy (round %s) rose by no more than %g points "
-                "in the last %d rounds (stop-patience)",
-                rnd,
-                self.cfg.num_rounds,
-                best_round(self.curve),
-                100 * self.cfg.stop_min_delta,
-                self.cfg.stop_patience,
-            )
         return stop
