@@ -28,8 +28,8 @@ def stalled(curve: list[tuple[int, float]], patience: int, min_delta: float) -> 
     before = [acc for rnd, acc in curve if rnd <= last - patience and acc == acc]
     if not before:
         return False
-    window = [acc for rnd, acc in curve if rnd > last - patience and acc == acc]
-    return not any(acc > max(before) + min_delta for acc in window)
+    bar = max(before) + min_delta
+    return not any(acc > bar for rnd, acc in curve if rnd > last - patience)  # NaN > bar is False
 
 
 def best_round(curve: list[tuple[int, float]]) -> int | None:
