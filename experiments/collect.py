@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from common import stopping
 from common.hparams import ConfigError
 
 CORRUPT = re.compile(r"^acc-corrupt-(.+)-(\d)$")
@@ -66,10 +67,11 @@ class Run:
         """Training FLOPs per client over the run."""
         return float(self.summary.get("train_flops_per_client", 0.0))
 
-    def best_round(self, key: str = "acc-shift-0") -> dict[str, float]:
-        """Mean metrics of the evaluation round with the highest `key` (the papers' best-round accuracy)."""
-        evaluated = [r["eval"]["mean"] for r in self.records if r.get("eval") and key in r["eval"]["mean"]]
-        return max(evaluated, key=lambda m: m[key]) if evaluated else {}
+    def best_round(self) -> dict[str, float]:
+        """Mean metrics of the evaluation round with the best mean accuracy at shift 0 (the papers' best-round
+        accuracy): the round summary.json's `best_round` and the stop rule name."""
+        best = stopping.best_round(stopping.accuracy_curve(self.records))
+        return next((r["eval"]["mean"] for r in self.records if r.get("eval") and r["round"] == best), {})
 
     def artifacts(self) -> dict[str, np.ndarray]:
         """The arrays the algorithm left in artifacts.npz (attention, mask overlap), empty when none."""
