@@ -57,6 +57,11 @@ class SparseParams:
     )
 
 
+PHASE_LAYOUTS = ("thirds", "halves")
+PHASE3_MODES = ("sampled", "all", "all-reset")
+BASE_ENTROPY_INPUTS = ("train", "unshifted-test")
+
+
 @dataclass(frozen=True)
 class DMPFLParams(SparseParams):
     """DM-PFL's schedule and mask readjustment (SPEC 3.1)."""
@@ -68,7 +73,28 @@ class DMPFLParams(SparseParams):
     min_vote_fraction: float = hp(
         0.3, "a position enters m_g only if more than this fraction of the round's clients kept it", low=0.0, high=1.0
     )
-    phase3_all_clients: bool = hp(False, "phase 3 with every client instead of the sampled ones")
+    phases: str = hp(
+        "thirds",
+        "how a cycle's rounds split: `thirds` (phases 1, 2, 3 in equal thirds, phase 3 on sampled clients), "
+        "`halves` (the paper's two-phased pipeline: phases 1 and 2 in equal halves, then one phase-3 round)",
+        choices=PHASE_LAYOUTS,
+        key="dmpfl-phases",
+    )
+    phase3: str = hp(
+        "sampled",
+        "who refines personal weights in a phase-3 round: `sampled` (the round's sample, w_c kept), `all` (every "
+        "client, w_c kept), `all-reset` (Algorithm 3 as written: every client, its personal-only weights reset to 0 "
+        "at the cycle's first phase-3 round)",
+        choices=PHASE3_MODES,
+        key="dmpfl-phase3",
+    )
+    base_entropy: str = hp(
+        "train",
+        "DM-PFL+'s base entropies BE(theta_c), BE(theta_g) (Alg. 4): mean entropy on the client's `train` data, or "
+        "on its `unshifted-test` inputs (the paper's 'inputs not shifted'; labels unused)",
+        choices=BASE_ENTROPY_INPUTS,
+        key="dmpfl-base-entropy",
+    )
     partial_download: bool = hp(
         True,
         "phases 1 and 3 send a client whose m_c the server knows (from its last "

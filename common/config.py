@@ -249,7 +249,21 @@ class RunConfig:
     lr: float = hp(0.05, "local learning rate", low=0.0, high=10.0, low_open=True)
     momentum: float = hp(0.0, "SGD momentum", low=0.0, high=0.999)
     weight_decay: float = hp(0.0, "weight decay of the local optimizer", low=0.0, high=1.0)
-    lr_decay: float = hp(1.0, "lr is multiplied by this every round", low=0.0, high=1.0, low_open=True)
+    lr_decay: float = hp(
+        1.0, "lr is multiplied by this every round (or client step: `lr-decay-step`)", low=0.0, high=1.0, low_open=True
+    )
+    lr_decay_step: str = hp(
+        "round",
+        "when lr-decay applies: every server `round` (lr x decay^(round-1)), or per `client`, once per local training "
+        "call it made before (PFLlib's scheduler step, which the DM-PFL appendix follows)",
+        choices=("round", "client"),
+    )
+    download: str = hp(
+        "stale",
+        "sparse algorithms: send the global model to a client only when its copy is `stale`, or `always` (what "
+        "dense algorithms do: a like-for-like byte count)",
+        choices=("stale", "always"),
+    )
     shift_degrees: tuple[float, ...] = hp(
         (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
         "test-time shift degrees evaluated every time",

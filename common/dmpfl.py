@@ -24,20 +24,45 @@ Named = dict[str, np.ndarray]
 PARTIAL = "global-partial"  # the record of a partial download (w_g on m_g AND m_c)
 
 
-def phase_schedule(num_rounds: int, iterations: int) -> list[int]:
-    """Phase (1, 2 or 3) of each round 1..T: `iterations` cycles, each split equally into phases 1, 2, 3.
+def phase_schedule(num_rounds: int, iterations: int, layout: str = "thirds") -> list[int]:
+    """Phase (1, 2 or 3) of each round 1..T: `iterations` cycles of round(T/I) rounds.
 
-    Segment k of the 3*iterations segments holds rounds round(k*T/(3I)) + 1 .. round((k+1)*T/(3I)).
+    `thirds`: each cycle split equally into phases 1, 2, 3 (segment k of the 3*I segments holds rounds
+    round(k*T/(3I)) + 1 .. round((k+1)*T/(3I))). `halves`: the paper's "two-phased pipeline" (Sec. 3.3.1, 4.3.2):
+    a cycle's rounds but its last split equally between phase 1 and phase 2 (phase 1 takes the odd one), and its
+    last round is phase 3 (Alg. 3 has no round loop: it runs once, between cycles).
     iterations = 0 means phase 1 only (the paper's ablation).
     """
     if iterations <= 0:
         return [1] * num_rounds
-    segments = 3 * iterations
-    bounds = [round(k * num_rounds / segments) for k in range(segments + 1)]
+    if layout not in ("thirds", "halves"):
+        raise ValueError(f"unknown phase layout {layout!r}")
     phases = []
-    for k in range(segments):
-        phases.extend([k % 3 + 1] * (bounds[k + 1] - bounds[k]))
+    if layout == "thirds":
+        segments = 3 * iterations
+        bounds = [round(k * num_rounds / segments) for k in range(segments + 1)]
+        for k in range(segments):
+            phases.extend([k % 3 + 1] * (bounds[k + 1] - bounds[k]))
+        return phases
+    bounds = [round(k * num_rounds / iterations) for k in range(iterations + 1)]
+    for k in range(iterations):
+        length = bounds[k + 1] - bounds[k]
+        if length <= 0:
+            continue
+        first = length // 2
+        phases.extend([1] * first + [2] * (length - 1 - first) + [3])
     return phases
+
+
+def phase3_starts(phases: Sequence[int]) -> set[int]:
+    """The rounds (1-based) that open a run of phase-3 rounds: where Alg. 3's reset of w_c takes place."""
+    return {r for r, p in enumerate(phases, start=1) if p == 3 and (r == 1 or phases[r - 2] != 3)}
+
+
+def reset_personal_only(w_c: np.ndarray, m_g: np.ndarray, m_c: np.ndarray) -> np.ndarray:
+    """Alg. 3 line 3 on one layer's personal weights: the positions of m_c AND NOT m_g set to 0 (w_c <- w_g on
+    m_g AND m_c, where Eq. 4 reads w_g anyway)."""
+    return np.where(m_c & ~m_g, np.float32(0.0), w_c).astype(w_c.dtype, copy=False)
 
 
 def compose_personal(w_g: np.ndarray, m_g: np.ndarray, w_c: np.ndarray, m_c: np.ndarray) -> np.ndarray:

@@ -63,6 +63,12 @@ SIMULATE_DROP = _key("simulate-drop", ("config",), "simulation (drop-rate): fail
 PROX_MU = _key("prox-mu", ("config",), "the proximal coefficient of the round (FedProx, FedAMP's lambda / alpha_k)")
 PRETRAIN = _key("pretrain", ("config",), "FedAMP: train from the common initialization (round 0)")
 PHASE = _key("phase", ("config",), "DM-PFL: the phase of the round (1, 2 or 3); the reply names it back")
+PHASE3_RESET = _key(
+    "phase3-reset", ("config",), "DM-PFL: reset the personal-only weights to 0 before this phase 3 (Alg. 3, line 3)"
+)
+LR_STEP = _key(
+    "lr-step", ("config",), "lr-decay-step client: the local training calls the client had before this message"
+)
 READJUST_RATIO = _key("readjust-ratio", ("config",), "DM-PFL, FedDST: the fraction of weights pruned and regrown")
 GLOBAL_VERSION = _key("global-version", ("config",), "sparse algorithms: the version of the global model sent or held")
 PERSONAL_MASK_DIGEST = _key(
@@ -79,6 +85,11 @@ NUM_TEST = _key("num-test", ("metrics",), "test samples held (handshake) or eval
 NUM_EXAMPLES = _key("num-examples", ("metrics",), "training samples of the round (at most num-train)")
 TRAIN_LOSS = _key("train-loss", ("metrics",), "mean training loss of the round")
 TRAIN_FLOPS = _key("train-flops", ("metrics",), "training FLOPs of the round (a cost figure, never used in math)")
+TRAIN_FLOPS_DENSE_GRAD = _key(
+    "train-flops-dense-grad",
+    ("metrics",),
+    "training FLOPs with whole weight gradients of masked layers; sent only where it differs from train-flops",
+)
 STEPS = _key("steps", ("metrics",), "optimizer steps of the round")
 LOSS = _key("loss", ("metrics",), "evaluation loss")
 DOMAIN_ID = _key("domain-id", ("metrics",), "multi-domain data: the client's domain")

@@ -63,9 +63,21 @@ class Run:
         return float(mb.get("train_down", 0.0) + mb.get("train_up", 0.0))
 
     @property
+    def mb_all_per_client(self) -> float:
+        """Training and evaluation MB down + up per client over the run (measured)."""
+        mb = self.summary.get("mb_per_client", {})
+        return float(sum(mb.get(k, 0.0) for k in ("train_down", "train_up", "eval_down", "eval_up")))
+
+    @property
     def flops_per_client(self) -> float:
         """Training FLOPs per client over the run."""
         return float(self.summary.get("train_flops_per_client", 0.0))
+
+    @property
+    def flops_dense_grad_per_client(self) -> float:
+        """Training FLOPs per client over the run with whole weight gradients of masked layers (a run from before
+        that count: its FLOPs)."""
+        return float(self.summary.get("train_flops_dense_grad_per_client", self.flops_per_client))
 
     def best_round(self) -> dict[str, float]:
         """Mean metrics of the evaluation round with the best mean accuracy at shift 0 (the papers' best-round

@@ -20,7 +20,7 @@ from .report import corruption_table, domain_table, overview, paired_table, shif
 from .runs import RunSpec, run_commits, run_state, short_commit
 from .stats import fmt_ci, mean_ci, paired_difference
 from .sweep import document_sweep
-from .tables import ROUNDS, Column, TableSpec, find_row, row_experiment, row_values
+from .tables import FLOPS, ROUNDS, Column, TableSpec, find_row, row_experiment, row_values
 
 SETTING_KEYS = (
     "dataset",
@@ -49,7 +49,7 @@ def _fmt(values: dict[int, float], column: Column) -> str:
     mean, half, _ = mean_ci(list(values.values()))
     if column.percent:
         return fmt_ci(mean, half)
-    if column.metric == "flops":
+    if column.metric in FLOPS:
         return f"{mean:.3e}" if math.isfinite(mean) else "n/a"
     return f"{mean:.3f}" if math.isfinite(mean) else "n/a"
 

@@ -30,7 +30,14 @@ TABLE_KEYS = {
 }
 SECTIONS = ("overview", "paired", "shift", "unseen", "corruption", "domain", "stages")
 FIGURES = ("shift", "corruption", "costs", "frontier", "attention", "mask-overlap", "global-rounds")
-RATIOS = {"mb-ratio": "mb", "flops-ratio": "flops"}
+FLOPS = ("flops", "flops-dense-grad")  # training FLOPs per client: weight gradients on updated positions / whole
+MB = ("mb", "mb-all")  # MB per client: training messages / training and evaluation messages
+RATIOS = {
+    "mb-ratio": "mb",
+    "mb-all-ratio": "mb-all",
+    "flops-ratio": "flops",
+    "flops-dense-grad-ratio": "flops-dense-grad",
+}
 ROUNDS = ("rounds", "best-round")  # counts of rounds: shown per seed, not as a mean
 DOMAIN = re.compile(r"^domain-.+-acc$")
 
@@ -45,7 +52,7 @@ class Column:
     @property
     def percent(self) -> bool:
         """Accuracies are shown in %, costs and ratios as they are."""
-        return self.metric not in ("mb", "flops") and self.metric not in RATIOS and self.metric not in ROUNDS
+        return self.metric not in (*MB, *FLOPS) and self.metric not in RATIOS and self.metric not in ROUNDS
 
 
 @dataclass(frozen=True)
@@ -187,7 +194,8 @@ def metric_reader(metric: str, prefix: str = "") -> Callable[[Run], float]:
     a final mean key ('acc-shift-0'), 'best:<key>' (the best evaluation round), 'std:<key>' (client spread),
     'unseen:<key>' (held-out clients), 'stage:<stage>:<acc_local|acc_global|acc>', 'corrupt' or 'corrupt:<s>'
     (mean over corruptions, at one severity), 'domains' (mean over the domain-<d>-acc keys: DapperFL's global
-    accuracy), 'mb', 'flops' (per client, training), 'rounds' (rounds run: fewer than num-rounds when
+    accuracy), 'mb', 'flops' (per client, training), 'mb-all' (training and evaluation), 'flops-dense-grad' (the
+    same with whole weight gradients of masked layers), 'rounds' (rounds run: fewer than num-rounds when
     stop-patience ended the run) or 'best-round' (the round of the best mean accuracy at shift 0)."""
     kind, _, rest = metric.partition(":")
     if metric == "rounds":
@@ -196,8 +204,12 @@ def metric_reader(metric: str, prefix: str = "") -> Callable[[Run], float]:
         return lambda run: _number(best_round(accuracy_curve(run.records)))
     if metric == "mb":
         return lambda run: run.mb_per_client
+    if metric == "mb-all":
+        return lambda run: run.mb_all_per_client
     if metric == "flops":
         return lambda run: run.flops_per_client
+    if metric == "flops-dense-grad":
+        return lambda run: run.flops_dense_grad_per_client
     if kind == "best":
         return lambda run: _number(run.best_round().get(prefix + rest))
     if kind == "std":

@@ -15,7 +15,17 @@ from flwr.supercore import log
 from common.aggregate import mean_std
 from common.data.domains import DOMAINS
 from common.evaluate import shift_key
-from common.messages import DOMAIN_ACC, DOMAIN_ID, LOSS, METRICS, NUM_EXAMPLES, NUM_TEST, TRAIN_FLOPS, TRAIN_LOSS
+from common.messages import (
+    DOMAIN_ACC,
+    DOMAIN_ID,
+    LOSS,
+    METRICS,
+    NUM_EXAMPLES,
+    NUM_TEST,
+    TRAIN_FLOPS,
+    TRAIN_FLOPS_DENSE_GRAD,
+    TRAIN_LOSS,
+)
 from common.stages import STAGE_KEYS, summarize_stages
 from common.validation import PayloadError, read_count, read_finite, read_fraction
 
@@ -71,8 +81,10 @@ def train_record(
     accepted: list[TrainReply], failed: int, rejected: int, so_far: Mapping[str, Any], rho_eps: tuple[float, ...]
 ) -> dict[str, Any]:
     """A training round's record: replies received (each one of used, failed, rejected or late, `so_far` holding the
-    late ones and the pre-training's FLOPs), mean loss, samples, FLOPs, the clients used, their stages."""
+    late ones and the pre-training's FLOPs), mean loss, samples, FLOPs (also with whole weight gradients), the
+    clients used, their stages."""
     total = sum(r.num_examples for r in accepted)
+    pretrain = so_far.get("pretrain", {}).get("flops", 0.0)
     record: dict[str, Any] = {
         "received": len(accepted) + failed + rejected + so_far.get("late", 0),
         "failed": failed,
@@ -80,7 +92,8 @@ def train_record(
         "used": len(accepted),
         "loss": sum(r.loss * r.num_examples for r in accepted) / total if total else float("nan"),
         "num_examples": total,
-        "flops": sum(reply_flops(r.content) for r in accepted) + so_far.get("pretrain", {}).get("flops", 0.0),
+        "flops": sum(reply_flops(r.content) for r in accepted) + pretrain,
+        "flops_dense_grad": sum(reply_flops(r.content, dense_grad=True) for r in accepted) + pretrain,
         "clients": [r.partition_id for r in accepted],
     }
     if stage_rows := [r.stages for r in accepted if r.stages]:
@@ -88,10 +101,14 @@ def train_record(
     return record
 
 
-def reply_flops(content: RecordDict) -> float:
-    """A reply's reported training FLOPs (0 when absent or malformed: a cost figure, never used in math)."""
+def reply_flops(content: RecordDict, dense_grad: bool = False) -> float:
+    """A reply's reported training FLOPs (0 when absent or malformed: a cost figure, never used in math);
+    `dense_grad`: those with whole weight gradients, which a reply sends only where they differ (else train-flops)."""
     metrics = content.metric_records.get(METRICS)
-    value = metrics.get(TRAIN_FLOPS, 0.0) if metrics is not None else 0.0
+    if metrics is None:
+        return 0.0
+    key = TRAIN_FLOPS_DENSE_GRAD if dense_grad and TRAIN_FLOPS_DENSE_GRAD in metrics else TRAIN_FLOPS
+    value = metrics.get(key, 0.0)
     return float(value) if isinstance(value, (int, float)) and np.isfinite(value) and value >= 0 else 0.0
 
 

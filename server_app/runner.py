@@ -69,7 +69,7 @@ class RoundRunner:
         strategy, cfg = self.strategy, self.cfg
         shared = strategy.round_payload(server_round, f"{message_type}/{'newcomers' if newcomers else 'clients'}")
         is_train = message_type == MessageType.TRAIN
-        build = strategy.train_content if is_train else strategy.eval_content
+        build = strategy.train_message if is_train else strategy.eval_content
         build = strategy.newcomer_content if newcomers else build
         drops: set[int] = set()
         if is_train:

@@ -39,9 +39,10 @@ def test_mnist_from_local_folder(data_dir, tmp_path, monkeypatch) -> None:
     load_dataset.cache_clear()
 
 
-def test_cifar10_subset_from_local_folder(data_dir) -> None:
+def test_cifar10_all_staged_batches_from_local_folder(data_dir) -> None:
     data = load_dataset("cifar10", str(data_dir), False)
-    assert data.x.shape[1:] == (3, 32, 32) and len(data.y) == 40000  # batches 1-3 plus the test batch
+    assert data.x.shape[1:] == (3, 32, 32) and len(data.y) == 60000  # batches 1-5 plus the test batch
+    assert np.bincount(data.y).tolist() == [6000] * 10
     load_dataset.cache_clear()
 
 

@@ -69,7 +69,7 @@ def test_phases_and_what_each_uploads() -> None:
 
 
 def test_phase3_all_clients_option() -> None:
-    fed = _federation("dmpfl", **{"phase3-all-clients": True})
+    fed = _federation("dmpfl", **{"dmpfl-phase3": "all"})
     assert fed.strategy.sample(5) == [0, 1, 2, 3] and len(fed.strategy.sample(1)) == 2
 
 

@@ -23,6 +23,7 @@ def client_class(algorithm: str) -> type[ClientAlgorithm]:
 
 def answer(algorithm: ClientAlgorithm, message_type: str, server_round: int, content: RecordDict) -> RecordDict:
     """The algorithm's reply to a training or evaluation message, naming the round (and phase) it answers."""
+    algorithm.receive(content)
     if message_type == MessageType.TRAIN:
         reply = algorithm.fit(server_round, content)
         if algorithm.env.data.attacker and ARRAYS in reply.array_records and ARRAYS in content.array_records:

@@ -19,19 +19,21 @@ from common.config import RunConfig
 from common.data.evalsets import corrupted_test, domain_tests
 from common.data.federated import ClientData, pooled_test
 from common.evaluate import EvalResult, corruption_key, evaluate_client, shift_key
-from common.flops import layer_flops, scaled_per_sample, training_flops
+from common.flops import LayerFlops, executed_per_sample, layer_parts, training_flops
 from common.messages import (
     ARRAYS,
     CONFIG,
     DOMAIN_ACC,
     DOMAIN_ID,
     LOSS,
+    LR_STEP,
     METRICS,
     NUM_EXAMPLES,
     NUM_TEST,
     PROX_MU,
     STEPS,
     TRAIN_FLOPS,
+    TRAIN_FLOPS_DENSE_GRAD,
     TRAIN_LOSS,
 )
 from common.models import ModelLayout, SplitModel, array_specs, build_model, get_arrays, model_layout
@@ -40,7 +42,7 @@ from common.records import to_record
 from common.seeding import derive_seed
 from common.stages import accuracy, stage_metrics
 from common.train import TrainSettings, TrainStats, train
-from common.validation import PayloadError, read_finite, validate_arrays
+from common.validation import PayloadError, read_count, read_finite, validate_arrays
 
 from ..state import ClientState
 
@@ -68,6 +70,13 @@ class ClientAlgorithm(ABC):
     def __init__(self, env: ClientEnv) -> None:
         self.env = env
         self.cfg = env.cfg
+        self.lr_step: int | None = None  # the message's 'lr-step' (lr-decay-step client), read by `receive`
+
+    def receive(self, content: RecordDict) -> None:
+        """Read what every handler needs from a message before it runs (the client's lr step)."""
+        config = content.config_records.get(CONFIG)
+        if config is not None and LR_STEP in config:
+            self.lr_step = read_count(config, LR_STEP, allow_zero=True)
 
     # ----- helpers -------------------------------------------------------------------------------
     def new_model(self, arrays: Sequence[np.ndarray] | None = None) -> SplitModel:
@@ -123,13 +132,20 @@ class ClientAlgorithm(ABC):
         return _RECEIVED_MODELS.get(record, params, lambda: self.received_model(content, key))
 
     def settings(self, server_round: int) -> TrainSettings:
-        """Local training settings of this round (lr decayed per round)."""
+        """Local training settings of this round (lr decayed per round, or per past local training call of this
+        client under `lr-decay-step` client)."""
         cfg = self.cfg
+        if cfg.lr_decay_step == "client":
+            if self.lr_step is None:
+                raise PayloadError(f"lr-decay-step client: the message carries no '{LR_STEP}'")
+            steps = self.lr_step
+        else:
+            steps = max(server_round - 1, 0)
         return TrainSettings(
             epochs=cfg.local_epochs,
             batch_size=cfg.batch_size,
             optimizer=cfg.optimizer,
-            lr=cfg.lr * cfg.lr_decay ** max(server_round - 1, 0),
+            lr=cfg.lr * cfg.lr_decay**steps,
             momentum=cfg.momentum,
             weight_decay=cfg.weight_decay,
         )
@@ -175,15 +191,26 @@ class ClientAlgorithm(ABC):
 
     @profiling.timed("flops")
     def train_flops(
-        self, stats: TrainStats, densities: dict[str, float] | None = None, trainable: set[str] | None = None
+        self,
+        stats: TrainStats,
+        active: dict[str, float] | None = None,
+        trainable: set[str] | None = None,
+        updated: dict[str, float] | None = None,
+        dense_grad: bool = False,
     ) -> float:
-        """FLOPs of the local training just done (torch FLOP counter with only `trainable` parameters updated,
-        scaled by layer mask densities)."""
+        """FLOPs of the local training just done, as executed (common.flops.executed_per_sample): forward and input
+        gradients scaled by the layers' `active` densities, weight gradients by their `updated` densities (None:
+        `active`) or whole under `dense_grad`; only `trainable` parameters (None: all) get gradients."""
         data = self.env.data
-        key = tuple(sorted((densities or {}).items()))
-        frozen = None if trainable is None else tuple(sorted(trainable))
         per_sample = _flops_per_sample(
-            self.cfg.model, self.cfg.dataset, data.input_shape, data.num_classes, key, frozen
+            self.cfg.model,
+            self.cfg.dataset,
+            data.input_shape,
+            data.num_classes,
+            tuple(sorted((active or {}).items())),
+            None if updated is None else tuple(sorted(updated.items())),
+            None if trainable is None else tuple(sorted(trainable)),
+            dense_grad,
         )
         return training_flops(per_sample, stats.num_samples, self.cfg.local_epochs if stats.steps else 0)
 
@@ -209,18 +236,25 @@ class ClientAlgorithm(ABC):
         self,
         stats: TrainStats,
         model: torch.nn.Module | None,
-        densities: dict[str, float] | None = None,
+        active: dict[str, float] | None = None,
         stages: Mapping[str, torch.nn.Module | None] | None = None,
         flops: float | None = None,
+        updated: dict[str, float] | None = None,
+        trainable: set[str] | None = None,
     ) -> RecordDict:
         """Reply content of a training round: metrics (with FLOPs and stage accuracies), plus the model if uploaded.
-        `flops` replaces the count of `stats` alone when the client trained more than one model."""
+        FLOPs of `stats` as train_flops counts them (weight gradients on `updated` positions only; with whole weight
+        gradients too where that differs); `flops` replaces them when the client trained more than one model."""
+        sparse = self.train_flops(stats, active, trainable, updated) if flops is None else flops
+        dense = self.train_flops(stats, active, trainable, updated, dense_grad=True) if flops is None else flops
         metrics: MetricValues = {
             NUM_EXAMPLES: stats.num_samples,
             TRAIN_LOSS: _finite(stats.mean_loss),
             STEPS: stats.steps,
-            TRAIN_FLOPS: self.train_flops(stats, densities) if flops is None else flops,
+            TRAIN_FLOPS: sparse,
         }
+        if dense != sparse:
+            metrics[TRAIN_FLOPS_DENSE_GRAD] = dense
         metrics.update(self.stage_metrics(stages or {}))
         content = RecordDict({METRICS: MetricRecord(metrics)})
         if model is not None:
@@ -270,22 +304,29 @@ def _flops_per_sample(
     dataset: str,
     input_shape: tuple[int, ...],
     num_classes: int,
-    densities: tuple[tuple[str, float], ...],
+    active: tuple[tuple[str, float], ...],
+    updated: tuple[tuple[str, float], ...] | None = None,
     trainable: tuple[str, ...] | None = None,
+    dense_grad: bool = False,
 ) -> float:
-    """One sample's training FLOPs: the dense model's per-layer counts (counted once per process), scaled by the
-    layers' densities (which change with every mask)."""
-    model_class, counted = _dense_counts(model_name, dataset, input_shape, num_classes, trainable)
-    return scaled_per_sample(model_class, counted, dict(densities))
+    """One sample's training FLOPs as executed: the dense model's per-layer parts (counted once per process) under
+    the layers' densities (which change with every mask)."""
+    parts = _dense_parts(model_name, dataset, input_shape, num_classes)
+    return executed_per_sample(
+        parts,
+        dict(active),
+        None if updated is None else dict(updated),
+        None if trainable is None else set(trainable),
+        dense_grad,
+    )
 
 
 @lru_cache(maxsize=32)
-def _dense_counts(
-    model_name: str, dataset: str, input_shape: tuple[int, ...], num_classes: int, trainable: tuple[str, ...] | None
-) -> tuple[str, tuple[float, dict[str, float]]]:
+def _dense_parts(
+    model_name: str, dataset: str, input_shape: tuple[int, ...], num_classes: int
+) -> tuple[LayerFlops, ...]:
     model = build_model(model_name, dataset, input_shape, num_classes, seed=0)
-    counted = layer_flops(model, input_shape, num_classes, trainable=None if trainable is None else set(trainable))
-    return type(model).__name__, counted
+    return layer_parts(model, input_shape, num_classes)
 
 
 def _finite(value: float) -> float:

@@ -9,11 +9,18 @@ import numpy as np
 import torch
 from flwr.app import RecordDict
 
-from common.algorithms import GLOBAL, PLUS
-from common.dmpfl import PARTIAL, AdaptiveModel, compose_personal, decode_partial_global, masks_digest
+from common.algorithms import GLOBAL, PLUS, DMPFLParams
+from common.dmpfl import (
+    PARTIAL,
+    AdaptiveModel,
+    compose_personal,
+    decode_partial_global,
+    masks_digest,
+    reset_personal_only,
+)
 from common.evaluate import MemoLogits, entropy, predict_logits, shift_key
 from common.masks import prune_and_regrow
-from common.messages import ARRAYS, GLOBAL_VERSION, PERSONAL_MASK_DIGEST, PHASE, READJUST_RATIO
+from common.messages import ARRAYS, GLOBAL_VERSION, PERSONAL_MASK_DIGEST, PHASE, PHASE3_RESET, READJUST_RATIO
 from common.train import TrainStats
 from common.validation import PayloadError, read_count, read_fraction, record_to_numpy
 
@@ -61,7 +68,10 @@ class DMPFLClient(SparseGlobalClient):
             return self._train_dual_masks(server_round, content, w_g, m_g)
         if phase == 2:
             return self._refine_global(server_round, w_g, m_g)
-        return self._refine_personal(server_round, w_g, m_g)
+        reset = self.instructions(content).get(PHASE3_RESET, False)
+        if not isinstance(reset, bool):
+            raise PayloadError(f"'{PHASE3_RESET}' must be true or false")
+        return self._refine_personal(server_round, w_g, m_g, reset)
 
     def refresh_global(self, content: RecordDict) -> tuple[Named, Named]:
         """As any sparse client; a cut of an older version than the model now held is dropped (never usable again:
@@ -155,8 +165,10 @@ class DMPFLClient(SparseGlobalClient):
         reply[ARRAYS] = self.upload(self.named(model), m_g, values_only=True)
         return reply
 
-    def _refine_personal(self, server_round: int, w_g: Named, m_g: Named) -> RecordDict:
+    def _refine_personal(self, server_round: int, w_g: Named, m_g: Named, reset: bool) -> RecordDict:
         w_c, m_c = self.personal(w_g, m_g)
+        if reset:  # Alg. 3 line 3: w_c <- w_g on (m_g AND m_c), so the personal-only weights restart from 0
+            w_c = {n: reset_personal_only(w, m_g[n], m_c[n]) if n in m_c else w for n, w in w_c.items()}
         own = {n: m_c[n] & ~m_g[n] for n in m_c}
         model, stats, before = self._train(
             server_round, self.theta_c(w_g, m_g, w_c, m_c), own, trainable=set(self.prunable)
@@ -164,11 +176,20 @@ class DMPFLClient(SparseGlobalClient):
         w_c = self.named(model)
         self.save_sparse(PERSONAL, w_c, m_c)
         self.env.state.save_named(BASE_ENTROPY_C, {"be": np.array([self.mean_entropy(model)], np.float64)})
-        return self.train_reply(stats, None, self.densities(own), stages=self.stages(w_g, m_g, before, model, True))
+        return self.train_reply(
+            stats,
+            None,
+            self.densities(m_c),
+            stages=self.stages(w_g, m_g, before, model, True),
+            updated=self.densities(own),
+            trainable=set(self.prunable),
+        )
 
-    def mean_entropy(self, model: torch.nn.Module) -> float:
-        """Mean prediction entropy of a model on the client's own training data (a base entropy of Alg. 4)."""
-        logits = predict_logits(model, self.env.data.train_x, device=self.env.device)
+    def mean_entropy(self, model: torch.nn.Module, inputs: torch.Tensor | None = None) -> float:
+        """Mean prediction entropy of a model on `inputs` (default: the client's own training data): a base entropy
+        of Alg. 4."""
+        x = self.env.data.train_x if inputs is None else inputs
+        logits = predict_logits(model, x, device=self.env.device)
         return float(entropy(torch.softmax(logits, 1)).mean())
 
     def base_entropies(self, model_c: torch.nn.Module, model_g: torch.nn.Module) -> tuple[float, float]:
@@ -178,8 +199,13 @@ class DMPFLClient(SparseGlobalClient):
     def stored_base_entropies(
         self, content: RecordDict, model_c: torch.nn.Module, model_g: torch.nn.Module
     ) -> tuple[float, float]:
-        """BE_c of theta_c after the client's last phase 3 (else of theta_c now); BE_g of the global version held,
-        computed once per version (phase 3 may have seen only part of theta_g)."""
+        """`dmpfl-base-entropy` train: BE_c of theta_c after the client's last phase 3 (else of theta_c now), BE_g of
+        the global version held, computed once per version (phase 3 may have seen only part of theta_g), both on the
+        training data. unshifted-test: both models' mean entropy on the client's own test inputs without shift
+        (Sec. 3.4: "the average entropy of models' output logits when inputs are not shifted"; no label is read)."""
+        if self.cfg.params_as(DMPFLParams).base_entropy == "unshifted-test":
+            test_x = self.env.data.test_x
+            return self.mean_entropy(model_c, test_x), self.mean_entropy(model_g, test_x)
         stored_c = self.env.state.load_named(BASE_ENTROPY_C)
         base_c = float(stored_c["be"][0]) if stored_c else self.mean_entropy(model_c)
         version = read_count(self.instructions(content), GLOBAL_VERSION, allow_zero=True)

@@ -22,6 +22,9 @@ def summarize(records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, 
     best_mean = max((acc for _, acc in curve), default=float("nan"))
     num_clients = max(int(info.get("num_clients", 1)), 1)
     totals = {k: sum(r["bytes"][k] for r in records) for k in ("train_down", "train_up", "eval_down", "eval_up")}
+    flops = sum(r["train"].get("flops", 0) for r in records)
+    # a round recorded without flops_dense_grad (an older run) counts its flops
+    flops_dense_grad = sum(r["train"].get("flops_dense_grad", r["train"].get("flops", 0)) for r in records)
     return {
         **info,
         "rounds_completed": len(records),
@@ -31,8 +34,10 @@ def summarize(records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, 
         "best_round": best_round(curve),
         "bytes_total": totals,
         "mb_per_client": {k: _mb(v) / num_clients for k, v in totals.items()},
-        "train_flops_total": sum(r["train"].get("flops", 0) for r in records),
-        "train_flops_per_client": sum(r["train"].get("flops", 0) for r in records) / num_clients,
+        "train_flops_total": flops,
+        "train_flops_per_client": flops / num_clients,
+        "train_flops_dense_grad_total": flops_dense_grad,
+        "train_flops_dense_grad_per_client": flops_dense_grad / num_clients,
         "replies_used": [r["train"]["used"] for r in records],
         "replies_sent": [r["train"]["sent"] for r in records],
         "replies_failed": [r["train"].get("failed", 0) for r in records],

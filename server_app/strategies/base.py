@@ -14,7 +14,7 @@ from flwr.supercore import log
 from common.algorithms import SPECS
 from common.config import RunConfig
 from common.evaluate import shift_key
-from common.messages import ARRAYS, CONFIG, FINETUNE_EPOCHS, NEWCOMER_MODEL, PARTITION_ID, SERVER_ROUND
+from common.messages import ARRAYS, CONFIG, FINETUNE_EPOCHS, LR_STEP, NEWCOMER_MODEL, PARTITION_ID, SERVER_ROUND
 from common.models import ModelLayout
 from common.records import to_record
 from common.robust import robust_average
@@ -44,6 +44,7 @@ class PFLStrategy:
         self.aggregation_fields: dict[str, Any] = {}  # {"robust": what the rule did} after a robust aggregation
         self.workdir: Path | None = None  # the run folder, where large server state may live on disk (set by the app)
         self._payload: tuple[tuple[int, str], dict[str, Any]] | None = None  # round_payload's last one
+        self.train_calls: dict[int, int] = {}  # training messages each client was sent (lr-decay-step client)
 
     # ----- who takes part ----------------------------------------------------------------------------
     def sample(self, server_round: int) -> list[int]:
@@ -65,8 +66,12 @@ class PFLStrategy:
 
     # ----- messages --------------------------------------------------------------------------------------
     def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
-        """Instructions sent with every message of a round (the runner adds its own keys)."""
-        return ConfigRecord({SERVER_ROUND: server_round, PARTITION_ID: partition_id})
+        """Instructions sent with every message of a round (the runner adds its own keys); under `lr-decay-step`
+        client, the client's count of earlier local training calls (its lr step)."""
+        config = ConfigRecord({SERVER_ROUND: server_round, PARTITION_ID: partition_id})
+        if self.cfg.lr_decay_step == "client":
+            config[LR_STEP] = self.train_calls.get(partition_id, 0)
+        return config
 
     def global_record(self) -> ArrayRecord:
         """The current global model as one ArrayRecord (named like the model's state dict)."""
@@ -83,6 +88,12 @@ class PFLStrategy:
         if self._payload is None or self._payload[0] != (server_round, kind):
             self._payload = ((server_round, kind), self.shared_payload(server_round))
         return self._payload[1]
+
+    def train_message(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
+        """`train_content`, then the client's count of training calls moves on (what the runner calls)."""
+        content = self.train_content(server_round, partition_id, shared)
+        self.train_calls[partition_id] = self.train_calls.get(partition_id, 0) + 1
+        return content
 
     def train_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
         """Content of one client's training message (default: the global model)."""
@@ -159,7 +170,10 @@ class PFLStrategy:
     # ----- state ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to go on exactly as this one would (arrays and JSON values)."""
-        return {"global": list(self.global_arrays)}
+        state: dict[str, Any] = {"global": list(self.global_arrays)}
+        if self.cfg.lr_decay_step == "client":
+            state["train-calls"] = {str(pid): n for pid, n in self.train_calls.items()}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned (shapes checked against the model)."""
@@ -169,6 +183,10 @@ class PFLStrategy:
         if not all(np.all(np.isfinite(a)) for a in arrays):
             raise ValueError("checkpoint's global model has NaN or Inf values")
         self.global_arrays = arrays
+        calls = state.get("train-calls", {})
+        if self.cfg.lr_decay_step == "client" and "train-calls" not in state:
+            log(WARNING, "checkpoint holds no training-call counts: every client's lr step restarts at 0")
+        self.train_calls = {int(pid): int(n) for pid, n in calls.items()}
 
 
 def uploaded(reply: TrainReply) -> list[np.ndarray]:

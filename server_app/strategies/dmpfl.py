@@ -18,10 +18,11 @@ from common.dmpfl import (
     aggregate_round,
     encode_partial_global,
     masks_digest,
+    phase3_starts,
     phase_schedule,
 )
 from common.masks import cosine_decay, overlap_of_packed, packed_masks
-from common.messages import CONFIG, PERSONAL_MASK_DIGEST, PHASE, READJUST_RATIO
+from common.messages import CONFIG, PERSONAL_MASK_DIGEST, PHASE, PHASE3_RESET, READJUST_RATIO
 from common.models import ModelLayout
 from common.records import to_plain_record
 
@@ -46,7 +47,8 @@ class DMPFLStrategy(SparseGlobalStrategy):
     def __init__(self, cfg: RunConfig, model: ModelLayout, clients: ClientRegistry) -> None:
         super().__init__(cfg, model, clients)
         self.params = cfg.params_as(DMPFLParams)
-        self.phases = phase_schedule(cfg.num_rounds, self.params.iterations)
+        self.phases = phase_schedule(cfg.num_rounds, self.params.iterations, self.params.phases)
+        self.resets = phase3_starts(self.phases) if self.params.phase3 == "all-reset" else set()
         self.phase1_rounds = [r for r, p in enumerate(self.phases, start=1) if p == 1]
         # the last phase-1 round: its clients and their masks, packed (their IoU is worked out once, at the end)
         self.overlap: tuple[int, list[int], list[np.ndarray]] | None = None
@@ -59,22 +61,26 @@ class DMPFLStrategy(SparseGlobalStrategy):
         return self.phases[server_round - 1]
 
     def sample(self, server_round: int) -> list[int]:
-        """Every phase samples as usual (SPEC 3.1); `phase3-all-clients` makes phase 3 involve every client.
+        """Phases 1 and 2 sample as usual; phase 3 takes every client under `dmpfl-phase3` all / all-reset (Alg. 3:
+        "for each client"), the round's sample otherwise.
 
-        Sampling in phase 3 is what keeps DM-PFL's training FLOPs below FedAvg's, as the paper reports; with
+        Sampling in phase 3 is what keeps DM-PFL's training FLOPs below FedAvg's with the three-phase layout; with
         every client in phase 3 each phase-3 round costs 1/fraction-train ordinary rounds.
         """
-        if self.params.phase3_all_clients and self.phase(server_round) == 3:
+        if self.params.phase3 != "sampled" and self.phase(server_round) == 3:
             return self.clients.ids()
         return super().sample(server_round)
 
     def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
-        """Adds the phase and, in phase 1, the readjust ratio (cosine-decayed over the run's phase-1 rounds)."""
+        """Adds the phase; in phase 1 the readjust ratio (cosine-decayed over the run's phase-1 rounds); in the
+        first round of a phase-3 stretch under all-reset, the instruction to reset the personal-only weights."""
         config = super().round_config(server_round, partition_id)
         config[PHASE] = self.phase(server_round)
         if self.phase(server_round) == 1:
             step = self.phase1_rounds.index(server_round)
             config[READJUST_RATIO] = cosine_decay(self.params.readjust_ratio, step, len(self.phase1_rounds))
+        if server_round in self.resets:
+            config[PHASE3_RESET] = True
         return config
 
     @property
@@ -122,7 +128,7 @@ class DMPFLStrategy(SparseGlobalStrategy):
             self.params.partial_download
             and not self.cfg.stages
             and self.phase(server_round) != 2
-            and self.delivered.get(partition_id) != self.version
+            and not self.holds_current(partition_id)
         )
         m_c = self.personal_masks.get(partition_id) if use_partial else None
         if self.phase(server_round) == 1:  # the reply brings a new m_c; until it is accepted the old one is void
@@ -133,7 +139,7 @@ class DMPFLStrategy(SparseGlobalStrategy):
         config = self.round_config(server_round, partition_id)
         config[PERSONAL_MASK_DIGEST] = cut[1]
         content = RecordDict({CONFIG: config})
-        if self.delivered_partial.get(partition_id) != cut:
+        if self.cfg.download == "always" or self.delivered_partial.get(partition_id) != cut:
             content[PARTIAL] = to_plain_record(encode_partial_global(self.global_named, self.global_masks, m_c))
             self._partial_in_flight[partition_id] = cut
         return content

@@ -33,8 +33,8 @@ class SparseGlobalStrategy(PFLStrategy):
     """Holds w_g (dense values, kept everywhere) and m_g (bool masks of the prunable layers).
 
     A client is sent w_g * m_g (packed bitmask + values; dense layers dense) only when its copy is older
-    than the current `version`; otherwise the message carries just the version, and a client whose
-    copy does not match fails the round and is sent the model next time.
+    than the current `version` (or always, under `download` always); otherwise the message carries just the
+    version, and a client whose copy does not match fails the round and is sent the model next time.
     """
 
     def __init__(self, cfg: RunConfig, model: ModelLayout, clients: ClientRegistry) -> None:
@@ -101,8 +101,13 @@ class SparseGlobalStrategy(PFLStrategy):
         config[GLOBAL_VERSION] = self.version
         return config
 
+    def holds_current(self, partition_id: int) -> bool:
+        """Whether the client holds the current global model and may be spared it (`download` stale); under
+        `download` always every message carries what the client uses, as dense algorithms' do."""
+        return self.cfg.download == "stale" and self.delivered.get(partition_id) == self.version
+
     def _with_global(self, content: RecordDict, partition_id: int, shared: dict[str, Any]) -> RecordDict:
-        if self.delivered.get(partition_id) != self.version:
+        if not self.holds_current(partition_id):
             content[GLOBAL_MODEL] = shared["global"]
             self._in_flight[partition_id] = self.version
         return content
