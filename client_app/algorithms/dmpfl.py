@@ -193,8 +193,10 @@ class DMPFLClient(SparseGlobalClient):
         return float(entropy(torch.softmax(logits, 1)).mean())
 
     def base_entropies(self, model_c: torch.nn.Module, model_g: torch.nn.Module) -> tuple[float, float]:
-        """Mean prediction entropy of theta_c and theta_g on the client's own training data."""
-        return self.mean_entropy(model_c), self.mean_entropy(model_g)
+        """Mean prediction entropy of theta_c and theta_g on the inputs `dmpfl-base-entropy` names (the client's
+        training data, or its test inputs without shift)."""
+        inputs = self.env.data.test_x if self.cfg.params_as(DMPFLParams).base_entropy == "unshifted-test" else None
+        return self.mean_entropy(model_c, inputs), self.mean_entropy(model_g, inputs)
 
     def stored_base_entropies(
         self, content: RecordDict, model_c: torch.nn.Module, model_g: torch.nn.Module
@@ -204,8 +206,7 @@ class DMPFLClient(SparseGlobalClient):
         training data. unshifted-test: both models' mean entropy on the client's own test inputs without shift
         (Sec. 3.4: "the average entropy of models' output logits when inputs are not shifted"; no label is read)."""
         if self.cfg.params_as(DMPFLParams).base_entropy == "unshifted-test":
-            test_x = self.env.data.test_x
-            return self.mean_entropy(model_c, test_x), self.mean_entropy(model_g, test_x)
+            return self.base_entropies(model_c, model_g)
         stored_c = self.env.state.load_named(BASE_ENTROPY_C)
         base_c = float(stored_c["be"][0]) if stored_c else self.mean_entropy(model_c)
         version = read_count(self.instructions(content), GLOBAL_VERSION, allow_zero=True)
