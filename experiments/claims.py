@@ -1,7 +1,7 @@
 """The papers' headline claims and their verdicts in a results document: a [[claim]] entry of a sweep file says
-that row `a` is above (or below) row `b` in one metric of one of its tables; the verdict is `holds` or `fails` when
-the paired 95% interval over the seeds both rows ran excludes zero, else `undecided` (with the budget that would
-decide it)."""
+that row `a` is above (or below) row `b`, plus an optional `offset`, in one metric of one of its tables; the verdict
+is `holds` or `fails` when the paired 95% interval over the seeds both rows ran excludes zero, else `undecided`
+(with the budget that would decide it)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,15 @@ from .collect import Group
 from .stats import fmt_ci, mean_ci, paired_difference
 from .tables import Column, TableSpec, row_values
 
-CLAIM_KEYS = {"text", "table", "a", "b", "relation", "metric", "decide"}
+CLAIM_KEYS = {"text", "table", "a", "b", "relation", "metric", "decide", "offset"}
 RELATIONS = {">": "above", "<": "below"}
 VERDICTS = ("holds", "fails beyond the seeds' noise", "undecided", "not run yet")
 
 
 @dataclass(frozen=True)
 class Claim:
-    """'`a` relation `b` in `metric`' over the runs of table `table`; `decide`: the budget that would decide it."""
+    """'`a` relation `b` + `offset` in `metric`' over the runs of table `table` (`offset` in the metric's own units:
+    -0.08 is 8 points of accuracy below `b`); `decide`: the budget that would decide it."""
 
     text: str
     table: str
@@ -31,6 +32,7 @@ class Claim:
     relation: str
     metric: str
     decide: str
+    offset: float = 0.0
 
 
 def parse_claim(raw: dict[str, Any], tables: dict[str, TableSpec], where: str) -> Claim:
@@ -50,8 +52,18 @@ def parse_claim(raw: dict[str, Any], tables: dict[str, TableSpec], where: str) -
     relation = raw.get("relation", ">")
     if relation not in RELATIONS:
         raise ConfigError(f"{where}: relation must be one of {sorted(RELATIONS)}, not {relation!r}")
+    offset = raw.get("offset", 0.0)
+    if isinstance(offset, bool) or not isinstance(offset, (int, float)) or not math.isfinite(offset):
+        raise ConfigError(f"{where}: `offset` must be a finite number, not {offset!r}")
     return Claim(
-        raw["text"], raw["table"], raw["a"], raw["b"], relation, raw["metric"], str(raw.get("decide", "")).strip()
+        raw["text"],
+        raw["table"],
+        raw["a"],
+        raw["b"],
+        relation,
+        raw["metric"],
+        str(raw.get("decide", "")).strip(),
+        float(offset),
     )
 
 
@@ -64,7 +76,7 @@ def verdict(groups: list[Group], spec: TableSpec, claim: Claim) -> tuple[str, st
     if n == 0:
         return "not run yet", ""
     sign = 1.0 if claim.relation == ">" else -1.0
-    toward = sign * diff
+    toward = sign * (diff - claim.offset)
     if math.isfinite(half) and toward - half > 0:
         found = "holds"
     elif math.isfinite(half) and toward + half < 0:
@@ -77,7 +89,9 @@ def verdict(groups: list[Group], spec: TableSpec, claim: Claim) -> tuple[str, st
     mean_b, half_b, _ = mean_ci([b[s] for s in shared])
     evidence = (
         f"ours {claim.a} {fmt_ci(mean_a, half_a, scale, digits)} vs {claim.b} {fmt_ci(mean_b, half_b, scale, digits)}"
-        f" ({claim.metric}), {claim.a} - {claim.b} = {fmt_ci(diff, half, scale, digits)} over {n} seed"
+        f" ({claim.metric}), {claim.a} - {claim.b} = {fmt_ci(diff, half, scale, digits)}"
+        + (f" against {claim.offset * scale:+.{digits}f}" if claim.offset else "")
+        + f" over {n} seed"
         + ("s" if n != 1 else "")
         + (" (one seed: no interval)" if n == 1 else "")
     )

@@ -93,9 +93,40 @@ def test_one_seed_decides_nothing(tmp_path: Path) -> None:
     assert "**holds**" not in text and "**fails" not in text
 
 
+OFFSET_CLAIMS = """
+[[claim]]
+text = "DM-PFL within 8 points of FedAvg at full shift"
+table = "main"
+a = "dmpfl"
+b = "fedavg"
+metric = "acc-shift-1"
+offset = -0.08
+
+[[claim]]
+text = "DM-PFL within 12 points of FedAvg at full shift"
+table = "main"
+a = "dmpfl"
+b = "fedavg"
+metric = "acc-shift-1"
+offset = -0.12
+"""
+
+
+def test_an_offset_moves_the_bar_the_paired_difference_must_clear(tmp_path: Path) -> None:
+    """dmpfl - fedavg = -10 points on both seeds: beyond 8 points below (fails), within 12 (holds)."""
+    text = _document(tmp_path, (0, 1), OFFSET_CLAIMS)
+    assert (
+        "- **fails beyond the seeds' noise**: DM-PFL within 8 points of FedAvg at full shift; ours dmpfl 32.00 +/- "
+        "25.41 vs fedavg 42.00 +/- 25.41 (acc-shift-1), dmpfl - fedavg = -10.00 +/- 0.00 against -8.00 over 2 seeds."
+        in text
+    )
+    assert "- **holds**: DM-PFL within 12 points of FedAvg at full shift;" in text
+
+
 @pytest.mark.parametrize(
     ("claim", "message"),
     [
+        ("text = 'x'\ntable = 'main'\na = 'dmpfl'\nb = 'fedavg'\nmetric = 'm'\noffset = 'a'\n", "`offset` must"),
         ("text = 'x'\ntable = 'other'\na = 'dmpfl'\nb = 'fedavg'\nmetric = 'acc-shift-0'\n", "table 'other' is not"),
         ("text = 'x'\ntable = 'main'\na = 'local'\nb = 'fedavg'\nmetric = 'acc-shift-0'\n", "a = 'local' is not a row"),
         ("text = 'x'\ntable = 'main'\na = 'dmpfl'\nb = 'fedavg'\nmetric = 'm'\nrelation = '>='\n", "relation must"),
