@@ -15,21 +15,11 @@ from common.messages import LR_STEP, PHASE3_RESET
 from common.validation import PayloadError
 
 from .inprocess import InProcessFederation
+from .test_dmpfl import _federation as dmpfl_federation
 
 
 def _federation(num_clients: int = 4, **overrides) -> InProcessFederation:
-    raw = {
-        "algorithm": "dmpfl",
-        "dataset": "digits",
-        "num-rounds": 3,
-        "iterations": 1,
-        "fraction-train": 0.5,
-        "local-epochs": 1,
-        "lr": 0.1,
-        "readjust-ratio": 0.2,
-        **overrides,
-    }
-    return InProcessFederation(parse_run_config(raw), num_clients)
+    return dmpfl_federation("dmpfl", num_clients, **{"num-rounds": 3, **overrides})
 
 
 # ----- the schedule -----------------------------------------------------------------------------------------------
