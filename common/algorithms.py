@@ -74,17 +74,17 @@ class DMPFLParams(SparseParams):
         0.3, "a position enters m_g only if more than this fraction of the round's clients kept it", low=0.0, high=1.0
     )
     phases: str = hp(
-        "thirds",
-        "how a cycle's rounds split: `thirds` (phases 1, 2, 3 in equal thirds, phase 3 on sampled clients), "
-        "`halves` (the paper's two-phased pipeline: phases 1 and 2 in equal halves, then one phase-3 round)",
+        "halves",
+        "how a cycle's rounds split: `halves` (the paper's two-phased pipeline, Sec. 3.3.1: phases 1 and 2 in equal "
+        "halves, then one phase-3 round), `thirds` (phases 1, 2, 3 in equal thirds, Sec. 4.3.2's other reading)",
         choices=PHASE_LAYOUTS,
         key="dmpfl-phases",
     )
     phase3: str = hp(
-        "sampled",
+        "all-reset",
         "who refines personal weights in a phase-3 round: `sampled` (the round's sample, w_c kept), `all` (every "
         "client, w_c kept), `all-reset` (Algorithm 3 as written: every client, its personal-only weights reset to 0 "
-        "at the cycle's first phase-3 round)",
+        "at the cycle's first phase-3 round: the default)",
         choices=PHASE3_MODES,
         key="dmpfl-phase3",
     )

@@ -114,9 +114,10 @@ class RunConfig:
         "digits",
         "the data set; `digits` (scikit-learn's 8x8 digits) is embedded: no download; "
         "`digit-domains`: MNIST, USPS, MNIST-M-style and SYN-style digits at 32x32 RGB, built from "
-        "`data-dir` (MNIST, USPS, CIFAR-10); `cifar10` reads every `data_batch_*` present (the "
-        "staged 30k-image subset or all 50k); `femnist` (LEAF's FEMNIST sample, 28x28, 62 classes, by "
-        "writer), `femnist-digits` (the same file's digit samples only: 10 classes, by writer), `har` "
+        "`data-dir` (MNIST, USPS, CIFAR-10); `cifar10` reads every `data_batch_*` present (all "
+        "50,000 training images with the test batch's 10,000 pooled); `femnist` (LEAF's FEMNIST sample, "
+        "28x28, 62 classes, by writer), `femnist-digits` (the same file's digit samples only: 10 classes, by "
+        "writer), `har` "
         "(UCI HAR's inertial windows, 9 channels x 128 steps, 6 activities, by subject), "
         "`usps` (16x16 digits, its train and test files pooled)",
         choices=DATASETS,
@@ -479,6 +480,13 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain dict with run-config (dashed) key names, for config.json."""
         return {**as_dict(self), **self.algorithm_keys}
+
+    def settings_dict(self) -> dict[str, Any]:
+        """`to_dict` without the keys only other algorithms read: what defines this run (a changed default of
+        DM-PFL's keys does not change a FedAvg run)."""
+        own = {info.key for info in describe(type(self.params))} if self.params is not None else set()
+        foreign = {info.key for cls in param_classes() for info in describe(cls)} - own
+        return {key: value for key, value in self.to_dict().items() if key not in foreign}
 
 
 def known_keys() -> dict[str, Any]:

@@ -24,7 +24,7 @@ Named = dict[str, np.ndarray]
 PARTIAL = "global-partial"  # the record of a partial download (w_g on m_g AND m_c)
 
 
-def phase_schedule(num_rounds: int, iterations: int, layout: str = "thirds") -> list[int]:
+def phase_schedule(num_rounds: int, iterations: int, layout: str = "halves") -> list[int]:
     """Phase (1, 2 or 3) of each round 1..T: `iterations` cycles of round(T/I) rounds.
 
     `thirds`: each cycle split equally into phases 1, 2, 3 (segment k of the 3*I segments holds rounds

@@ -152,16 +152,17 @@ KEPT_ASIDE = ("seed", "run-name", "results-dir", "resume", "data-dir", "client-s
 
 def changed_settings(spec: RunSpec, run_dir: Path) -> list[str]:
     """The run-config keys whose value in a kept run's config.json differs from what `spec` asks now, as
-    'key: was -> now' (empty when the folder holds no config yet or the same settings)."""
+    'key: was -> now' (empty when the folder holds no config yet or the same settings); the keys of other algorithms
+    than the run's are not its settings."""
     path = run_dir / "config.json"
     if not path.is_file():
         return []
     saved = {k: v for k, v in json.loads(path.read_text()).items() if k not in KEPT_ASIDE}
     try:
-        was = parse_run_config(saved).to_dict()
+        was = parse_run_config(saved).settings_dict()
     except ConfigError as exc:
         return [f"made by another version of the code ({exc})"]
-    now = parse_run_config({k: v for k, v in spec.run_config.items() if k not in KEPT_ASIDE}).to_dict()
+    now = parse_run_config({k: v for k, v in spec.run_config.items() if k not in KEPT_ASIDE}).settings_dict()
     return [
         f"{key}: {was.get(key)!r} -> {now.get(key)!r}"
         for key in sorted(set(was) | set(now))

@@ -40,6 +40,8 @@ def _federation(algorithm: str, num_clients: int = 4, **overrides) -> InProcessF
         "local-epochs": 1,
         "lr": 0.1,
         "readjust-ratio": 0.2,
+        "dmpfl-phases": "thirds",  # three phases of two rounds each: what these tests look at
+        "dmpfl-phase3": "sampled",
         **overrides,
     }
     return InProcessFederation(parse_run_config(raw), num_clients)

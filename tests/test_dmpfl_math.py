@@ -18,10 +18,10 @@ from common.dmpfl import (
 
 
 def test_phase_schedule_equal_thirds_per_cycle() -> None:
-    assert phase_schedule(9, 1) == [1, 1, 1, 2, 2, 2, 3, 3, 3]
-    assert phase_schedule(18, 3) == [1, 1, 2, 2, 3, 3] * 3
-    assert phase_schedule(4, 0) == [1, 1, 1, 1]
-    paper = phase_schedule(300, 3)  # the paper's T = 300: each phase gets 99..102 rounds (300 / 9 is not whole)
+    assert phase_schedule(9, 1, "thirds") == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert phase_schedule(18, 3, "thirds") == [1, 1, 2, 2, 3, 3] * 3
+    assert phase_schedule(4, 0, "thirds") == [1, 1, 1, 1]
+    paper = phase_schedule(300, 3, "thirds")  # T = 300: each phase gets 99..102 rounds (300 / 9 is not whole)
     assert len(paper) == 300 and all(99 <= paper.count(p) <= 102 for p in (1, 2, 3))
 
 

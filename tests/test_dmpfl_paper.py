@@ -31,13 +31,13 @@ def test_halves_split_each_cycle_between_phases_1_and_2_then_one_phase_3_round()
     for cycle in range(3):
         rounds = paper[cycle * 100 : (cycle + 1) * 100]
         assert rounds == [1] * 50 + [2] * 49 + [3], "50 rounds of phase 1, 49 of phase 2, phase 3 between cycles"
-    assert phase_schedule(300, 3) == phase_schedule(300, 3, "thirds"), "thirds stays the default"
+    assert phase_schedule(300, 3) == paper, "the paper's pipeline is the default"
     assert phase_schedule(5, 0, "halves") == [1] * 5
 
 
 def test_phase3_starts_are_the_first_round_of_each_phase_3_stretch() -> None:
-    assert phase3_starts(phase_schedule(9, 1)) == {7}
-    assert phase3_starts(phase_schedule(18, 2)) == {7, 16}
+    assert phase3_starts(phase_schedule(9, 1, "thirds")) == {7}
+    assert phase3_starts(phase_schedule(18, 2, "thirds")) == {7, 16}
     assert phase3_starts(phase_schedule(300, 3, "halves")) == {100, 200, 300}
 
 

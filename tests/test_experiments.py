@@ -332,6 +332,8 @@ def test_a_kept_run_made_with_other_settings_stops_the_sweep_before_anything_run
     (kept / "config.json").write_text(json.dumps({**saved, "lr": 0.05}))
     assert changed_settings(specs[0], kept) == ["lr: 0.05 -> 0.1"]
     assert changed_settings(specs[0], tmp_path / "nothing") == []
+    (kept / "config.json").write_text(json.dumps({**saved, "lr": 0.05, "dmpfl-phases": "thirds", "iterations": 9}))
+    assert changed_settings(specs[0], kept) == ["lr: 0.05 -> 0.1"], "DM-PFL's keys are no setting of a FedAvg run"
     assert cli.main(["sweep", str(sweep), "--out", str(out)]) == 2  # before any SuperLink starts
     err = capsys.readouterr().err
     assert "1 kept run(s) under" in err and "a-seed0: lr: 0.05 -> 0.1" in err and "delete those run folders" in err

@@ -1,4 +1,4 @@
-"""DM-PFL and DM-PFL+ server half (DM-PFL [KDD 2023] Alg. 1-3, Eq. 5): dual masks, three phases per cycle.
+"""DM-PFL and DM-PFL+ server half (DM-PFL [KDD 2023] Alg. 1-3, Eq. 5): dual masks, phases laid out per cycle.
 
 Paper: Zhang, Zhou, Wang, Tong, "DM-PFL: Hitchhiking Generic Federated Learning for Efficient Shift-Robust
 Personalization", KDD 2023, doi:10.1145/3580305.3599311 (not on arXiv)."""
