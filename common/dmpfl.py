@@ -30,7 +30,8 @@ def phase_schedule(num_rounds: int, iterations: int, layout: str = "halves") -> 
     `thirds`: each cycle split equally into phases 1, 2, 3 (segment k of the 3*I segments holds rounds
     round(k*T/(3I)) + 1 .. round((k+1)*T/(3I))). `halves`: the paper's "two-phased pipeline" (Sec. 3.3.1, 4.3.2):
     a cycle's rounds but its last split equally between phase 1 and phase 2 (phase 1 takes the odd one), and its
-    last round is phase 3 (Alg. 3 has no round loop: it runs once, between cycles).
+    last round is phase 3 (Alg. 3 has no round loop: it runs once, between cycles); a run too short for I cycles of
+    at least 3 rounds runs `cycles_that_fit` of them (at least one).
     iterations = 0 means phase 1 only (the paper's ablation).
     """
     if iterations <= 0:
@@ -44,14 +45,22 @@ def phase_schedule(num_rounds: int, iterations: int, layout: str = "halves") -> 
         for k in range(segments):
             phases.extend([k % 3 + 1] * (bounds[k + 1] - bounds[k]))
         return phases
-    bounds = [round(k * num_rounds / iterations) for k in range(iterations + 1)]
-    for k in range(iterations):
+    cycles = cycles_that_fit(num_rounds, iterations)
+    bounds = [round(k * num_rounds / cycles) for k in range(cycles + 1)]
+    for k in range(cycles):
         length = bounds[k + 1] - bounds[k]
-        if length <= 0:
+        if length <= 1:  # a one-round run trains masks: phase 1
+            phases.extend([1] * length)
             continue
         first = length // 2
         phases.extend([1] * first + [2] * (length - 1 - first) + [3])
     return phases
+
+
+def cycles_that_fit(num_rounds: int, iterations: int) -> int:
+    """How many of the `iterations` cycles of the `halves` layout a run of `num_rounds` holds with at least 3 rounds
+    each (phases 1, 2 and 3), and at least one."""
+    return max(1, min(iterations, num_rounds // 3))
 
 
 def phase3_starts(phases: Sequence[int]) -> set[int]:

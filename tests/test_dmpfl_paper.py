@@ -33,6 +33,11 @@ def test_halves_split_each_cycle_between_phases_1_and_2_then_one_phase_3_round()
         assert rounds == [1] * 50 + [2] * 49 + [3], "50 rounds of phase 1, 49 of phase 2, phase 3 between cycles"
     assert phase_schedule(300, 3) == paper, "the paper's pipeline is the default"
     assert phase_schedule(5, 0, "halves") == [1] * 5
+    # too short for 3 cycles of 3 rounds: as many as fit, at least one (phase 1 always runs)
+    assert phase_schedule(1, 3, "halves") == [1]
+    assert phase_schedule(2, 3, "halves") == [1, 3]
+    assert phase_schedule(4, 3, "halves") == [1, 1, 2, 3]
+    assert phase_schedule(6, 3, "halves") == [1, 2, 3, 1, 2, 3]
 
 
 def test_phase3_starts_are_the_first_round_of_each_phase_3_stretch() -> None:

@@ -5,10 +5,12 @@ Personalization", KDD 2023, doi:10.1145/3580305.3599311 (not on arXiv)."""
 
 from __future__ import annotations
 
+from logging import WARNING
 from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, RecordDict
+from flwr.supercore import log
 
 from common.algorithms import DMPFLParams
 from common.config import RunConfig
@@ -16,6 +18,7 @@ from common.dmpfl import (
     PARTIAL,
     PersonalMaskStore,
     aggregate_round,
+    cycles_that_fit,
     encode_partial_global,
     masks_digest,
     phase3_starts,
@@ -48,6 +51,16 @@ class DMPFLStrategy(SparseGlobalStrategy):
         super().__init__(cfg, model, clients)
         self.params = cfg.params_as(DMPFLParams)
         self.phases = phase_schedule(cfg.num_rounds, self.params.iterations, self.params.phases)
+        cycles = cycles_that_fit(cfg.num_rounds, self.params.iterations)
+        if self.params.phases == "halves" and 0 < cycles < self.params.iterations:
+            log(
+                WARNING,
+                "dmpfl: %d rounds hold %d cycle(s) of at least 3 rounds, not iterations=%d: running %d",
+                cfg.num_rounds,
+                cycles,
+                self.params.iterations,
+                cycles,
+            )
         self.resets = phase3_starts(self.phases) if self.params.phase3 == "all-reset" else set()
         self.phase1_rounds = [r for r, p in enumerate(self.phases, start=1) if p == 1]
         # the last phase-1 round: its clients and their masks, packed (their IoU is worked out once, at the end)
