@@ -159,12 +159,8 @@ def test_lr_decays_per_round_by_default_and_client_mode_needs_the_step() -> None
 @pytest.mark.parametrize("download", ["stale", "always"])
 def test_download_always_sends_what_the_client_uses_at_every_participation(download: str) -> None:
     fed = _federation(**{"num-rounds": 6, "iterations": 1, "download": download, "fraction-train": 1.0})
-    fed.train_round(1)
-    fed.train_round(2)
-    fed.train_round(3)  # phase 2: every client receives theta_g of version 2 ...
-    fed.train_round(4)  # ... then version 3
-    fed.train_round(5)  # phase 3: w_g did not change since round 4's aggregation? it did: version 4
-    fed.train_round(6)  # phase 3 again: w_g unchanged since round 5, every client holds it
+    for rnd in range(1, 7):  # phases 1, 1, 2, 2, 3, 3: w_g last changes in round 4, so in round 6 every client
+        fed.train_round(rnd)  # holds the current version (received in round 5)
     carried = [bool(c.array_records) for c in fed.sent[6].values()]
     assert carried == [download == "always"] * 4
 

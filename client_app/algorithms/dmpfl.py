@@ -175,7 +175,8 @@ class DMPFLClient(SparseGlobalClient):
         )
         w_c = self.named(model)
         self.save_sparse(PERSONAL, w_c, m_c)
-        self.env.state.save_named(BASE_ENTROPY_C, {"be": np.array([self.mean_entropy(model)], np.float64)})
+        if self.cfg.params_as(DMPFLParams).base_entropy == "train":  # the only reading that stores BE_c
+            self.env.state.save_named(BASE_ENTROPY_C, {"be": np.array([self.mean_entropy(model)], np.float64)})
         return self.train_reply(
             stats,
             None,

@@ -55,11 +55,10 @@ class DMPFLStrategy(SparseGlobalStrategy):
         if self.params.phases == "halves" and 0 < cycles < self.params.iterations:
             log(
                 WARNING,
-                "dmpfl: %d rounds hold %d cycle(s) of at least 3 rounds, not iterations=%d: running %d",
+                "dmpfl: %d rounds hold %d cycle(s) of at least 3 rounds, not iterations=%d: running those",
                 cfg.num_rounds,
                 cycles,
                 self.params.iterations,
-                cycles,
             )
         self.resets = phase3_starts(self.phases) if self.params.phase3 == "all-reset" else set()
         self.phase1_rounds = [r for r, p in enumerate(self.phases, start=1) if p == 1]
