@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from client_app.algorithms.dmpfl import PERSONAL
 from common.config import parse_run_config
-from common.flops import LayerFlops, executed_per_sample, layer_flops, layer_parts
+from common.flops import UNATTRIBUTED, LayerFlops, executed_per_sample, layer_flops, layer_parts
 from common.masks import erk_densities, prunable_names
 from common.messages import NUM_EXAMPLES, TRAIN_FLOPS, TRAIN_FLOPS_DENSE_GRAD
 from common.models import build_model
@@ -166,7 +166,7 @@ def test_phase3_costs_at_least_the_forward_of_theta_c() -> None:
     assert dense - phase3 == pytest.approx(sum((1 - own[p.weight]) * p.weight_grad for p in parts) / BATCH)
 
 
-def test_flops_outside_weighted_modules_are_refused() -> None:
+def test_flops_outside_weighted_modules_are_one_part_counted_whole(caplog: pytest.LogCaptureFixture) -> None:
     class Functional(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -176,8 +176,17 @@ def test_flops_outside_weighted_modules_are_refused() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.fc(x.flatten(1)) @ self.extra
 
-    with pytest.raises(ValueError, match="outside its weighted modules"):
-        layer_parts(Functional(), (4,), 10)
+    model = Functional()
+    with caplog.at_level("WARNING", logger="common.flops"):
+        parts = layer_parts(model, (4,), 10, BATCH)
+    counted, _ = layer_flops(model, (4,), 10, BATCH)
+    extra = 3 * 2 * BATCH * 4 * 10  # the product with `extra`: its forward and the gradients of its two operands
+    assert [p.weight for p in parts] == ["fc.weight", UNATTRIBUTED]
+    assert parts[1].forward == extra and executed_per_sample(parts, batch_size=BATCH) * BATCH == counted
+    assert "outside the per-layer parts" in caplog.text
+    # counted whole under any mask: a mask on fc leaves the unattributed part as it is
+    halved = executed_per_sample(parts, {"fc.weight": 0.5}, batch_size=BATCH) * BATCH
+    assert halved == pytest.approx(extra + 0.5 * (parts[0].forward + parts[0].weight_grad))
 
 
 def test_the_reply_sends_dense_gradient_flops_only_where_they_differ_and_the_server_sums_them() -> None:
