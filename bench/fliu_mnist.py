@@ -8,10 +8,10 @@ bench/sweeps/fliu_mnist.toml; pflower report results/fliu_mnist/path-10-*-seed0 
 
 The paper runs T = 100 rounds with every client, B = 50, E = 5, lr 0.01 (decay 0.99). On this CPU the default
 is a preset: a seeded 5,000-sample subset of MNIST (`max-samples`), 10 rounds, half of the clients per round
-with K = 10 and 10% with K = 100, E = 2, Adam (SPEC 3.3, Alg. 1) at lr 1e-3 (the paper: 0.01 with decay 0.99), Dirichlet
-alpha = 1 for LSQS (the paper's figures). Acc(G) is measured on a seeded 500-sample subset of the pooled test
-set (`stage-test-size`): the stage evaluations (up to four models per client per round) otherwise cost more
-than the training on this CPU.
+with K = 10 and 10% with K = 100, E = 2, Adam (FLIU [arXiv:2510.24503] Alg. 1) at lr 1e-3 (the paper: 0.01 with
+decay 0.99), Dirichlet alpha = 1 for LSQS (the paper's figures). Acc(G) is measured on a seeded 500-sample subset
+of the pooled test set (`stage-test-size`): the stage evaluations (up to four models per client per round)
+otherwise cost more than the training on this CPU.
 
     python bench/fliu_mnist.py [--data-dir ../shared/data] [--rounds 10] [--settings path-10,lsqs-100]
 

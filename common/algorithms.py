@@ -64,7 +64,7 @@ BASE_ENTROPY_INPUTS = ("train", "unshifted-test")
 
 @dataclass(frozen=True)
 class DMPFLParams(SparseParams):
-    """DM-PFL's schedule and mask readjustment (SPEC 3.1)."""
+    """DM-PFL's schedule and mask readjustment (DM-PFL [KDD 2023] Sec. 3.3, Alg. 1-3)."""
 
     iterations: int = hp(3, "cycles of the three phases (0: phase 1 only)", low=0, high=10_000)
     readjust_ratio: float = hp(
@@ -125,7 +125,7 @@ def _minus_one_or_unit(meaning: str) -> Callable[[str, object], float]:
 
 @dataclass(frozen=True)
 class AMPParams:
-    """Keys shared by FedAMP and HeurFedAMP (SPEC 3.2)."""
+    """Keys shared by FedAMP and HeurFedAMP (FedAMP [arXiv:2007.03797] Sec. 4, Alg. 1-2)."""
 
     fedamp_alpha: float = hp(1.0, "alpha_0 of the attention step", low=0.0, low_open=True)
     fedamp_lambda: float = hp(
@@ -169,7 +169,7 @@ class HeurFedAMPParams(AMPParams):
 
 @dataclass(frozen=True)
 class FLIUParams:
-    """FLIU's gamma and server weighting (SPEC 3.3)."""
+    """FLIU's gamma and server weighting (FLIU [arXiv:2510.24503] Sec. III)."""
 
     fliu_gamma: float = hp(
         -1.0,
@@ -205,7 +205,8 @@ def _ratios(key: str, value: object) -> tuple[float, ...]:
 
 @dataclass(frozen=True)
 class DapperFLParams:
-    """DapperFL's device levels, model fusion pruning and domain adaptive regularization (SPEC 3.4)."""
+    """DapperFL's device levels, model fusion pruning and domain adaptive regularization (DapperFL
+    [arXiv:2412.05823] Sec. 3)."""
 
     dapperfl_ratios: tuple[float, ...] = hp(
         (0.0, 0.2, 0.4, 0.6, 0.8),

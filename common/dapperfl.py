@@ -1,4 +1,4 @@
-"""DapperFL's math (DapperFL [arXiv:2412.05823], Sec. 3; SPEC 3.4): the fusion factor schedule (Eq. 2),
+"""DapperFL's math (DapperFL [arXiv:2412.05823], Sec. 3): the fusion factor schedule (Eq. 2),
 fusion (Eq. 1), l1 channel selection, the domain adaptive regularizer (Eq. 3), and the server's recovery of
 pruned uploads (Eq. 6) and their aggregation (Eq. 7).
 

@@ -261,12 +261,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         status = 0
         if args.run:
             status = _execute(args, sweep.specs, runs, args.engine or sweep.engine or "inprocess", True, False)
-        from .results import write_results  # after the runs: their checks answer at once
+        from .results import shown_path, write_results  # after the runs: their checks answer at once
 
         command = (
-            f"pflower results {args.file}"
-            + (f" --runs {args.runs}" if args.runs else "")
-            + (f" --out {args.out}" if args.out != Path("docs/results.md") else "")
+            f"pflower results {shown_path(args.file)}"
+            + (f" --runs {shown_path(args.runs)}" if args.runs else "")
+            + (f" --out {shown_path(args.out)}" if args.out != Path("docs/results.md") else "")
             + (f" --only '{only}'" if only else "")
         )
         path, done, total = write_results(args.file, runs, args.out, command, only)

@@ -6,6 +6,7 @@ base stay small."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,15 @@ def test_benchmarks_import_the_installed_package_and_never_the_tests() -> None:
             ):
                 offenders.append(f"{path.name} edits sys.path")
     assert not offenders, offenders
+
+
+def test_code_cites_the_papers_not_a_design_document_a_clone_lacks() -> None:
+    cited = re.compile(r"\bSPEC(?:\.md)? ?§?\d")
+    found = [
+        f"{path.relative_to(REPO)}:{number}"
+        for folder in (*PACKAGES, "tests", "bench")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if cited.search(line) and path.name != "test_architecture.py"
+    ]
+    assert not found, "cite the paper's section instead: " + ", ".join(found)

@@ -31,7 +31,7 @@ def _loop_distances(W: np.ndarray) -> np.ndarray:
 
 
 def _loop_fedamp(W: np.ndarray, alpha_k: float, sigma: float) -> np.ndarray:
-    """SPEC 3.2 written out, without the guard."""
+    """FedAMP's attention (FedAMP [arXiv:2007.03797] Sec. 4) written out, without the guard."""
     D = _loop_distances(W)
     m = len(W)
     xi = np.zeros((m, m))

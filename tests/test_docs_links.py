@@ -141,3 +141,16 @@ def test_github_slugs() -> None:
     assert github_slug("Clients that never trained (`holdout-clients`)") == "clients-that-never-trained-holdout-clients"
     assert github_slug("Split baselines: LG-FedAvg, FedPer") == "split-baselines-lg-fedavg-fedper"
     assert github_slug("Running with `flwr run` directly") == "running-with-flwr-run-directly"
+
+
+MACHINE_PATH = re.compile(r"(?<![\w.~/])/(?:root|home|work|tmp/pytest-of-[\w-]+)/")
+
+
+def test_no_committed_document_names_a_path_of_the_machine_that_wrote_it() -> None:
+    found = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()[:100]}"
+        for path in markdown_files(REPO)
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if MACHINE_PATH.search(line)
+    ]
+    assert not found, "absolute paths of a machine in committed documents:\n" + "\n".join(found)

@@ -1,4 +1,5 @@
-"""Partitioners: sizes, label skew as SPEC 4 defines it, nothing lost or duplicated, seeded."""
+"""Partitioners: sizes, label skew as the Dirichlet partition defines it (Hsu et al. 2019, arXiv:1909.06335),
+nothing lost or duplicated, seeded."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def test_iid_equal_sizes_and_balanced_labels() -> None:
 
 
 def _reference_dirichlet(labels: np.ndarray, num_clients: int, alpha: float, seed: int) -> list[set[int]]:
-    """SPEC 4 written out: per class, a C-dim Dir(alpha) vector; the class's samples assigned proportionally."""
+    """The Dirichlet label skew (Hsu et al. 2019, arXiv:1909.06335) written out: per class, a C-dim Dir(alpha)
+    vector; the class's samples assigned proportionally."""
     rng = np.random.default_rng(seed)
     parts: list[set[int]] = [set() for _ in range(num_clients)]
     for k in sorted(np.unique(labels)):

@@ -308,6 +308,8 @@ def test_the_cli_writes_the_document_and_says_how_many_runs_it_used(
     text = out.read_text()
     assert "| fedavg | 1 | 60.00 | 50.00 | 40.00 | 45.00 | 1.000 | 1.000 |" in text
     assert "No two rows with the paper's numbers have finished on shared seeds yet." in text
+    # no absolute path of this machine in a document meant to be committed
+    assert str(tmp_path) not in text and "`pflower results …/doc.toml --runs …/runs --out …/r.md`" in text
     assert cli.main(["results", str(tmp_path / "missing.toml")]) == 2
     assert "does not exist" in capsys.readouterr().err
 

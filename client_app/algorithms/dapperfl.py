@@ -1,4 +1,4 @@
-"""DapperFL client (DapperFL [arXiv:2412.05823] Alg. 1-2, SPEC 3.4): fine-tune the global model one epoch,
+"""DapperFL client (DapperFL [arXiv:2412.05823] Alg. 1-2): fine-tune the global model one epoch,
 fuse it with the global model, prune output channels by l1 to the device's ratio, train the physically smaller
 model with the domain adaptive regularizer for the remaining epochs, upload it with its channel masks.
 

@@ -254,7 +254,8 @@ def label_skew_ls(labels: np.ndarray, num_clients: int, alpha: float, seed: int)
     """FLIU LS: Dir(alpha) class rows, Sinkhorn-balanced so all samples are used and client sizes are equal.
 
     Sinkhorn-Knopp runs on the count margins (column c sums to the size of class c, every row to
-    n / K); with equal class sizes this is SPEC 4's matrix (columns 1, rows L / K) times the class size.
+    n / K); with equal class sizes this is FLIU's LS matrix (FLIU [arXiv:2510.24503]
+    Sec. IV-A3: columns 1, rows L / K) times the class size.
     Counts are rounded per class by largest remainder, then single samples are moved between
     clients so that client sizes differ by at most 1.
     """

@@ -1,4 +1,4 @@
-"""DapperFL server half (DapperFL [arXiv:2412.05823] Sec. 3.4, SPEC 3.4): check each device's pruned upload
+"""DapperFL server half (DapperFL [arXiv:2412.05823] Sec. 3.4): check each device's pruned upload
 and channel masks against its pruning ratio, recover the pruned channels from the previous global model (Eq. 6)
 and average by sample count (Eq. 7).
 

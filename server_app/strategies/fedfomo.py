@@ -1,4 +1,5 @@
-"""FedFomo server half (Zhang et al., 2021; SPEC 3.5): each client downloads M peers' models chosen by affinity."""
+"""FedFomo server half (Personalized Federated Learning with First Order Model Optimization [arXiv:2012.08565],
+Sec. 3): each client downloads M peers' models chosen by affinity."""
 
 from __future__ import annotations
 
