@@ -40,20 +40,10 @@ from common.validation import PayloadError, is_folder_name, read_count
 from . import state as client_state
 from .algorithms import ClientEnv, answer, client_class
 from .algorithms.newcomer import NewcomerClient
+from .simulation import declared_num_train, simulated_drop
 from .state import ClientState, Kept, StateDir
 
 app = ClientApp()
-
-
-class SimulatedDrop(RuntimeError):
-    """A client the server told to fail (run-config drop-rate); its reply carries this error's name."""
-
-
-def simulated_drop(msg: Message, partition_id: int, drop_rate: float) -> Message:
-    """The error reply of a client the server told to fail: the same reply as a ClientApp that raises (the code
-    Flower gives one), but returned, so that no engine logs a traceback for it; the server logs the reason once."""
-    reason = f"{SimulatedDrop.__name__}: client {partition_id} dropped this round (simulated, drop-rate {drop_rate:g})"
-    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
 
 
 @lru_cache(maxsize=8)
@@ -195,7 +185,7 @@ def query(msg: Message, context: Context) -> Message:
         {
             PARTITION_ID: partition_id,
             NUM_PARTITIONS: num_partitions,
-            NUM_TRAIN: env.cfg.attack_declare if env.data.attacker and env.cfg.attack_declare else env.data.num_train,
+            NUM_TRAIN: declared_num_train(env.cfg, env.data),
             NUM_TEST: len(env.data.test_y),
         }
     )

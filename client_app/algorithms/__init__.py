@@ -7,11 +7,10 @@ from typing import cast
 from flwr.app import MessageType, RecordDict
 
 from common.algorithms import SPECS, resolve_half
-from common.messages import ARRAYS, METRICS, NUM_EXAMPLES
-from common.records import to_record
-from common.robust import boosted_upload
-from common.validation import echo_values, record_to_numpy
+from common.messages import METRICS
+from common.validation import echo_values
 
+from ..simulation import attacked_reply
 from .base import ClientAlgorithm, ClientEnv
 
 
@@ -25,16 +24,7 @@ def answer(algorithm: ClientAlgorithm, message_type: str, server_round: int, con
     """The algorithm's reply to a training or evaluation message, naming the round (and phase) it answers."""
     algorithm.receive(content)
     if message_type == MessageType.TRAIN:
-        reply = algorithm.fit(server_round, content)
-        if algorithm.env.data.attacker and ARRAYS in reply.array_records and ARRAYS in content.array_records:
-            upload = boosted_upload(
-                record_to_numpy(reply.array_records[ARRAYS]),
-                record_to_numpy(content.array_records[ARRAYS]),
-                algorithm.cfg.attack_boost,
-            )
-            reply[ARRAYS] = to_record(list(upload), list(upload.values()))
-        if algorithm.env.data.attacker and algorithm.cfg.attack_declare:
-            reply.metric_records[METRICS][NUM_EXAMPLES] = algorithm.cfg.attack_declare
+        reply = attacked_reply(algorithm.cfg, algorithm.env.data, content, algorithm.fit(server_round, content))
     else:
         reply = algorithm.evaluate(server_round, content)
     metrics = reply.metric_records[METRICS]

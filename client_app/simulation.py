@@ -1,0 +1,48 @@
+"""Simulated faults and attacks of a client (mirroring server_app/faults.py): the error reply of a client the
+server told to fail (drop-rate), and an attacking client's boosted upload and inflated sample count (run config
+`attack-*`). A device runs none of them unless its run config asks."""
+
+from __future__ import annotations
+
+from flwr.app import Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
+
+from common.config import RunConfig
+from common.data.federated import ClientData
+from common.messages import ARRAYS, METRICS, NUM_EXAMPLES
+from common.records import to_record
+from common.robust import boosted_upload
+from common.validation import record_to_numpy
+
+
+class SimulatedDrop(RuntimeError):
+    """A client the server told to fail (run-config drop-rate); its reply carries this error's name."""
+
+
+def simulated_drop(msg: Message, partition_id: int, drop_rate: float) -> Message:
+    """The error reply of a client the server told to fail: the same reply as a ClientApp that raises (the code
+    Flower gives one), but returned, so that no engine logs a traceback for it; the server logs the reason once."""
+    reason = f"{SimulatedDrop.__name__}: client {partition_id} dropped this round (simulated, drop-rate {drop_rate:g})"
+    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
+
+
+def declared_num_train(cfg: RunConfig, data: ClientData) -> int:
+    """The training-sample count this client declares: an attacker's `attack-declare` where set, else its own."""
+    return cfg.attack_declare if data.attacker and cfg.attack_declare else data.num_train
+
+
+def attacked_reply(cfg: RunConfig, data: ClientData, content: RecordDict, reply: RecordDict) -> RecordDict:
+    """A training reply as an attacking client sends it: its update boosted by `attack-boost` against the model it
+    received, its sample count the declared one; an honest client's reply unchanged."""
+    if not data.attacker:
+        return reply
+    if ARRAYS in reply.array_records and ARRAYS in content.array_records:
+        upload = boosted_upload(
+            record_to_numpy(reply.array_records[ARRAYS]),
+            record_to_numpy(content.array_records[ARRAYS]),
+            cfg.attack_boost,
+        )
+        reply[ARRAYS] = to_record(list(upload), list(upload.values()))
+    if cfg.attack_declare:
+        reply.metric_records[METRICS][NUM_EXAMPLES] = cfg.attack_declare
+    return reply
