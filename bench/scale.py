@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from common.run_folder import RunFolder
 from experiments.engine.serve import available_cores
 from experiments.measure import PeakMemory, raw_rate
 from experiments.presets import run_config_text
@@ -62,14 +63,14 @@ def run_one(config: dict, clients: int, home: Path, engine: str, workers: int) -
         output, ok = outcome.output, outcome.status == "finished:completed"
     total = time.monotonic() - started
     run_dir = Path(config["results-dir"]) / config["run-name"]
-    if not ok or not (run_dir / "summary.json").is_file():
+    if not ok or not RunFolder(run_dir).finished():
         return {"failed": (output.strip().splitlines() or ["no output"])[-1][-200:], "peak": memory.peak}
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = RunFolder(run_dir).rounds()
     training = [r for r in records if not r.get("eval")]
     steady = [r for r in training if r["round"] > 1] or training
     round_s = statistics.median(r["wall_s"] for r in steady)
     last = records[-1]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = RunFolder(run_dir).summary()
     return {
         "round_s": round_s,
         "first_s": records[0]["wall_s"],

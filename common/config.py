@@ -14,6 +14,7 @@ from .algorithms import SPECS, DittoParams, FedProxParams, param_classes
 from .data.corruptions import CORRUPTIONS, parse_corruptions, parse_severities
 from .hparams import ConfigError, as_dict, choice, describe, hp, parse_fields
 from .robust import ROBUST_METHODS, RobustRule
+from .run_folder import MESSAGES_FILE
 from .validation import is_folder_name
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "digit-domains", "femnist", "femnist-digits", "har", "usps")
@@ -428,7 +429,7 @@ class RunConfig:
     message_digests: bool = hp(
         False,
         "write the digest (Flower's content-addressed object id) of every message sent "
-        "and every reply received to `messages.jsonl` in the run folder: two runs (on two "
+        f"and every reply received to `{MESSAGES_FILE}` in the run folder: two runs (on two "
         "engines, or at two commits) compared message by message",
     )
     tensorboard: bool = hp(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from common.data.arrays import DataError
 from common.hparams import ConfigError
+from common.run_folder import CONFIG_FILE, RunFolder
 
 from .engines import ENGINES, make_engine
 from .presets import PRESETS, preset
@@ -309,8 +310,8 @@ def _allow_takeover(run_dir: Path, partitions: list[int], node: int | None) -> i
     """Write the operator's consent to take-overs of `partitions` (by `node`, or any) into a run folder."""
     from server_app.takeover import allow
 
-    if not (run_dir / "config.json").is_file():
-        raise ConfigError(f"{run_dir} is not a run folder (no config.json): give the folder the server logged")
+    if not RunFolder(run_dir).is_run():
+        raise ConfigError(f"{run_dir} is not a run folder (no {CONFIG_FILE}): give the folder the server logged")
     if any(pid < 0 for pid in partitions) or (node is not None and node < 0):
         raise ConfigError(f"partition and node ids are non-negative, got {partitions} and {node}")
     try:

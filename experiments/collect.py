@@ -14,6 +14,7 @@ import numpy as np
 
 from common import stopping
 from common.hparams import ConfigError
+from common.run_folder import SUMMARY_FILE, RunFolder
 
 CORRUPT = re.compile(r"^acc-corrupt-(.+)-(\d)$")
 SEED_SUFFIX = re.compile(r"-seed(\d+)$")
@@ -86,12 +87,8 @@ class Run:
         return next((r["eval"]["mean"] for r in self.records if r.get("eval") and r["round"] == best), {})
 
     def artifacts(self) -> dict[str, np.ndarray]:
-        """The arrays the algorithm left in artifacts.npz (attention, mask overlap), empty when none."""
-        path = self.path / "artifacts.npz"
-        if not path.is_file():
-            return {}
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
+        """The arrays the algorithm left (attention, mask overlap), empty when none."""
+        return RunFolder(self.path).artifacts()
 
 
 @dataclass
@@ -127,14 +124,12 @@ class Group:
 
 
 def _load(path: Path) -> Run:
-    records = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return Run(
-        path, json.loads((path / "config.json").read_text()), json.loads((path / "summary.json").read_text()), records
-    )
+    folder = RunFolder(path)
+    return Run(path, folder.config(), folder.summary(), folder.rounds())
 
 
 def find_runs(paths: list[Path]) -> list[Run]:
-    """Every finished run folder (holding summary.json) at or below the given paths, in path order."""
+    """Every finished run folder (holding its summary) at or below the given paths, in path order."""
     found: list[Path] = []
     for path in paths:
         path = Path(path).expanduser()
@@ -142,12 +137,12 @@ def find_runs(paths: list[Path]) -> list[Run]:
             raise ConfigError(f"{path} does not exist")
         candidates = (
             [path]
-            if (path / "summary.json").is_file()
-            else sorted(p.parent for p in path.rglob("summary.json") if "incomplete" not in p.parts)
+            if RunFolder(path).finished()
+            else sorted(p.parent for p in path.rglob(SUMMARY_FILE) if "incomplete" not in p.parts)
         )
         found.extend(c for c in candidates if c not in found)
     if not found:
-        raise ConfigError(f"no finished run (a folder with summary.json) under {', '.join(map(str, paths))}")
+        raise ConfigError(f"no finished run (a folder with {SUMMARY_FILE}) under {', '.join(map(str, paths))}")
     return [_load(p) for p in found]
 
 

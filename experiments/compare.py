@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from common.algorithms import eval_rows
+from common.run_folder import RunFolder
 
 from .engines import ENGINES, make_engine
 
@@ -169,9 +170,9 @@ def typed_config(config: str) -> dict[str, Any]:
 
 
 def finished_with_config(run_dir: Path, config: str) -> bool:
-    """True when run_dir holds a finished run (summary.json) whose config.json equals `config` as parsed
-    (results-dir and run-name aside; keys the older run did not record must have their default value)."""
-    if not (run_dir / "summary.json").is_file() or not (run_dir / "config.json").is_file():
+    """True when run_dir holds a finished run whose saved config equals `config` as parsed (results-dir and run-name
+    aside; keys the older run did not record must have their default value)."""
+    if not RunFolder(run_dir).finished() or not RunFolder(run_dir).is_run():
         return False
     from common.config import parse_run_config
     from server_app.results import read_run_config
@@ -238,14 +239,14 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
             started = time.monotonic()
             config = merge_config(f"{base} algorithm='{algorithm}' run-name='{name}'", extra)
             if args.resume and finished_with_config(results / name, config):
-                summaries[name] = json.loads((results / name / "summary.json").read_text())
+                summaries[name] = RunFolder(results / name).summary()
                 print(f"{name}: finished earlier with the same run config, read from {results / name}", flush=True)
                 continue
             lines: list[str] = []
             outcome = engine.run(typed_config(config), args.clients, 24 * 3600, lines.append)
             if outcome.status != "finished:completed":
                 sys.exit(f"{name} failed ({outcome.status}):\n" + "\n".join(lines[-40:]))
-            summaries[name] = json.loads((results / name / "summary.json").read_text())
+            summaries[name] = RunFolder(results / name).summary()
             print(f"{name}: done in {time.monotonic() - started:.0f} s ({args.engine})", flush=True)
     finally:
         engine.close()
@@ -259,7 +260,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     print()
     fedavg_runs = [name for name, algorithm, _ in parse_algorithms(args.algorithms) if algorithm == "fedavg"]
     round_seconds = {
-        name: median_round_seconds(results / name) for name in summaries if (results / name / "metrics.jsonl").is_file()
+        name: median_round_seconds(results / name)
+        for name in summaries
+        if RunFolder(results / name).metrics_path.is_file()
     }
     print(cost_table(summaries, reference=fedavg_runs[0] if fedavg_runs else "fedavg", round_seconds=round_seconds))
     stages = stage_table(summaries)

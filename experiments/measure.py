@@ -3,7 +3,6 @@ worker's share running at once), the steady rounds of a finished run, and the pe
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import statistics
@@ -11,6 +10,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from common.run_folder import RunFolder
 
 from .superlink import descendants
 
@@ -64,7 +65,7 @@ def raw_rate_together(raw: dict[str, Any], clients: int, workers: int, max_clien
 
 def steady_rounds(run_dir: Path) -> list[dict[str, Any]]:
     """A finished run's training rounds after the first, without the evaluation rounds (the steady state)."""
-    records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    records = RunFolder(Path(run_dir)).rounds()
     steady = [r for r in records if r["round"] > 1 and not r.get("eval")]
     return steady or [r for r in records if not r.get("eval")] or records
 
@@ -72,7 +73,7 @@ def steady_rounds(run_dir: Path) -> list[dict[str, Any]]:
 def round_rate(run_dir: Path, local_epochs: int) -> dict[str, float]:
     """Samples per second of a run's steady rounds (median) and their wall time, its first round's and its last
     (evaluating) round's wall time."""
-    records = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    records = RunFolder(Path(run_dir)).rounds()
     steady = steady_rounds(run_dir)
     return {
         "rate": statistics.median(r["train"]["num_examples"] * local_epochs / r["wall_s"] for r in steady),
@@ -85,7 +86,7 @@ def round_rate(run_dir: Path, local_epochs: int) -> dict[str, float]:
 def message_digests(run_dir: Path) -> list[str]:
     """A run's message digests (run-config message-digests), each as 'round kind client digest', sorted: replies
     arrive in any order, so two runs that exchanged the same messages give the same list."""
-    rows = [json.loads(line) for line in (Path(run_dir) / "messages.jsonl").read_text().splitlines()]
+    rows = RunFolder(Path(run_dir)).digests()
     return sorted(f"{r['round']} {r['kind']} {r['client']} {r['digest']}" for r in rows)
 
 

@@ -240,7 +240,7 @@ def write_results(
     groups = group_runs(find_runs([runs_dir / s.name for s in finished]))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    command = command or f"pflower results {sweep_file}"
+    command = command or f"pflower results {shown_path(sweep_file)}"
     lines = [
         f"# {sweep.title}",
         "",

@@ -15,7 +15,7 @@ from typing import Any
 
 from common.config import parse_run_config
 from common.hparams import ConfigError
-from common.persist import CHECKPOINT_FILE, CLIENT_STATE_FOLDER
+from common.run_folder import CODE_FILE, RunFolder
 
 from .engines import FINISHED, Engine
 from .presets import Preset
@@ -122,10 +122,10 @@ def plan(
 
 
 def run_state(run_dir: Path) -> str:
-    """'finished' (summary.json written), 'resumable' (a checkpoint), 'incomplete' (neither) or 'new'."""
-    if (run_dir / "summary.json").is_file():
+    """'finished' (its summary written), 'resumable' (a checkpoint), 'incomplete' (neither) or 'new'."""
+    if RunFolder(run_dir).finished():
         return "finished"
-    if (run_dir / CHECKPOINT_FILE).is_file():
+    if RunFolder(run_dir).resumable():
         return "resumable"
     return "incomplete" if run_dir.exists() else "new"
 
@@ -136,11 +136,11 @@ def drop_resume_state(run_dir: Path) -> int:
     if run_state(run_dir) != "finished":
         return 0
     freed = 0
-    checkpoint = run_dir / CHECKPOINT_FILE
+    checkpoint = RunFolder(run_dir).checkpoint_path
     if checkpoint.is_file():
         freed += checkpoint.stat().st_size
         checkpoint.unlink()
-    clients = run_dir / CLIENT_STATE_FOLDER
+    clients = RunFolder(run_dir).client_state_path
     if clients.is_dir():
         freed += sum(f.stat().st_size for f in clients.rglob("*") if f.is_file())
         shutil.rmtree(clients)
@@ -151,13 +151,12 @@ KEPT_ASIDE = ("seed", "run-name", "results-dir", "resume", "data-dir", "client-s
 
 
 def changed_settings(spec: RunSpec, run_dir: Path) -> list[str]:
-    """The run-config keys whose value in a kept run's config.json differs from what `spec` asks now, as
+    """The run-config keys whose value in a kept run's saved config differs from what `spec` asks now, as
     'key: was -> now' (empty when the folder holds no config yet or the same settings); the keys of other algorithms
     than the run's are not its settings."""
-    path = run_dir / "config.json"
-    if not path.is_file():
+    if not RunFolder(run_dir).is_run():
         return []
-    saved = {k: v for k, v in json.loads(path.read_text()).items() if k not in KEPT_ASIDE}
+    saved = {k: v for k, v in RunFolder(run_dir).config().items() if k not in KEPT_ASIDE}
     try:
         was = parse_run_config(saved).settings_dict()
     except ConfigError as exc:
@@ -225,13 +224,10 @@ def execute(
     seconds = time.monotonic() - started
     if run_dir.is_dir():
         record_code(run_dir, commit)
-    if outcome.status == FINISHED and (run_dir / "summary.json").is_file():
+    if outcome.status == FINISHED and RunFolder(run_dir).finished():
         return RunResult(spec, "finished", run_dir, seconds, log_path)
     reason = _last_error(outcome.output) or f"the run exited {outcome.returncode}, status {outcome.status}"
     return RunResult(spec, "failed", run_dir, seconds, log_path, reason)
-
-
-CODE_FILE = "code.json"  # the app's commit of every attempt that made a run (a resumed run may have several)
 
 
 def _git(folder: Path, *args: str) -> str | None:
@@ -266,8 +262,8 @@ def app_commit(app_dir: Path) -> str:
 
 
 def record_code(run_dir: Path, commit: str) -> None:
-    """Add `commit` to the run folder's code.json (kept in the order the attempts ran)."""
-    path = run_dir / CODE_FILE
+    """Add `commit` to the run folder's record of the commits that made it (in the order the attempts ran)."""
+    path = RunFolder(run_dir).file(CODE_FILE)
     commits = run_commits(run_dir)
     if commit and commit not in commits:
         path.write_text(json.dumps({"commits": [*commits, commit]}) + "\n")
@@ -277,7 +273,7 @@ def run_commits(run_dir: Path) -> list[str]:
     """The commits recorded for a run folder (empty when none was: a run made outside a git checkout, or by an
     older version of the CLI)."""
     try:
-        commits = json.loads((run_dir / CODE_FILE).read_text()).get("commits", [])
+        commits = json.loads(RunFolder(run_dir).file(CODE_FILE).read_text()).get("commits", [])
     except (OSError, ValueError, AttributeError):
         return []
     return [str(c) for c in commits] if isinstance(commits, list) else []
@@ -296,5 +292,5 @@ def _last_error(output: str) -> str:
 
 
 def summary_of(run_dir: Path) -> dict[str, Any]:
-    """A finished run's summary.json."""
-    return json.loads((run_dir / "summary.json").read_text())
+    """A finished run's summary."""
+    return RunFolder(run_dir).summary()

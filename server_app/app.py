@@ -20,6 +20,7 @@ from common.data.federated import dataset_for
 from common.models import ModelLayout, build_model
 from common.pages import StoreSpaceError
 from common.persist import StateFileError
+from common.run_folder import CONFIG_FILE, RunFolder
 from common.seeding import derive_seed
 from common.validation import is_folder_name
 
@@ -82,8 +83,8 @@ def open_run_dir(cfg: RunConfig) -> tuple[Path, Checkpoint | None]:
     run_dir = Path(cfg.resume).expanduser().resolve()
     if not is_folder_name(run_dir.name):  # the folder's name keys the clients' state dirs
         raise _fail(f"resume: the run folder's name {run_dir.name!r} must be letters, digits, '.', '_' and '-'")
-    if not (run_dir / "config.json").is_file():
-        raise _fail(f"resume: {run_dir} is not a run folder (it has no config.json)")
+    if not RunFolder(run_dir).is_run():
+        raise _fail(f"resume: {run_dir} is not a run folder (it has no {CONFIG_FILE})")
     recorded = read_run_config(run_dir)
     differ = config_differences(recorded, cfg.to_dict())
     if differ:
