@@ -1,4 +1,4 @@
-"""A speed-up of Flower 1.41's in-memory simulation runtime, applied when the ServerApp is loaded in the simulation
+"""A speed-up of Flower 1.42's in-memory simulation runtime, applied when the ServerApp is loaded in the simulation
 process: the runtime asks the link state for each node's next message every 0.1 s, and every ask checks every
 stored message (expiry, federation) before looking at its destination: O(nodes x messages) checks a sweep, which at
 1,000 clients take most of a CPU. Here the link state keeps the set of nodes that may have an undelivered message
@@ -14,7 +14,8 @@ from typing import Any
 
 import flwr
 
-PATCHED_VERSION = "1.41.0"  # the Flower version whose internals this was written against; others are left alone
+PATCHED_VERSION = "1.42.0"  # the Flower version whose internals this was checked against (its in-memory link
+# state is 1.41.0's, for which it was written); others are left alone
 INDEX = "_pflower_waiting_nodes"  # the link state's attribute: node ids that may have an undelivered message
 
 

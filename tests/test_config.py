@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import importlib.util
 import tomllib
+from types import ModuleType
 
 import pytest
 
-from common import config_docs
 from common.algorithms import SPECS, DMPFLParams, FLIUParams, NoParams
 from common.config import ConfigError, RunConfig, known_keys, parse_run_config
 
 from .conftest import REPO
+
+
+def _load_config_docs() -> ModuleType:
+    """docs/config_docs.py, a script of the repository (not of the package), loaded from its file."""
+    spec = importlib.util.spec_from_file_location("config_docs", REPO / "docs" / "config_docs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+config_docs = _load_config_docs()
 
 
 def _defaults() -> dict:
@@ -24,7 +37,7 @@ def test_pyproject_defaults_equal_declared_defaults() -> None:
 
 
 def test_pyproject_and_key_tables_are_generated_from_the_specs() -> None:
-    assert config_docs.main(["--check"]) == 0, "run `python -m common.config_docs`"
+    assert config_docs.main(["--check"]) == 0, "run `python docs/config_docs.py`"
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE_SET = {
-    "flwr==1.41.0",
+    "flwr==1.42.0",
     "torch==2.14.1; platform_machine == 'x86_64'",
     "torchvision==0.29.1; platform_machine == 'x86_64'",
     "torch==2.9.1; platform_machine == 'aarch64'",
@@ -50,7 +50,7 @@ def test_base_requirements_are_the_device_set() -> None:
 
 def test_simulation_and_partitioners_are_extras_that_test_pulls() -> None:
     extras = _project()["optional-dependencies"]
-    assert "flwr[simulation]==1.41.0" in extras["simulation"]
+    assert "flwr[simulation]==1.42.0" in extras["simulation"]
     assert "flwr-datasets==0.6.1" in extras["simulation"]
     assert {"tensorboard>=2.21", "mlflow-skinny>=3.17"} <= set(extras["tracking"])
     assert "pflower[server,simulation]" in extras["study"]
