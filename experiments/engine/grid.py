@@ -25,6 +25,7 @@ from common.messages import NUM_PARTITIONS, PARTITION_ID
 
 from . import worker
 from .blobs import PREFIX_ENV, BlobRef, SharedArrays, drop, sweep, sweep_orphans
+from .flower_fields import stamp
 from .states import HeldStates
 from .transport import blob_refs, num_bytes, records_in, records_out
 from .worker import Outcome, Task
@@ -116,8 +117,7 @@ class InProcessGrid(Grid):
         ids = []
         for msg in messages:
             message_id = str(uuid4())
-            meta = msg.metadata.__dict__
-            meta["_message_id"], meta["_run_id"], meta["_src_node_id"] = message_id, self._run.run_id, SUPERLINK_NODE_ID
+            stamp(msg, message_id, self._run.run_id, SUPERLINK_NODE_ID)
             node = msg.metadata.dst_node_id
             ids.append(message_id)
             if node not in self.node_config:
@@ -200,8 +200,7 @@ class InProcessGrid(Grid):
         else:
             self.bytes_moved += num_bytes(outcome.content)
             reply = Message(records_in(outcome.content, unlink=True), reply_to=msg)
-        reply.metadata.__dict__["_message_id"] = str(uuid4())
-        self._ready[message_id] = reply
+        self._ready[message_id] = stamp(reply, str(uuid4()))
 
     def persist_client_state(self, checkpoint_round: int | None) -> None:
         """Write every client state the engine holds and the state dirs lack (the server is about to write a
@@ -255,6 +254,4 @@ class InProcessGrid(Grid):
 
 def _error(msg: Message, reason: str) -> Message:
     """An error reply to `msg`, as the SuperLink sends for a message no node answered."""
-    reply = Message(Error(code=ErrorCode.UNKNOWN, reason=reason), reply_to=msg)
-    reply.metadata.__dict__["_message_id"] = str(uuid4())
-    return reply
+    return stamp(Message(Error(code=ErrorCode.UNKNOWN, reason=reason), reply_to=msg), str(uuid4()))

@@ -20,6 +20,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from client_app.state import StateHost, host_state
 
 from .blobs import put
+from .flower_fields import stamp
 from .states import StateBlock, pack, unpack
 from .transport import Records, records_in, records_out
 
@@ -91,8 +92,7 @@ def answer(task: Task) -> Outcome:
         ttl=task.ttl,
         group_id=task.group_id,
     )
-    meta = msg.metadata.__dict__
-    meta["_message_id"], meta["_run_id"], meta["_src_node_id"] = task.message_id, task.run_id, 1
+    stamp(msg, task.message_id, task.run_id, 1)
     context = Context(
         run_id=task.run_id,
         node_id=task.node_id,
