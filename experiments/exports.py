@@ -64,7 +64,16 @@ def _unwebp(data: np.ndarray, ends: np.ndarray, shape: tuple[int, ...]) -> np.nd
     raw = data.tobytes()
     for i, end in enumerate(ends.tolist()):
         picture = np.asarray(Image.open(io.BytesIO(raw[start:end])))
-        out[i] = picture[None] if picture.ndim == 2 else picture.transpose(2, 0, 1)
+        if picture.ndim == 2:
+            picture = picture[:, :, None]
+        if shape[0] == 1 and picture.shape[2] >= 3:  # WebP has no grey images: a grey one decodes as equal R, G, B
+            if not (
+                np.array_equal(picture[:, :, 0], picture[:, :, 1])
+                and np.array_equal(picture[:, :, 0], picture[:, :, 2])
+            ):
+                raise DataError(f"image {i} of the export is not grey, yet the data set has one channel")
+            picture = picture[:, :, :1]
+        out[i] = picture[:, :, : shape[0]].transpose(2, 0, 1)
         start = end
     return out
 
