@@ -103,6 +103,18 @@ class RunFolder:
         with np.load(self.file(ARTIFACTS_FILE), allow_pickle=False) as z:
             return {key: z[key] for key in z.files}
 
+    def commits(self) -> list[str]:
+        """The commits a sweep recorded as having made the run (empty when none was, or the record is unreadable)."""
+        try:
+            commits = json.loads(self.file(CODE_FILE).read_text()).get("commits", [])
+        except (OSError, ValueError, AttributeError):
+            return []
+        return [str(c) for c in commits] if isinstance(commits, list) else []
+
+    def write_commits(self, commits: list[str]) -> None:
+        """Save the commits that made the run, in the order its attempts ran."""
+        self.file(CODE_FILE).write_text(json.dumps({"commits": commits}) + "\n")
+
     def write_config(self, config: Record) -> None:
         """Save the run config (atomically)."""
         atomic_write_text(self.config_path, json.dumps(config, indent=2, sort_keys=True))

@@ -172,7 +172,8 @@ def typed_config(config: str) -> dict[str, Any]:
 def finished_with_config(run_dir: Path, config: str) -> bool:
     """True when run_dir holds a finished run whose saved config equals `config` as parsed (results-dir and run-name
     aside; keys the older run did not record must have their default value)."""
-    if not RunFolder(run_dir).finished() or not RunFolder(run_dir).is_run():
+    folder = RunFolder(run_dir)
+    if not folder.finished() or not folder.is_run():
         return False
     from common.config import parse_run_config
     from server_app.results import read_run_config

@@ -3,7 +3,6 @@ on an engine (in-process, or `flwr run` on a private SuperLink)."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -15,7 +14,7 @@ from typing import Any
 
 from common.config import parse_run_config
 from common.hparams import ConfigError
-from common.run_folder import CODE_FILE, RunFolder
+from common.run_folder import RunFolder
 
 from .engines import FINISHED, Engine
 from .presets import Preset
@@ -123,9 +122,10 @@ def plan(
 
 def run_state(run_dir: Path) -> str:
     """'finished' (its summary written), 'resumable' (a checkpoint), 'incomplete' (neither) or 'new'."""
-    if RunFolder(run_dir).finished():
+    folder = RunFolder(run_dir)
+    if folder.finished():
         return "finished"
-    if RunFolder(run_dir).resumable():
+    if folder.resumable():
         return "resumable"
     return "incomplete" if run_dir.exists() else "new"
 
@@ -135,12 +135,12 @@ def drop_resume_state(run_dir: Path) -> int:
     reads (a FedAMP run's come to gigabytes); returns the bytes freed. An unfinished run is left as it is."""
     if run_state(run_dir) != "finished":
         return 0
-    freed = 0
-    checkpoint = RunFolder(run_dir).checkpoint_path
+    freed, folder = 0, RunFolder(run_dir)
+    checkpoint = folder.checkpoint_path
     if checkpoint.is_file():
         freed += checkpoint.stat().st_size
         checkpoint.unlink()
-    clients = RunFolder(run_dir).client_state_path
+    clients = folder.client_state_path
     if clients.is_dir():
         freed += sum(f.stat().st_size for f in clients.rglob("*") if f.is_file())
         shutil.rmtree(clients)
@@ -154,9 +154,10 @@ def changed_settings(spec: RunSpec, run_dir: Path) -> list[str]:
     """The run-config keys whose value in a kept run's saved config differs from what `spec` asks now, as
     'key: was -> now' (empty when the folder holds no config yet or the same settings); the keys of other algorithms
     than the run's are not its settings."""
-    if not RunFolder(run_dir).is_run():
+    folder = RunFolder(run_dir)
+    if not folder.is_run():
         return []
-    saved = {k: v for k, v in RunFolder(run_dir).config().items() if k not in KEPT_ASIDE}
+    saved = {k: v for k, v in folder.config().items() if k not in KEPT_ASIDE}
     try:
         was = parse_run_config(saved).settings_dict()
     except ConfigError as exc:
@@ -263,20 +264,16 @@ def app_commit(app_dir: Path) -> str:
 
 def record_code(run_dir: Path, commit: str) -> None:
     """Add `commit` to the run folder's record of the commits that made it (in the order the attempts ran)."""
-    path = RunFolder(run_dir).file(CODE_FILE)
-    commits = run_commits(run_dir)
+    folder = RunFolder(run_dir)
+    commits = folder.commits()
     if commit and commit not in commits:
-        path.write_text(json.dumps({"commits": [*commits, commit]}) + "\n")
+        folder.write_commits([*commits, commit])
 
 
 def run_commits(run_dir: Path) -> list[str]:
     """The commits recorded for a run folder (empty when none was: a run made outside a git checkout, or by an
     older version of the CLI)."""
-    try:
-        commits = json.loads(RunFolder(run_dir).file(CODE_FILE).read_text()).get("commits", [])
-    except (OSError, ValueError, AttributeError):
-        return []
-    return [str(c) for c in commits] if isinstance(commits, list) else []
+    return RunFolder(run_dir).commits()
 
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
