@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
-from logging import ERROR, INFO, WARNING
+from logging import ERROR, WARNING
 from pathlib import Path
 
 import torch
@@ -37,11 +37,10 @@ from common.messages import (
 from common.persist import CLIENT_STATE_FOLDER, StateFileError
 from common.validation import PayloadError, is_folder_name, read_count
 
-from . import state as client_state
 from .algorithms import ClientEnv, answer, client_class
 from .algorithms.newcomer import NewcomerClient
 from .simulation import declared_num_train, simulated_drop
-from .state import ClientState, Kept, StateDir
+from .state import StateDir, StateStore, pick_store
 
 app = ClientApp()
 
@@ -68,9 +67,6 @@ def resolve_device(name: str) -> torch.device:
             raise RuntimeError("device 'cuda' requested but no CUDA device is available")
         return torch.device("cuda")
     return torch.device("cpu")
-
-
-_restored: set[Path] = set()  # state dirs this process has restored from, so the restore is logged once
 
 
 def state_dir(context: Context, msg: Message, cfg: RunConfig) -> StateDir | None:
@@ -105,58 +101,27 @@ _unwritable: set[Path] = set()
 
 
 @profiling.timed("env")
-def _env(context: Context, msg: Message, training: bool = False) -> tuple[ClientEnv, StateDir | None]:
-    """The client's config, data, state (restored from its state dir when it has one) and device."""
+def _env(context: Context, msg: Message, training: bool = False) -> tuple[ClientEnv, StateStore]:
+    """The client's config, data, state (from where its store keeps it) and device, and the store."""
     cfg = _config(tuple(sorted(context.run_config.items())))
     if torch.get_num_threads() != cfg.client_threads:
         torch.set_num_threads(cfg.client_threads)
     partition_id, num_partitions = _partition(context)
     data = client_data(cfg, partition_id, num_partitions)
-    store = state_dir(context, msg, cfg)
-    state = _restore(context, msg, store, training)
+    store = pick_store(state_dir(context, msg, cfg), context.state)
+    state = store.restore(_round(msg), training)
     return ClientEnv(cfg, data, state, resolve_device(cfg.device)), store
 
 
-def _restore(context: Context, msg: Message, store: StateDir | None, training: bool) -> ClientState:
-    """The state a message starts from: the copy the runtime keeps (the in-process engine), else the state dir's
-    newest usable version, else the node context's (client-state-dir=memory)."""
-    host = client_state.HOST
-    limit = _round(msg) if training else _round(msg) + 1  # a training message reads an earlier round's state
-    if host is not None and host.incoming is not None and host.incoming.server_round < limit:
-        return ClientState(dict(host.incoming.tree))
-    if store is not None:
-        loaded = store.load(_round(msg), training)
-        if loaded is None:
-            return ClientState()
-        if store.path not in _restored:
-            _restored.add(store.path)
-            log(INFO, "client state restored from %s (round %d)", store.path, loaded[0])
-        if host is not None:  # the runtime keeps it from now on: the next message needs no read
-            host.outgoing = Kept(loaded[0], loaded[1], None, store, dirty=False)
-        return ClientState(loaded[1])
-    return ClientState() if host is not None else ClientState.from_record(context.state)
-
-
 @profiling.timed("persist")
-def _persist(env: ClientEnv, store: StateDir | None, msg: Message, context: Context) -> None:
-    """Keep the state when the message changed it: with the runtime that keeps it, else in the state dir (written
-    atomically), else in the node context."""
+def _persist(env: ClientEnv, store: StateStore, msg: Message) -> None:
+    """Keep the state when the message changed it, where its store keeps it."""
     if not env.state.dirty:
         return
     config = msg.content.config_records[CONFIG]
     checkpoint = read_count(config, CHECKPOINT_ROUND, allow_zero=True) if CHECKPOINT_ROUND in config else None
-    host = client_state.HOST
-    if host is not None:
-        # the runtime keeps it; in a round the server checkpoints, it also goes to the state dir now, on this worker
-        written = False
-        if store is not None and due(_round(msg), env.cfg.checkpoint_every, env.cfg.num_rounds):
-            store.save(_round(msg), env.state.tree, checkpoint)
-            written = True
-        host.outgoing = Kept(_round(msg), env.state.tree, checkpoint, store, dirty=not written)
-    elif store is not None:
-        store.save(_round(msg), env.state.tree, checkpoint)
-    else:
-        env.state.write_to(context.state)
+    due_now = due(_round(msg), env.cfg.checkpoint_every, env.cfg.num_rounds)
+    store.persist(env.state, _round(msg), checkpoint, due_now)
 
 
 def _round(msg: Message) -> int:
@@ -206,7 +171,7 @@ def train(msg: Message, context: Context) -> Message:
         algorithm = client_class(env.cfg.algorithm)(env)
         reply = Message(answer(algorithm, MessageType.TRAIN, _round(msg), msg.content), reply_to=msg)
         try:
-            _persist(env, store, msg, context)
+            _persist(env, store, msg)
         except StateFileError as exc:  # e.g. a key file that is not this user's: the state could not be kept
             return _state_refused(msg, exc)
     return reply
@@ -225,7 +190,7 @@ def evaluate(msg: Message, context: Context) -> Message:
         algorithm = (NewcomerClient if newcomer else client_class(env.cfg.algorithm))(env)
         reply = Message(answer(algorithm, MessageType.EVALUATE, _round(msg), msg.content), reply_to=msg)
         try:
-            _persist(env, store, msg, context)
+            _persist(env, store, msg)
         except StateFileError as exc:
             return _state_refused(msg, exc)
     return reply

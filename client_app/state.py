@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from logging import INFO
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.supercore import log
 
 from common.persist import StateFileError, load_tree, save_tree, signing_context, signing_key
 
@@ -196,3 +199,88 @@ def host_state(host: StateHost | None) -> None:
     """Install (or remove, with None) the runtime that keeps client state in this process."""
     global HOST
     HOST = host
+
+
+class StateStore(Protocol):
+    """Where a client's state lives between its messages: what a message starts from and where what it left goes."""
+
+    def restore(self, server_round: int, training: bool) -> ClientState:
+        """The state a message of `server_round` starts from (a training message reads an earlier round's)."""
+        ...
+
+    def persist(self, state: ClientState, server_round: int, checkpoint_round: int | None, due: bool) -> None:
+        """Keep what the message left (`due`: the server writes a checkpoint after this round)."""
+        ...
+
+
+_restored: set[Path] = set()  # state dirs this process has restored from, so the restore is logged once
+
+
+def _load_logged(store: StateDir, server_round: int, training: bool) -> tuple[int, Tree] | None:
+    """The state dir's newest usable version for the message, logged the first time this process reads the dir."""
+    loaded = store.load(server_round, training)
+    if loaded is not None and store.path not in _restored:
+        _restored.add(store.path)
+        log(INFO, "client state restored from %s (round %d)", store.path, loaded[0])
+    return loaded
+
+
+@dataclass
+class NodeContextStore:
+    """The state in the node context Flower keeps (client-state-dir=memory under Flower's runtimes)."""
+
+    record: RecordDict
+
+    def restore(self, server_round: int, training: bool) -> ClientState:
+        return ClientState.from_record(self.record)
+
+    def persist(self, state: ClientState, server_round: int, checkpoint_round: int | None, due: bool) -> None:
+        state.write_to(self.record)
+
+
+@dataclass
+class StateDirStore:
+    """The state in a state dir on disk, one signed file per round it changed (a device, Flower's simulation)."""
+
+    folder: StateDir
+
+    def restore(self, server_round: int, training: bool) -> ClientState:
+        loaded = _load_logged(self.folder, server_round, training)
+        return ClientState() if loaded is None else ClientState(loaded[1])
+
+    def persist(self, state: ClientState, server_round: int, checkpoint_round: int | None, due: bool) -> None:
+        self.folder.save(server_round, state.tree, checkpoint_round)
+
+
+@dataclass
+class RuntimeStore:
+    """The state kept in memory by the runtime hosting the client (the in-process engine), backed by the state
+    dir, where there is one, which it reaches at checkpoints."""
+
+    host: StateHost
+    folder: StateDir | None
+
+    def restore(self, server_round: int, training: bool) -> ClientState:
+        limit = server_round if training else server_round + 1  # a training message reads an earlier round's state
+        if self.host.incoming is not None and self.host.incoming.server_round < limit:
+            return ClientState(dict(self.host.incoming.tree))
+        loaded = None if self.folder is None else _load_logged(self.folder, server_round, training)
+        if loaded is None:
+            return ClientState()
+        self.host.outgoing = Kept(loaded[0], loaded[1], None, self.folder, dirty=False)  # the next needs no read
+        return ClientState(loaded[1])
+
+    def persist(self, state: ClientState, server_round: int, checkpoint_round: int | None, due: bool) -> None:
+        # in a round the server checkpoints, the state also goes to the state dir now, on this worker
+        written = self.folder is not None and due
+        if self.folder is not None and due:
+            self.folder.save(server_round, state.tree, checkpoint_round)
+        self.host.outgoing = Kept(server_round, state.tree, checkpoint_round, self.folder, dirty=not written)
+
+
+def pick_store(folder: StateDir | None, context_state: RecordDict) -> StateStore:
+    """The one place a client's state store is chosen: the runtime's memory when a runtime hosts the client, else
+    its state dir, else Flower's node context."""
+    if HOST is not None:
+        return RuntimeStore(HOST, folder)
+    return StateDirStore(folder) if folder is not None else NodeContextStore(context_state)

@@ -19,6 +19,7 @@ import numpy as np
 
 from common.config import RunConfig
 from common.data.arrays import DataError, DatasetArrays
+from common.data.datasets import use_data_source
 
 ENV = "PFLOWER_DATA_EXPORT"  # the engine's processes serve the data set from this file when it is set
 
@@ -143,18 +144,14 @@ def read_export(path: Path) -> tuple[DatasetArrays, set[int]]:
 def serve_export(path: Path) -> set[int]:
     """Serve the data set from an export in this process (every load of its data set name returns it), and in the
     processes this one starts (through the environment); returns the rows it holds."""
-    import common.data.federated as federated
-
     data, held = read_export(path)
-    original = federated.load_dataset
 
-    def load(name: str, *args: object, **kwargs: object) -> DatasetArrays:
+    def source(name: str) -> DatasetArrays:
         if name != data.name:
             raise DataError(f"the data export {path} holds {data.name}, not {name}")
         return data
 
-    load.__wrapped__ = original  # type: ignore[attr-defined]
-    federated.load_dataset = load  # type: ignore[assignment]
+    use_data_source(source)
     os.environ[ENV] = str(Path(path).resolve())
     return held
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from logging import ERROR, INFO
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from flwr.app import Context
@@ -24,9 +24,9 @@ from common.run_folder import CONFIG_FILE, RunFolder
 from common.seeding import derive_seed
 from common.validation import is_folder_name
 
-from . import flower_speedups
 from .checkpoint import Checkpoint, config_differences, load_checkpoint, server_key
 from .clients import ClientRegistry, RunAborted
+from .flower_private import speed_up_simulation
 from .results import ResultsWriter, make_run_dir, read_run_config
 from .results.tracking import check_installed
 from .runner import RoundRunner
@@ -34,7 +34,14 @@ from .strategies import strategy_class
 from .takeover import AfterTimeout, OperatorConsent
 
 app = ServerApp()
-flower_speedups.apply()  # simulation: the runtime's per-node message lookups, in this process (see the module)
+
+
+@runtime_checkable
+class KeepsClientState(Protocol):
+    """A grid whose runtime keeps its clients' state in memory (the in-process engine's): before each checkpoint
+    it writes what the state dirs lack (`checkpoint_round`: the last checkpoint before this one)."""
+
+    def persist_client_state(self, checkpoint_round: int | None) -> None: ...
 
 
 class RunFailed(RuntimeError):
@@ -119,6 +126,7 @@ def single_threaded_math() -> None:
 def main(grid: Grid, context: Context) -> None:
     """Build the configured strategy, run it, write the results folder and name its summary last."""
     single_threaded_math()
+    speed_up_simulation()  # Flower's simulation runtime, when this process runs it (server_app/flower_private.py)
     cfg = load_config(dict(context.run_config))
     try:
         data = dataset_for(cfg)
@@ -138,7 +146,10 @@ def main(grid: Grid, context: Context) -> None:
     strategy.workdir = run_dir
     clients.consent = AfterTimeout() if cfg.takeover == "after-timeout" else OperatorConsent(run_dir)
     writer = ResultsWriter(run_dir, cfg.to_dict(), resume=checkpoint is not None)
-    runner = RoundRunner(cfg, strategy, clients, writer=writer, state_key=run_dir.name, resume_from=checkpoint)
+    before_checkpoint = grid.persist_client_state if isinstance(grid, KeepsClientState) else None
+    runner = RoundRunner(
+        cfg, strategy, clients, writer, run_dir.name, resume_from=checkpoint, before_checkpoint=before_checkpoint
+    )
     log(INFO, "results folder: %s", run_dir)
     for method in ("send_and_receive", "push_messages", "pull_messages"):  # bench/round_profile.py only
         profiling.time_method(grid, method, "flower")

@@ -10,7 +10,7 @@ algorithms correctly would break that contract rather than honour it."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 
 from flwr.app import Message, MessageType, RecordDict
@@ -47,10 +47,12 @@ class RoundRunner:
         writer: ResultsWriter | None = None,
         state_key: str = "",
         resume_from: Checkpoint | None = None,
+        before_checkpoint: Callable[[int | None], None] | None = None,
     ) -> None:
         self.cfg, self.strategy, self.clients, self.writer = cfg, strategy, clients, writer
         self.state_key = state_key  # names the clients' state dirs for this run (the run folder's name)
         self.resume_from = resume_from
+        self.before_checkpoint = before_checkpoint  # e.g. the in-process engine writing the client state it keeps
         self.checkpoint_round = 0  # last round whose checkpoint was written
         self.resumes: list[int] = []  # rounds after which earlier runs of this folder stopped and were resumed
         self.round_log = RoundLog.starting(self.cfg.message_digests)
@@ -192,17 +194,14 @@ class RoundRunner:
         return due(server_round, self.cfg.eval_every, self.cfg.num_rounds)
 
     @profiling.timed("checkpoint")
-    def write_checkpoint(self, server_round: int, elapsed: float, grid: Grid | None, last_round: int) -> None:
-        """After every `checkpoint-every` rounds and the last one: the state to resume from, atomically. A grid that
-        keeps its clients' state itself (the in-process engine) writes it to their state dirs first."""
+    def write_checkpoint(self, server_round: int, elapsed: float, last_round: int) -> None:
+        """After every `checkpoint-every` rounds and the last one: the state to resume from, atomically, after the
+        `before_checkpoint` callback (a runtime writing the client state it keeps)."""
         if self.writer is not None and due(server_round, self.cfg.checkpoint_every, last_round):
-            persist = getattr(grid, "persist_client_state", None)
-            if persist is not None:
-                persist(self.checkpoint_round)
-            state = self.strategy.state_dict()
-            checkpoint = Checkpoint(
-                server_round, state, self.writer.records, elapsed, self.resumes, self.clients.table()
-            )
+            if self.before_checkpoint is not None:
+                self.before_checkpoint(self.checkpoint_round)
+            state, records = self.strategy.state_dict(), self.writer.records
+            checkpoint = Checkpoint(server_round, state, records, elapsed, self.resumes, self.clients.table())
             save_checkpoint(self.writer.run_dir, checkpoint)
             self.checkpoint_round = server_round
 
@@ -245,6 +244,6 @@ class RoundRunner:
         if self.writer is not None:
             self.writer.add_round(record, self.round_log.digests)
         stop = self.plateau.ends_after(rnd, record)
-        self.write_checkpoint(rnd, elapsed, grid, rnd if stop else self.cfg.num_rounds)  # a stopped run's last round
+        self.write_checkpoint(rnd, elapsed, rnd if stop else self.cfg.num_rounds)  # a stopped run's last round
         log(INFO, "%s", progress_text(record, self.cfg.num_rounds, self.cfg.shift_degrees, elapsed))
         return stop

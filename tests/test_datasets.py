@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from common.config import parse_run_config
-from common.data.datasets import DataError, load_dataset, normalize
+from common.data.datasets import DataError, clear_dataset_cache, load_dataset, normalize
 from common.data.federated import client_data, federated_split
 
 
@@ -29,21 +29,21 @@ def test_missing_files_named_in_the_error(tmp_path, monkeypatch, name: str, fold
 
 def test_mnist_from_local_folder(data_dir, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("PFL_CACHE_DIR", str(tmp_path))
-    load_dataset.cache_clear()
+    clear_dataset_cache()
     data = load_dataset("mnist", str(data_dir), False)
     assert data.x.shape == (70000, 1, 28, 28)
     # class counts of the MNIST training set (60,000) plus the test set (10,000)
     assert np.bincount(data.y)[:3].tolist() == [5923 + 980, 6742 + 1135, 5958 + 1032]
     x = normalize(data, data.x[:1000])
     assert abs(float(x.mean())) < 0.1 and 0.9 < float(x.std()) < 1.1
-    load_dataset.cache_clear()
+    clear_dataset_cache()
 
 
 def test_cifar10_all_staged_batches_from_local_folder(data_dir) -> None:
     data = load_dataset("cifar10", str(data_dir), False)
     assert data.x.shape[1:] == (3, 32, 32) and len(data.y) == 60000  # batches 1-5 plus the test batch
     assert np.bincount(data.y).tolist() == [6000] * 10
-    load_dataset.cache_clear()
+    clear_dataset_cache()
 
 
 def test_client_view_is_a_75_25_split_with_shift_draws() -> None:

@@ -20,7 +20,6 @@ from flwr.supercore.task_identity import TaskIdentity
 from common.algorithms import SPECS
 from common.persist import StateFileError
 from experiments.engine.blobs import SHARED_FROM_BYTES, SharedArrays
-from experiments.engine.flower_fields import PRIVATE_FIELDS, stamp
 from experiments.engine.grid import FIRST_NODE_ID, InProcessGrid
 from experiments.engine.serve import serve
 from experiments.engine.transport import blob_refs, records_in, records_out
@@ -57,16 +56,6 @@ def _gone(name: str) -> bool:
     except FileNotFoundError:
         return True
     return False
-
-
-def test_the_private_flower_fields_the_engine_stamps_are_the_ones_metadata_reads() -> None:
-    message = _query(5)
-    assert set(PRIVATE_FIELDS) <= set(message.metadata.__dict__), "Flower renamed Metadata's private fields"
-    stamp(message, "m-1", run_id=7, src_node_id=3)
-    assert (message.metadata.message_id, message.metadata.run_id, message.metadata.src_node_id) == ("m-1", 7, 3)
-    reply = stamp(Message(RecordDict(), reply_to=message), "r-1")
-    assert reply.metadata.message_id == "r-1" and reply.metadata.reply_to_message_id == "m-1"
-    assert reply.metadata.run_id == 7  # a reply takes the run from the message it answers
 
 
 def test_contents_cross_identical_and_shared_blocks_are_kept_while_recent_then_freed() -> None:

@@ -124,7 +124,7 @@ def test_the_client_app_starts_from_the_engines_copy_and_leaves_its_change_there
     from flwr.supercore.task_identity import TaskIdentity
 
     from client_app import app as client
-    from client_app.state import StateHost, host_state
+    from client_app.state import RuntimeStore, StateHost, host_state
 
     for name in ("run_id", "node_id", "task_id"):
         setattr(TaskIdentity, name, 1)
@@ -150,9 +150,10 @@ def test_the_client_app_starts_from_the_engines_copy_and_leaves_its_change_there
         env, store = client._env(_Context(), msg, training=training)  # type: ignore[arg-type]
         assert _same(env.state.tree, _tree(1.5))
         env.state.save_named("alpha", {"alpha": np.array([9.0])})
-        client._persist(env, store, msg, _Context())  # type: ignore[arg-type]
+        client._persist(env, store, msg)
         assert host.outgoing is not None and host.outgoing.server_round == 5
-        assert store is not None and store.versions() == ([5] if checkpointed else [])
+        assert isinstance(store, RuntimeStore) and store.folder is not None
+        assert store.folder.versions() == ([5] if checkpointed else [])
         assert host.outgoing.dirty is not checkpointed  # a state not yet in the state dir is written at the checkpoint
         assert host.incoming is not None and host.incoming.tree["alpha"]["alpha"][0] == 1.5  # the copy it came with
     finally:

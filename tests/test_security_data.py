@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from common.data import datasets
-from common.data.datasets import DataError, load_dataset, verify_cifar_file
+from common.data.datasets import DataError, clear_dataset_cache, load_dataset, verify_cifar_file
 from common.data.partition_file import read_partition_file
 
 DIGITS = 1797
@@ -84,7 +84,7 @@ def test_a_checked_pickle_that_calls_a_function_is_refused(tmp_path, monkeypatch
     with pytest.raises(DataError, match=rf"^cifar10: {folder / 'data_batch_1'} refers to '\w+\.(eval|system)', which"):
         load_dataset("cifar10", str(tmp_path))
     assert not marker.exists(), "the planted pickle ran"
-    load_dataset.cache_clear()
+    clear_dataset_cache()
 
 
 def test_a_file_swapped_after_its_check_is_never_decoded(tmp_path, monkeypatch) -> None:
@@ -101,7 +101,7 @@ def test_a_file_swapped_after_its_check_is_never_decoded(tmp_path, monkeypatch) 
 
     monkeypatch.setattr(datasets, "verify_cifar_file", verify_then_swap)
     data = load_dataset("cifar10", str(tmp_path))
-    load_dataset.cache_clear()
+    clear_dataset_cache()
     assert not marker.exists(), "the swapped-in pickle ran"
     assert np.array_equal(data.x[:4], good[b"data"].reshape(-1, 3, 32, 32))
     assert data.y[:4].tolist() == good[b"labels"] and len(data.y) == 7

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
@@ -174,9 +175,32 @@ def _cifar10(data_dir: Path, allow_download: bool) -> DatasetArrays:
     return DatasetArrays("cifar10", np.ascontiguousarray(x), y, 10, mean, std, 255.0)
 
 
-@lru_cache(maxsize=2)
+DataSource = Callable[[str], DatasetArrays]  # a data set's name -> its arrays, served instead of the files
+_SOURCE: DataSource | None = None
+
+
+def use_data_source(source: DataSource | None) -> None:
+    """Serve every data set this process loads from `source` (e.g. an export of the rows a sweep reads) instead of
+    the files under the data dir; None: the files again."""
+    global _SOURCE
+    _SOURCE = source
+
+
 def load_dataset(name: str, data_dir: str, allow_download: bool = False) -> DatasetArrays:
-    """Load a whole dataset (train and test pooled), cached per process."""
+    """Load a whole dataset (train and test pooled): from the data source this process serves, if any, else from
+    its files, cached per process."""
+    if _SOURCE is not None:
+        return _SOURCE(name)
+    return _load_files(name, data_dir, allow_download)
+
+
+def clear_dataset_cache() -> None:
+    """Forget the data sets loaded from files (their files changed, e.g. in a test)."""
+    _load_files.cache_clear()
+
+
+@lru_cache(maxsize=2)
+def _load_files(name: str, data_dir: str, allow_download: bool = False) -> DatasetArrays:
     root = Path(data_dir).expanduser()
     if name == "digits":
         return _digits()
@@ -186,7 +210,7 @@ def load_dataset(name: str, data_dir: str, allow_download: bool = False) -> Data
     if name == "cifar10":
         return _cifar10(root, allow_download)
     if name == "digit-domains":
-        return digit_domains(root, cache_dir, lambda part: load_dataset(part, data_dir))
+        return digit_domains(root, cache_dir, lambda part: _load_files(part, data_dir))
     if name in _READERS:
         return _READERS[name](root)
     raise DataError(f"unknown dataset '{name}'")

@@ -22,10 +22,10 @@ from flwr.supercore import log
 from flwr.supercore.run import Run
 
 from common.messages import NUM_PARTITIONS, PARTITION_ID
+from server_app.flower_private import stamp
 
 from . import worker
 from .blobs import PREFIX_ENV, BlobRef, SharedArrays, drop, sweep, sweep_orphans
-from .flower_fields import stamp
 from .states import HeldStates
 from .transport import blob_refs, num_bytes, records_in, records_out
 from .worker import Outcome, Task

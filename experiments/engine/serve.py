@@ -22,10 +22,10 @@ from typing import Any
 from flwr.app import Context, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.supercore import log
-from flwr.supercore.task_identity import TaskIdentity
 
 from common.config import ConfigError, parse_run_config
 from common.data.arrays import DataError
+from server_app.flower_private import set_task_identity
 
 from ..exports import check_export, serve_export
 from .grid import InProcessGrid
@@ -63,7 +63,7 @@ def serve(run_config: dict[str, Any], clients: int, workers: int = 0, data_expor
         cfg.client_threads,
         cfg.device,
     )
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1  # messages need them
+    set_task_identity(1, SUPERLINK_NODE_ID, 1)  # messages need them
     context = Context(
         run_id=1, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(), run_config=dict(run_config)
     )

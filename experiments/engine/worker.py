@@ -15,12 +15,11 @@ from typing import Any
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
-from flwr.supercore.task_identity import TaskIdentity
 
 from client_app.state import StateHost, host_state
+from server_app.flower_private import set_task_identity, stamp
 
 from .blobs import put
-from .flower_fields import stamp
 from .states import StateBlock, pack, unpack
 from .transport import Records, records_in, records_out
 
@@ -84,7 +83,7 @@ def answer(task: Task) -> Outcome:
     if _APP is None or _HOST is None:
         raise RuntimeError("worker not started")
     started = time.perf_counter()
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = task.run_id, task.node_id, task.run_id
+    set_task_identity(task.run_id, task.node_id, task.run_id)
     msg = Message(
         records_in(task.content),
         dst_node_id=task.node_id,

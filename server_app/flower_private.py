@@ -1,9 +1,19 @@
-"""A speed-up of Flower 1.42's in-memory simulation runtime, applied when the ServerApp is loaded in the simulation
-process: the runtime asks the link state for each node's next message every 0.1 s, and every ask checks every
-stored message (expiry, federation) before looking at its destination: O(nodes x messages) checks a sweep, which at
-1,000 clients take most of a CPU. Here the link state keeps the set of nodes that may have an undelivered message
-(a node enters when a message for it is stored, and leaves when Flower finds none for it), and an ask for any other
-node returns at once. The answers are the same: a node with no undelivered message gets none either way."""
+"""The one adapter to Flower's internals: what this project does that Flower's public API has no way for. Each
+part names the Flower version it was checked against, and tests pin the attributes it relies on
+(tests/test_flower_private.py), so a Flower release that changes them fails there, not mid-run.
+
+1. Message stamps (the in-process engine): a SuperLink stamps each message with its id, run and source node, and
+   Flower's Message API has no public setter for them.
+2. The task identity (the in-process engine): Flower's messages read the run and node of the task running in the
+   process from `TaskIdentity`, which Flower's own runtimes set.
+3. A speed-up of Flower's in-memory simulation runtime, applied by the ServerApp when it starts in the simulation
+   process: the runtime asks the link state for each node's next message every 0.1 s, and every ask checks every
+   stored message (expiry, federation) before looking at its destination: O(nodes x messages) checks a sweep, which
+   at 1,000 clients take most of a CPU. Here the link state keeps the set of nodes that may have an undelivered
+   message (a node enters when a message for it is stored, and leaves when Flower finds none for it), and an ask
+   for any other node returns at once. The answers are the same: a node with no undelivered message gets none
+   either way.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +23,34 @@ from collections.abc import Callable
 from typing import Any
 
 import flwr
+from flwr.app import Message
+from flwr.supercore.task_identity import TaskIdentity
 
+# ----- 1. message stamps -----
+PRIVATE_FIELDS = ("_message_id", "_run_id", "_src_node_id")  # Metadata's attributes behind its read-only properties
+
+
+def stamp(message: Message, message_id: str, run_id: int | None = None, src_node_id: int | None = None) -> Message:
+    """Give `message` the id (and run and source node, where given) a SuperLink would; returns it."""
+    fields = message.metadata.__dict__
+    fields[PRIVATE_FIELDS[0]] = message_id
+    if run_id is not None:
+        fields[PRIVATE_FIELDS[1]] = run_id
+    if src_node_id is not None:
+        fields[PRIVATE_FIELDS[2]] = src_node_id
+    return message
+
+
+# ----- 2. the task identity -----
+
+
+def set_task_identity(run_id: int, node_id: int, task_id: int) -> None:
+    """Name the task this process runs (its run, node and task ids), as Flower's runtimes do before a message is
+    made or handled."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, node_id, task_id
+
+
+# ----- 3. the in-memory link state -----
 PATCHED_VERSION = "1.42.0"  # the Flower version whose internals this was checked against (its in-memory link
 # state is 1.41.0's, for which it was written); others are left alone
 INDEX = "_pflower_waiting_nodes"  # the link state's attribute: node ids that may have an undelivered message
@@ -62,7 +99,7 @@ def indexed_store_message_ins(original: Callable[..., Any]) -> Callable[..., Any
     return store_message_ins
 
 
-def apply() -> bool:
+def speed_up_simulation() -> bool:
     """Install the speed-up on Flower's InMemoryLinkState (once, and only for the version it was written for;
     PFLOWER_FLOWER_SPEEDUPS=0 leaves Flower as it is, e.g. to compare)."""
     if flwr.__version__ != PATCHED_VERSION or os.environ.get("PFLOWER_FLOWER_SPEEDUPS", "1") == "0":
