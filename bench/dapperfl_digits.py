@@ -24,6 +24,7 @@ import argparse
 import numpy as np
 
 from common.data.domains import DOMAINS
+from common.run_folder import final_means
 from experiments.compare import compare_args, main
 
 RUNS = {  # name: (title, algorithm[overrides])
@@ -59,7 +60,7 @@ DEFAULTS = compare_args(
 
 def domain_accuracies(summary: dict) -> list[float]:
     """The global model's accuracy (%) per domain and their mean."""
-    mean = summary["final"]["mean"]
+    mean = final_means(summary)
     per_domain = [100 * mean.get(f"domain-{name}-acc", float("nan")) for name in DOMAINS]
     return [*per_domain, float(np.mean(per_domain))]
 

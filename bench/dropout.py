@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 
 from common.algorithms import CLOUD
+from common.run_folder import final_means, final_stds
 from experiments.compare import compare_args, main
 
 ALGORITHMS = {"fedavg": "FedAvg", "dmpfl": "DM-PFL", "fedamp": "FedAMP"}
@@ -48,10 +49,10 @@ def dropout_table(summaries: dict[str, dict]) -> str:
             cells = []
             for rate in RATES:
                 s = summaries.get(f"{algo}-drop{int(100 * rate)}")
-                if s is None or key not in s["final"]["mean"]:
+                if s is None or key not in final_means(s):
                     cells.append("-")
                     continue
-                acc = f"{100 * s['final']['mean'][key]:.2f} +/- {100 * s['final']['std'][key]:.2f}"
+                acc = f"{100 * final_means(s)[key]:.2f} +/- {100 * final_stds(s)[key]:.2f}"
                 used, sent = sum(s["replies_used"]), sum(s["replies_sent"])
                 per_round = "/".join(map(str, sorted(set(s["replies_used"]))))
                 cells.append(acc if suffix else f"{acc} ({used}/{sent} replies used; per round {per_round})")

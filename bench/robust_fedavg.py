@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import sys
 
+from common.run_folder import final_means, final_stds
 from experiments.compare import compare_args, main
 
 ATTACK = "attack-clients=0.1 attack-boost=10 attack-declare=100000"
@@ -63,13 +64,13 @@ def robust_table(summaries: dict[str, dict]) -> str:
         s = summaries.get(name)
         if s is None:
             continue
-        acc = 100 * s["final"]["mean"]["acc-shift-0"]
+        acc = 100 * final_means(s)["acc-shift-0"]
         clean = summaries.get(name.replace("attack-", "clean-", 1)) if name.startswith("attack-") else None
-        cost = f"{100 * clean['final']['mean']['acc-shift-0'] - acc:.2f}" if clean else "-"
+        cost = f"{100 * final_means(clean)['acc-shift-0'] - acc:.2f}" if clean else "-"
         robust = s.get("robust") or {}
         clipped = str(robust["clipped"]) if robust.get("method") == "clip" else "-"
         lines.append(
-            f"| {title} | {acc:.2f} +/- {100 * s['final']['std']['acc-shift-0']:.2f} | {cost} | {clipped} "
+            f"| {title} | {acc:.2f} +/- {100 * final_stds(s)['acc-shift-0']:.2f} | {cost} | {clipped} "
             f"| {1e3 * s['aggregate_s_median']:.1f} |"
         )
     return "\n".join(lines)

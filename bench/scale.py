@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common.run_folder import RunFolder
+from common.run_folder import RunFolder, evaluated_clients, evaluation, final_means
 from experiments.engine.serve import available_cores
 from experiments.measure import PeakMemory, raw_rate
 from experiments.presets import run_config_text
@@ -66,7 +66,7 @@ def run_one(config: dict, clients: int, home: Path, engine: str, workers: int) -
     if not ok or not RunFolder(run_dir).finished():
         return {"failed": (output.strip().splitlines() or ["no output"])[-1][-200:], "peak": memory.peak}
     records = RunFolder(run_dir).rounds()
-    training = [r for r in records if not r.get("eval")]
+    training = [r for r in records if not evaluation(r)]
     steady = [r for r in training if r["round"] > 1] or training
     round_s = statistics.median(r["wall_s"] for r in steady)
     last = records[-1]
@@ -77,9 +77,9 @@ def run_one(config: dict, clients: int, home: Path, engine: str, workers: int) -
         "eval_s": last["wall_s"] - round_s,
         "samples": statistics.median(r["train"]["num_examples"] for r in steady),
         "total_s": total,
-        "evaluated": (last.get("eval") or {}).get("num_clients", 0),
+        "evaluated": evaluated_clients(last),
         "peak": memory.peak,
-        "accuracy": (summary.get("final") or {}).get("mean", {}).get("acc-shift-0", float("nan")),
+        "accuracy": final_means(summary).get("acc-shift-0", float("nan")),
     }
 
 

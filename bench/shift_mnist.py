@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import sys
 
+from common.run_folder import final_means, final_stds
 from experiments.compare import compare_args, main
 
 ALGORITHMS = "fedavg,fedavg-ft,lg-fedavg,fedper,fedrep,ditto,apfl,feddst,dmpfl"
@@ -67,9 +68,10 @@ def _rows(summaries: dict[str, dict]) -> list[tuple[str, str, dict, dict]]:
     """(label, algorithm, final mean, final std) for each run and for DM-PFL+ beside DM-PFL."""
     rows = []
     for name, s in summaries.items():
-        rows.append((name, name, s["final"]["mean"], s["final"]["std"]))
-        if "plus-acc-shift-0" in s["final"]["mean"]:
-            plus = {k[len("plus-") :]: v for k, v in s["final"]["mean"].items() if k.startswith("plus-")}
+        mean = final_means(s)
+        rows.append((name, name, mean, final_stds(s)))
+        if "plus-acc-shift-0" in mean:
+            plus = {k[len("plus-") :]: v for k, v in mean.items() if k.startswith("plus-")}
             rows.append((f"{name}+", name, plus, {}))
     return rows
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Required, TypedDict, cast
 
 import numpy as np
 
@@ -27,7 +27,124 @@ ARTIFACTS_FILE = "artifacts.npz"
 CODE_FILE = "code.json"
 RUN_FILES = (CONFIG_FILE, METRICS_FILE, MESSAGES_FILE, SUMMARY_FILE, SUMMARY_MARKDOWN, ARTIFACTS_FILE, CODE_FILE)
 
-Record = dict[str, Any]  # a round record (a line of metrics.jsonl) or the summary: JSON objects
+Record = dict[str, Any]  # a JSON object of the folder (the run config, a message digest)
+
+
+class Evaluation(TypedDict):
+    """A round's evaluation of its clients: per metric (`acc-shift-0`, ...) the mean and std over the clients."""
+
+    num_clients: int
+    failed: int
+    mean: dict[str, float]
+    std: dict[str, float]
+    per_client: dict[str, dict[str, float]]  # partition id -> metric -> value
+
+
+class FinalEvaluation(TypedDict):
+    """The summary's copy of the last evaluation (without the per-client rows)."""
+
+    mean: dict[str, float]
+    std: dict[str, float]
+    num_clients: int
+
+
+class RoundRecord(TypedDict, total=False):
+    """One line of metrics.jsonl: a round's counters, traffic, evaluation (None in a round without) and the
+    algorithm's own fields (DM-PFL's phase, FedAMP's alpha_k, DapperFL's `by_ratio`, ...)."""
+
+    round: Required[int]
+    wall_s: Required[float]
+    elapsed_s: Required[float]
+    train: Required[dict[str, Any]]  # used, sent, loss, failed, late, rejected, flops, robust, stages, ...
+    bytes: Required[dict[str, int]]  # train_down, train_up, eval_down, eval_up
+    bytes_per_client: Required[dict[str, dict[str, int]]]  # partition id -> up, down
+    eval: Required[Evaluation | None]
+    aggregate_s: float
+    unseen: Evaluation  # the held-out clients' (newcomers') evaluation
+    by_ratio: dict[str, dict[str, Any]]
+    phase: int
+    global_mask_density: float
+
+
+class Summary(TypedDict, total=False):
+    """summary.json: the run's settings, its final and best accuracies, costs and reply counts."""
+
+    algorithm: str
+    dataset: str
+    partition: str
+    seed: int
+    num_clients: int
+    shift_degrees: list[float]
+    resumed_after_rounds: list[int]
+    stopped_early: dict[str, Any]
+    rounds_completed: int
+    final_round: int | None
+    final: FinalEvaluation | None
+    best_mean_accuracy: float
+    best_round: int | None
+    bytes_total: dict[str, int]
+    mb_per_client: dict[str, float]
+    train_flops_total: float
+    train_flops_per_client: float
+    train_flops_dense_grad_total: float
+    train_flops_dense_grad_per_client: float
+    replies_used: list[int]
+    replies_sent: list[int]
+    replies_failed: list[int]
+    replies_late: list[int]
+    replies_rejected: list[int]
+    wall_seconds: float
+    aggregate_s_median: float | None
+    robust: dict[str, Any]
+    by_ratio: dict[str, dict[str, Any]]
+    unseen: Evaluation
+    stages: dict[str, Any]
+    stages_round: int
+
+
+def evaluation(record: RoundRecord) -> Evaluation | None:
+    """A round's evaluation of its clients; None in a round without evaluation."""
+    return record.get("eval") or None
+
+
+def final_evaluation(summary: Summary) -> FinalEvaluation | None:
+    """The run's last evaluation; None when it never evaluated."""
+    return summary.get("final") or None
+
+
+def unseen_evaluation(summary: Summary) -> Evaluation | None:
+    """The held-out clients' (newcomers') last evaluation; None when the run has none."""
+    return summary.get("unseen") or None
+
+
+def evaluation_means(record: RoundRecord) -> dict[str, float]:
+    """A round's mean over clients per evaluation metric; empty in a round without evaluation."""
+    evaluation = record.get("eval")
+    return dict(evaluation["mean"]) if evaluation else {}
+
+
+def evaluated_clients(record: RoundRecord) -> int:
+    """How many clients a round evaluated (0 in a round without evaluation)."""
+    evaluation = record.get("eval")
+    return int(evaluation["num_clients"]) if evaluation else 0
+
+
+def final_means(summary: Summary) -> dict[str, float]:
+    """The last evaluation's mean over clients per metric; empty when the run never evaluated."""
+    final = summary.get("final")
+    return dict(final["mean"]) if final else {}
+
+
+def unseen_means(summary: Summary) -> dict[str, float]:
+    """The held-out clients' (newcomers') last evaluation: mean per metric; empty when the run has none."""
+    unseen = summary.get("unseen")
+    return dict(unseen["mean"]) if unseen else {}
+
+
+def final_stds(summary: Summary) -> dict[str, float]:
+    """The last evaluation's std over clients per metric; empty when the run never evaluated."""
+    final = summary.get("final")
+    return dict(final["std"]) if final else {}
 
 
 def _json_lines(path: Path) -> list[Record]:
@@ -84,13 +201,13 @@ class RunFolder:
         """The run config as the run saved it (dashed keys; a key added since is absent)."""
         return dict(json.loads(self.config_path.read_text()))
 
-    def summary(self) -> Record:
+    def summary(self) -> Summary:
         """The finished run's summary."""
-        return dict(json.loads(self.summary_path.read_text()))
+        return cast(Summary, dict(json.loads(self.summary_path.read_text())))
 
-    def rounds(self) -> list[Record]:
+    def rounds(self) -> list[RoundRecord]:
         """The round records so far, in round order (empty before the first)."""
-        return _json_lines(self.metrics_path)
+        return cast(list[RoundRecord], _json_lines(self.metrics_path))
 
     def digests(self) -> list[Record]:
         """The messages' digests so far (empty when the run keeps none)."""
@@ -119,11 +236,11 @@ class RunFolder:
         """Save the run config (atomically)."""
         atomic_write_text(self.config_path, json.dumps(config, indent=2, sort_keys=True))
 
-    def write_rounds(self, records: list[Record]) -> None:
+    def write_rounds(self, records: list[RoundRecord]) -> None:
         """Replace the round records by these (atomically): a new run's none, a resumed run's checkpointed ones."""
         atomic_write_text(self.metrics_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
 
-    def append_round(self, record: Record) -> None:
+    def append_round(self, record: RoundRecord) -> None:
         """Add one round's record (flushed at once: a crash loses at most the round in progress)."""
         with self.metrics_path.open("a") as fh:
             fh.write(json.dumps(record, sort_keys=True) + "\n")
@@ -137,7 +254,7 @@ class RunFolder:
         with self.messages_path.open("a") as fh:
             fh.writelines(json.dumps(r, sort_keys=True) + "\n" for r in records)
 
-    def write_summary(self, summary: Record, markdown: str) -> Path:
+    def write_summary(self, summary: Summary, markdown: str) -> Path:
         """Save the summary and its markdown rendering (atomically); returns the markdown's path."""
         atomic_write_text(self.summary_path, json.dumps(summary, indent=2, sort_keys=True))
         path = self.file(SUMMARY_MARKDOWN)

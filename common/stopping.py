@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 from common.evaluate import shift_key
+from common.run_folder import RoundRecord, evaluation_means
 
 
-def accuracy_curve(records: Iterable[Mapping[str, Any]]) -> list[tuple[int, float]]:
+def accuracy_curve(records: Iterable[RoundRecord]) -> list[tuple[int, float]]:
     """(round, mean accuracy at shift 0) of every evaluated round record, in record order."""
     key = shift_key(0.0)
-    return [
-        (int(r["round"]), float(r["eval"]["mean"][key]))
-        for r in records
-        if r.get("eval") and key in r["eval"].get("mean", {})
-    ]
+    means = [(int(r["round"]), evaluation_means(r)) for r in records]
+    return [(rnd, float(mean[key])) for rnd, mean in means if key in mean]
 
 
 def stalled(curve: list[tuple[int, float]], patience: int, min_delta: float) -> bool:

@@ -14,7 +14,16 @@ import numpy as np
 
 from common import stopping
 from common.hparams import ConfigError
-from common.run_folder import SUMMARY_FILE, RunFolder
+from common.run_folder import (
+    SUMMARY_FILE,
+    RoundRecord,
+    RunFolder,
+    Summary,
+    evaluation_means,
+    final_evaluation,
+    final_means,
+    final_stds,
+)
 
 CORRUPT = re.compile(r"^acc-corrupt-(.+)-(\d)$")
 SEED_SUFFIX = re.compile(r"-seed(\d+)$")
@@ -44,8 +53,8 @@ class Run:
 
     path: Path
     config: dict[str, Any]
-    summary: dict[str, Any]
-    records: list[dict[str, Any]]
+    summary: Summary
+    records: list[RoundRecord]
 
     @property
     def seed(self) -> int:
@@ -55,7 +64,12 @@ class Run:
     @property
     def final(self) -> dict[str, float]:
         """Mean across clients of every metric of the last evaluation."""
-        return (self.summary.get("final") or {}).get("mean", {})
+        return final_means(self.summary)
+
+    @property
+    def final_std(self) -> dict[str, float]:
+        """Std across clients of every metric of the last evaluation."""
+        return final_stds(self.summary)
 
     @property
     def mb_per_client(self) -> float:
@@ -84,7 +98,7 @@ class Run:
         """Mean metrics of the evaluation round with the best mean accuracy at shift 0 (the papers' best-round
         accuracy): the round summary.json's `best_round` and the stop rule name."""
         best = stopping.best_round(stopping.accuracy_curve(self.records))
-        return next((r["eval"]["mean"] for r in self.records if r.get("eval") and r["round"] == best), {})
+        return next((evaluation_means(r) for r in self.records if r["round"] == best), {})
 
     def artifacts(self) -> dict[str, np.ndarray]:
         """The arrays the algorithm left (attention, mask overlap), empty when none."""
@@ -193,7 +207,8 @@ def experiment_settings(run: Run) -> dict[str, Any]:
     seed, names and folders, and the engine's performance keys (NOT_EXPERIMENT); plus the number of clients."""
     ignored = NOT_EXPERIMENT | _algorithm_keys()
     settings = {k: v for k, v in sorted(run.config.items()) if k not in ignored}
-    settings["clients"] = run.summary.get("num_clients", (run.summary.get("final") or {}).get("num_clients"))
+    final = final_evaluation(run.summary)
+    settings["clients"] = run.summary.get("num_clients", final.get("num_clients") if final else None)
     return settings
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from common.algorithms import eval_rows
-from common.run_folder import RunFolder
+from common.run_folder import RunFolder, Summary, final_means, final_stds
 
 from .engines import ENGINES, make_engine
 
@@ -49,7 +49,7 @@ def _pct(mean: float, std: float) -> str:
 VARIANTS = {row.prefix: row.suffix for row in eval_rows()}  # extra accuracies some algorithms report
 
 
-def accuracy_table(summaries: dict[str, dict]) -> str:
+def accuracy_table(summaries: dict[str, Summary]) -> str:
     """Markdown: one row per algorithm (and per variant it reports), accuracy mean +/- std per shift degree."""
     degrees = next(iter(summaries.values()))["shift_degrees"]
     lines = [
@@ -57,7 +57,7 @@ def accuracy_table(summaries: dict[str, dict]) -> str:
         "|---|" + "---|" * (len(degrees) + 1),
     ]
     for name, s in summaries.items():
-        mean, std = s["final"]["mean"], s["final"]["std"]
+        mean, std = final_means(s), final_stds(s)
         for prefix, suffix in [("", ""), *VARIANTS.items()]:
             if f"{prefix}acc-shift-{degrees[0]:g}" not in mean:
                 continue
@@ -67,7 +67,7 @@ def accuracy_table(summaries: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def stage_table(summaries: dict[str, dict]) -> str:
+def stage_table(summaries: dict[str, Summary]) -> str:
     """Markdown like the FLIU paper's Table I: Acc(L), Acc(G), Acc at stages L1, L2 and Acc(G) at G (%), plus a '+' row
     for DM-PFL+'s stages L1+ and L2+; '' if none."""
     with_stages = {name: s for name, s in summaries.items() if s.get("stages")}
@@ -101,7 +101,7 @@ def stage_table(summaries: dict[str, dict]) -> str:
 
 
 def cost_table(
-    summaries: dict[str, dict], reference: str = "fedavg", round_seconds: dict[str, float] | None = None
+    summaries: dict[str, Summary], reference: str = "fedavg", round_seconds: dict[str, float] | None = None
 ) -> str:
     """Markdown: measured training MB per client (down, up, total), training FLOPs per client, ratios to the
     reference run (the first FedAvg run), wall time, and (when given) the median training round's wall time with its
@@ -183,7 +183,7 @@ def finished_with_config(run_dir: Path, config: str) -> bool:
     return all(recorded.get(key) == value for key, value in wanted.items() if key not in {"results-dir", "run-name"})
 
 
-def main(argv: list[str] | None = None) -> dict[str, dict]:
+def main(argv: list[str] | None = None) -> dict[str, Summary]:
     """Run the algorithms one after another, print the tables and return each run's summary by label."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         f"local-epochs={args.epochs} batch-size={args.batch_size} lr={args.lr} eval-every={args.eval_every} "
         f"seed={args.seed} results-dir='{results}' {args.extra}"
     )
-    summaries: dict[str, dict] = {}
+    summaries: dict[str, Summary] = {}
     # a SIGTERM (e.g. `kill`) unwinds like Ctrl+C, so a SuperLink is stopped, not orphaned
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     engine = make_engine(args.engine, REPO, args.workers)

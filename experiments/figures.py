@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from common.evaluate import shift_key
+from common.run_folder import evaluation, evaluation_means
 
 from .collect import Group, corruptions_of
 
@@ -59,7 +60,7 @@ def accuracy_vs_shift(groups: list[Group], out: Path) -> str:
         color = f"C{index % 10}"
         keys = [shift_key(d) for d in degrees]
         last = [_seed_mean(g, lambda r, k=k: r.final.get(k))[0] for k in keys]
-        spread = [_seed_mean(g, lambda r, k=k: (r.summary.get("final") or {}).get("std", {}).get(k))[0] for k in keys]
+        spread = [_seed_mean(g, lambda r, k=k: r.final_std.get(k))[0] for k in keys]
         best = [_seed_mean(g, lambda r, k=k: r.best_round().get(k))[0] for k in keys]
         x = [100 * d for d in degrees]
         ax.errorbar(
@@ -219,12 +220,12 @@ def global_per_round(groups: list[Group], out: Path) -> str:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
     for index, group in enumerate(groups):
-        records = [r for run in group.runs for r in run.records if r.get("eval")]
-        key = GLOBAL_KEY if any(GLOBAL_KEY in r["eval"]["mean"] for r in records) else "acc-shift-0"
+        evaluated = [(r["round"], evaluation_means(r)) for run in group.runs for r in run.records if evaluation(r)]
+        key = GLOBAL_KEY if any(GLOBAL_KEY in mean for _, mean in evaluated) else "acc-shift-0"
         by_round: dict[int, list[float]] = {}
-        for record in records:
-            if key in record["eval"]["mean"]:
-                by_round.setdefault(int(record["round"]), []).append(100.0 * float(record["eval"]["mean"][key]))
+        for rnd, mean in evaluated:
+            if key in mean:
+                by_round.setdefault(int(rnd), []).append(100.0 * float(mean[key]))
         rounds = sorted(by_round)
         values = [by_round[r] for r in rounds]
         label = f"{group.label} ({'global model' if key == GLOBAL_KEY else 'its model'})"

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.run_folder import RunFolder
+from common.run_folder import RoundRecord, RunFolder, evaluation
 
 from .superlink import descendants
 
@@ -63,11 +63,11 @@ def raw_rate_together(raw: dict[str, Any], clients: int, workers: int, max_clien
     return sum(samples for samples, _ in done) / max(seconds for _, seconds in done) if wall > 0 else 0.0
 
 
-def steady_rounds(run_dir: Path) -> list[dict[str, Any]]:
+def steady_rounds(run_dir: Path) -> list[RoundRecord]:
     """A finished run's training rounds after the first, without the evaluation rounds (the steady state)."""
     records = RunFolder(Path(run_dir)).rounds()
-    steady = [r for r in records if r["round"] > 1 and not r.get("eval")]
-    return steady or [r for r in records if not r.get("eval")] or records
+    steady = [r for r in records if r["round"] > 1 and not evaluation(r)]
+    return steady or [r for r in records if not evaluation(r)] or records
 
 
 def round_rate(run_dir: Path, local_epochs: int) -> dict[str, float]:

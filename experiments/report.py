@@ -12,6 +12,7 @@ from common.algorithms import FINETUNED, SPECS
 from common.evaluate import shift_key
 from common.hparams import ConfigError
 from common.persist import atomic_write_text
+from common.run_folder import unseen_evaluation, unseen_means
 
 from .collect import (
     Group,
@@ -80,7 +81,7 @@ def overview(groups: list[Group], base: Group | None) -> list[str]:
                 _cell(g, _final(shift_key(0.0))),
                 _cell(g, lambda r: r.best_round().get(shift_key(0.0))),
                 _cell(g, _final(top)),
-                _cell(g, lambda r: (r.summary.get("final") or {}).get("std", {}).get(shift_key(0.0))),
+                _cell(g, lambda r: r.final_std.get(shift_key(0.0))),
                 f"{mb:.3f}",
                 f"{mb / ratio_mb:.2f}x" if base and ratio_mb else "n/a",
                 f"{flops:.3e}",
@@ -168,12 +169,12 @@ def unseen_table(groups: list[Group]) -> list[str]:
     """Held-out clients: the newcomer model as received and after fine-tuning (no shift)."""
 
     def unseen(key: str) -> Value:
-        return lambda run: (run.summary.get("unseen") or {}).get("mean", {}).get(key)
+        return lambda run: unseen_means(run.summary).get(key)
 
     rows = [
         [g.label, _cell(g, unseen(shift_key(0.0))), _cell(g, unseen(FINETUNED.prefix + shift_key(0.0)))]
         for g in groups
-        if any(r.summary.get("unseen") for r in g.runs)
+        if any(unseen_evaluation(r.summary) for r in g.runs)
     ]
     if not rows:
         return []

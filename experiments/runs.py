@@ -14,7 +14,7 @@ from typing import Any
 
 from common.config import parse_run_config
 from common.hparams import ConfigError
-from common.run_folder import RunFolder
+from common.run_folder import RunFolder, Summary
 
 from .engines import FINISHED, Engine
 from .presets import Preset
@@ -288,6 +288,6 @@ def _last_error(output: str) -> str:
     return (specific or errors or [""])[0]
 
 
-def summary_of(run_dir: Path) -> dict[str, Any]:
+def summary_of(run_dir: Path) -> Summary:
     """A finished run's summary."""
     return RunFolder(run_dir).summary()

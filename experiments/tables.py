@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.hparams import ConfigError
+from common.run_folder import unseen_means
 from common.stopping import accuracy_curve, best_round
 
 from .collect import CORRUPT, Group, Run
@@ -213,9 +214,9 @@ def metric_reader(metric: str, prefix: str = "") -> Callable[[Run], float]:
     if kind == "best":
         return lambda run: _number(run.best_round().get(prefix + rest))
     if kind == "std":
-        return lambda run: _number((run.summary.get("final") or {}).get("std", {}).get(prefix + rest))
+        return lambda run: _number(run.final_std.get(prefix + rest))
     if kind == "unseen":
-        return lambda run: _number((run.summary.get("unseen") or {}).get("mean", {}).get(prefix + rest))
+        return lambda run: _number(unseen_means(run.summary).get(prefix + rest))
     if kind == "stage":
         stage, _, key = rest.partition(":")
         return lambda run: _number(((run.summary.get("stages") or {}).get(stage, {}).get(key) or [math.nan])[0])

@@ -9,11 +9,12 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from common.persist import CHECKPOINT_FILE, StateFileError, load_tree, save_tree, signing_context, signing_key
+from common.run_folder import RoundRecord
 
 from .clients import RunAborted
 from .results import ResultsWriter
@@ -46,7 +47,7 @@ class Checkpoint:
 
     round: int
     state: dict[str, Any]
-    records: list[dict[str, Any]]
+    records: list[RoundRecord]
     elapsed_s: float = 0.0
     resumes: list[int] = field(default_factory=list)  # rounds earlier resumptions started after
     clients: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # partition -> (node, train, test)
@@ -139,7 +140,7 @@ def _decoded(tree: dict[str, Any]) -> Checkpoint:
     if table.dtype != np.uint64 or table.ndim != 2 or table.shape[1] != 4:
         raise ValueError("the clients table is not a list of (partition, node, train, test) counts")
     clients = {int(row[0]): (int(row[1]), int(row[2]), int(row[3])) for row in table}
-    return Checkpoint(round_, tree["state"], records, elapsed, resumes, clients)
+    return Checkpoint(round_, tree["state"], cast(list[RoundRecord], records), elapsed, resumes, clients)
 
 
 def _whole(value: Any, name: str) -> int:

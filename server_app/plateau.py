@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from logging import INFO
-from typing import Any
 
 from flwr.supercore import log
 
 from common.config import RunConfig
+from common.run_folder import RoundRecord
 from common.stopping import accuracy_curve, best_round, stalled
 
 
@@ -20,12 +20,12 @@ class Plateau:
         self.curve: list[tuple[int, float]] = []  # (round, mean accuracy at shift 0)
         self.stopped: dict[str, float] | None = None
 
-    def resumed(self, records: list[dict[str, Any]], last_round: int) -> bool:
+    def resumed(self, records: list[RoundRecord], last_round: int) -> bool:
         """Start from a resumed run's records; True when the run had already stopped after `last_round`."""
         self.curve = accuracy_curve(records)
         return self.ends_after(last_round)
 
-    def ends_after(self, server_round: int, record: dict[str, Any] | None = None) -> bool:
+    def ends_after(self, server_round: int, record: RoundRecord | None = None) -> bool:
         """Add the round's record to the curve; True (and logged) when the run stops after this round (never after
         its last: it ends anyway)."""
         cfg = self.cfg

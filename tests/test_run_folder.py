@@ -10,7 +10,21 @@ import numpy as np
 import pytest
 
 from common.persist import CHECKPOINT_FILE
-from common.run_folder import ARTIFACTS_FILE, RUN_FILES, RunFolder
+from common.run_folder import (
+    ARTIFACTS_FILE,
+    RUN_FILES,
+    RoundRecord,
+    RunFolder,
+    Summary,
+    evaluated_clients,
+    evaluation,
+    evaluation_means,
+    final_evaluation,
+    final_means,
+    final_stds,
+    unseen_evaluation,
+    unseen_means,
+)
 
 from .conftest import REPO
 
@@ -51,6 +65,68 @@ def test_no_module_spells_out_a_run_folder_file() -> None:
         for line, name in _spelled_names(ast.parse(path.read_text()))
     ]
     assert not offenders, "use common/run_folder.py:\n" + "\n".join(offenders)
+
+
+EVALUATION_KEYS = ("final", "eval", "unseen")  # the records' evaluations, read through run_folder's accessors
+WRITERS = {"common/run_folder.py", "server_app/results/summary.py", "server_app/results/log_lines.py"}
+
+
+def _read_keys(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, key) of every evaluation key read by subscript or `.get` with a literal."""
+    found = []
+    for node in ast.walk(tree):
+        key = None
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            key = node.slice.value
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
+            key = node.args[0].value
+        if key in EVALUATION_KEYS:
+            found.append((node.lineno, str(key)))
+    return found
+
+
+def test_the_scan_finds_evaluations_read_by_hand() -> None:
+    code = 'a = s["final"]["mean"]\nb = (s.get("final") or {}).get("mean")\nc = r.get("eval")\nd = x["finale"]\n'
+    assert sorted(key for _, key in _read_keys(ast.parse(code))) == ["eval", "final", "final"]
+
+
+def test_no_reader_reads_an_evaluation_by_hand() -> None:
+    offenders = [
+        f"{path.relative_to(REPO)}:{line}: {key!r}"
+        for package in ("common", "server_app", "client_app", "experiments", "bench")
+        for path in sorted((REPO / package).rglob("*.py"))
+        if path.relative_to(REPO).as_posix() not in WRITERS
+        for line, key in _read_keys(ast.parse(path.read_text()))
+    ]
+    assert not offenders, "read them with common/run_folder.py's accessors:\n" + "\n".join(offenders)
+
+
+def test_the_accessors_read_the_evaluations_and_give_empty_answers_without_one() -> None:
+    evaluated: RoundRecord = {
+        "round": 3,
+        "wall_s": 1.0,
+        "elapsed_s": 3.0,
+        "train": {},
+        "bytes": {},
+        "bytes_per_client": {},
+        "eval": {"num_clients": 4, "failed": 0, "mean": {"acc": 0.5}, "std": {"acc": 0.1}, "per_client": {}},
+    }
+    plain: RoundRecord = {**evaluated, "eval": None}
+    assert evaluation_means(evaluated) == {"acc": 0.5} and evaluated_clients(evaluated) == 4
+    assert evaluation(plain) is None and evaluation_means(plain) == {} and evaluated_clients(plain) == 0
+    unseen = {"num_clients": 2, "failed": 1, "mean": {"acc": 0.3}, "std": {"acc": 0.0}, "per_client": {}}
+    summary: Summary = {"final": {"mean": {"acc": 0.5}, "std": {"acc": 0.1}, "num_clients": 4}, "unseen": unseen}
+    assert final_means(summary) == {"acc": 0.5} and final_stds(summary) == {"acc": 0.1}
+    assert unseen_means(summary) == {"acc": 0.3} and unseen_evaluation(summary) == unseen
+    never: Summary = {"final": None}
+    assert final_evaluation(never) is None and final_means(never) == {} and final_stds(never) == {}
+    assert unseen_evaluation(never) is None and unseen_means(never) == {}
 
 
 def test_what_the_folder_writes_it_reads_back(tmp_path: Path) -> None:

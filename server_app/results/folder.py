@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from common.config import parse_run_config
-from common.run_folder import RunFolder
+from common.run_folder import RoundRecord, RunFolder
 
 from .markdown import render_markdown
 from .plots import plot_run
@@ -44,7 +44,7 @@ class ResultsWriter:
     def __init__(self, run_dir: Path, config: dict[str, Any], resume: bool = False) -> None:
         self.run_dir = run_dir
         self.folder = RunFolder(run_dir)
-        self.records: list[dict[str, Any]] = []
+        self.records: list[RoundRecord] = []
         self.folder.write_config(config)
         self._resume = resume
         self.tracking = RunTracking(run_dir, config)
@@ -53,7 +53,7 @@ class ResultsWriter:
             self.folder.write_rounds([])
             self.folder.messages_path.unlink(missing_ok=True)
 
-    def restart_from(self, records: list[dict[str, Any]]) -> None:
+    def restart_from(self, records: list[RoundRecord]) -> None:
         """Continue after the given rounds (a checkpoint's): the round records are rewritten to hold just them, the
         messages' digests (when the run keeps them) just theirs, and the trackers go on after them."""
         self.records = list(records)
@@ -63,7 +63,7 @@ class ResultsWriter:
             last = records[-1]["round"] if records else 0
             self.folder.write_digests([d for d in self.folder.digests() if d["round"] <= last])
 
-    def add_round(self, record: dict[str, Any], digests: list[dict[str, Any]] | None = None) -> None:
+    def add_round(self, record: RoundRecord, digests: list[dict[str, Any]] | None = None) -> None:
         """Append one round's record (flushed), and its messages' digests."""
         self.records.append(record)
         self.folder.append_round(record)

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from common.config import RunConfig
 from common.evaluate import shift_key
+from common.run_folder import RoundRecord
 
 from ..replies import RoundLog
 
 
-def round_record(
-    server_round: int, wall: float, elapsed: float, log: RoundLog, extra: dict[str, Any]
-) -> dict[str, Any]:
+def round_record(server_round: int, wall: float, elapsed: float, log: RoundLog, extra: dict[str, Any]) -> RoundRecord:
     """A round's line of metrics.jsonl, from its counters and the algorithm's own fields."""
-    return {
+    record: dict[str, Any] = {
         "round": server_round,
         "wall_s": wall,
         "elapsed_s": elapsed,
@@ -26,6 +25,7 @@ def round_record(
         **({"unseen": log.unseen} if log.unseen else {}),
         **extra,
     }
+    return cast(RoundRecord, record)
 
 
 def settings_text(cfg: RunConfig, num_clients: int) -> str:
@@ -37,7 +37,7 @@ def settings_text(cfg: RunConfig, num_clients: int) -> str:
     return text + (f", robust aggregation {cfg.robust_aggregation}" if cfg.robust_aggregation != "none" else "")
 
 
-def progress_text(record: dict[str, Any], num_rounds: int, degrees: tuple[float, ...], elapsed: float) -> str:
+def progress_text(record: RoundRecord, num_rounds: int, degrees: tuple[float, ...], elapsed: float) -> str:
     """The progress log line of a finished round: replies, loss, traffic, accuracy, time and ETA."""
     rnd = record["round"]
     eta = elapsed / rnd * (num_rounds - rnd)
@@ -46,8 +46,9 @@ def progress_text(record: dict[str, Any], num_rounds: int, degrees: tuple[float,
         f"[round {rnd}/{num_rounds}] train {train['used']}/{train['sent']} used, loss {train['loss']:.4f}"
         f" | down {record['bytes']['train_down'] / 1e6:.2f} MB up {record['bytes']['train_up'] / 1e6:.2f} MB"
     )
-    if record["eval"]:
-        mean, std = record["eval"]["mean"], record["eval"]["std"]
+    evaluation = record["eval"]
+    if evaluation:
+        mean, std = evaluation["mean"], evaluation["std"]
         k0, k1 = shift_key(min(degrees)), shift_key(max(degrees))
         text += (
             f" | acc {100 * mean[k0]:.2f}+/-{100 * std[k0]:.2f}% (shift {100 * max(degrees):g}%: {100 * mean[k1]:.2f}%)"

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from common.algorithms import FINETUNED, eval_rows
 from common.data.domains import DOMAINS
 from common.evaluate import shift_key
+from common.run_folder import Evaluation, FinalEvaluation, Summary, final_evaluation, final_means, unseen_evaluation
 
 from ..replies import domain_key
 from .shift import corruption_lines, domain_shift_lines
@@ -19,7 +19,7 @@ def _fmt(value: float, pct: bool = True) -> str:
     return f"{100 * value:.2f}" if pct else f"{value:.3f}"
 
 
-def _stage_lines(summary: dict[str, Any]) -> list[str]:
+def _stage_lines(summary: Summary) -> list[str]:
     stages = summary.get("stages")
     if not stages:
         return []
@@ -44,16 +44,16 @@ def _stage_lines(summary: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def _degree_cells(stats: dict[str, Any], prefix: str, degrees: list[float]) -> list[str]:
+def _degree_cells(stats: FinalEvaluation | Evaluation, prefix: str, degrees: list[float]) -> list[str]:
     """'mean +/- std' (%) of a row of evaluation statistics at each shift degree."""
     return [
         f"{_fmt(stats['mean'][prefix + shift_key(d)])} +/- {_fmt(stats['std'][prefix + shift_key(d)])}" for d in degrees
     ]
 
 
-def _unseen_lines(summary: dict[str, Any]) -> list[str]:
+def _unseen_lines(summary: Summary) -> list[str]:
     """Held-out clients: the newcomer model's accuracy as received and after fine-tuning, by shift degree."""
-    unseen, degrees = summary.get("unseen"), summary["shift_degrees"]
+    unseen, degrees = unseen_evaluation(summary), summary["shift_degrees"]
     if not unseen:
         return []
     lines = [
@@ -69,10 +69,10 @@ def _unseen_lines(summary: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def _domain_lines(summary: dict[str, Any]) -> list[str]:
+def _domain_lines(summary: Summary) -> list[str]:
     """Multi-domain data: the global model's accuracy on each domain's held-out test data, and their mean."""
-    final = summary.get("final") or {}
-    rows = [(name, final["mean"][domain_key(name)]) for name in DOMAINS if domain_key(name) in final.get("mean", {})]
+    final = final_means(summary)
+    rows = [(name, final[domain_key(name)]) for name in DOMAINS if domain_key(name) in final]
     if not rows:
         return []
     mean = sum(value for _, value in rows) / len(rows)
@@ -86,7 +86,7 @@ def _domain_lines(summary: dict[str, Any]) -> list[str]:
     ]
 
 
-def _ratio_lines(summary: dict[str, Any]) -> list[str]:
+def _ratio_lines(summary: Summary) -> list[str]:
     """DapperFL: costs per client by pruning ratio."""
     table = summary.get("by_ratio")
     if not table:
@@ -105,7 +105,7 @@ def _ratio_lines(summary: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def render_markdown(summary: dict[str, Any]) -> str:
+def render_markdown(summary: Summary) -> str:
     """summary.md: one table of accuracy at each shift degree, then costs and replies."""
     lines = [f"# {summary.get('algorithm', '?')} on {summary.get('dataset', '?')}", ""]
     lines.append(
@@ -125,7 +125,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
             f"{', '.join(map(str, summary['resumed_after_rounds']))}."
         )
     lines.append("")
-    final = summary.get("final")
+    final = final_evaluation(summary)
     if final:
         degrees = summary["shift_degrees"]
         lines.append(
@@ -158,11 +158,12 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines.append(f"| evaluation download per client (MB) | {mb['eval_down']:.3f} |")
     lines.append(f"| training FLOPs per client | {summary['train_flops_per_client']:.3e} |")
     lines.append(f"| wall time (s) | {summary['wall_seconds']:.1f} |")
-    if summary.get("aggregate_s_median") is not None:
+    aggregate_s = summary.get("aggregate_s_median")
+    if aggregate_s is not None:
         robust = summary.get("robust")
         clipped = f", {robust['clipped']} updates clipped" if robust and robust["method"] == "clip" else ""
         rule = f" ({robust['method']}{clipped})" if robust else ""
-        lines.append(f"| server aggregation per round (ms, median){rule} | {1e3 * summary['aggregate_s_median']:.1f} |")
+        lines.append(f"| server aggregation per round (ms, median){rule} | {1e3 * aggregate_s:.1f} |")
     used, sent = summary["replies_used"], summary["replies_sent"]
     lines.append(f"| training replies used / sent | {sum(used)} / {sum(sent)} (per round min {min(used, default=0)}) |")
     lines.append(

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from common.evaluate import shift_key
+from common.run_folder import RoundRecord, Summary, evaluation, evaluation_means, final_means, final_stds
 
 from .shift import plot_corruptions
 
 
-def plot_run(records: list[dict[str, Any]], summary: dict[str, Any], run_dir: Path) -> None:
+def plot_run(records: list[RoundRecord], summary: Summary, run_dir: Path) -> None:
     """accuracy_vs_round.png, accuracy_vs_shift.png and, with corruptions, accuracy_vs_corruption.png."""
     import matplotlib
 
@@ -18,16 +18,14 @@ def plot_run(records: list[dict[str, Any]], summary: dict[str, Any], run_dir: Pa
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    evaluated = [r for r in records if r.get("eval")]
+    evaluated = [(r["round"], evaluation_means(r)) for r in records if evaluation(r)]
     if not evaluated:
         return
-    degrees = summary["shift_degrees"]
+    degrees = summary.get("shift_degrees", [])
     fig, ax = plt.subplots(figsize=(7.5, 4), layout="constrained")
-    rounds = [r["round"] for r in evaluated]
+    rounds = [rnd for rnd, _ in evaluated]
     for d in degrees:
-        ax.plot(
-            rounds, [100 * r["eval"]["mean"][shift_key(d)] for r in evaluated], marker=".", label=f"shift {100 * d:g}%"
-        )
+        ax.plot(rounds, [100 * mean[shift_key(d)] for _, mean in evaluated], marker=".", label=f"shift {100 * d:g}%")
     ax.set_xlabel("round")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("mean client accuracy (%)")
@@ -37,14 +35,14 @@ def plot_run(records: list[dict[str, Any]], summary: dict[str, Any], run_dir: Pa
     fig.savefig(run_dir / "accuracy_vs_round.png", dpi=120)
     plt.close(fig)
 
-    final = summary["final"]
+    final_mean, final_std = final_means(summary), final_stds(summary)
     fig, ax = plt.subplots(figsize=(6, 4))
-    means = [100 * final["mean"][shift_key(d)] for d in degrees]
-    stds = [100 * final["std"][shift_key(d)] for d in degrees]
+    means = [100 * final_mean[shift_key(d)] for d in degrees]
+    stds = [100 * final_std[shift_key(d)] for d in degrees]
     ax.errorbar([100 * d for d in degrees], means, yerr=stds, marker="o", capsize=3)
     ax.set_xlabel("test-time shift degree (%)")
     ax.set_ylabel("accuracy (%), mean +/- std over clients")
-    ax.set_title(f"{summary.get('algorithm')}: accuracy under shift (round {summary['final_round']})")
+    ax.set_title(f"{summary.get('algorithm')}: accuracy under shift (round {summary.get('final_round')})")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(run_dir / "accuracy_vs_shift.png", dpi=120)

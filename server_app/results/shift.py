@@ -5,23 +5,22 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 from common.data.corruptions import CORRUPTIONS
 from common.data.domains import DOMAINS
 from common.evaluate import SEEN_DOMAIN_KEY, UNSEEN_DOMAINS_KEY, domain_accuracy_key, shift_key
+from common.run_folder import FinalEvaluation, Summary, final_evaluation, final_means, final_stds
 
 _CORRUPT_KEY = re.compile(r"acc-corrupt-(.+)-([1-5])")
 Cell = tuple[float, float]  # mean, std across clients
 
 
-def corruption_table(final: dict[str, Any] | None) -> dict[str, dict[int, Cell]]:
+def corruption_table(final: FinalEvaluation | None) -> dict[str, dict[int, Cell]]:
     """Accuracy (mean, std) by corruption and severity, from an evaluation's `acc-corrupt-<name>-<severity>` keys;
     corruptions in the registry's order."""
     table: dict[str, dict[int, Cell]] = {}
-    stats = final or {}
-    std = stats.get("std", {})
-    for key, mean in stats.get("mean", {}).items():
+    means, std = (final["mean"], final["std"]) if final else ({}, {})
+    for key, mean in means.items():
         match = _CORRUPT_KEY.fullmatch(key)
         if match:
             table.setdefault(match[1], {})[int(match[2])] = (mean, std.get(key, float("nan")))
@@ -35,9 +34,9 @@ def _cell(cell: Cell | None) -> str:
     return f"{100 * cell[0]:.2f} +/- {100 * cell[1]:.2f}"
 
 
-def corruption_lines(summary: dict[str, Any]) -> list[str]:
+def corruption_lines(summary: Summary) -> list[str]:
     """The accuracy table by corruption (rows) and severity (columns) of the final evaluation; empty without one."""
-    final = summary.get("final")
+    final = final_evaluation(summary)
     table = corruption_table(final)
     if not table or not final:
         return []
@@ -65,10 +64,9 @@ def corruption_lines(summary: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def domain_shift_lines(summary: dict[str, Any]) -> list[str]:
+def domain_shift_lines(summary: Summary) -> list[str]:
     """The evaluated model on the domain each client trained on, on the others (mean), and on every domain."""
-    final = summary.get("final") or {}
-    mean, std = final.get("mean", {}), final.get("std", {})
+    mean, std = final_means(summary), final_stds(summary)
     if SEEN_DOMAIN_KEY not in mean:
         return []
     names = [n for n in DOMAINS if domain_accuracy_key(n) in mean]
@@ -85,9 +83,9 @@ def domain_shift_lines(summary: dict[str, Any]) -> list[str]:
     ]
 
 
-def plot_corruptions(summary: dict[str, Any], run_dir: Path) -> None:
+def plot_corruptions(summary: Summary, run_dir: Path) -> None:
     """accuracy_vs_corruption.png: mean accuracy vs severity, one line per corruption (severity 0: clean)."""
-    final = summary.get("final")
+    final = final_evaluation(summary)
     table = corruption_table(final)
     if not table or not final:
         return

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
+from common.run_folder import FinalEvaluation, RoundRecord, Summary
 from common.stopping import accuracy_curve, best_round
 
 
@@ -13,10 +14,11 @@ def _mb(num_bytes: float) -> float:
     return num_bytes / 1e6
 
 
-def summarize(records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
+def summarize(records: list[RoundRecord], info: dict[str, Any]) -> Summary:
     """Final and best accuracies, costs and reply counts of a run, from its round records."""
     evaluated = [r for r in records if r.get("eval")]
-    final = evaluated[-1]["eval"] if evaluated else None
+    last = evaluated[-1]["eval"] if evaluated else None
+    final = last and FinalEvaluation(mean=last["mean"], std=last["std"], num_clients=last["num_clients"])
     degrees = info.get("shift_degrees", [])
     curve = accuracy_curve(records)
     best_mean = max((acc for _, acc in curve), default=float("nan"))
@@ -25,11 +27,11 @@ def summarize(records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, 
     flops = sum(r["train"].get("flops", 0) for r in records)
     # a round recorded without flops_dense_grad (an older run) counts its flops
     flops_dense_grad = sum(r["train"].get("flops_dense_grad", r["train"].get("flops", 0)) for r in records)
-    return {
+    summary = {
         **info,
         "rounds_completed": len(records),
         "final_round": evaluated[-1]["round"] if evaluated else None,
-        "final": final and {"mean": final["mean"], "std": final["std"], "num_clients": final["num_clients"]},
+        "final": final,
         "best_mean_accuracy": best_mean,
         "best_round": best_round(curve),
         "bytes_total": totals,
@@ -50,9 +52,10 @@ def summarize(records: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, 
         **({"unseen": evaluated[-1]["unseen"]} if evaluated and evaluated[-1].get("unseen") else {}),
         **_last_stages(records),
     }
+    return cast(Summary, summary)
 
 
-def _costs_by_ratio(records: list[dict[str, Any]]) -> dict[str, Any]:
+def _costs_by_ratio(records: list[RoundRecord]) -> dict[str, Any]:
     """DapperFL: per pruning ratio, the clients, values uploaded, and per client-round training FLOPs and MB."""
     table: dict[str, dict[str, Any]] = {}
     for record in records:
@@ -82,7 +85,7 @@ def _costs_by_ratio(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _aggregation_cost(records: list[dict[str, Any]]) -> dict[str, Any]:
+def _aggregation_cost(records: list[RoundRecord]) -> dict[str, Any]:
     """Server time spent aggregating (median per round) and, under a robust rule, how many updates it clipped."""
     times = sorted(r["aggregate_s"] for r in records if "aggregate_s" in r)
     robust = [r["train"]["robust"] for r in records if r["train"].get("robust")]
@@ -92,7 +95,7 @@ def _aggregation_cost(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _last_stages(records: list[dict[str, Any]]) -> dict[str, Any]:
+def _last_stages(records: list[RoundRecord]) -> dict[str, Any]:
     """The stage accuracies (G, L1, L2) of the last round that reported them."""
     with_stages = [r for r in records if r["train"].get("stages")]
     if not with_stages:

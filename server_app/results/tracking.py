@@ -20,6 +20,7 @@ from flwr.supercore import log
 from common.config import RunConfig
 from common.hparams import ConfigError, describe
 from common.persist import atomic_write_text
+from common.run_folder import RoundRecord, Summary
 
 STATE_FILE = "tracking.json"
 TENSORBOARD_DIR = "tensorboard"
@@ -42,10 +43,11 @@ def flatten_numbers(record: Mapping[str, Any], prefix: str = "") -> dict[str, fl
     return out
 
 
-def summary_numbers(summary: Mapping[str, Any]) -> dict[str, float]:
+def summary_numbers(summary: Summary) -> dict[str, float]:
     """The final numbers of a run's summary: final accuracies, best accuracy, totals of bytes, FLOPs and time."""
     keys = ("final", "best_mean_accuracy", "rounds_completed", "bytes_total", "mb_per_client", "train_flops_total")
-    picked = {key: summary[key] for key in (*keys, "wall_seconds") if summary.get(key) is not None}
+    fields: Mapping[str, Any] = summary
+    picked = {key: fields[key] for key in (*keys, "wall_seconds") if fields.get(key) is not None}
     return flatten_numbers(picked)
 
 
@@ -198,7 +200,7 @@ class RunTracking:
         log(WARNING, "%s tracking failed, the run goes on without it: %s", tracker.name, str(exc).splitlines()[0])
         self.trackers.remove(tracker)
 
-    def open(self, records: list[dict[str, Any]], resumed: bool) -> None:
+    def open(self, records: list[RoundRecord], resumed: bool) -> None:
         """Start the trackers; a resumed run's state continues, and rounds of `records` not yet logged are."""
         if self._opened or not self.wanted:
             return
@@ -227,7 +229,7 @@ class RunTracking:
         for record in records:
             self.add_round(record)
 
-    def add_round(self, record: dict[str, Any]) -> None:
+    def add_round(self, record: RoundRecord) -> None:
         """Log one round to every tracker that has not logged it yet."""
         if not self.trackers:
             return
@@ -244,7 +246,7 @@ class RunTracking:
             self.state[key] = record["round"]
         self._save()
 
-    def close(self, summary: Mapping[str, Any]) -> None:
+    def close(self, summary: Summary) -> None:
         """Log the final summary numbers and close every tracker."""
         final, step = summary_numbers(summary), int(summary.get("rounds_completed") or 0)
         for tracker in list(self.trackers):
