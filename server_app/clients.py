@@ -32,6 +32,7 @@ from common.robust import MIN_ROBUST_MODELS, robust_needs
 from common.seeding import derive_seed
 from common.validation import PayloadError, printable, read_count
 
+from .exchange import each_reply, exchange
 from .takeover import AfterTimeout, OperatorConsent
 
 
@@ -145,18 +146,19 @@ class ClientRegistry:
         nodes = sorted(connected) if node_ids is None else sorted(node_ids)
         if not nodes:
             raise RunAborted("no SuperNode is connected")
-        messages = [
-            Message(
-                content=RecordDict({CONFIG: ConfigRecord({SERVER_ROUND: 0})}),
-                dst_node_id=node,
-                message_type=MessageType.QUERY,
-            )
-            for node in nodes
-        ]
+
+        def queries(batch: list[int]) -> list[Message]:
+            return [
+                Message(
+                    RecordDict({CONFIG: ConfigRecord({SERVER_ROUND: 0})}), dst_node_id=n, message_type=MessageType.QUERY
+                )
+                for n in batch
+            ]
+
         sizes: set[int] = set()
         replaced: list[int] = []
         failures: Counter[str] = Counter()  # reason -> nodes: a fault every node shares is logged once
-        for msg in grid.send_and_receive(messages, timeout=timeout):
+        for msg in each_reply(exchange(grid, nodes, queries, len(nodes), timeout)):
             node = msg.metadata.src_node_id
             why = refusal(msg)
             if why is not None:

@@ -6,14 +6,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flwr.app import MessageType
-from flwr.serverapp import Grid
+from flwr.app import Message
 
 from common.algorithms import FINETUNED
+from common.config import RunConfig
 from common.evaluate import shift_key, shifted_metric_keys
+from common.run_folder import Evaluation
 from common.validation import read_fraction
 
-from .exchange import RunnerView, exchange_all
 from .replies import eval_statistics, evaluation_rows
 
 
@@ -24,14 +24,9 @@ def finetuned_metrics(metrics: Mapping[str, Any] | None, degrees: tuple[float, .
     return {FINETUNED.prefix + shift_key(d): read_fraction(metrics, FINETUNED.prefix + shift_key(d)) for d in degrees}
 
 
-def evaluate_newcomers(runner: RunnerView, grid: Grid, server_round: int) -> None:
-    """Send every held-out client the newcomer model; keep the mean and std of their replies as `unseen`."""
-    cfg = runner.cfg
-    pids = runner.clients.holdout_ids()
-    if not pids:
-        return
-    replies = exchange_all(runner, grid, server_round, pids, MessageType.EVALUATE, "eval_down", newcomers=True)
-    good, failed, oversized = runner.sort_replies(server_round, replies, "eval_up")
+def newcomer_statistics(good: list[tuple[int, Message]], not_used: int, cfg: RunConfig) -> Evaluation | None:
+    """Mean and std of the held-out clients' replies (the round's `unseen` row; None when none was usable), each
+    checked for the accuracies it must carry; `not_used`: replies already set aside (failed, oversized)."""
     rows, rejected = evaluation_rows(
         good,
         cfg.shift_degrees,
@@ -39,4 +34,4 @@ def evaluate_newcomers(runner: RunnerView, grid: Grid, server_round: int) -> Non
         "held-out client",
         required=shifted_metric_keys(cfg),
     )
-    runner.round_log.unseen = eval_statistics(rows, failed + oversized + rejected) if rows else None
+    return eval_statistics(rows, not_used + rejected) if rows else None

@@ -26,6 +26,7 @@ from common.messages import (
     TRAIN_FLOPS_DENSE_GRAD,
     TRAIN_LOSS,
 )
+from common.run_folder import Evaluation
 from common.stages import STAGE_KEYS, summarize_stages
 from common.validation import PayloadError, read_count, read_finite, read_fraction
 
@@ -119,8 +120,8 @@ class RoundLog:
     bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROUND_BYTES, 0))
     per_client_bytes: dict[int, dict[str, int]] = field(default_factory=dict)
     train: dict[str, Any] = field(default_factory=dict)
-    eval: dict[str, Any] | None = None
-    unseen: dict[str, Any] | None = None  # the held-out clients' evaluation (newcomers), when the run has them
+    eval: Evaluation | None = None
+    unseen: Evaluation | None = None  # the held-out clients' evaluation (newcomers), when the run has them
     aggregate_s: float | None = None  # server time of the round's aggregation
     digests: list[dict[str, Any]] | None = None  # run-config message-digests: one entry per message (else None)
 
@@ -188,14 +189,14 @@ def domain_key(name: str) -> str:
     return f"domain-{name}-acc"
 
 
-def eval_statistics(per_client: dict[int, dict[str, float]], failed: int) -> dict[str, Any]:
+def eval_statistics(per_client: dict[int, dict[str, float]], failed: int) -> Evaluation:
     """Mean and std across clients of every evaluation metric, with the per-client rows."""
     names = sorted({name for row in per_client.values() for name in row})
     stats = {name: mean_std([row.get(name, float("nan")) for row in per_client.values()]) for name in names}
-    return {
-        "num_clients": len(per_client),
-        "failed": failed,
-        "mean": {name: s[0] for name, s in stats.items()},
-        "std": {name: s[1] for name, s in stats.items()},
-        "per_client": {str(pid): row for pid, row in per_client.items()},
-    }
+    return Evaluation(
+        num_clients=len(per_client),
+        failed=failed,
+        mean={name: s[0] for name, s in stats.items()},
+        std={name: s[1] for name, s in stats.items()},
+        per_client={str(pid): row for pid, row in per_client.items()},
+    )

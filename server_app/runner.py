@@ -10,8 +10,9 @@ algorithms correctly would break that contract rather than honour it."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from logging import INFO, WARNING
+from typing import Any
 
 from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
@@ -25,10 +26,10 @@ from common.validation import PayloadError, echo_values, printable
 
 from .checkpoint import Checkpoint, restore, save_checkpoint
 from .clients import ClientRegistry
-from .exchange import exchange_all, stream_replies
+from .exchange import each_reply, exchange
 from .faults import plan_faults
 from .limits import ReplyLimits
-from .newcomers import evaluate_newcomers
+from .newcomers import newcomer_statistics
 from .plateau import Plateau
 from .replies import RoundLog, TrainReply, eval_statistics, evaluation_rows, parse_train_metrics, train_record
 from .results import ResultsWriter, progress_text, round_record, settings_text
@@ -56,7 +57,7 @@ class RoundRunner:
         self.checkpoint_round = 0  # last round whose checkpoint was written
         self.resumes: list[int] = []  # rounds after which earlier runs of this folder stopped and were resumed
         self.round_log = RoundLog.starting(self.cfg.message_digests)
-        self._late: set[int] = set()  # simulated stragglers of the training round in progress
+        self._late: dict[int, set[int]] = {}  # the round whose training is sent: its simulated stragglers
         self._limits = ReplyLimits.for_model(strategy.specs)
         self._expected: dict[int, dict[str, int]] = {}  # per client: the round (and phase) its reply must name
         self.plateau = Plateau(cfg)  # `stop-patience`: the accuracy curve, and where the run stopped early
@@ -74,11 +75,12 @@ class RoundRunner:
         build = strategy.train_message if is_train else strategy.eval_content
         build = strategy.newcomer_content if newcomers else build
         drops: set[int] = set()
-        if is_train:
-            drops, self._late = plan_faults(cfg.seed, server_round, partition_ids, cfg.drop_rate, cfg.straggler_rate)
-            for key, chosen in (("dropped", drops), ("stragglers", self._late)):
+        if is_train:  # a phase sent in several batches (pre-training) adds up the faults of each
+            drops, late = plan_faults(cfg.seed, server_round, partition_ids, cfg.drop_rate, cfg.straggler_rate)
+            self._late = {server_round: self._late.get(server_round, set()) | late}
+            for key, chosen in (("dropped", drops), ("stragglers", late)):
                 if chosen:
-                    self.round_log.train[key] = sorted(chosen)
+                    self.round_log.train[key] = sorted(set(self.round_log.train.get(key, [])) | chosen)
         contents = []
         for pid in partition_ids:
             content = build(server_round, pid, shared)
@@ -107,6 +109,26 @@ class RoundRunner:
             self.round_log.add_message(kind, pid, msg)
         return messages
 
+    def send(
+        self,
+        grid: Grid,
+        server_round: int,
+        partition_ids: list[int],
+        message_type: str,
+        kind: str,
+        newcomers: bool = False,
+        window: int = 0,
+    ) -> Iterator[list[Message]]:
+        """One phase's exchange (server_app/exchange.py) of this runner's messages to the given clients, at most
+        `window` (default `messages-in-flight`) out at once."""
+        return exchange(
+            grid,
+            partition_ids,
+            lambda batch: self.messages(server_round, batch, message_type, kind, newcomers),
+            window or self.cfg.messages_in_flight,
+            self.cfg.round_timeout,
+        )
+
     # ----- replies ---------------------------------------------------------------------------------------
     @profiling.timed("check")
     def sort_replies(
@@ -124,7 +146,7 @@ class RoundRunner:
                     log(WARNING, "reply from unknown node %s ignored", node)
                 failed += 1
                 continue
-            if kind == "train_up" and pid in self._late and not msg.has_error():
+            if kind == "train_up" and pid in self._late.get(server_round, ()) and not msg.has_error():
                 log(INFO, "client %d: reply came after the round timeout (simulated straggler), not used", pid)
                 self.round_log.train["late"] = self.round_log.train.get("late", 0) + 1
                 continue
@@ -188,6 +210,29 @@ class RoundRunner:
             )
             self.round_log.eval = eval_statistics(per_client, failed + oversized + rejected) if per_client else None
 
+    def pretrain(self, grid: Grid) -> None:
+        """Round 0 (server_app/warmup.py): every client trains once; its counts and faults go in round 1's record."""
+        clients = self.clients.ids()
+        stats = pretrain_round(
+            self.send(grid, 0, clients, MessageType.TRAIN, "train_down"),
+            self.cfg.messages_in_flight,
+            lambda replies: self.accept_train_replies(0, replies, "pre-training"),
+            lambda accepted: self.strategy.aggregate(0, accepted),
+        )
+        train = self.round_log.train
+        faults: dict[str, Any] = {"late": train.pop("late", 0)}
+        faults.update((key, train.pop(key)) for key in ("dropped", "stragglers") if key in train)
+        train["pretrain"] = {"sent": len(clients), **stats, **faults}
+        log(INFO, "pre-training: %d of %d clients trained from the common initialization", stats["used"], len(clients))
+
+    def evaluate_newcomers(self, grid: Grid, server_round: int) -> None:
+        """The held-out clients (server_app/newcomers.py), evaluated as newcomers: the round's `unseen` row."""
+        pids = self.clients.holdout_ids()
+        if pids:
+            chunks = self.send(grid, server_round, pids, MessageType.EVALUATE, "eval_down", newcomers=True)
+            good, failed, oversized = self.sort_replies(server_round, list(each_reply(chunks)), "eval_up")
+            self.round_log.unseen = newcomer_statistics(good, failed + oversized, self.cfg)
+
     # ----- the run ---------------------------------------------------------------------------------------
     def should_evaluate(self, server_round: int) -> bool:
         """Evaluate every `eval-every` rounds and after the last one."""
@@ -231,14 +276,15 @@ class RoundRunner:
             for pid in self.clients.refresh(grid, timeout):
                 self.strategy.on_client_replaced(rnd, pid)
         if rnd == 1 and self.strategy.warmup_round():
-            pretrain_round(self, grid)
-        messages = self.messages(rnd, self.strategy.sample(rnd), MessageType.TRAIN, "train_down")
-        self.aggregate_train(rnd, stream_replies(grid, messages, timeout) if messages else [])
-        self.round_log.train["sent"] = len(messages)
+            self.pretrain(grid)
+        sampled = self.strategy.sample(rnd)  # every training message is built from the round's starting state
+        training = self.send(grid, rnd, sampled, MessageType.TRAIN, "train_down", window=max(len(sampled), 1))
+        self.aggregate_train(rnd, each_reply(training))
+        self.round_log.train["sent"] = len(sampled)
         if self.should_evaluate(rnd):
-            clients = self.strategy.eval_clients(rnd)
-            self.aggregate_evaluate(rnd, exchange_all(self, grid, rnd, clients, MessageType.EVALUATE, "eval_down"))
-            evaluate_newcomers(self, grid, rnd)
+            evaluation = self.send(grid, rnd, self.strategy.eval_clients(rnd), MessageType.EVALUATE, "eval_down")
+            self.aggregate_evaluate(rnd, list(each_reply(evaluation)))
+            self.evaluate_newcomers(grid, rnd)
         elapsed = time.monotonic() - start
         record = round_record(rnd, time.monotonic() - t0, elapsed, self.round_log, self.strategy.round_record(rnd))
         if self.writer is not None:

@@ -1,53 +1,40 @@
 """Round 0 of the algorithms that pre-train (FedAMP's `pretrain-epochs`): every client trains once from the common
-initialization before round 1; its traffic and FLOPs count in round 1's record."""
+initialization before round 1, and the strategy takes the replies a window at a time (server memory holds one
+window of models, not all of them); its traffic and FLOPs count in round 1's record."""
 
 from __future__ import annotations
 
-from logging import INFO
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from flwr.app import Message, MessageType
-from flwr.serverapp import Grid
-from flwr.supercore import log
+from flwr.app import Message
 
-from .exchange import RunnerView, exchange
-from .replies import reply_flops
+from .replies import TrainReply, reply_flops
+
+Accept = Callable[[list[Message]], tuple[list[TrainReply], int, int]]  # replies -> accepted, failed, rejected
 
 
-def pretrain_round(runner: RunnerView, grid: Grid) -> None:
-    """Send every client a round-0 training message, at most `messages-in-flight` out at once, and hand the
-    strategy the replies as round 0, a window of them at a time (server memory holds one window of models, not
-    all of them)."""
-    clients = runner.clients.ids()
-    train = runner.round_log.train
-    used = failed = rejected = 0
-    flops = 0.0
-    faults: dict[str, Any] = {"late": 0, "dropped": [], "stragglers": []}
+def pretrain_round(
+    chunks: Iterable[list[Message]], window: int, accept: Accept, aggregate: Callable[[list[TrainReply]], None]
+) -> dict[str, Any]:
+    """Hand `aggregate` the accepted replies of round 0 once per `window` of replies (the strategy's step may touch
+    every client, e.g. FedAMP's Gram rows: once per window, not per reply); returns the used, failed and rejected
+    counts and the FLOPs of the accepted replies."""
+    counts = {"used": 0, "failed": 0, "rejected": 0, "flops": 0.0}
     batch: list[Message] = []
 
     def fold() -> None:
-        nonlocal used, failed, rejected, flops
-        accepted, batch_failed, batch_rejected = runner.accept_train_replies(0, batch, "pre-training")
-        runner.strategy.aggregate(0, accepted)
-        used, failed, rejected = used + len(accepted), failed + batch_failed, rejected + batch_rejected
-        flops += sum(reply_flops(r.content) for r in accepted)
-        for key in ("dropped", "stragglers", "late"):
-            if key in train:
-                faults[key] += train.pop(key)
+        accepted, failed, rejected = accept(batch)
+        aggregate(accepted)
+        counts["used"] += len(accepted)
+        counts["failed"] += failed
+        counts["rejected"] += rejected
+        counts["flops"] += sum(reply_flops(r.content) for r in accepted)
         batch.clear()
 
-    for replies in exchange(runner, grid, 0, clients, MessageType.TRAIN, "train_down"):
+    for replies in chunks:
         batch.extend(replies)
-        if len(batch) >= runner.cfg.messages_in_flight:  # the strategy's step may touch every client (FedAMP's
-            fold()  # Gram rows): once per window of replies, not per reply
+        if len(batch) >= window:
+            fold()
     fold()
-    faults = {key: value for key, value in faults.items() if value or key == "late"}
-    train["pretrain"] = {
-        "sent": len(clients),
-        "used": used,
-        "failed": failed,
-        "rejected": rejected,
-        "flops": flops,
-        **faults,
-    }
-    log(INFO, "pre-training: %d of %d clients trained from the common initialization", used, len(clients))
+    return counts

@@ -44,7 +44,7 @@ def metrics_only(**metrics) -> RecordDict:
     return RecordDict({"metrics": MetricRecord(metrics)})
 
 
-__all__ = ["ArrayRecord", "FakeReply", "hand_made_runner", "metrics_only", "train_content"]
+__all__ = ["ArrayRecord", "BlockingGrid", "FakeReply", "hand_made_runner", "metrics_only", "train_content"]
 
 
 def hand_made_runner(cfg, specs, initial, sizes: dict[int, int], node_base: int = 100):
@@ -60,6 +60,27 @@ def hand_made_runner(cfg, specs, initial, sizes: dict[int, int], node_base: int 
         clients.add(ClientInfo(pid, node_base + pid, num_train, 5))
     strategy = strategy_class(cfg.algorithm)(cfg, ModelLayout(list(initial), list(specs)), clients)
     return RoundRunner(cfg, strategy, clients)
+
+
+class BlockingGrid:
+    """push_messages / pull_messages over the subclass's `send_and_receive(messages, timeout)` (Flower's blocking
+    call, which fakes of a handshake implement): every pushed message is answered at the next pull."""
+
+    def push_messages(self, messages: Iterable[Any]) -> list[str]:
+        pushed = self.__dict__.setdefault("_pushed", {})
+        ids = []
+        for msg in messages:
+            ids.append(f"b{len(pushed)}")
+            pushed[ids[-1]] = msg
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Any]:
+        pushed = self.__dict__.setdefault("_pushed", {})
+        ids = [mid for mid in message_ids if mid in pushed]
+        replies = self.send_and_receive([pushed.pop(mid) for mid in ids], timeout=None)  # type: ignore[attr-defined]
+        for mid, reply in zip(ids, replies, strict=True):
+            reply.metadata.__dict__["_reply_to_message_id"] = mid
+        return list(replies)
 
 
 class PushPullGrid:

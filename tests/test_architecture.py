@@ -1,7 +1,7 @@
 """The package layering, read from the source: no import cycles; experiments -> server_app | client_app -> common
 (the client never loads the server, neither app loads the experiments, the core loads none of them, and Flower
-types enter common/ through one adapter module only); every spec's halves resolve and the round runner and hook
-base stay small."""
+types enter common/ through one adapter module only); every spec's halves resolve; each part of the server imports
+only what it may and only the exchange loop talks to the grid."""
 
 from __future__ import annotations
 
@@ -114,9 +114,82 @@ def test_every_spec_resolves_to_its_two_halves_and_declares_distinct_keys() -> N
             assert declared.setdefault(info.key, info) == info, f"{info.key} is declared twice differently"
 
 
-@pytest.mark.parametrize("relative", ["server_app/runner.py", "server_app/strategies/base.py"])
-def test_runner_and_hook_base_are_small(relative: str) -> None:
-    assert len((REPO / relative).read_text().splitlines()) <= 250
+# What each part of the server app may import of it: the runner drives the phases; the exchange loop, the phases
+# (pre-training, newcomers), an algorithm's hooks and the results writer never reach back into the runner, and only
+# the ServerApp builds a runner. The first matching prefix rules; None: any module of the server app.
+SERVER_IMPORTS: list[tuple[str, tuple[str, ...] | None]] = [
+    ("server_app.app", None),
+    (
+        "server_app.runner",
+        (
+            "server_app.checkpoint",
+            "server_app.clients",
+            "server_app.exchange",
+            "server_app.faults",
+            "server_app.limits",
+            "server_app.newcomers",
+            "server_app.plateau",
+            "server_app.replies",
+            "server_app.results",
+            "server_app.strategies.base",
+            "server_app.warmup",
+        ),
+    ),
+    ("server_app.checkpoint", ("server_app.clients", "server_app.results", "server_app.strategies.base")),
+    ("server_app.strategies", ("server_app.strategies", "server_app.clients", "server_app.replies")),
+    ("server_app.results", ("server_app.results", "server_app.replies")),
+    ("server_app.warmup", ("server_app.replies",)),
+    ("server_app.newcomers", ("server_app.replies",)),
+    ("server_app.clients", ("server_app.exchange", "server_app.takeover")),
+    ("server_app.replies", ("server_app.wire",)),
+    ("server_app", ()),  # the exchange loop, faults, limits, plateau, take-over, wire format, Flower's internals
+]
+
+
+def _allowed(module: str) -> tuple[str, ...] | None:
+    return next(allowed for prefix, allowed in SERVER_IMPORTS if module == prefix or module.startswith(prefix + "."))
+
+
+def _server_violations(graph: dict[str, set[str]]) -> list[str]:
+    offenders = []
+    for module, imported in sorted(graph.items()):
+        if not module.startswith("server_app.") or (allowed := _allowed(module)) is None:
+            continue
+        for target in sorted(t for t in imported if t.startswith("server_app.") and t != module):
+            if not any(target == a or target.startswith(a + ".") for a in allowed):
+                offenders.append(f"{module} imports {target}")
+    return offenders
+
+
+def test_each_part_of_the_server_imports_only_what_it_may() -> None:
+    assert not _server_violations(_graph())
+
+
+def test_the_rules_catch_a_phase_or_a_hook_reaching_into_the_runner() -> None:
+    made_up = {
+        "server_app.warmup": {"server_app.runner", "server_app.replies"},
+        "server_app.strategies.dmpfl": {"server_app.exchange", "server_app.strategies.sparse"},
+        "server_app.exchange": {"server_app.clients"},
+        "server_app.app": {"server_app.runner"},
+    }
+    assert _server_violations(made_up) == [
+        "server_app.exchange imports server_app.clients",
+        "server_app.strategies.dmpfl imports server_app.exchange",
+        "server_app.warmup imports server_app.runner",
+    ]
+
+
+def test_only_the_exchange_loop_talks_to_the_grid() -> None:
+    """Messages go out and replies come in through server_app/exchange.py alone."""
+    calls = {"push_messages", "pull_messages", "send_and_receive"}
+    offenders = [
+        f"{path.relative_to(REPO)}:{node.lineno}"
+        for path in sorted((REPO / "server_app").rglob("*.py"))
+        if path.name != "exchange.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in calls
+    ]
+    assert not offenders, offenders
 
 
 def test_a_spec_naming_a_wrong_class_is_refused() -> None:

@@ -15,7 +15,6 @@ from common.config import parse_run_config
 from common.evaluate import shift_key
 from common.validation import PayloadError
 from server_app.clients import ClientInfo, ClientRegistry
-from server_app.newcomers import evaluate_newcomers
 from server_app.replies import RoundLog
 from server_app.results import render_markdown, summarize
 
@@ -122,7 +121,7 @@ def test_newcomers_are_evaluated_as_received_and_after_fine_tuning(algorithm: st
     fed.train_round(1)
     grid = _Grid(fed)
     fed.runner.round_log = RoundLog()
-    evaluate_newcomers(fed.runner, grid, 1)
+    fed.runner.evaluate_newcomers(grid, 1)
     unseen = fed.round_log.unseen
     assert unseen is not None and unseen["num_clients"] == 2 and unseen["failed"] == 0
     assert {m.metadata.message_type for m in grid.sent} == {MessageType.EVALUATE}
@@ -139,7 +138,7 @@ def test_a_newcomer_reply_without_its_fine_tuned_rows_is_rejected(server_identit
     fed = _federation("fedavg")
     forged_pid = fed.clients.holdout_ids()[0]
     metrics = {"num-test": 5, "loss": 1.0, "server-round": 1, **{shift_key(d): 0.5 for d in fed.cfg.shift_degrees}}
-    evaluate_newcomers(fed.runner, _Grid(fed, {forged_pid: RecordDict({"metrics": MetricRecord(metrics)})}), 1)
+    fed.runner.evaluate_newcomers(_Grid(fed, {forged_pid: RecordDict({"metrics": MetricRecord(metrics)})}), 1)
     assert fed.round_log.unseen is not None and fed.round_log.unseen["failed"] == 1
     assert fed.round_log.unseen["num_clients"] == 1
 

@@ -13,11 +13,11 @@ from server_app import clients as clients_module
 from server_app.clients import ClientRegistry
 from server_app.takeover import AfterTimeout, OperatorConsent, allow
 
-from .fakes import FakeReply
+from .fakes import BlockingGrid, FakeReply
 from .inprocess import InProcessFederation
 
 
-class ClaimGrid:
+class ClaimGrid(BlockingGrid):
     """Connected nodes and the partition each one claims in the handshake (num-partitions 8)."""
 
     def __init__(self, claims: dict[int, int], num_train: dict[int, int] | None = None) -> None:

@@ -16,7 +16,7 @@ from flwr.app import MessageType
 from common.attention import ModelMatrix, cloud_models
 from common.config import parse_run_config
 from common.messages import ARRAYS
-from server_app.exchange import exchange
+from server_app.exchange import each_reply, exchange
 from server_app.replies import TrainReply
 
 from .fakes import FakeReply, PushPullGrid, hand_made_runner, train_content
@@ -84,23 +84,21 @@ def test_the_store_is_deleted_when_the_run_closes(tmp_path: Path) -> None:
 
 
 class _Sender:
-    def __init__(self, in_flight: int) -> None:
-        self.cfg = parse_run_config({"messages-in-flight": in_flight})
+    def __init__(self) -> None:
         self.built: list[list[int]] = []
 
-    def messages(self, server_round, partition_ids, message_type, kind, newcomers=False):
+    def messages(self, partition_ids):
         self.built.append(list(partition_ids))
         return list(partition_ids)
 
 
 @pytest.mark.parametrize(("clients", "in_flight", "per_pull"), [(1000, 256, 7), (5, 64, 0), (6, 2, 1)])
 def test_large_sends_keep_a_window_of_messages_in_flight(clients: int, in_flight: int, per_pull: int) -> None:
-    sender = _Sender(in_flight)
+    sender = _Sender()
     grid = PushPullGrid(lambda pids: [FakeReply(pid) for pid in pids], per_pull)
     answered = [
         reply.metadata.src_node_id
-        for replies in exchange(sender, grid, 1, list(range(clients)), MessageType.EVALUATE, "eval_down")
-        for reply in replies
+        for reply in each_reply(exchange(grid, list(range(clients)), sender.messages, in_flight, 60.0))
     ]
     assert answered == list(range(clients)) and sum(sender.built, []) == list(range(clients)), "each once, in order"
     assert grid.most_outstanding == min(in_flight, clients), "never more than messages-in-flight out at once"
@@ -111,22 +109,16 @@ def test_pretraining_hands_the_strategy_a_window_of_replies_at_a_time() -> None:
     """Replies come one per pull; FedAMP's step touches every Gram row, so it runs once per window, not per reply."""
     from server_app.warmup import pretrain_round
 
-    class Runner(_Sender):
-        def __init__(self) -> None:
-            super().__init__(4)
-            self.clients = type("Clients", (), {"ids": staticmethod(lambda: list(range(10)))})()
-            self.round_log = type("Log", (), {"train": {}})()
-            self.folds: list[list[int]] = []
-            self.strategy = type("Strategy", (), {"aggregate": lambda _, rnd, accepted: self.folds.append(accepted)})()
+    def accept(replies):  # node 9's reply fails
+        kept = sorted((r for r in replies if r.metadata.src_node_id != 9), key=lambda r: r.metadata.src_node_id)
+        return kept, len(replies) - len(kept), 0
 
-        def accept_train_replies(self, server_round, replies, what=""):
-            return sorted(replies, key=lambda r: r.metadata.src_node_id), 0, 0
-
-    runner = Runner()
-    pretrain_round(runner, PushPullGrid(lambda pids: [FakeReply(pid) for pid in pids], per_pull=1))
-    assert [len(f) for f in runner.folds] == [4, 4, 2]
-    assert sorted(r.metadata.src_node_id for r in sum(runner.folds, [])) == list(range(10))
-    assert runner.round_log.train["pretrain"]["used"] == 10
+    folds: list[list] = []
+    grid = PushPullGrid(lambda pids: [FakeReply(pid) for pid in pids], per_pull=1)
+    stats = pretrain_round(exchange(grid, list(range(10)), _Sender().messages, 4, 60.0), 4, accept, folds.append)
+    assert [len(f) for f in folds] == [4, 4, 1]  # once per window of 4 replies, then the rest
+    assert sorted(r.metadata.src_node_id for r in sum(folds, [])) == list(range(9))
+    assert stats == {"used": 9, "failed": 1, "rejected": 0, "flops": 0.0}
 
 
 def _peak_rss_kib() -> int:

@@ -128,9 +128,9 @@ def test_the_handshake_refuses_counts_above_the_configured_bound(monkeypatch, ca
     from server_app import clients as clients_module
     from server_app.clients import ClientRegistry
 
-    from .fakes import FakeReply
+    from .fakes import BlockingGrid, FakeReply
 
-    class Grid:
+    class Grid(BlockingGrid):
         def get_node_ids(self):
             return [1, 2]
 
