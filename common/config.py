@@ -12,12 +12,13 @@ from typing import Any, TypeVar
 
 from .algorithms import SPECS, DittoParams, FedProxParams, param_classes
 from .data.corruptions import CORRUPTIONS, parse_corruptions, parse_severities
+from .data.datasets import DATASET_SPECS
 from .hparams import ConfigError, as_dict, choice, describe, hp, parse_fields
 from .robust import ROBUST_METHODS, RobustRule
 from .run_folder import MESSAGES_FILE
 from .validation import is_folder_name
 
-DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "digit-domains", "femnist", "femnist-digits", "har", "usps")
+DATASETS = tuple(DATASET_SPECS)  # the registry of common/data/datasets.py
 PARTITIONS = (
     "iid",
     "dirichlet",
@@ -44,17 +45,7 @@ MODELS = (
     "dnn-har",
     "dnn-har-bn",
 )
-AUTO_MODEL = {
-    "digits": "mlp",
-    "mnist": "cnn-mnist",
-    "fashion-mnist": "cnn-mnist",
-    "cifar10": "cnn-cifar",
-    "digit-domains": "resnet10-s",
-    "femnist": "cnn-mnist",
-    "femnist-digits": "cnn-mnist",
-    "har": "dnn-har",
-    "usps": "cnn-mnist",
-}
+AUTO_MODEL = {name: spec.default_model for name, spec in DATASET_SPECS.items()}  # what `model=auto` picks
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -113,14 +104,7 @@ class RunConfig:
     algorithm: str = hp("fedavg", "the algorithm", choices=tuple(sorted(SPECS)), allowed="see the next table")
     dataset: str = hp(
         "digits",
-        "the data set; `digits` (scikit-learn's 8x8 digits) is embedded: no download; "
-        "`digit-domains`: MNIST, USPS, MNIST-M-style and SYN-style digits at 32x32 RGB, built from "
-        "`data-dir` (MNIST, USPS, CIFAR-10); `cifar10` reads every `data_batch_*` present (all "
-        "50,000 training images with the test batch's 10,000 pooled); `femnist` (LEAF's FEMNIST sample, "
-        "28x28, 62 classes, by writer), `femnist-digits` (the same file's digit samples only: 10 classes, by "
-        "writer), `har` "
-        "(UCI HAR's inertial windows, 9 channels x 128 steps, 6 activities, by subject), "
-        "`usps` (16x16 digits, its train and test files pooled)",
+        "the data set: " + "; ".join(f"`{name}`: {spec.about}" for name, spec in DATASET_SPECS.items()),
         choices=DATASETS,
     )
     data_dir: str = hp(

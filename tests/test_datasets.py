@@ -58,3 +58,37 @@ def test_client_view_is_a_75_25_split_with_shift_draws() -> None:
     assert set(client.shift_plan.draws.tolist()) <= set(split.pool.tolist())
     with pytest.raises(DataError, match="partition-id 5 is outside 0..4"):
         client_data(cfg, 5, 5)
+
+
+def test_the_registry_is_what_the_run_config_offers_and_what_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A data set is one DATASET_SPECS entry plus its loader: the key's choices, `auto`'s model and the key's docs
+    come from the registry, and loading and the preflight check go through the entry."""
+    from common.config import AUTO_MODEL, DATASETS, RunConfig
+    from common.data.datasets import DATASET_SPECS, DatasetSpec, check_dataset_files, clear_dataset_cache
+    from common.hparams import describe
+
+    assert DATASETS == tuple(DATASET_SPECS) and set(AUTO_MODEL) == set(DATASET_SPECS)
+    dataset = next(info.hyper for info in describe(RunConfig) if info.key == "dataset")
+    assert dataset.choices == DATASETS
+    assert all(f"`{name}`: {spec.about}" in dataset.help for name, spec in DATASET_SPECS.items())
+
+    digits = load_dataset("digits", "/nonexistent")
+    calls: list[tuple[str, bool]] = []
+
+    def load(data_dir, cache_dir, allow_download):  # type: ignore[no-untyped-def]
+        calls.append((str(data_dir), allow_download))
+        return digits
+
+    def missing(data_dir, cache_dir, allow_download):  # type: ignore[no-untyped-def]
+        return DataError(f"toy: no toy.npz in {data_dir}")
+
+    monkeypatch.setitem(DATASET_SPECS, "toy", DatasetSpec("toy", "a toy", "mlp", load, missing))
+    clear_dataset_cache()
+    try:
+        assert load_dataset("toy", "/data", True) is digits and calls == [("/data", True)]
+        with pytest.raises(DataError, match="no toy.npz in /data"):
+            check_dataset_files("toy", "/data")
+    finally:
+        clear_dataset_cache()
+    with pytest.raises(DataError, match="unknown dataset 'nope'"):
+        load_dataset("nope", "/data")

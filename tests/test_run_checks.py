@@ -3,7 +3,6 @@ keys, before starting anything: one line, exit 2, within a second."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -32,10 +31,9 @@ def nothing_starts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def _fails_fast(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """Run the CLI; assert exit 2 within a second with one line on stderr, nothing on stdout; that line."""
-    started = time.monotonic()
+    """Run the CLI; assert exit 2 with one line on stderr, nothing on stdout; that line. (Before anything starts:
+    the fixture refuses to make an engine. No wall-clock bound: a loaded machine would fail it for nothing.)"""
     assert cli.main(argv) == 2
-    assert time.monotonic() - started < 1.0
     captured = capsys.readouterr()
     assert captured.out == ""
     lines = captured.err.splitlines()

@@ -7,7 +7,8 @@ import hashlib
 import os
 import shutil
 from collections.abc import Callable
-from functools import lru_cache
+from dataclasses import dataclass
+from functools import lru_cache, partial
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,6 @@ _NORMALIZATION = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "digits": ((0.3,), (0.38,)),
 }
-_READERS = {"femnist": femnist, "femnist-digits": femnist_digits, "har": har, "usps": usps}
 
 
 def _digits() -> DatasetArrays:
@@ -199,44 +199,125 @@ def clear_dataset_cache() -> None:
     _load_files.cache_clear()
 
 
+def _cache_dir() -> Path:
+    return Path(os.environ.get("PFL_CACHE_DIR", Path.home() / ".cache" / "pflower")).expanduser() / "extracted"
+
+
 @lru_cache(maxsize=2)
 def _load_files(name: str, data_dir: str, allow_download: bool = False) -> DatasetArrays:
-    root = Path(data_dir).expanduser()
-    if name == "digits":
-        return _digits()
-    cache_dir = Path(os.environ.get("PFL_CACHE_DIR", Path.home() / ".cache" / "pflower")).expanduser() / "extracted"
-    if name in _TORCHVISION_NAMES:
-        return _mnist_like(name, root, cache_dir, allow_download)
-    if name == "cifar10":
-        return _cifar10(root, allow_download)
-    if name == "digit-domains":
-        return digit_domains(root, cache_dir, lambda part: _load_files(part, data_dir))
-    if name in _READERS:
-        return _READERS[name](root)
-    raise DataError(f"unknown dataset '{name}'")
+    spec = DATASET_SPECS.get(name)
+    if spec is None:
+        raise DataError(f"unknown dataset '{name}'")
+    return spec.load(Path(data_dir).expanduser(), _cache_dir(), allow_download)
 
 
 def check_dataset_files(name: str, data_dir: str, allow_download: bool = False) -> None:
     """A one-line DataError when the data set's files are not under data_dir (the loaders' own checks, without
-    reading the data): what a run would find only after it started. A download, if allowed, is not checked."""
-    root = Path(data_dir).expanduser()
-    cache_dir = Path(os.environ.get("PFL_CACHE_DIR", Path.home() / ".cache" / "pflower")).expanduser() / "extracted"
-    if name in _TORCHVISION_NAMES:
-        missing = None if allow_download else _mnist_missing(name, root, cache_dir)
-    elif name == "cifar10":
-        missing = None if allow_download else _cifar_missing(root)
-    elif name == "digit-domains":
-        if digit_domains_cached(cache_dir):
-            return
-        for part in ("mnist", "cifar10"):  # built from these (never downloaded for it) and USPS
-            check_dataset_files(part, data_dir)
-        missing = usps_missing(root, name)
-    elif name in _READERS:
-        missing = files_missing(name, root)
-    else:
-        missing = None  # digits is embedded; an unknown name is the run config's error
+    reading the data): what a run would find only after it started. A download, if allowed, is not checked; an
+    unknown name is the run config's error."""
+    spec = DATASET_SPECS.get(name)
+    missing = spec.missing(Path(data_dir).expanduser(), _cache_dir(), allow_download) if spec else None
     if missing is not None:
         raise missing
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One data set of the registry: its name, a line for the docs, the model `model=auto` picks for it, how it
+    loads and what files it needs (checked before a run starts, without reading them)."""
+
+    name: str
+    about: str
+    default_model: str
+    load: Callable[[Path, Path, bool], DatasetArrays]  # (data dir, cache dir, allow download) -> the whole data set
+    missing: Callable[[Path, Path, bool], DataError | None]  # the same arguments -> what is missing (None: nothing)
+
+
+def _embedded(data_dir: Path, cache_dir: Path, allow_download: bool) -> None:
+    return None
+
+
+def _mnist_check(name: str, data_dir: Path, cache_dir: Path, allow_download: bool) -> DataError | None:
+    return None if allow_download else _mnist_missing(name, data_dir, cache_dir)
+
+
+def _digit_domains_missing(data_dir: Path, cache_dir: Path, allow_download: bool) -> DataError | None:
+    if digit_domains_cached(cache_dir):
+        return None
+    for part in ("mnist", "cifar10"):  # built from these (never downloaded for it) and USPS
+        if (missing := DATASET_SPECS[part].missing(data_dir, cache_dir, False)) is not None:
+            return missing
+    return usps_missing(data_dir, "digit-domains")
+
+
+def _read_files(read: Callable[[Path], DatasetArrays]) -> Callable[[Path, Path, bool], DatasetArrays]:
+    """The loader of a data set read from its staged files (readers.py)."""
+    return lambda data_dir, _cache, _download: read(data_dir)
+
+
+def _staged(name: str) -> Callable[[Path, Path, bool], DataError | None]:
+    """The check of a data set read from its staged files."""
+    return lambda data_dir, _cache, _download: files_missing(name, data_dir)
+
+
+DATASET_SPECS: dict[str, DatasetSpec] = {
+    spec.name: spec
+    for spec in (
+        DatasetSpec(
+            "digits", "scikit-learn's 8x8 digits, embedded: no download", "mlp", lambda *_: _digits(), _embedded
+        ),
+        DatasetSpec(
+            "mnist", "MNIST (`MNIST/raw`)", "cnn-mnist", partial(_mnist_like, "mnist"), partial(_mnist_check, "mnist")
+        ),
+        DatasetSpec(
+            "fashion-mnist",
+            "Fashion-MNIST (`FashionMNIST/raw`)",
+            "cnn-mnist",
+            partial(_mnist_like, "fashion-mnist"),
+            partial(_mnist_check, "fashion-mnist"),
+        ),
+        DatasetSpec(
+            "cifar10",
+            "CIFAR-10: every `data_batch_*` present in `cifar-10-batches-py` (all 50,000 training images with the "
+            "test batch's 10,000 pooled)",
+            "cnn-cifar",
+            lambda data_dir, _c, download: _cifar10(data_dir, download),
+            lambda data_dir, _c, download: None if download else _cifar_missing(data_dir),
+        ),
+        DatasetSpec(
+            "digit-domains",
+            "MNIST, USPS, MNIST-M-style and SYN-style digits at 32x32 RGB, built from `data-dir` (MNIST, USPS, "
+            "CIFAR-10)",
+            "resnet10-s",
+            lambda data_dir, cache, _d: digit_domains(data_dir, cache, lambda part: _load_files(part, str(data_dir))),
+            _digit_domains_missing,
+        ),
+        DatasetSpec(
+            "femnist",
+            "LEAF's FEMNIST sample, 28x28, 62 classes, by writer",
+            "cnn-mnist",
+            _read_files(femnist),
+            _staged("femnist"),
+        ),
+        DatasetSpec(
+            "femnist-digits",
+            "FEMNIST's digit samples only (the same file): 10 classes, by writer",
+            "cnn-mnist",
+            _read_files(femnist_digits),
+            _staged("femnist-digits"),
+        ),
+        DatasetSpec(
+            "har",
+            "UCI HAR's inertial windows, 9 channels x 128 steps, 6 activities, by subject",
+            "dnn-har",
+            _read_files(har),
+            _staged("har"),
+        ),
+        DatasetSpec(
+            "usps", "16x16 digits, its train and test files pooled", "cnn-mnist", _read_files(usps), _staged("usps")
+        ),
+    )
+}
 
 
 def normalize(data: DatasetArrays, x: np.ndarray) -> np.ndarray:
