@@ -14,6 +14,7 @@ from .algorithms import SPECS, DittoParams, FedProxParams, param_classes
 from .data.corruptions import CORRUPTIONS, parse_corruptions, parse_severities
 from .data.datasets import DATASET_SPECS
 from .hparams import ConfigError, as_dict, choice, describe, hp, parse_fields
+from .model_specs import MODEL_SPECS
 from .robust import ROBUST_METHODS, RobustRule
 from .run_folder import MESSAGES_FILE
 from .validation import is_folder_name
@@ -32,19 +33,7 @@ PARTITIONS = (
     "natural",
     "file",
 )
-MODELS = (
-    "auto",
-    "mlp",
-    "cnn-mnist",
-    "cnn-cifar",
-    "mlp-bn",
-    "cnn-mnist-bn",
-    "cnn-cifar-bn",
-    "resnet10",
-    "resnet10-s",
-    "dnn-har",
-    "dnn-har-bn",
-)
+MODELS = ("auto", *MODEL_SPECS)  # the registry of common/model_specs.py
 AUTO_MODEL = {name: spec.default_model for name, spec in DATASET_SPECS.items()}  # what `model=auto` picks
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("auto", "cpu", "cuda")
@@ -180,14 +169,8 @@ class RunConfig:
     )
     model: str = hp(
         "auto",
-        "`mlp` (digits), `cnn-mnist` (McMahan et al. CNN, 1.66M parameters), `cnn-cifar` (5x5 "
-        "convolutions without padding, FC 512; on 28x28 inputs the 582k-parameter CNN other PFL libraries "
-        "use for MNIST); "
-        "`-bn`: the same with batch normalization; `resnet10` (32x32 images, 4.9M parameters) and "
-        "`resnet10-s` (a quarter of its widths, for CPUs); `dnn-har` (HAR: an MLP on the flattened "
-        'window, 1152-256-128 with ReLU, 329k parameters; DM-PFL\'s HAR "DNN" is not specified '
-        "further); `auto` picks by dataset (the `-bn` one for "
-        "`fedbn`)",
+        "; ".join(f"`{name}`: {spec.about}" for name, spec in MODEL_SPECS.items())
+        + "; `auto` picks by dataset (the `-bn` one for `fedbn`)",
         choices=MODELS,
     )
     num_rounds: int = hp(20, "federated rounds", low=1, high=100_000)

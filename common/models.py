@@ -17,6 +17,7 @@ from torch.nn.modules.utils import _pair
 from .channels import ChannelGroup, channel_groups
 from .config import AUTO_MODEL, ConfigError
 from .masks import prunable_names
+from .model_specs import MODEL_SPECS
 from .personal import norm_entries
 
 
@@ -217,21 +218,6 @@ def resnet10(input_shape: tuple[int, ...], num_classes: int, width: int = 64) ->
     return SplitModel(body, nn.Linear(body.features, num_classes))
 
 
-_BUILDERS = {
-    "mlp": mlp,
-    "cnn-mnist": cnn_mnist,
-    "cnn-cifar": cnn_cifar,
-    "mlp-bn": mlp_bn,
-    "cnn-mnist-bn": lambda shape, classes: cnn_mnist(shape, classes, bn=True),
-    "cnn-cifar-bn": lambda shape, classes: cnn_cifar(shape, classes, bn=True),
-    "resnet10": resnet10,
-    "resnet10-s": lambda shape, classes: resnet10(shape, classes, width=16),
-    "dnn-har": dnn_har,
-    "dnn-har-bn": lambda shape, classes: dnn_har(shape, classes, bn=True),
-}
-_NEEDS = {"cnn-mnist": 3, "cnn-cifar": 3, "cnn-mnist-bn": 3, "cnn-cifar-bn": 3, "resnet10": 3, "resnet10-s": 3}
-
-
 def build_model(
     name: str,
     dataset: str,
@@ -243,12 +229,12 @@ def build_model(
     """A freshly initialized model; `auto` picks the dataset's usual one; the init depends only on `seed`. Given
     `arrays` (state-dict order), the model holds copies of them instead, as set_arrays would load them."""
     resolved = AUTO_MODEL[dataset] if name == "auto" else name
-    if resolved not in _BUILDERS:
-        raise ConfigError(f"run-config 'model' = {name!r} is not valid; allowed values: auto, {', '.join(_BUILDERS)}")
-    if resolved in _NEEDS and len(input_shape) != _NEEDS[resolved]:
+    spec = MODEL_SPECS.get(resolved)
+    if spec is None:
+        raise ConfigError(f"run-config 'model' = {name!r} is not valid; allowed values: auto, {', '.join(MODEL_SPECS)}")
+    if spec.image_input and len(input_shape) != 3:
         raise ConfigError(f"model '{resolved}' needs image input (C, H, W); dataset '{dataset}' gives {input_shape}")
-    minimum = 8 if resolved.startswith("cnn-mnist") else 16 if resolved.startswith("cnn-cifar") else 0
-    if minimum and min(input_shape[1:]) < minimum:
+    if spec.min_side and min(input_shape[1:]) < spec.min_side:
         raise ConfigError(f"model '{resolved}' needs larger images than {input_shape} of dataset '{dataset}'")
     template = _initialized(resolved, tuple(input_shape), num_classes, seed)
     return copy.deepcopy(template) if arrays is None else _holding(template, arrays)
@@ -275,7 +261,8 @@ def _initialized(resolved: str, input_shape: tuple[int, ...], num_classes: int, 
     starts from one)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return _BUILDERS[resolved](input_shape, num_classes)
+        spec = MODEL_SPECS[resolved]
+        return globals()[spec.builder](input_shape, num_classes, **dict(spec.kwargs))
 
 
 def get_arrays(model: nn.Module) -> list[np.ndarray]:

@@ -81,3 +81,23 @@ def test_cnn_trains_bit_for_bit_as_with_torchs_pooling() -> None:
     assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), torchs.state_dict().values()))
     with torch.no_grad():
         assert torch.equal(ours(x), torchs(x))
+
+
+def test_the_model_registry_is_what_the_run_config_offers_and_what_builds() -> None:
+    """A model is one MODEL_SPECS entry naming its builder: the key's choices, `auto`'s picks and the input checks
+    come from the registry."""
+    from common import models
+    from common.config import AUTO_MODEL, MODELS, ConfigError
+    from common.model_specs import MODEL_SPECS
+
+    assert MODELS == ("auto", *MODEL_SPECS) and set(AUTO_MODEL.values()) <= set(MODEL_SPECS)
+    for spec in MODEL_SPECS.values():
+        assert callable(getattr(models, spec.builder)), spec.name
+    built = models.build_model("cnn-mnist-bn", "mnist", (1, 28, 28), 10, seed=0)
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in built.modules())  # the spec's kwargs reach the builder
+    with pytest.raises(ConfigError, match="needs image input"):
+        models.build_model("resnet10-s", "har", (9, 128), 6, seed=0)
+    with pytest.raises(ConfigError, match="needs larger images"):
+        models.build_model("cnn-cifar", "digits", (1, 8, 8), 10, seed=0)
+    with pytest.raises(ConfigError, match="allowed values: auto, mlp"):
+        models.build_model("vgg", "digits", (1, 8, 8), 10, seed=0)
