@@ -4,6 +4,7 @@ file name of it, and what a writer writes its reader reads back."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -56,14 +57,19 @@ def test_the_scan_finds_spelled_out_file_names_but_not_docstrings() -> None:
     assert sorted(name for _, name in _spelled_names(ast.parse(code))) == ["config.json", "metrics.jsonl"]
 
 
-def test_no_module_spells_out_a_run_folder_file() -> None:
-    offenders = [
-        f"{path.relative_to(REPO)}:{line}: {name!r}"
+def _offenders(scan: Callable[[ast.AST], list[tuple[int, str]]], exempt: set[str]) -> list[str]:
+    """`path:line: finding` for every finding of `scan(tree)` in the packages and benchmarks, `exempt` files aside."""
+    return [
+        f"{path.relative_to(REPO)}:{line}: {found!r}"
         for package in ("common", "server_app", "client_app", "experiments", "bench")
         for path in sorted((REPO / package).rglob("*.py"))
-        if path.relative_to(REPO).as_posix() not in DECLARING
-        for line, name in _spelled_names(ast.parse(path.read_text()))
+        if path.relative_to(REPO).as_posix() not in exempt
+        for line, found in scan(ast.parse(path.read_text()))
     ]
+
+
+def test_no_module_spells_out_a_run_folder_file() -> None:
+    offenders = _offenders(_spelled_names, DECLARING)
     assert not offenders, "use common/run_folder.py:\n" + "\n".join(offenders)
 
 
@@ -97,13 +103,7 @@ def test_the_scan_finds_evaluations_read_by_hand() -> None:
 
 
 def test_no_reader_reads_an_evaluation_by_hand() -> None:
-    offenders = [
-        f"{path.relative_to(REPO)}:{line}: {key!r}"
-        for package in ("common", "server_app", "client_app", "experiments", "bench")
-        for path in sorted((REPO / package).rglob("*.py"))
-        if path.relative_to(REPO).as_posix() not in WRITERS
-        for line, key in _read_keys(ast.parse(path.read_text()))
-    ]
+    offenders = _offenders(_read_keys, WRITERS)
     assert not offenders, "read them with common/run_folder.py's accessors:\n" + "\n".join(offenders)
 
 
