@@ -107,7 +107,7 @@ def _env(context: Context, msg: Message, training: bool = False) -> tuple[Client
     if torch.get_num_threads() != cfg.client_threads:
         torch.set_num_threads(cfg.client_threads)
     partition_id, num_partitions = _partition(context)
-    data = client_data(cfg, partition_id, num_partitions)
+    data = client_data(cfg.data, partition_id, num_partitions)
     store = pick_store(state_dir(context, msg, cfg), context.state)
     state = store.restore(_round(msg), training)
     return ClientEnv(cfg, data, state, resolve_device(cfg.device)), store

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from .algorithms import SPECS, DittoParams, FedProxParams, param_classes
 from .data.corruptions import CORRUPTIONS, parse_corruptions, parse_severities
 from .data.datasets import DATASET_SPECS
+from .data.settings import DataSettings, SplitSettings
 from .hparams import ConfigError, as_dict, choice, describe, hp, parse_fields
 from .model_specs import MODEL_SPECS
 from .robust import ROBUST_METHODS, RobustRule
@@ -425,6 +426,35 @@ class RunConfig:
         """Data folder: the config value, else $PFL_DATA_DIR, else ~/.cache/pflower/data."""
         raw = self.data_dir or os.environ.get("PFL_DATA_DIR", "")
         return Path(raw).expanduser() if raw else Path.home() / ".cache" / "pflower" / "data"
+
+    @property
+    def data(self) -> DataSettings:
+        """The data section: what the data code reads (common/data/settings.py)."""
+        split = SplitSettings(
+            self.dataset,
+            str(self.resolved_data_dir),
+            self.allow_download,
+            self.partition,
+            self.seed,
+            self.dirichlet_alpha,
+            self.test_fraction,
+            self.max_samples,
+            self.domain_share,
+            self.domain_test_size,
+            self.natural_min_samples,
+            self.partition_file,
+        )
+        return DataSettings(
+            split,
+            self.stage_test_size,
+            self.domain_eval_size,
+            self.corruptions,
+            self.corruption_severities,
+            self.corruption_eval_size,
+            self.dirty_clients,
+            self.dirty_fraction,
+            self.attack_clients,
+        )
 
     @property
     def resolved_results_dir(self) -> Path:

@@ -340,7 +340,7 @@ def _export(args: argparse.Namespace) -> int:
     rows: set[int] = set()
     for spec, cfg in zip(specs, configs):
         rows |= rows_read(cfg, spec.clients)
-    data = dataset_for(configs[0])
+    data = dataset_for((configs[0]).data)
     size = write_export(data, rows, args.out, webp=args.webp)
     print(f"export: {args.out} ({len(rows):,} of {len(data.y):,} samples of {data.name}, {size / 1e6:.1f} MB)")
     return 0

@@ -30,7 +30,7 @@ def rows_read(cfg: RunConfig, clients: int) -> set[int]:
     from common.data.shift import make_shift_plan
     from common.seeding import derive_seed
 
-    split = federated_split(cfg, clients)
+    split = federated_split(cfg.data, clients)
     rows: set[int] = set()
     for pid in range(clients):
         rows.update(split.train[pid].tolist())

@@ -32,7 +32,7 @@ def raw_seconds(raw: dict[str, Any], clients: int, partition_ids: list[int]) -> 
     device = torch.device("cuda" if cfg.device == "cuda" else "cpu")
     samples, seconds = 0, 0.0
     for pid in partition_ids:
-        data = client_data(cfg, pid, clients)
+        data = client_data(cfg.data, pid, clients)
         model = build_model(
             cfg.model, cfg.dataset, data.input_shape, data.num_classes, derive_seed(cfg.seed, "model")
         ).to(device)

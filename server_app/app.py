@@ -129,7 +129,7 @@ def main(grid: Grid, context: Context) -> None:
     speed_up_simulation()  # Flower's simulation runtime, when this process runs it (server_app/flower_private.py)
     cfg = load_config(dict(context.run_config))
     try:
-        data = dataset_for(cfg)
+        data = dataset_for(cfg.data)
         model = build_model(cfg.model, cfg.dataset, data.input_shape, data.num_classes, derive_seed(cfg.seed, "model"))
     except (DataError, ConfigError) as exc:
         log(ERROR, "%s", exc)

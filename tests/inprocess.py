@@ -23,7 +23,7 @@ class InProcessFederation:
     """A round runner with the configured strategy, plus one client half per partition with its own state."""
 
     def __init__(self, cfg: RunConfig, num_clients: int, device: str = "cpu") -> None:
-        data = dataset_for(cfg)
+        data = dataset_for(cfg.data)
         model = build_model(cfg.model, cfg.dataset, data.input_shape, data.num_classes, derive_seed(cfg.seed, "model"))
         self.cfg = cfg
         self.device = device  # where the client halves train and evaluate
@@ -32,7 +32,7 @@ class InProcessFederation:
         self.runner = RoundRunner(cfg, self.strategy, self.clients)
         self.states: dict[int, Tree] = {pid: {} for pid in range(num_clients)}
         self.sent: dict[int, dict[int, RecordDict]] = {}  # the training messages of each round, by partition
-        self.data = {pid: client_data(cfg, pid, num_clients) for pid in range(num_clients)}
+        self.data = {pid: client_data(cfg.data, pid, num_clients) for pid in range(num_clients)}
         for pid in range(num_clients):
             self.clients.add(ClientInfo(pid, 1000 + pid, self.data[pid].num_train, 1))
 

@@ -102,6 +102,14 @@ def test_layering() -> None:
                 )
 
 
+def test_the_data_code_reads_its_section_not_the_run_config() -> None:
+    """common/data/ takes the data section (common/data/settings.py) it needs, never the whole run config."""
+    graph = _graph()
+    offenders = sorted(m for m in graph if m.startswith("common.data") and "common.config" in graph[m])
+    assert not offenders, offenders
+    assert "common.data.settings" in graph["common.config"]  # the run config builds the section
+
+
 def test_every_spec_resolves_to_its_two_halves_and_declares_distinct_keys() -> None:
     from client_app.algorithms import ClientAlgorithm, client_class
     from server_app.strategies import PFLStrategy, strategy_class

@@ -19,7 +19,7 @@ from common.validation import validate_arrays
 
 def _client(name: str, state: Tree | None = None, **overrides):
     cfg = parse_run_config({"algorithm": name, "dataset": "digits", "local-epochs": 2, "lr": 0.1, **overrides})
-    env = ClientEnv(cfg, client_data(cfg, 1, 4), ClientState(state if state is not None else {}), "cpu")
+    env = ClientEnv(cfg, client_data(cfg.data, 1, 4), ClientState(state if state is not None else {}), "cpu")
     return client_class(name)(env)
 
 

@@ -173,10 +173,10 @@ def test_one_client_evaluates_a_seeded_subset_when_asked() -> None:
     from common.data.evalsets import corrupted_test
 
     cfg = parse_run_config({"corruptions": "fog", "corruption-severities": "2", "corruption-eval-size": 20})
-    sets = corrupted_test(cfg, 1, 3)
+    sets = corrupted_test(cfg.data, 1, 3)
     x, y = sets[("fog", 2)]
     assert x.shape[0] == 20 and y.shape == (20,) and x.dtype.is_floating_point
-    again = corrupted_test(cfg, 1, 3)[("fog", 2)]
+    again = corrupted_test(cfg.data, 1, 3)[("fog", 2)]
     assert bool((again[0] == x).all()) and bool((again[1] == y).all())
 
 

@@ -48,16 +48,16 @@ def test_cifar10_all_staged_batches_from_local_folder(data_dir) -> None:
 
 def test_client_view_is_a_75_25_split_with_shift_draws() -> None:
     cfg = parse_run_config({"dataset": "digits", "partition": "iid", "seed": 1})
-    split = federated_split(cfg, 5)
+    split = federated_split(cfg.data, 5)
     assert sum(len(t) for t in split.train) + sum(len(t) for t in split.test) == 1797
-    client = client_data(cfg, 2, 5)
+    client = client_data(cfg.data, 2, 5)
     n = len(split.train[2]) + len(split.test[2])
     assert len(client.test_y) == round(0.25 * n) and client.num_train == n - len(client.test_y)
     assert client.train_x.dtype.is_floating_point and tuple(client.train_x.shape[1:]) == (1, 8, 8)
     assert len(client.shift_y) == len(client.test_y)
     assert set(client.shift_plan.draws.tolist()) <= set(split.pool.tolist())
     with pytest.raises(DataError, match="partition-id 5 is outside 0..4"):
-        client_data(cfg, 5, 5)
+        client_data(cfg.data, 5, 5)
 
 
 def test_the_registry_is_what_the_run_config_offers_and_what_loads(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -92,3 +92,14 @@ def test_the_registry_is_what_the_run_config_offers_and_what_loads(monkeypatch: 
         clear_dataset_cache()
     with pytest.raises(DataError, match="unknown dataset 'nope'"):
         load_dataset("nope", "/data")
+
+
+def test_the_split_cache_keys_on_the_split_section_only() -> None:
+    """Settings the partition does not read (evaluation sizes, label faults) share one split; one it reads does not."""
+    base = parse_run_config({"dataset": "digits", "max-samples": 600, "partition": "dirichlet"})
+    other_eval = parse_run_config({**base.to_dict(), "stage-test-size": 50, "dirty-fraction": 0.5})
+    other_alpha = parse_run_config({**base.to_dict(), "dirichlet-alpha": 5.0})
+    assert base.data.split == other_eval.data.split and base.data != other_eval.data
+    assert federated_split(base.data, 4) is federated_split(other_eval.data, 4)
+    assert federated_split(base.data, 4) is not federated_split(other_alpha.data, 4)
+    assert base.data.data_dir == str(base.resolved_data_dir)

@@ -173,7 +173,7 @@ def test_every_client_reports_its_seen_and_unseen_domains(data_dir) -> None:
         assert row[UNSEEN_DOMAINS_KEY] == pytest.approx(sum(others) / 3)
     from common.data.evalsets import domain_tests
 
-    sets = domain_tests(cfg, 5)
+    sets = domain_tests(cfg.data, 5)
     assert [name for name, _, _ in sets] == list(DOMAINS) and all(len(y) == 40 for _, _, y in sets)
 
 

@@ -75,7 +75,7 @@ def test_too_few_samples_is_one_line_never_scaled() -> None:
         grouped_exact(LABELS, 3, seed=0)
     digits = parse_run_config({"dataset": "digits", "partition": "grouped-exact"})
     with pytest.raises(DataError, match="partition 'grouped'"):
-        federated_split(digits, 10)
+        federated_split(digits.data, 10)
 
 
 def test_real_mnist_through_the_run_config(data_dir: Path) -> None:
@@ -84,11 +84,11 @@ def test_real_mnist_through_the_run_config(data_dir: Path) -> None:
     from common.data.datasets import load_dataset
 
     cfg = parse_run_config({"dataset": "mnist", "data-dir": str(data_dir), "partition": "grouped-exact", "seed": 1})
-    split = federated_split(cfg, CLIENTS)
+    split = federated_split(cfg.data, CLIENTS)
     labels = load_dataset("mnist", str(data_dir), False).y
     _assert_paper_split(labels, split.train, split.test)
     assert len(split.pool) == CLIENTS * PAPER_TEST
-    other_fraction = federated_split(parse_run_config({**cfg.to_dict(), "test-fraction": 0.5}), CLIENTS)
+    other_fraction = federated_split(parse_run_config({**cfg.to_dict(), "test-fraction": 0.5}).data, CLIENTS)
     assert all(np.array_equal(a, b) for a, b in zip(split.test, other_fraction.test)), "test-fraction does not apply"
-    reseeded = federated_split(parse_run_config({**cfg.to_dict(), "seed": 2}), CLIENTS)
+    reseeded = federated_split(parse_run_config({**cfg.to_dict(), "seed": 2}).data, CLIENTS)
     assert not np.array_equal(split.train[0], reseeded.train[0])

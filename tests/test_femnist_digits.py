@@ -83,19 +83,19 @@ def test_natural_partition_gives_one_writer_per_client(femnist_root: str) -> Non
     kept, counts = natural_order(data.natural_id, 20)
     assert 0 < len(kept) < len(np.unique(data.natural_id)), "writers with under 20 digits are dropped"
     cfg = parse_run_config({"dataset": "femnist-digits", "data-dir": femnist_root, "partition": "natural"})
-    split = federated_split(cfg, len(kept))
+    split = federated_split(cfg.data, len(kept))
     for writer, count, train, test in zip(kept, counts, split.train, split.test):
         held = np.concatenate([train, test])
         assert set(data.natural_id[held].tolist()) == {int(writer)}, "a client's samples come from one writer"
         assert np.array_equal(np.sort(held), np.flatnonzero(data.natural_id == writer)), "all its digits, once"
         assert len(held) == count and len(train) and len(test)
     with pytest.raises(DataError, match=f"femnist-digits has {len(kept)} writers with at least 20 samples"):
-        federated_split(cfg, len(kept) + 1)
+        federated_split(cfg.data, len(kept) + 1)
 
 
 def test_a_client_and_its_auto_model_have_ten_classes(femnist_root: str) -> None:
     cfg = parse_run_config({"dataset": "femnist-digits", "data-dir": femnist_root, "partition": "natural"})
-    client = client_data(cfg, 0, 3)
+    client = client_data(cfg.data, 0, 3)
     assert client.num_classes == 10 and set(client.train_y.tolist()) <= set(range(10))
     model = build_model(cfg.model, cfg.dataset, client.input_shape, client.num_classes, seed=0)
     assert model(client.train_x[:4]).shape == (4, 10)

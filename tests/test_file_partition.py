@@ -21,14 +21,14 @@ def _file_cfg(path: Path, **extra: object):
 
 
 def test_a_dirichlet_split_round_trips(tmp_path) -> None:
-    split = federated_split(parse_run_config({"dataset": "digits", "partition": "dirichlet", "seed": 3}), 6)
+    split = federated_split(parse_run_config({"dataset": "digits", "partition": "dirichlet", "seed": 3}).data, 6)
     path = tmp_path / "split.npz"
     save_partition_file(path, split.train, split.test)
-    again = federated_split(_file_cfg(path), 6)
+    again = federated_split(_file_cfg(path).data, 6)
     assert len(again.train) == len(again.test) == 6
     for a, b in zip((*split.train, *split.test), (*again.train, *again.test)):
         assert a.dtype == b.dtype == np.int64 and np.array_equal(a, b)
-    client = client_data(_file_cfg(path), 2, 6)
+    client = client_data(_file_cfg(path).data, 2, 6)
     assert client.num_train == len(split.train[2]) and len(client.test_y) == len(split.test[2])
 
 
@@ -90,40 +90,40 @@ GOOD = {"train_0": np.array([0, 1, 2]), "test_0": np.array([3]), "train_1": np.a
 def test_bad_files_are_refused_in_one_line(tmp_path, arrays: dict, message: str) -> None:
     path = _write(tmp_path / "bad.npz", **{k: v for k, v in arrays.items() if v is not None})
     with pytest.raises(DataError, match=rf"^partition-file {path}: .*{message}") as info:
-        federated_split(_file_cfg(path), 2)
+        federated_split(_file_cfg(path).data, 2)
     assert "\n" not in str(info.value)
 
 
 def test_more_clients_than_the_file_holds(tmp_path) -> None:
     path = _write(tmp_path / "two.npz", **GOOD)
     with pytest.raises(DataError, match=r"holds 2 clients, the run has 3: use at most 2 \(num-supernodes\)$"):
-        federated_split(_file_cfg(path), 3)
+        federated_split(_file_cfg(path).data, 3)
 
 
 def test_missing_and_unreadable_files(tmp_path) -> None:
     with pytest.raises(DataError, match=r"^partition-file .*absent\.npz: no such file$"):
-        federated_split(_file_cfg(tmp_path / "absent.npz"), 2)
+        federated_split(_file_cfg(tmp_path / "absent.npz").data, 2)
     text = tmp_path / "text.npz"
     text.write_text("train_0,1,2\n")
     with pytest.raises(DataError, match=r"^partition-file .*text\.npz: not a readable \.npz archive \([^\n]*\)$"):
-        federated_split(_file_cfg(text), 2)
+        federated_split(_file_cfg(text).data, 2)
     single = tmp_path / "single.npy"
     np.save(single, np.arange(4))
     with pytest.raises(DataError, match=r"a single \.npy array, not an \.npz archive"):
-        federated_split(_file_cfg(single), 2)
+        federated_split(_file_cfg(single).data, 2)
 
 
 def test_config_errors() -> None:
     with pytest.raises(ConfigError, match="run-config 'partition-file' = 'split.npz' must be an absolute path"):
         parse_run_config({"partition-file": "split.npz"})
     with pytest.raises(DataError, match="partition 'file' needs run-config 'partition-file'"):
-        federated_split(parse_run_config({"dataset": "digits", "partition": "file"}), 2)
+        federated_split(parse_run_config({"dataset": "digits", "partition": "file"}).data, 2)
 
 
 def test_max_samples_does_not_apply(tmp_path) -> None:
     path = _write(tmp_path / "good.npz", **GOOD)
     with pytest.raises(DataError, match="set max-samples to 0"):
-        federated_split(_file_cfg(path, **{"max-samples": 500}), 2)
+        federated_split(_file_cfg(path, **{"max-samples": 500}).data, 2)
 
 
 def test_a_failed_file_is_not_reread(tmp_path) -> None:
@@ -131,7 +131,7 @@ def test_a_failed_file_is_not_reread(tmp_path) -> None:
     path = tmp_path / "late.npz"
     cfg = _file_cfg(path)
     with pytest.raises(DataError, match="no such file"):
-        federated_split(cfg, 2)
+        federated_split(cfg.data, 2)
     _write(path, **GOOD)
     with pytest.raises(DataError, match="no such file"):
-        federated_split(cfg, 2)
+        federated_split(cfg.data, 2)

@@ -74,7 +74,7 @@ def test_more_clients_than_natural_ids_is_one_line() -> None:
 def test_natural_on_a_data_set_without_natural_ids_is_refused() -> None:
     cfg = parse_run_config({"dataset": "digits", "partition": "natural"})
     with pytest.raises(DataError, match="partition 'natural' needs a data set with natural clients"):
-        federated_split(cfg, 4)
+        federated_split(cfg.data, 4)
 
 
 def test_natural_min_samples_is_validated() -> None:
@@ -102,13 +102,13 @@ def test_femnist_by_writer_nothing_lost(data_dir) -> None:
     kept, _ = natural_order(data.natural_id, 20)
     assert len(kept) == 174  # of 190 writers, at the default natural-min-samples
     cfg = _natural_cfg("femnist", root)
-    split = federated_split(cfg, len(kept))
+    split = federated_split(cfg.data, len(kept))
     _assert_by_natural_id(data.natural_id, split.train, split.test, kept)
     test_share = sum(map(len, split.test)) / (sum(map(len, split.train)) + sum(map(len, split.test)))
     assert abs(test_share - 0.25) < 0.01
     with pytest.raises(DataError, match="femnist has 174 writers with at least 20 samples.*use at most 174"):
-        federated_split(cfg, 175)
-    fewer = federated_split(cfg, 10)
+        federated_split(cfg.data, 175)
+    fewer = federated_split(cfg.data, 10)
     _assert_by_natural_id(data.natural_id, fewer.train, fewer.test, kept[:10])
 
 
@@ -123,13 +123,13 @@ def test_har_by_subject_nothing_lost(data_dir) -> None:
     kept, counts = natural_order(data.natural_id, 20)
     assert len(kept) == 30 and counts.sum() == 10299 and counts[0] == 409
     cfg = _natural_cfg("har", root)
-    split = federated_split(cfg, 30)
+    split = federated_split(cfg.data, 30)
     _assert_by_natural_id(data.natural_id, split.train, split.test, kept)
     with pytest.raises(DataError, match="har has 30 subjects with at least 20 samples.*use at most 30"):
-        federated_split(cfg, 31)
+        federated_split(cfg.data, 31)
     raised = _natural_cfg("har", root, **{"natural-min-samples": 300})
     kept_raised, _ = natural_order(data.natural_id, 300)
-    split = federated_split(raised, len(kept_raised))
+    split = federated_split(raised.data, len(kept_raised))
     _assert_by_natural_id(data.natural_id, split.train, split.test, kept_raised)
     assert len(kept_raised) < 30
 
@@ -159,7 +159,7 @@ def test_cifar10_reads_every_batch_present(data_dir, tmp_path, monkeypatch) -> N
         datasets, "CIFAR_SUBSET_SHA256", {**datasets.CIFAR_SUBSET_SHA256, "data_batch_4": sha, "data_batch_5": sha}
     )
     data = load_dataset("cifar10", str(tmp_path), False)
-    load_dataset.cache_clear()
+    datasets.clear_dataset_cache()
     assert len(data.y) == 60000
     assert np.array_equal(data.x[30000:40000], data.x[:10000]), "batches in order 1..5, then the test batch"
 
@@ -189,7 +189,7 @@ def test_a_client_learns_and_a_round_runs(data_dir, dataset: str, files: tuple[s
     cfg = parse_run_config(
         {"dataset": dataset, "data-dir": root, "fraction-train": 1.0, "local-epochs": 1, "lr": 0.05, **raw}
     )
-    client = client_data(cfg, 0, 3)
+    client = client_data(cfg.data, 0, 3)
     model = build_model("auto", dataset, client.input_shape, client.num_classes, seed=0)
     stats = train(
         model,

@@ -29,14 +29,14 @@ def test_seeded_client_ids_count_and_seed() -> None:
 def test_only_dirty_clients_train_on_flipped_labels_and_tests_stay_clean() -> None:
     cfg = parse_run_config({"dataset": "digits", "dirty-clients": 0.4, "dirty-fraction": 0.5})
     clean_cfg = parse_run_config({"dataset": "digits"})
-    dirty = [pid for pid in range(5) if client_data(cfg, pid, 5).dirty]
+    dirty = [pid for pid in range(5) if client_data(cfg.data, pid, 5).dirty]
     assert len(dirty) == 2
     for pid in range(5):
-        noisy, clean = client_data(cfg, pid, 5), client_data(clean_cfg, pid, 5)
+        noisy, clean = client_data(cfg.data, pid, 5), client_data(clean_cfg.data, pid, 5)
         changed = int((noisy.train_y != clean.train_y).sum())
         assert changed == (round(0.5 * clean.num_train) if pid in dirty else 0)
         assert bool((noisy.test_y == clean.test_y).all())
-    assert federated_split(cfg, 5).train[0].size == federated_split(clean_cfg, 5).train[0].size
+    assert federated_split(cfg.data, 5).train[0].size == federated_split(clean_cfg.data, 5).train[0].size
 
 
 @pytest.mark.parametrize(
@@ -57,8 +57,8 @@ def test_fault_and_stage_keys_are_validated(key: str, value) -> None:
 
 def test_max_samples_partitions_a_seeded_subset_without_loss_or_duplicates() -> None:
     cfg = parse_run_config({"dataset": "digits", "max-samples": 600, "partition": "iid"})
-    split = federated_split(cfg, 4)
+    split = federated_split(cfg.data, 4)
     used = np.concatenate(split.train + split.test)
     assert len(used) == 600 and len(np.unique(used)) == 600
-    again = federated_split(parse_run_config({"dataset": "digits", "max-samples": 600, "partition": "iid"}), 4)
+    again = federated_split(parse_run_config({"dataset": "digits", "max-samples": 600, "partition": "iid"}).data, 4)
     np.testing.assert_array_equal(np.concatenate(again.train), np.concatenate(split.train))

@@ -77,7 +77,7 @@ class _TimedFedAvg(FedAvg):
 
 
 def _model(cfg):
-    data = dataset_for(cfg)
+    data = dataset_for(cfg.data)
     return build_model(cfg.model, cfg.dataset, data.input_shape, data.num_classes, derive_seed(cfg.seed, "model"))
 
 
@@ -98,7 +98,9 @@ def main(grid: Grid, context: Context) -> None:
 def _data(context: Context):
     cfg = _cfg(context)
     torch.set_num_threads(1)
-    return cfg, client_data(cfg, int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]))
+    return cfg, client_data(
+        cfg.data, int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    )
 
 
 @client.train()

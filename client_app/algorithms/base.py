@@ -178,9 +178,11 @@ class ClientAlgorithm(ABC):
         if shifted_sets:
             corrupted = {
                 corruption_key(name, severity): sets
-                for (name, severity), sets in corrupted_test(self.cfg, data.partition_id, data.num_partitions).items()
+                for (name, severity), sets in corrupted_test(
+                    self.cfg.data, data.partition_id, data.num_partitions
+                ).items()
             }
-            domains = domain_tests(self.cfg, data.num_partitions)
+            domains = domain_tests(self.cfg.data, data.num_partitions)
         return evaluate_client(model, data, self.cfg.shift_degrees, self.env.device, corrupted, domains)
 
     @staticmethod
@@ -229,7 +231,7 @@ class ClientAlgorithm(ABC):
         if not self.cfg.stages or not stages:
             return {}
         data = self.env.data
-        pooled = pooled_test(self.cfg, data.num_partitions)
+        pooled = pooled_test(self.cfg.data, data.num_partitions)
         return stage_metrics(stages, (data.test_x, data.test_y), pooled, self.env.device)
 
     def train_reply(

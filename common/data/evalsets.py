@@ -9,11 +9,11 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from ..config import RunConfig
 from ..seeding import derive_seed
 from .arrays import DatasetArrays
 from .corruptions import corrupt, require_images
 from .federated import dataset_for, federated_split
+from .settings import DataSettings
 
 CACHE_BYTES = 1 << 30  # corrupted raw pixels kept per process; the least recently used client's are dropped first
 _CORRUPTED: OrderedDict[tuple, dict[tuple[str, int], np.ndarray]] = OrderedDict()
@@ -61,31 +61,33 @@ def normalized(data: DatasetArrays, raw: np.ndarray) -> torch.Tensor:
 
 
 def corrupted_test(
-    cfg: RunConfig, partition_id: int, num_clients: int
+    settings: DataSettings, partition_id: int, num_clients: int
 ) -> dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]]:
     """Client `partition_id`'s test split (a seeded `corruption-eval-size` subset; 0: all) under every
     (corruption, severity) of the run as (inputs, labels), normalized like the clean test data; empty when the run
     has no corruptions."""
-    if not cfg.corruptions:
+    if not settings.corruptions:
         return {}
-    data = dataset_for(cfg)
-    require_images(data, cfg.corruptions)
-    indices = federated_split(cfg, num_clients).test[partition_id]
-    if 0 < cfg.corruption_eval_size < len(indices):
-        rng = np.random.default_rng(derive_seed(cfg.seed, "corruption-eval", partition_id))
-        indices = np.sort(rng.choice(indices, size=cfg.corruption_eval_size, replace=False))
+    data = dataset_for(settings)
+    require_images(data, settings.corruptions)
+    indices = federated_split(settings, num_clients).test[partition_id]
+    if 0 < settings.corruption_eval_size < len(indices):
+        rng = np.random.default_rng(derive_seed(settings.seed, "corruption-eval", partition_id))
+        indices = np.sort(rng.choice(indices, size=settings.corruption_eval_size, replace=False))
     key = (
-        cfg.dataset,
-        str(cfg.resolved_data_dir),
-        cfg.seed,
+        settings.dataset,
+        settings.data_dir,
+        settings.seed,
         partition_id,
-        cfg.corruptions,
-        cfg.corruption_severities,
+        settings.corruptions,
+        settings.corruption_severities,
         _digest(indices),
     )
     raw = _CORRUPTED.get(key)
     if raw is None:
-        raw = corrupt_split(data, indices, cfg.corruptions, cfg.corruption_severities, cfg.seed, partition_id)
+        raw = corrupt_split(
+            data, indices, settings.corruptions, settings.corruption_severities, settings.seed, partition_id
+        )
         _CORRUPTED[key] = raw
         while len(_CORRUPTED) > 1 and sum(a.nbytes for v in _CORRUPTED.values() for a in v.values()) > CACHE_BYTES:
             _CORRUPTED.popitem(last=False)
@@ -94,23 +96,23 @@ def corrupted_test(
     return {k: (normalized(data, v), labels) for k, v in raw.items()}
 
 
-def domain_tests(cfg: RunConfig, num_clients: int) -> tuple[tuple[str, torch.Tensor, torch.Tensor], ...]:
+def domain_tests(settings: DataSettings, num_clients: int) -> tuple[tuple[str, torch.Tensor, torch.Tensor], ...]:
     """Every domain's held-out test data (name, x, y), a seeded `domain-eval-size` subset of each (0: all);
     empty unless the run uses the `domains` partition."""
-    if cfg.partition != "domains":
+    if settings.partition != "domains":
         return ()
-    split = federated_split(cfg, num_clients)
+    split = federated_split(settings, num_clients)
     if not split.domain_of:
         return ()
-    key = (cfg.dataset, str(cfg.resolved_data_dir), cfg.seed, cfg.domain_eval_size, _digest(*split.domain_test))
+    key = (settings.dataset, settings.data_dir, settings.seed, settings.domain_eval_size, _digest(*split.domain_test))
     if key not in _DOMAINS:
-        data = dataset_for(cfg)
+        data = dataset_for(settings)
         sets = []
         for d, held in enumerate(split.domain_test):
             idx = held
-            if 0 < cfg.domain_eval_size < len(held):
-                rng = np.random.default_rng(derive_seed(cfg.seed, "domain-eval", d))
-                idx = np.sort(rng.choice(held, size=cfg.domain_eval_size, replace=False))
+            if 0 < settings.domain_eval_size < len(held):
+                rng = np.random.default_rng(derive_seed(settings.seed, "domain-eval", d))
+                idx = np.sort(rng.choice(held, size=settings.domain_eval_size, replace=False))
             name = data.domain_names[d] if d < len(data.domain_names) else str(d)
             sets.append((name, normalized(data, data.x[idx]), torch.from_numpy(data.y[idx])))
         _DOMAINS.clear()

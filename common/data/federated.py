@@ -8,7 +8,6 @@ from functools import cached_property, lru_cache
 import numpy as np
 import torch
 
-from ..config import RunConfig
 from ..seeding import derive_seed
 from .corruptions import require_images
 from .datasets import DataError, DatasetArrays, load_dataset, normalize
@@ -17,6 +16,7 @@ from .natural import natural_partition
 from .noise import flip_labels, seeded_client_ids, shift_labels
 from .partition import grouped_exact, partition, train_test_split
 from .partition_file import read_partition_file
+from .settings import DataSettings, SplitSettings
 from .shift import ShiftPlan, make_shift_plan
 
 
@@ -67,28 +67,18 @@ class ClientData:
         return torch.cat([self.test_x, self.shift_x]) if len(self.shift_x) else self.test_x
 
 
-def dataset_for(cfg: RunConfig) -> DatasetArrays:
+def dataset_for(data: DataSettings) -> DatasetArrays:
     """The run's whole dataset (cached per process)."""
-    return load_dataset(cfg.dataset, str(cfg.resolved_data_dir), cfg.allow_download)
+    return load_dataset(data.dataset, data.data_dir, data.split.allow_download)
 
 
 @lru_cache(maxsize=4)
-def _split_cached(
-    dataset: str,
-    data_dir: str,
-    allow_download: bool,
-    scheme: str,
-    num_clients: int,
-    seed: int,
-    alpha: float,
-    test_fraction: float,
-    max_samples: int = 0,
-    domain_share: float = 0.01,
-    domain_test_size: int = 1000,
-    natural_min_samples: int = 20,
-    partition_file: str = "",
-) -> FederatedSplit:
-    data = load_dataset(dataset, data_dir, allow_download)
+def _split_cached(settings: SplitSettings, num_clients: int) -> FederatedSplit:
+    dataset, scheme, seed, max_samples = settings.dataset, settings.partition, settings.seed, settings.max_samples
+    partition_file, test_fraction, alpha = settings.partition_file, settings.test_fraction, settings.dirichlet_alpha
+    domain_share, domain_test_size = settings.domain_share, settings.domain_test_size
+    natural_min_samples = settings.natural_min_samples
+    data = load_dataset(dataset, settings.data_dir, settings.allow_download)
     if scheme == "file":
         if not partition_file:
             raise DataError("partition 'file' needs run-config 'partition-file' (the absolute path of an .npz)")
@@ -137,27 +127,13 @@ def _split_cached(
     return FederatedSplit(tuple(train), tuple(test))
 
 
-_FAILED_SPLITS: dict[tuple, DataError] = {}
+_FAILED_SPLITS: dict[tuple[SplitSettings, int], DataError] = {}
 
 
-def federated_split(cfg: RunConfig, num_clients: int) -> FederatedSplit:
-    """The run's partition of its dataset over `num_clients` clients (cached per process, failures too: a
-    partition that cannot be made is tried once, not once per message)."""
-    key = (
-        cfg.dataset,
-        str(cfg.resolved_data_dir),
-        cfg.allow_download,
-        cfg.partition,
-        num_clients,
-        cfg.seed,
-        cfg.dirichlet_alpha,
-        cfg.test_fraction,
-        cfg.max_samples,
-        cfg.domain_share,
-        cfg.domain_test_size,
-        cfg.natural_min_samples,
-        cfg.partition_file,
-    )
+def federated_split(data: DataSettings, num_clients: int) -> FederatedSplit:
+    """The run's partition of its dataset over `num_clients` clients (cached per process on the split settings,
+    failures too: a partition that cannot be made is tried once, not once per message)."""
+    key = (data.split, num_clients)
     if key in _FAILED_SPLITS:
         raise _FAILED_SPLITS[key]
     try:
@@ -171,28 +147,30 @@ def _tensors(data: DatasetArrays, idx: np.ndarray) -> tuple[torch.Tensor, torch.
     return torch.from_numpy(normalize(data, data.x[idx])), torch.from_numpy(data.y[idx])
 
 
-def client_data(cfg: RunConfig, partition_id: int, num_clients: int) -> ClientData:
+def client_data(settings: DataSettings, partition_id: int, num_clients: int) -> ClientData:
     """Materialize client `partition_id`'s tensors."""
     if not 0 <= partition_id < num_clients:
         raise DataError(f"partition-id {partition_id} is outside 0..{num_clients - 1}")
-    data = dataset_for(cfg)
-    require_images(data, cfg.corruptions)  # refused at the handshake, not at the first evaluation
-    split = federated_split(cfg, num_clients)
-    plan = make_shift_plan(split.test[partition_id], split.pool, derive_seed(cfg.seed, "shift", partition_id))
+    data = dataset_for(settings)
+    require_images(data, settings.corruptions)  # refused at the handshake, not at the first evaluation
+    split = federated_split(settings, num_clients)
+    plan = make_shift_plan(split.test[partition_id], split.pool, derive_seed(settings.seed, "shift", partition_id))
     train_x, train_y = _tensors(data, split.train[partition_id])
-    dirty = cfg.dirty_fraction > 0 and partition_id in seeded_client_ids(
-        num_clients, cfg.dirty_clients, derive_seed(cfg.seed, "dirty-clients")
+    dirty = settings.dirty_fraction > 0 and partition_id in seeded_client_ids(
+        num_clients, settings.dirty_clients, derive_seed(settings.seed, "dirty-clients")
     )
     if dirty:
         train_y = torch.from_numpy(
             flip_labels(
                 train_y.numpy(),
-                cfg.dirty_fraction,
+                settings.dirty_fraction,
                 data.num_classes,
-                derive_seed(cfg.seed, "dirty-labels", partition_id),
+                derive_seed(settings.seed, "dirty-labels", partition_id),
             )
         )
-    attacker = partition_id in seeded_client_ids(num_clients, cfg.attack_clients, derive_seed(cfg.seed, "attackers"))
+    attacker = partition_id in seeded_client_ids(
+        num_clients, settings.attack_clients, derive_seed(settings.seed, "attackers")
+    )
     if attacker:
         train_y = torch.from_numpy(shift_labels(train_y.numpy(), data.num_classes))
     test_x, test_y = _tensors(data, split.test[partition_id])
@@ -221,30 +199,18 @@ def client_data(cfg: RunConfig, partition_id: int, num_clients: int) -> ClientDa
     )
 
 
-_POOLED: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_POOLED: dict[tuple[SplitSettings, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def pooled_test(cfg: RunConfig, num_clients: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pooled_test(data: DataSettings, num_clients: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The pooled test data of all clients (FLIU's Acc(G) set): a seeded `stage-test-size` subset, 0 = all."""
-    key = (
-        cfg.dataset,
-        str(cfg.resolved_data_dir),
-        cfg.partition,
-        num_clients,
-        cfg.seed,
-        cfg.dirichlet_alpha,
-        cfg.test_fraction,
-        cfg.max_samples,
-        cfg.natural_min_samples,
-        cfg.partition_file,
-        cfg.stage_test_size,
-    )
+    key = (data.split, num_clients, data.stage_test_size)
     if key not in _POOLED:
-        pool = federated_split(cfg, num_clients).pool
-        size = cfg.stage_test_size
+        pool = federated_split(data, num_clients).pool
+        size = data.stage_test_size
         if 0 < size < len(pool):
-            rng = np.random.default_rng(derive_seed(cfg.seed, "stage-pool"))
+            rng = np.random.default_rng(derive_seed(data.seed, "stage-pool"))
             pool = np.sort(rng.choice(pool, size=size, replace=False))
         _POOLED.clear()
-        _POOLED[key] = _tensors(dataset_for(cfg), pool)
+        _POOLED[key] = _tensors(dataset_for(data), pool)
     return _POOLED[key]
