@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Required, TypedDict, cast
+from typing import Any, Literal, Required, TypedDict, cast
 
 import numpy as np
 
@@ -117,34 +117,34 @@ def unseen_evaluation(summary: Summary) -> Evaluation | None:
     return summary.get("unseen") or None
 
 
+def _stat(found: Evaluation | FinalEvaluation | None, stat: Literal["mean", "std"]) -> dict[str, float]:
+    return dict(found[stat]) if found else {}
+
+
 def evaluation_means(record: RoundRecord) -> dict[str, float]:
     """A round's mean over clients per evaluation metric; empty in a round without evaluation."""
-    evaluation = record.get("eval")
-    return dict(evaluation["mean"]) if evaluation else {}
+    return _stat(evaluation(record), "mean")
 
 
 def evaluated_clients(record: RoundRecord) -> int:
     """How many clients a round evaluated (0 in a round without evaluation)."""
-    evaluation = record.get("eval")
-    return int(evaluation["num_clients"]) if evaluation else 0
+    found = evaluation(record)
+    return int(found["num_clients"]) if found else 0
 
 
 def final_means(summary: Summary) -> dict[str, float]:
     """The last evaluation's mean over clients per metric; empty when the run never evaluated."""
-    final = summary.get("final")
-    return dict(final["mean"]) if final else {}
-
-
-def unseen_means(summary: Summary) -> dict[str, float]:
-    """The held-out clients' (newcomers') last evaluation: mean per metric; empty when the run has none."""
-    unseen = summary.get("unseen")
-    return dict(unseen["mean"]) if unseen else {}
+    return _stat(final_evaluation(summary), "mean")
 
 
 def final_stds(summary: Summary) -> dict[str, float]:
     """The last evaluation's std over clients per metric; empty when the run never evaluated."""
-    final = summary.get("final")
-    return dict(final["std"]) if final else {}
+    return _stat(final_evaluation(summary), "std")
+
+
+def unseen_means(summary: Summary) -> dict[str, float]:
+    """The held-out clients' (newcomers') last evaluation: mean per metric; empty when the run has none."""
+    return _stat(unseen_evaluation(summary), "mean")
 
 
 def _json_lines(path: Path) -> list[Record]:

@@ -99,7 +99,7 @@ def corrupted_test(
 def domain_tests(settings: DataSettings, num_clients: int) -> tuple[tuple[str, torch.Tensor, torch.Tensor], ...]:
     """Every domain's held-out test data (name, x, y), a seeded `domain-eval-size` subset of each (0: all);
     empty unless the run uses the `domains` partition."""
-    if settings.partition != "domains":
+    if settings.split.partition != "domains":
         return ()
     split = federated_split(settings, num_clients)
     if not split.domain_of:

@@ -54,8 +54,3 @@ class DataSettings:
     def seed(self) -> int:
         """The run's seed."""
         return self.split.seed
-
-    @property
-    def partition(self) -> str:
-        """The partition scheme."""
-        return self.split.partition
