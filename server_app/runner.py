@@ -233,6 +233,23 @@ class RoundRunner:
             good, failed, oversized = self.sort_replies(server_round, list(each_reply(chunks)), "eval_up")
             self.round_log.unseen = newcomer_statistics(good, failed + oversized, self.cfg)
 
+    def train(self, grid: Grid, server_round: int) -> None:
+        """The round's training: sample, send every message at once (each built from the round's starting state),
+        check and fold the replies as they arrive, record the counts."""
+        sampled = self.strategy.sample(server_round)
+        window = max(len(sampled), 1)
+        training = self.send(grid, server_round, sampled, MessageType.TRAIN, "train_down", window=window)
+        self.aggregate_train(server_round, each_reply(training))
+        self.round_log.train["sent"] = len(sampled)
+
+    def evaluate(self, grid: Grid, server_round: int) -> None:
+        """The round's evaluation: the strategy's evaluation clients, then the held-out ones as newcomers."""
+        evaluation = self.send(
+            grid, server_round, self.strategy.eval_clients(server_round), MessageType.EVALUATE, "eval_down"
+        )
+        self.aggregate_evaluate(server_round, list(each_reply(evaluation)))
+        self.evaluate_newcomers(grid, server_round)
+
     # ----- the run ---------------------------------------------------------------------------------------
     def should_evaluate(self, server_round: int) -> bool:
         """Evaluate every `eval-every` rounds and after the last one."""
@@ -277,14 +294,9 @@ class RoundRunner:
                 self.strategy.on_client_replaced(rnd, pid)
         if rnd == 1 and self.strategy.warmup_round():
             self.pretrain(grid)
-        sampled = self.strategy.sample(rnd)  # every training message is built from the round's starting state
-        training = self.send(grid, rnd, sampled, MessageType.TRAIN, "train_down", window=max(len(sampled), 1))
-        self.aggregate_train(rnd, each_reply(training))
-        self.round_log.train["sent"] = len(sampled)
+        self.train(grid, rnd)
         if self.should_evaluate(rnd):
-            evaluation = self.send(grid, rnd, self.strategy.eval_clients(rnd), MessageType.EVALUATE, "eval_down")
-            self.aggregate_evaluate(rnd, list(each_reply(evaluation)))
-            self.evaluate_newcomers(grid, rnd)
+            self.evaluate(grid, rnd)
         elapsed = time.monotonic() - start
         record = round_record(rnd, time.monotonic() - t0, elapsed, self.round_log, self.strategy.round_record(rnd))
         if self.writer is not None:

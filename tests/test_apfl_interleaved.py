@@ -16,7 +16,6 @@ from torch.nn import functional as F
 from client_app.algorithms import ClientAlgorithm
 from client_app.algorithms.apfl import ALPHA, APFLClient
 from client_app.algorithms.local import PERSONAL
-from common.config import parse_run_config
 from common.personal import InterleavedMixture
 from common.records import to_record
 from common.train import TrainSettings, TrainStats, train
@@ -103,7 +102,7 @@ def test_alpha_is_projected_onto_0_1_after_every_step() -> None:
 def _apfl_client(client_class: type[ClientAlgorithm] = APFLClient) -> tuple[ClientAlgorithm, InProcessFederation]:
     """An APFL client half on four hand-made samples, trained in full batches (so one step per local epoch)."""
     raw = {"algorithm": "apfl", "dataset": "digits", "local-epochs": 2, "batch-size": 10_000, "lr": 0.1}
-    fed = InProcessFederation(parse_run_config(raw), 2)
+    fed = InProcessFederation(raw, 2)
     gen = torch.Generator().manual_seed(3)
     data = fed.data[0]
     x = torch.randn(4, *data.input_shape, generator=gen)

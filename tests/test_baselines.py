@@ -36,7 +36,7 @@ def _federation(algorithm: str, num_clients: int = 4, **overrides) -> InProcessF
         "lr": 0.1,
         **overrides,
     }
-    return InProcessFederation(parse_run_config(raw), num_clients)
+    return InProcessFederation(raw, num_clients)
 
 
 def _names(content: RecordDict, key: str = "arrays") -> list[str]:
@@ -180,7 +180,7 @@ def test_ditto_personal_update_equals_the_formula() -> None:
     data = client.env.data
     F.cross_entropy(model(data.train_x), data.train_y).backward()
     expected = [value - lr * (p.grad.numpy() + lam * (value - ref)) for p, value, ref in zip(model.parameters(), v0, w)]
-    got = fed.client(0).env.state.load_arrays(PERSONAL)
+    got = client.env.state.load_arrays(PERSONAL)
     for a, b in zip(got, expected):
         np.testing.assert_allclose(a, b, rtol=0, atol=2e-6)
     fedavg_flops = _federation("fedavg", 2, **{"batch-size": 10_000}).client(0).fit(1, content)

@@ -11,7 +11,6 @@ from flwr.app import RecordDict
 
 from client_app.state import StateDir
 from common.algorithms import SPECS
-from common.config import parse_run_config
 from common.persist import StateFileError
 from server_app.checkpoint import KEY_DIR_ENV, Checkpoint, config_differences, load_checkpoint, save_checkpoint
 
@@ -38,7 +37,7 @@ def _federation(algorithm: str, state_dir: str) -> InProcessFederation:
         "client-state-dir": state_dir,
         "readjust-interval": 2,
     }
-    return InProcessFederation(parse_run_config(raw), CLIENTS)
+    return InProcessFederation(raw, CLIENTS)
 
 
 def _store(tmp_path: Path, pid: int) -> StateDir:
@@ -81,7 +80,7 @@ def test_resumed_run_continues_exactly(algorithm: str, tmp_path) -> None:
     resumed.strategy.load_state_dict(checkpoint.state)
     for pid in resumed.states:
         loaded = _store(tmp_path, pid).load(3, training=True)
-        resumed.states[pid] = loaded[1] if loaded else {}
+        resumed.set_state(pid, loaded[1] if loaded else {}, server_round=2)
     again = [resumed.train_round(rnd) for rnd in (3, 4)] + [resumed.evaluate(4)]
 
     for first, second in zip(uninterrupted, again):

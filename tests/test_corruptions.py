@@ -153,10 +153,8 @@ def test_one_client_reports_every_corruption_key_the_same_way_twice() -> None:
 
     from .inprocess import InProcessFederation
 
-    cfg = parse_run_config(
-        {"algorithm": "fedavg", "corruptions": "all", "shift-degrees": "0,0.5", "num-rounds": 1, "local-epochs": 1}
-    )
-    fed = InProcessFederation(cfg, 3)
+    raw = {"algorithm": "fedavg", "corruptions": "all", "shift-degrees": "0,0.5", "num-rounds": 1, "local-epochs": 1}
+    fed = InProcessFederation(raw, 3)
     fed.train_round(1)
     first = fed.evaluate(1)[0].metric_records["metrics"]
     keys = [corruption_key(n, s) for n in CORRUPTIONS for s in SEVERITIES]
@@ -219,7 +217,7 @@ def test_every_algorithm_reports_the_corruptions_and_the_server_keeps_them(algor
     }
     if algorithm == "dapperfl":
         raw["model"] = "mlp"
-    fed = InProcessFederation(parse_run_config(raw), 3)
+    fed = InProcessFederation(raw, 3)
     if fed.strategy.warmup_round():
         fed.warmup()
     fed.train_round(1)

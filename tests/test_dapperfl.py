@@ -148,7 +148,6 @@ def test_dar_is_gamma_times_the_mean_squared_norm_of_the_representation() -> Non
 
 # ----- through the round runner -----------------------------------------------------------------------------
 def _federation(**extra):
-    from common.config import parse_run_config
 
     from .inprocess import InProcessFederation
 
@@ -160,7 +159,7 @@ def _federation(**extra):
         "local-epochs": 2,
         **extra,
     }
-    return InProcessFederation(parse_run_config(raw), 5)
+    return InProcessFederation(raw, 5)
 
 
 def test_each_device_uploads_a_model_of_its_ratio_and_the_server_recovers_full_shape() -> None:

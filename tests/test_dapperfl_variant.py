@@ -146,7 +146,7 @@ def test_an_official_round_uploads_full_shape_models_with_zeros_and_averages_the
         "fraction-train": 1.0,
         "local-epochs": 2,
     }
-    fed = InProcessFederation(parse_run_config(raw), 5)
+    fed = InProcessFederation(raw, 5)
     replies = fed.train_round(1)
     assert fed.round_log.train["used"] == 5
     names = fed.strategy.names

@@ -10,7 +10,6 @@ from flwr.app import ConfigRecord, MetricRecord, RecordDict
 from client_app.algorithms.dmpfl import BASE_ENTROPY_C, BASE_ENTROPY_G, PERSONAL
 from client_app.algorithms.sparse import StaleGlobalModel
 from client_app.state import ClientState
-from common.config import parse_run_config
 from common.dmpfl import (
     AdaptiveModel,
     PersonalMaskStore,
@@ -44,7 +43,7 @@ def _federation(algorithm: str, num_clients: int = 4, **overrides) -> InProcessF
         "dmpfl-phase3": "sampled",
         **overrides,
     }
-    return InProcessFederation(parse_run_config(raw), num_clients)
+    return InProcessFederation(raw, num_clients)
 
 
 def _keys(reply: RecordDict) -> set[str]:
@@ -138,7 +137,7 @@ def test_global_model_sent_only_when_stale_and_resent_after_a_failure() -> None:
     holder = next(pid for pid, v in strategy.delivered.items() if v == strategy.version)
     content = strategy.train_content(2, holder, strategy.shared_payload(2))
     assert "global" not in content.array_records, "a client holding the current version gets no model"
-    fed.states[holder] = {}  # the device lost its state
+    fed.set_state(holder, {})  # the device lost its state
     with pytest.raises(StaleGlobalModel):
         fed.client(holder).fit(2, content)
     fed.runner.aggregate_train(2, [FakeReply(1000 + holder, error="StaleGlobalModel")])
@@ -150,8 +149,8 @@ def _run_counting_down_bytes(fed: InProcessFederation, rounds: int) -> list[int]
     sent: list[int] = []
     contents = fed.runner.message_contents
 
-    def counted(rnd, pids, kind):
-        out = contents(rnd, pids, kind)
+    def counted(rnd, pids, kind, newcomers=False):
+        out = contents(rnd, pids, kind, newcomers)
         sent[-1] += sum(wire_bytes(c) for c in out)
         return out
 
@@ -276,7 +275,7 @@ def test_a_partial_download_for_another_mask_is_stale_and_then_sent_whole() -> N
     pid = next(p for p in strategy.clients.ids() if strategy.personal_masks.get(p) is not None)
     content = strategy.train_content(5, pid, strategy.shared_payload(5))
     assert "global-partial" in content.array_records and "global" not in content.array_records
-    fed.states[pid] = {}  # the device lost its m_c
+    fed.set_state(pid, {})  # the device lost its m_c
     with pytest.raises(StaleGlobalModel, match="personal mask"):
         fed.client(pid).fit(5, content)
     fed.runner.aggregate_train(5, [FakeReply(1000 + pid, error="StaleGlobalModel")])

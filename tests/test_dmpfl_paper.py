@@ -87,6 +87,7 @@ def test_phase3_for_every_client_and_the_reset_of_algorithm_3(mode: str) -> None
         mask.ravel()[outside] = True
         weights[name].ravel()[outside] = 5.0
     client.save_sparse(PERSONAL, weights, masks)
+    fed.set_state(0, client.env.state.tree)
     planted = _personal_only(fed, 0)
     assert planted.size > 0 and np.all(planted == 5.0)
     assert fed.strategy.sample(3) == [0, 1, 2, 3], "phase 3 takes every client"
@@ -113,17 +114,15 @@ def test_reset_flag_must_be_a_bool() -> None:
 # ----- learning-rate decay per client call ------------------------------------------------------------------------
 def test_lr_step_counts_the_clients_earlier_training_calls() -> None:
     fed = InProcessFederation(
-        parse_run_config(
-            {
-                "algorithm": "fedavg",
-                "dataset": "digits",
-                "num-rounds": 4,
-                "fraction-train": 0.5,
-                "local-epochs": 1,
-                "lr-decay": 0.5,
-                "lr-decay-step": "client",
-            }
-        ),
+        {
+            "algorithm": "fedavg",
+            "dataset": "digits",
+            "num-rounds": 4,
+            "fraction-train": 0.5,
+            "local-epochs": 1,
+            "lr-decay": 0.5,
+            "lr-decay-step": "client",
+        },
         4,
     )
     calls: dict[int, int] = {}

@@ -74,7 +74,6 @@ def test_the_built_domains_have_the_documented_shape_and_range(data_dir, tmp_pat
 
 
 def test_a_client_reports_the_global_model_on_its_domain(data_dir) -> None:
-    from common.config import parse_run_config
     from server_app.replies import domain_key
 
     from .inprocess import InProcessFederation
@@ -92,7 +91,7 @@ def test_a_client_reports_the_global_model_on_its_domain(data_dir) -> None:
         "domain-test-size": 50,
         "shift-degrees": "0",
     }
-    fed = InProcessFederation(parse_run_config(raw), 4)
+    fed = InProcessFederation(raw, 4)
     assert sorted(fed.data[pid].domain for pid in range(4)) == [0, 1, 2, 3]
     fed.evaluate(0)
     means = fed.round_log.eval["mean"]
@@ -160,7 +159,7 @@ def test_every_client_reports_its_seen_and_unseen_domains(data_dir) -> None:
         "shift-degrees": "0",
     }
     cfg = parse_run_config(raw)
-    fed = InProcessFederation(cfg, 5)
+    fed = InProcessFederation(raw, 5)
     fed.train_round(1)
     fed.evaluate(1)
     rows = fed.round_log.eval["per_client"]

@@ -14,7 +14,6 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from client_app.algorithms.dmpfl import PERSONAL
-from common.config import parse_run_config
 from common.flops import UNATTRIBUTED, LayerFlops, executed_per_sample, layer_flops, layer_parts
 from common.masks import erk_densities, prunable_names
 from common.messages import NUM_EXAMPLES, TRAIN_FLOPS, TRAIN_FLOPS_DENSE_GRAD
@@ -190,13 +189,13 @@ def test_flops_outside_weighted_modules_are_one_part_counted_whole(caplog: pytes
 
 
 def test_the_reply_sends_dense_gradient_flops_only_where_they_differ_and_the_server_sums_them() -> None:
-    fed = InProcessFederation(parse_run_config({"algorithm": "fedavg", "dataset": "digits", "local-epochs": 1}), 2)
+    fed = InProcessFederation({"algorithm": "fedavg", "dataset": "digits", "local-epochs": 1}, 2)
     replies = fed.train_round(1)
     assert all(TRAIN_FLOPS_DENSE_GRAD not in r.metric_records["metrics"] for r in replies.values())
     assert fed.round_log.train["flops_dense_grad"] == fed.round_log.train["flops"] > 0
 
     raw = {"algorithm": "dmpfl", "dataset": "digits", "num-rounds": 6, "iterations": 1, "fraction-train": 0.5}
-    fed = InProcessFederation(parse_run_config({**raw, "local-epochs": 1, "readjust-ratio": 0.2}), 4)
+    fed = InProcessFederation({**raw, "local-epochs": 1, "readjust-ratio": 0.2}, 4)
     model = build_model(fed.cfg.model, fed.cfg.dataset, fed.data[0].input_shape, 10, seed=0)
     parts = layer_parts(model, fed.data[0].input_shape, 10)
     for rnd in range(1, 7):

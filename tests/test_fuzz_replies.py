@@ -213,7 +213,7 @@ def test_sparse_reply_fuzz(caplog) -> None:
         "sparsity": 0.8,
         "readjust-interval": 1,
     }  # round 1 readjusts: full bitmask uploads
-    fed = InProcessFederation(parse_run_config(raw), 4)
+    fed = InProcessFederation(raw, 4)
     strategy = fed.strategy
     shared = strategy.shared_payload(1)
     valid = {pid: fed.client(pid).fit(1, strategy.train_content(1, pid, shared)) for pid in range(4)}
@@ -248,7 +248,7 @@ def test_sparse_reply_fuzz(caplog) -> None:
 @pytest.mark.parametrize("algorithm", ["fedamp", "fliu", "fedfomo"])
 def test_personalization_strategies_reject_a_pickled_array(algorithm: str, caplog) -> None:
     raw = {"algorithm": algorithm, "dataset": "digits", "fraction-train": 1.0, "local-epochs": 1}
-    fed = InProcessFederation(parse_run_config(raw), 2)
+    fed = InProcessFederation(raw, 2)
     replies = fed.train_round(1)
     content = replies[0]
     name = next(iter(content.array_records["arrays"].keys()))

@@ -11,7 +11,6 @@ from client_app.algorithms import ClientEnv, answer
 from client_app.algorithms.newcomer import NewcomerClient
 from client_app.state import ClientState
 from common.algorithms import FINETUNED, SPECS
-from common.config import parse_run_config
 from common.evaluate import shift_key
 from common.validation import PayloadError
 from server_app.clients import ClientInfo, ClientRegistry
@@ -66,8 +65,7 @@ def _federation(algorithm: str, **overrides) -> InProcessFederation:
     }
     if algorithm == "dapperfl":
         raw["model"] = "mlp"
-    fed = InProcessFederation(parse_run_config(raw), CLIENTS)
-    fed.clients.hold_out(fed.cfg.holdout_clients, fed.cfg.seed)
+    fed = InProcessFederation(raw, CLIENTS)
     return fed
 
 

@@ -29,17 +29,17 @@ class ClaimGrid(BlockingGrid):
         return list(self.claims)
 
     def send_and_receive(self, messages, timeout):
-        self.asked += [m.dst_node_id for m in messages]
+        self.asked += [m.metadata.dst_node_id for m in messages]
         return [
             FakeReply(
-                m.dst_node_id,
+                m.metadata.dst_node_id,
                 RecordDict(
                     {
                         "metrics": MetricRecord(
                             {
-                                "partition-id": self.claims[m.dst_node_id],
+                                "partition-id": self.claims[m.metadata.dst_node_id],
                                 "num-partitions": 8,
-                                "num-train": self.num_train.get(m.dst_node_id, 100),
+                                "num-train": self.num_train.get(m.metadata.dst_node_id, 100),
                                 "num-test": 10,
                             }
                         )
@@ -59,12 +59,12 @@ class Clock:
 
 
 @pytest.fixture(autouse=True)
-def message_stand_in(monkeypatch):
-    class Message:  # Flower's Message needs a running app's identity
-        def __init__(self, content, dst_node_id, message_type):
-            self.dst_node_id = dst_node_id
+def server_identity(monkeypatch):
+    """Flower's Message needs a running app's identity: this process is the server's."""
+    from flwr.supercore.task_identity import TaskIdentity
 
-    monkeypatch.setattr(clients_module, "Message", Message)
+    for name, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):
+        monkeypatch.setattr(TaskIdentity, name, value, raising=False)
 
 
 def registry(claims: dict[int, int], clock: Clock, takeover_after: float = 120.0, consent=None) -> ClientRegistry:
@@ -209,7 +209,7 @@ def test_a_late_node_with_an_unknown_partition_is_refused_and_the_run_goes_on(al
         if algorithm == "fedamp"
         else {"algorithm": algorithm, "dataset": "digits", "num-rounds": 3, "fraction-train": 1.0, "local-epochs": 1}
     )
-    fed = InProcessFederation(parse_run_config(raw), 3)
+    fed = InProcessFederation(raw, 3)
     fed.train_round(1)
     grid = ClaimGrid({1000 + pid: pid for pid in range(3)} | {77: 5, 78: 3})  # 3 is in range but not in this run
     with caplog.at_level(logging.WARNING, logger="flwr"):
@@ -230,8 +230,8 @@ class FailingGrid(ClaimGrid):
     """Every node answers the handshake with the same error (e.g. a partition that cannot be made)."""
 
     def send_and_receive(self, messages, timeout):
-        self.asked += [m.dst_node_id for m in messages]
-        return [FakeReply(m.dst_node_id, error="DataError: 25 clients for 10 samples") for m in messages]
+        self.asked += [m.metadata.dst_node_id for m in messages]
+        return [FakeReply(m.metadata.dst_node_id, error="DataError: 25 clients for 10 samples") for m in messages]
 
 
 def test_a_fault_every_node_shares_is_logged_once_and_named_when_the_run_stops(caplog) -> None:
@@ -251,7 +251,7 @@ class PartlyRefusingGrid(ClaimGrid):
     def send_and_receive(self, messages, timeout):
         refused = RecordDict({"refused": ConfigRecord({"reason": "too few samples\n\x1b[31mfake log line"})})
         return [
-            FakeReply(m.dst_node_id, refused) if m.dst_node_id < 3 else reply
+            FakeReply(m.metadata.dst_node_id, refused) if m.metadata.dst_node_id < 3 else reply
             for m, reply in zip(messages, super().send_and_receive(messages, timeout))
         ]
 

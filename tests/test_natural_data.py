@@ -186,9 +186,8 @@ def test_default_models_build(dataset: str, shape: tuple[int, ...], classes: int
 )
 def test_a_client_learns_and_a_round_runs(data_dir, dataset: str, files: tuple[str, ...], raw: dict) -> None:
     root = _staged(data_dir, *files)
-    cfg = parse_run_config(
-        {"dataset": dataset, "data-dir": root, "fraction-train": 1.0, "local-epochs": 1, "lr": 0.05, **raw}
-    )
+    run_config = {"dataset": dataset, "data-dir": root, "fraction-train": 1.0, "local-epochs": 1, "lr": 0.05, **raw}
+    cfg = parse_run_config(run_config)
     client = client_data(cfg.data, 0, 3)
     model = build_model("auto", dataset, client.input_shape, client.num_classes, seed=0)
     stats = train(
@@ -199,7 +198,7 @@ def test_a_client_learns_and_a_round_runs(data_dir, dataset: str, files: tuple[s
         torch.Generator().manual_seed(0),
     )
     assert stats.epoch_losses[-1] < stats.epoch_losses[0], stats.epoch_losses
-    fed = InProcessFederation(cfg, 3)
+    fed = InProcessFederation(run_config, 3)
     for rnd in (1, 2):
         replies = fed.train_round(rnd)
         assert len(replies) == 3

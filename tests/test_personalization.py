@@ -35,7 +35,7 @@ def _federation(algorithm: str, num_clients: int = 4, **overrides) -> InProcessF
         "lr": 0.1,
         **overrides,
     }
-    return InProcessFederation(parse_run_config(raw), num_clients)
+    return InProcessFederation(raw, num_clients)
 
 
 def _arrays(content: RecordDict, key: str = "arrays") -> list[np.ndarray]:
@@ -129,19 +129,21 @@ def test_fedamp_client_pulls_toward_its_cloud_model_and_keeps_it() -> None:
     u = [a + 0.3 for a in fed.strategy.global_arrays]
     names = [n for n, _ in fed.strategy.specs]
 
+    clients = [fed.client(0), fed.client(1)]
+
     def fit(mu: float, state_pid: int) -> list[np.ndarray]:
         content = RecordDict(
             {"arrays": to_record(names, u), "config": ConfigRecord({"server-round": 1, "prox-mu": mu})}
         )
-        return _arrays(fed.client(state_pid).fit(1, content))
+        return _arrays(clients[state_pid].fit(1, content))
 
     free, pulled = fit(0.0, 0), fit(5.0, 1)
     dist = [float(sum(np.sum((a - b) ** 2) for a, b in zip(w, u))) for w in (free, pulled)]
     assert dist[1] < 0.5 * dist[0], "the proximal term carries gradient toward u_i"
-    state = fed.client(1).env.state
+    state = clients[1].env.state
     np.testing.assert_array_equal(flatten(state.load_arrays(CLOUD)), flatten(u))
     np.testing.assert_array_equal(flatten(state.load_arrays(PERSONAL)), flatten(pulled))
-    reply = fed.client(1).evaluate(2, RecordDict({"config": ConfigRecord({"server-round": 2})}))
+    reply = clients[1].evaluate(2, RecordDict({"config": ConfigRecord({"server-round": 2})}))
     metrics = reply.metric_records["metrics"]
     assert "cloud-acc-shift-0" in metrics and "acc-shift-0" in metrics
 

@@ -177,7 +177,7 @@ def _attacked(rule: str) -> tuple[InProcessFederation, float]:
         "attack-boost": 10.0,
         "robust-aggregation": rule,
     }
-    fed = InProcessFederation(parse_run_config(raw), 10)
+    fed = InProcessFederation(raw, 10)
     before = [a.copy() for a in fed.strategy.global_arrays]
     fed.train_round(1)
     return fed, float(update_norms([fed.strategy.global_arrays], before)[0])
@@ -224,7 +224,7 @@ def test_a_reply_must_name_the_round_and_phase_it_answers(caplog) -> None:
         "fraction-train": 1.0,
         "local-epochs": 1,
     }
-    fed = InProcessFederation(parse_run_config(raw), 2)
+    fed = InProcessFederation(raw, 2)
     fed.train_round(1)
     contents = fed.runner.message_contents(2, [0, 1], MessageType.TRAIN)
     replies = {pid: answer(fed.client(pid), MessageType.TRAIN, 2, c) for pid, c in zip((0, 1), contents)}

@@ -187,7 +187,7 @@ def test_a_phase_one_upload_is_refused_in_phase_two(caplog) -> None:
         "fraction-train": 1.0,
         "local-epochs": 1,
     }
-    fed = InProcessFederation(parse_run_config(raw), 2)
+    fed = InProcessFederation(raw, 2)
     phase_one = fed.train_round(1)  # uploads carry each client's own mask (bits + values)
     assert fed.strategy.phase(2) == 2
     before = [a.copy() for a in fed.strategy.global_arrays]
@@ -265,7 +265,7 @@ def _fedamp_checkpoint_state():
     from .inprocess import InProcessFederation
 
     raw = {"algorithm": "fedamp", "dataset": "digits", "fraction-train": 1.0, "local-epochs": 1}
-    fed = InProcessFederation(parse_run_config(raw), 3)
+    fed = InProcessFederation(raw, 3)
     fed.train_round(1)
     return fed, fed.strategy.state_dict()
 

@@ -35,7 +35,7 @@ def _server_key_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _fedamp(rounds: int = 1) -> InProcessFederation:
-    fed = InProcessFederation(parse_run_config(FEDAMP), 3)
+    fed = InProcessFederation(FEDAMP, 3)
     for rnd in range(1, rounds + 1):
         fed.train_round(rnd)
     return fed

@@ -21,12 +21,13 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from flwr.supercore.run import Run
 
+from client_app.state import Kept
 from common.messages import NUM_PARTITIONS, PARTITION_ID
-from server_app.flower_private import stamp
+from server_app.flower_private import set_task_identity, stamp
 
 from . import worker
 from .blobs import PREFIX_ENV, BlobRef, SharedArrays, drop, sweep, sweep_orphans
-from .states import HeldStates
+from .states import HeldStates, pack
 from .transport import blob_refs, num_bytes, records_in, records_out
 from .worker import Outcome, Task
 
@@ -169,6 +170,13 @@ class InProcessGrid(Grid):
         """Hand a task to the pool; a pool found broken (a worker died since the last message) is replaced first."""
         from concurrent.futures.process import BrokenProcessPool
 
+        if self._workers == 0:  # several inline grids may share this process: the worker answers for this one,
+            os.environ[PREFIX_ENV] = self._prefix  # then the process is the server's again
+            worker.start(self._run_config, self._threads, self._log_level)
+            try:
+                return self._pool.submit(worker.answer, task)
+            finally:
+                set_task_identity(self._run.run_id, SUPERLINK_NODE_ID, self._run.run_id)
         try:
             return self._pool.submit(worker.answer, task)
         except BrokenProcessPool:
@@ -201,6 +209,11 @@ class InProcessGrid(Grid):
             self.bytes_moved += num_bytes(outcome.content)
             reply = Message(records_in(outcome.content, unlink=True), reply_to=msg)
         self._ready[message_id] = stamp(reply, str(uuid4()))
+
+    def hold_state(self, node: int, kept: Kept) -> None:
+        """Give the engine a node's client state as a message would have left it (tests; a tool seeding state)."""
+        os.environ[PREFIX_ENV] = self._prefix
+        self.held.put(node, pack(kept), busy=self._latest)
 
     def persist_client_state(self, checkpoint_round: int | None) -> None:
         """Write every client state the engine holds and the state dirs lack (the server is about to write a
