@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from .algorithms import SPECS, DittoParams, FedProxParams, param_classes
 from .data.corruptions import CORRUPTIONS, parse_corruptions, parse_severities
 from .data.datasets import DATASET_SPECS
+from .data.partitioners import PARTITION_SPECS, partition_help
 from .data.settings import DataSettings, SplitSettings
 from .hparams import ConfigError, as_dict, choice, describe, hp, parse_fields
 from .model_specs import MODEL_SPECS
@@ -21,19 +22,7 @@ from .run_folder import MESSAGES_FILE
 from .validation import is_folder_name
 
 DATASETS = tuple(DATASET_SPECS)  # the registry of common/data/datasets.py
-PARTITIONS = (
-    "iid",
-    "dirichlet",
-    "pathological",
-    "ls",
-    "qs",
-    "lsqs",
-    "grouped",
-    "grouped-exact",
-    "domains",
-    "natural",
-    "file",
-)
+PARTITIONS = tuple(PARTITION_SPECS)  # the registry of common/data/partitioners.py
 MODELS = ("auto", *MODEL_SPECS)  # the registry of common/model_specs.py
 AUTO_MODEL = {name: spec.default_model for name, spec in DATASET_SPECS.items()}  # what `model=auto` picks
 OPTIMIZERS = ("sgd", "adam")
@@ -107,18 +96,7 @@ class RunConfig:
     allow_download: bool = hp(False, "let torchvision download a missing dataset (needs internet)")
     partition: str = hp(
         "dirichlet",
-        "`iid`; `dirichlet` (per class, a Dir(alpha) vector over clients splits its "
-        "samples: label and quantity skew); `pathological` (2 classes per client; 10% of the "
-        "clients hold half of the samples); FLIU's `ls` (Dirichlet label rows balanced by "
-        "Sinkhorn-Knopp: equal client sizes, every sample used), `qs` (Dirichlet client sizes, "
-        "balanced labels), `lsqs` (both); FedAMP's `grouped` (5 groups of clients, 80% of each "
-        "client's data from its group's 2 classes, 500/400/300/200/100 samples per client, split by "
-        "`test-fraction`); `grouped-exact` (the same as the FedAMP paper: 500/400/300/200/100 training "
-        "samples plus 100 test samples per client, both with the 80/20 class mix; `test-fraction` does not "
-        "apply); "
-        "DapperFL's `domains` (digit-domains: each client holds `domain-share` of one domain); "
-        "`natural` (femnist, femnist-digits, har: one client per writer or subject); `file` (every "
-        "client's train and test indices from `partition-file`)",
+        partition_help(),
         choices=PARTITIONS,
     )
     domain_share: float = hp(

@@ -132,3 +132,27 @@ def test_train_test_split_75_25() -> None:
     assert np.array_equal(np.sort(np.concatenate([train, test])), idx)
     tiny_train, tiny_test = train_test_split(np.array([4, 9]), 0.25, seed=0)
     assert len(tiny_train) == 1 and len(tiny_test) == 1
+
+
+def test_the_partition_registry_is_the_keys_choices_and_its_keys_exist() -> None:
+    from common.config import PARTITIONS, known_keys
+    from common.data.partitioners import PARTITION_SPECS
+
+    assert PARTITIONS == tuple(PARTITION_SPECS)
+    for spec in PARTITION_SPECS.values():
+        assert set(spec.reads) <= set(known_keys()), spec.name
+        assert spec.summary and "\n" not in spec.summary
+
+
+@pytest.mark.parametrize("scheme", ["iid", "dirichlet", "pathological", "qs"])
+def test_a_registered_split_gives_disjoint_train_and_test_indices(scheme: str) -> None:
+    from common.config import parse_run_config
+    from common.data.federated import federated_split
+
+    cfg = parse_run_config({"dataset": "digits", "partition": scheme, "seed": 3})
+    split = federated_split(cfg.data, 3)
+    every = np.concatenate([*split.train, *split.test])
+    assert len(split.train) == len(split.test) == 3
+    assert len(every) == len(np.unique(every)), "no sample lands in two sets"
+    again = federated_split(cfg.data, 3)
+    assert all(np.array_equal(a, b) for a, b in zip(split.train, again.train))

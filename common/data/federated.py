@@ -11,28 +11,10 @@ import torch
 from ..seeding import derive_seed
 from .corruptions import require_images
 from .datasets import DataError, DatasetArrays, load_dataset, normalize
-from .domains import domain_partition
-from .natural import natural_partition
 from .noise import flip_labels, seeded_client_ids, shift_labels
-from .partition import grouped_exact, partition, train_test_split
-from .partition_file import read_partition_file
+from .partitioners import PARTITION_SPECS, FederatedSplit
 from .settings import DataSettings, SplitSettings
 from .shift import ShiftPlan, make_shift_plan
-
-
-@dataclass(frozen=True)
-class FederatedSplit:
-    """Every client's train and test dataset indices, and the pooled test indices (the shift pool)."""
-
-    train: tuple[np.ndarray, ...]
-    test: tuple[np.ndarray, ...]
-    domain_of: tuple[int, ...] = ()  # multi-domain data: each client's domain
-    domain_test: tuple[np.ndarray, ...] = ()  # and each domain's held-out test indices
-
-    @property
-    def pool(self) -> np.ndarray:
-        """Pooled test data of all clients: the meta-distribution test-time shift draws from."""
-        return np.concatenate(self.test)
 
 
 @dataclass(frozen=True)
@@ -74,57 +56,8 @@ def dataset_for(data: DataSettings) -> DatasetArrays:
 
 @lru_cache(maxsize=4)
 def _split_cached(settings: SplitSettings, num_clients: int) -> FederatedSplit:
-    dataset, scheme, seed, max_samples = settings.dataset, settings.partition, settings.seed, settings.max_samples
-    partition_file, test_fraction, alpha = settings.partition_file, settings.test_fraction, settings.dirichlet_alpha
-    domain_share, domain_test_size = settings.domain_share, settings.domain_test_size
-    natural_min_samples = settings.natural_min_samples
-    data = load_dataset(dataset, settings.data_dir, settings.allow_download)
-    if scheme == "file":
-        if not partition_file:
-            raise DataError("partition 'file' needs run-config 'partition-file' (the absolute path of an .npz)")
-        if max_samples:
-            raise DataError("partition 'file' takes the file's indices as they are: set max-samples to 0")
-        return FederatedSplit(*read_partition_file(partition_file, num_clients, len(data.y)))
-    if scheme == "domains":
-        if data.domain is None:
-            raise DataError(f"partition 'domains' needs a multi-domain data set (digit-domains), not '{dataset}'")
-        parts, domain_of, held_out = domain_partition(
-            data.domain, num_clients, domain_share, domain_test_size, derive_seed(seed, "partition")
-        )
-        splits = [train_test_split(idx, test_fraction, derive_seed(seed, "split", c)) for c, idx in enumerate(parts)]
-        return FederatedSplit(
-            tuple(s[0] for s in splits), tuple(s[1] for s in splits), tuple(domain_of), tuple(held_out)
-        )
-    subset = np.arange(len(data.y))
-    if 0 < max_samples < len(subset):  # a seeded subset of the dataset (CPU presets), partitioned as usual
-        subset = np.sort(
-            np.random.default_rng(derive_seed(seed, "max-samples")).choice(subset, size=max_samples, replace=False)
-        )
-    if scheme == "grouped-exact":  # the paper's training and test counts per client: test-fraction does not apply
-        train_parts, test_parts = grouped_exact(data.y[subset], num_clients, derive_seed(seed, "partition"))
-        return FederatedSplit(tuple(subset[p] for p in train_parts), tuple(subset[p] for p in test_parts))
-    if scheme == "natural":
-        if data.natural_id is None:
-            raise DataError(
-                f"partition 'natural' needs a data set with natural clients (femnist, femnist-digits: "
-                f"writers; har: subjects), not '{dataset}'"
-            )
-        parts = [
-            subset[p]
-            for p in natural_partition(
-                data.natural_id[subset], num_clients, natural_min_samples, data.natural_kind, dataset
-            )
-        ]
-    else:
-        parts = [
-            subset[p] for p in partition(data.y[subset], scheme, num_clients, derive_seed(seed, "partition"), alpha)
-        ]
-    train, test = [], []
-    for client, idx in enumerate(parts):
-        tr, te = train_test_split(idx, test_fraction, derive_seed(seed, "split", client))
-        train.append(tr)
-        test.append(te)
-    return FederatedSplit(tuple(train), tuple(test))
+    data = load_dataset(settings.dataset, settings.data_dir, settings.allow_download)
+    return PARTITION_SPECS[settings.partition].split(settings, data, num_clients)
 
 
 _FAILED_SPLITS: dict[tuple[SplitSettings, int], DataError] = {}

@@ -4,7 +4,7 @@ FedAMP's exact per-client train and test counts (grouped-exact)."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -402,21 +402,18 @@ def partition(
             f"{num_clients} clients for {len(labels)} samples: each client needs at least 2; use at "
             f"most {len(labels) // 2} clients"
         )
-    if scheme == "iid":
-        return iid(labels, num_clients, seed)
-    if scheme == "dirichlet":
-        return dirichlet(labels, num_clients, alpha, seed)
-    if scheme == "pathological":
-        return pathological(labels, num_clients, seed)
-    if scheme == "ls":
-        return label_skew_ls(labels, num_clients, alpha, seed)
-    if scheme == "qs":
-        return quantity_skew_qs(labels, num_clients, alpha, seed)
-    if scheme == "lsqs":
-        return lsqs(labels, num_clients, alpha, seed)
-    if scheme == "grouped":
-        return grouped(labels, num_clients, seed, num_groups, dominant_share, group_sizes)
-    raise DataError(f"unknown partition scheme '{scheme}'")
+    schemes: dict[str, Callable[[], list[np.ndarray]]] = {
+        "iid": lambda: iid(labels, num_clients, seed),
+        "dirichlet": lambda: dirichlet(labels, num_clients, alpha, seed),
+        "pathological": lambda: pathological(labels, num_clients, seed),
+        "ls": lambda: label_skew_ls(labels, num_clients, alpha, seed),
+        "qs": lambda: quantity_skew_qs(labels, num_clients, alpha, seed),
+        "lsqs": lambda: lsqs(labels, num_clients, alpha, seed),
+        "grouped": lambda: grouped(labels, num_clients, seed, num_groups, dominant_share, group_sizes),
+    }
+    if scheme not in schemes:
+        raise DataError(f"unknown label partition scheme '{scheme}' (label schemes: {', '.join(schemes)})")
+    return schemes[scheme]()
 
 
 def train_test_split(indices: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
