@@ -27,7 +27,7 @@ import sys
 
 from shift_mnist import DEFAULTS
 
-from experiments.compare import main, merge_config
+from experiments.benchmarks.compare import main, merge_config
 
 ALGORITHMS = "fedavg,feddst,dmpfl,dmpfl-whole:dmpfl[partial-download=false]"
 SETTINGS = {

@@ -25,7 +25,7 @@ import numpy as np
 
 from common.data.domains import DOMAINS
 from common.run_folder import final_means
-from experiments.compare import compare_args, main
+from experiments.benchmarks.compare import compare_args, main
 
 RUNS = {  # name: (title, algorithm[overrides])
     "fedavg": ("FedAvg", "fedavg"),

@@ -19,7 +19,7 @@ import sys
 
 from common.algorithms import CLOUD
 from common.run_folder import final_means, final_stds
-from experiments.compare import compare_args, main
+from experiments.benchmarks.compare import compare_args, main
 
 ALGORITHMS = {"fedavg": "FedAvg", "dmpfl": "DM-PFL", "fedamp": "FedAMP"}
 RATES = (0.0, 0.1, 0.3, 0.5)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import sys
 
-from experiments.compare import compare_args, main
+from experiments.benchmarks.compare import compare_args, main
 
 DROP = "drop-rate=0.3"
 DIRTY = "dirty-clients=0.4 dirty-fraction=0.4"

@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 
 from common.algorithms import SPECS
-from experiments.engines import ENGINES, make_engine
-from experiments.measure import message_digests
+from experiments.benchmarks.measure import message_digests
+from experiments.run.launchers import ENGINES, make_engine
 
 ROUNDS = 6
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from experiments.compare import main
+from experiments.benchmarks.compare import main
 
 ALGORITHMS = "fedavg,local,fedfomo,fliu,fliu-gamma0.5:fliu[fliu-gamma=0.5]"
 SETTINGS = {  # name: (partition, clients, fraction)

@@ -32,7 +32,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from experiments.superlink import LocalSuperLink
+from experiments.run.superlink import LocalSuperLink
 
 REPO = Path(__file__).resolve().parent.parent  # the Flower app the simulation runs
 

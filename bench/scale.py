@@ -6,7 +6,8 @@ client evaluated after the last one. Memory is sampled every 0.5 s from /proc: `
 (memory-mapped files included: FedAMP's model store is such a file, which the kernel can drop under pressure),
 `anon` only the private memory that cannot be dropped; both include the shared memory in use (/dev/shm: the
 in-process engine's message blocks and the clients' state it holds between messages). A training round's rate is
-given as a share of the raw training loop's (experiments/measure.py: its rate on one core alone, times the workers).
+given as a share of the raw training loop's (experiments/benchmarks/measure.py: its rate on one core alone, times
+the workers).
 
     python bench/scale.py --data-dir ../shared/data [--clients 1000] [--alphas 0.3,1.0]
                           [--algorithms fedavg,dmpfl,fedamp] [--engine inprocess|simulation]
@@ -26,10 +27,10 @@ import time
 from pathlib import Path
 
 from common.run_folder import RunFolder, evaluated_clients, evaluation, final_means
+from experiments.benchmarks.measure import PeakMemory, raw_rate
 from experiments.engine.serve import available_cores
-from experiments.measure import PeakMemory, raw_rate
-from experiments.presets import run_config_text
-from experiments.superlink import LocalSuperLink
+from experiments.run.presets import run_config_text
+from experiments.run.superlink import LocalSuperLink
 
 REPO = Path(__file__).resolve().parent.parent  # the Flower app the simulation runs
 

@@ -21,7 +21,7 @@ import math
 import sys
 
 from common.run_folder import final_means, final_stds
-from experiments.compare import compare_args, main
+from experiments.benchmarks.compare import compare_args, main
 
 ALGORITHMS = "fedavg,fedavg-ft,lg-fedavg,fedper,fedrep,ditto,apfl,feddst,dmpfl"
 DEFAULTS = compare_args(

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from experiments.superlink import LocalSuperLink
+from experiments.run.superlink import LocalSuperLink
 
 REPO = Path(__file__).resolve().parent.parent  # the Flower app the simulation runs
 

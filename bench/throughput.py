@@ -32,10 +32,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from experiments.benchmarks.measure import raw_rate, raw_rate_together, round_rate
 from experiments.engine.serve import available_cores, serve
-from experiments.measure import raw_rate, raw_rate_together, round_rate
-from experiments.presets import run_config_text
-from experiments.superlink import LocalSuperLink
+from experiments.run.presets import run_config_text
+from experiments.run.superlink import LocalSuperLink
 
 BENCH = Path(__file__).resolve().parent
 SETTINGS = {
@@ -128,7 +128,7 @@ def main() -> None:
         "client-threads": 1,
         "checkpoint-every": 0,  # checkpoints cost the disk's time, the same on every engine: not measured here
     }
-    from experiments.runs import parse_assignment
+    from experiments.run.runs import parse_assignment
 
     base.update(dict(parse_assignment(item) for item in args.extra.split()))
     alone = raw_rate({**base, "algorithm": "fedavg"}, clients) * args.workers

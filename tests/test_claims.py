@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from common.hparams import ConfigError
-from experiments.results import write_results
-from experiments.sweep import read_sweep
+from experiments.analysis.results_doc import write_results
+from experiments.run.sweep import read_sweep
 from tests.test_experiments import _fixture_run
 from tests.test_results_doc import SWEEP
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.superlink import stop_process_tree
+from experiments.run.superlink import stop_process_tree
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "bench" / "sweeps" / "smoke.toml"

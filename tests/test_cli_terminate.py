@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.superlink import descendants, stop_process_tree
+from experiments.run.superlink import descendants, stop_process_tree
 from tests.test_cli_e2e import _pflower
 
 SWEEP = """name = "long"

@@ -445,7 +445,7 @@ def test_the_recipes_run_weight_averaging_algorithms_with_norm_clipping() -> Non
     command caps a client's weight (`max-weight-ratio=4`), and each command's run config parses."""
     from common.algorithms import SPECS
     from common.config import parse_run_config
-    from experiments.runs import parse_assignment
+    from experiments.run.runs import parse_assignment
 
     text = (DEPLOY / "README.md").read_text()
     commands = re.findall(r'flwr run [^\n]*?deploy --stream \\?\s*--run-config "([^"<]+)"', text)

@@ -13,8 +13,8 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
-from experiments.presets import run_config_text
-from experiments.superlink import LocalSuperLink
+from experiments.run.presets import run_config_text
+from experiments.run.superlink import LocalSuperLink
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = {

@@ -19,13 +19,13 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from common.algorithms import SPECS
 from common.persist import StateFileError
+from experiments.benchmarks.measure import message_digests
 from experiments.engine.blobs import SHARED_FROM_BYTES, SharedArrays
 from experiments.engine.grid import FIRST_NODE_ID, InProcessGrid
 from experiments.engine.serve import serve
 from experiments.engine.transport import blob_refs, records_in, records_out
-from experiments.measure import message_digests
-from experiments.presets import run_config_text
-from experiments.superlink import LocalSuperLink, stop_process_tree
+from experiments.run.presets import run_config_text
+from experiments.run.superlink import LocalSuperLink, stop_process_tree
 from server_app.checkpoint import load_checkpoint
 
 from .conftest import REPO
@@ -190,7 +190,7 @@ def _checkpointed_round(run_dir: Path) -> int:
 
 
 def test_a_killed_run_resumes_on_the_in_process_engine_to_the_uninterrupted_messages(tmp_path: Path) -> None:
-    from experiments.engines import InProcessEngine
+    from experiments.run.launchers import InProcessEngine
 
     config = {**BASE, "algorithm": "dmpfl", "num-rounds": 6, "drop-rate": 0.0, "straggler-rate": 0.0, "run-name": "run"}
     assert serve({**config, "results-dir": str(tmp_path / "a")}, CLIENTS, workers=2)

@@ -12,12 +12,13 @@ import pytest
 
 from common.hparams import ConfigError
 from experiments import cli
-from experiments.collect import find_runs, group_runs
-from experiments.presets import PRESETS, preset, run_config_text
-from experiments.report import write_report
-from experiments.runs import RunResult, RunSpec, parse_assignment, parse_seeds, plan, run_state
-from experiments.stats import fmt_ci, mean_ci, paired_difference
-from experiments.sweep import load_sweep, narrow, read_sweep, run_sweep, shard, summary_line
+from experiments.analysis.collect import find_runs, group_runs
+from experiments.analysis.reports import write_report
+from experiments.analysis.stats import fmt_ci, mean_ci, paired_difference
+from experiments.cli import commands
+from experiments.run.presets import PRESETS, preset, run_config_text
+from experiments.run.runs import RunResult, RunSpec, parse_assignment, parse_seeds, plan, run_state
+from experiments.run.sweep import load_sweep, narrow, read_sweep, run_sweep, shard, summary_line
 from tests.gitrepo import one_commit_checkout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,7 +129,7 @@ def test_results_run_with_only_runs_just_those_experiments(tmp_path: Path, monke
         ran.extend(s.name for s in specs)
         return 0
 
-    monkeypatch.setattr(cli, "_execute", execute)
+    monkeypatch.setattr(commands, "_execute", execute)
     sweep = _write(tmp_path / "s.toml", text)
     argv = ["results", str(sweep), "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "r.md"), "--run"]
     assert cli.main([*argv, "--only", "fx-*"]) == 2  # nothing finished: no document, in one line
@@ -173,7 +174,7 @@ def test_a_sweep_runs_what_is_not_finished_and_resumes_from_checkpoints(tmp_path
 
 
 def test_a_finished_runs_resume_state_is_dropped_and_an_unfinished_runs_kept(tmp_path: Path) -> None:
-    from experiments.runs import drop_resume_state
+    from experiments.run.runs import drop_resume_state
 
     def run_folder(name: str, finished: bool) -> Path:
         folder = tmp_path / name
@@ -191,8 +192,8 @@ def test_a_finished_runs_resume_state_is_dropped_and_an_unfinished_runs_kept(tmp
     assert run_state(done) == "finished"
     assert drop_resume_state(midway) == 0 and run_state(midway) == "resumable"
     assert (midway / "client-state" / "partition-3" / "v1.npz").is_file()
-    assert cli._parser().parse_args(["sweep", "x.toml", "--keep-state"]).keep_state
-    assert not cli._parser().parse_args(["sweep", "x.toml"]).keep_state
+    assert cli.parser().parse_args(["sweep", "x.toml", "--keep-state"]).keep_state
+    assert not cli.parser().parse_args(["sweep", "x.toml"]).keep_state
 
 
 def test_the_cli_reports_a_bad_key_in_one_line_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -302,7 +303,7 @@ def test_a_key_missing_from_an_older_runs_config_counts_as_its_default(tmp_path:
 
 
 def test_a_failed_run_is_explained_by_its_own_error_line_not_flowers() -> None:
-    from experiments.runs import _last_error
+    from experiments.run.runs import _last_error
 
     output = (
         "\x1b[92mINFO \x1b[0m:      starting\n"
@@ -319,7 +320,7 @@ def test_a_kept_run_made_with_other_settings_stops_the_sweep_before_anything_run
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from common.config import parse_run_config
-    from experiments.runs import changed_settings
+    from experiments.run.runs import changed_settings
 
     sweep = _write(tmp_path / "s.toml", "name = 's'\npreset = 'smoke'\n[[experiment]]\nname = 'a'\nlr = 0.1\n")
     _, specs = load_sweep(sweep)
@@ -348,7 +349,7 @@ def test_the_superlink_finds_flower_beside_the_interpreter_or_says_what_to_insta
 ) -> None:
     import sys
 
-    from experiments.superlink import LocalSuperLink
+    from experiments.run.superlink import LocalSuperLink
 
     monkeypatch.setenv("PATH", "/nonexistent")  # an unactivated venv: its bin/ is not on PATH
     link = LocalSuperLink(tmp_path / "home")
@@ -359,7 +360,7 @@ def test_the_superlink_finds_flower_beside_the_interpreter_or_says_what_to_insta
 
 
 def test_a_sweep_counts_kept_runs_made_with_other_code(tmp_path: Path) -> None:
-    from experiments.runs import record_code
+    from experiments.run.runs import record_code
 
     specs = _specs(3)
     for spec, commit in zip(specs, ("abc1234", "", "")):
@@ -373,7 +374,7 @@ def test_a_sweep_counts_kept_runs_made_with_other_code(tmp_path: Path) -> None:
 
 
 def test_a_run_records_its_commit_as_soon_as_its_folder_exists(tmp_path: Path) -> None:
-    from experiments.runs import execute, run_commits
+    from experiments.run.runs import execute, run_commits
 
     spec = _specs(1)[0]
     seen: list[list[str]] = []
@@ -399,7 +400,7 @@ def test_a_run_records_its_commit_as_soon_as_its_folder_exists(tmp_path: Path) -
 
 
 def test_compare_args_spell_the_benchmarks_flags_and_default_the_data_to_the_shared_folder() -> None:
-    from experiments.compare import SHARED_DATA, compare_args
+    from experiments.benchmarks.compare import SHARED_DATA, compare_args
 
     assert compare_args(batch_size=64, lr=0.05) == [
         "--data-dir",

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from common.data.arrays import DataError, DatasetArrays
-from experiments.exports import _unwebp, _webp, read_export, write_export
+from experiments.run.exports import _unwebp, _webp, read_export, write_export
 
 
 def _images(shape: tuple[int, ...], count: int = 12) -> DatasetArrays:

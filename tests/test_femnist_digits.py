@@ -16,10 +16,10 @@ from common.data.natural import natural_order
 from common.data.readers import FEMNIST_FILE, FEMNIST_NORM
 from common.hparams import ConfigError
 from common.models import build_model
-from experiments.exports import read_export, write_export
-from experiments.preflight import check_runs
-from experiments.presets import preset
-from experiments.runs import plan
+from experiments.run.exports import read_export, write_export
+from experiments.run.preflight import check_runs
+from experiments.run.presets import preset
+from experiments.run.runs import plan
 
 
 @pytest.fixture(scope="module")

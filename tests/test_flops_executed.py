@@ -18,8 +18,8 @@ from common.flops import UNATTRIBUTED, LayerFlops, executed_per_sample, layer_fl
 from common.masks import erk_densities, prunable_names
 from common.messages import NUM_EXAMPLES, TRAIN_FLOPS, TRAIN_FLOPS_DENSE_GRAD
 from common.models import build_model
-from experiments.collect import Run
-from experiments.tables import RATIOS, metric_reader
+from experiments.analysis.collect import Run
+from experiments.analysis.tables import RATIOS, metric_reader
 from server_app.replies import reply_flops
 from server_app.results import summarize
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.collect import by_settings, experiment_settings, find_runs, group_runs
-from experiments.report import write_report
+from experiments.analysis.collect import by_settings, experiment_settings, find_runs, group_runs
+from experiments.analysis.reports import write_report
 
 
 def _run(root: Path, name: str, algorithm: str, clients: int, rounds: int, acc: float, **extra: object) -> None:
@@ -69,7 +69,7 @@ def test_one_setting_keeps_the_flat_report(tmp_path: Path) -> None:
 
 
 def test_a_large_scale_goes_into_the_axis_label() -> None:
-    from experiments.figures import _scaled
+    from experiments.analysis.figures import _scaled
 
     assert _scaled([5e6, 2.05e7]) == ([5.0, 20.5], " (x 1e6)")
     assert _scaled([0.03, 0.18]) == ([0.03, 0.18], "")

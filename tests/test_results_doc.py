@@ -11,10 +11,10 @@ import pytest
 
 from common.hparams import ConfigError
 from experiments import cli
-from experiments.collect import Run
-from experiments.results import write_results
-from experiments.sweep import load_sweep, load_tables
-from experiments.tables import metric_reader
+from experiments.analysis.collect import Run
+from experiments.analysis.results_doc import write_results
+from experiments.analysis.tables import metric_reader
+from experiments.run.sweep import load_sweep, load_tables
 from tests.gitrepo import one_commit_checkout
 from tests.test_experiments import _fixture_run
 
@@ -267,8 +267,8 @@ fedavg = [50.0, nan, 90.0]
 
 
 def test_each_run_records_the_commits_that_made_it_and_the_document_counts_them(tmp_path: Path) -> None:
-    from experiments.results import code_line
-    from experiments.runs import app_commit, record_code, run_commits
+    from experiments.analysis.results_doc import code_line
+    from experiments.run.runs import app_commit, record_code, run_commits
 
     runs = [tmp_path / name for name in ("a", "b", "c")]
     for run in runs:
@@ -315,9 +315,9 @@ def test_the_cli_writes_the_document_and_says_how_many_runs_it_used(
 
 
 def test_cost_ratios_pair_each_seed_with_the_baselines_run_of_that_seed(tmp_path: Path) -> None:
-    from experiments.collect import find_runs, group_runs
-    from experiments.results import _values
-    from experiments.tables import Column, TableSpec
+    from experiments.analysis.collect import find_runs, group_runs
+    from experiments.analysis.results_doc import _values
+    from experiments.analysis.tables import Column, TableSpec
 
     _fixture_run(tmp_path, "base-seed0", "fedavg", 0, 0.6, 0.4, 2.0, 1e9)
     _fixture_run(tmp_path, "base-seed1", "fedavg", 1, 0.6, 0.4, 4.0, 2e9)
@@ -330,7 +330,7 @@ def test_cost_ratios_pair_each_seed_with_the_baselines_run_of_that_seed(tmp_path
 
 
 def test_a_figure_of_many_panels_wraps_into_rows_of_five() -> None:
-    from experiments.figures import PANELS_PER_ROW, _panels, _plt
+    from experiments.analysis.figures import PANELS_PER_ROW, _panels, _plt
 
     plt = _plt()
     for count, rows in ((3, 1), (5, 1), (7, 2), (10, 2)):

@@ -10,8 +10,9 @@ import pytest
 from common.config import parse_run_config
 from common.hparams import ConfigError
 from experiments import cli
-from experiments.presets import preset
-from experiments.runs import plan
+from experiments.cli import commands
+from experiments.run.presets import preset
+from experiments.run.runs import plan
 
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
@@ -25,7 +26,7 @@ def nothing_starts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         made.append(name)
         raise AssertionError(f"engine {name} was started")
 
-    monkeypatch.setattr(cli, "make_engine", refuse)
+    monkeypatch.setattr(commands, "make_engine", refuse)
     monkeypatch.setenv("PFL_CACHE_DIR", "/nonexistent-pflower-cache")  # no cached copy of MNIST counts
     return made
 
@@ -64,7 +65,7 @@ def test_a_relative_data_dir_is_made_absolute_against_the_current_folder(
     (spec,) = plan("e", preset("smoke"), {"dataset": "mnist", "data-dir": "data"}, [0])
     assert spec.run_config["data-dir"] == str(tmp_path / "data")
 
-    from experiments.preflight import check_runs
+    from experiments.run.preflight import check_runs
 
     check_runs([spec], tmp_path / "out")  # the files are found: no error
     monkeypatch.chdir(tmp_path / "data")  # the same relative path elsewhere names another folder

@@ -10,8 +10,9 @@ import pytest
 
 from common.hparams import ConfigError
 from experiments import cli
-from experiments.runs import folder_name
-from experiments.sweep import read_sweep
+from experiments.cli import commands
+from experiments.run.runs import folder_name
+from experiments.run.sweep import read_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,7 +29,7 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     def no_engine(*_: object) -> None:
         raise ConfigError("engine reached: the name was not refused up front")
 
-    monkeypatch.setattr(cli, "make_engine", no_engine)
+    monkeypatch.setattr(commands, "make_engine", no_engine)
     cwd = tmp_path / "work" / "here"
     cwd.mkdir(parents=True)
     monkeypatch.chdir(cwd)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import main
-from experiments.superlink import flower_local_superlinks, stop_flower_local_superlink
+from experiments.run.superlink import flower_local_superlinks, stop_flower_local_superlink
 
 PORT = "39191"
 # Sleeps like a SuperLink; with --child it first starts a child process, as a SuperLink starts a simulation.

@@ -2,6 +2,6 @@
 
 import sys
 
-from .serve import main
+from experiments.engine.serve import main
 
 sys.exit(main())

@@ -23,13 +23,12 @@ from flwr.supercore.run import Run
 
 from client_app.state import Kept
 from common.messages import NUM_PARTITIONS, PARTITION_ID
+from experiments.engine import worker
+from experiments.engine.blobs import PREFIX_ENV, BlobRef, SharedArrays, drop, sweep, sweep_orphans
+from experiments.engine.states import HeldStates, pack
+from experiments.engine.transport import blob_refs, num_bytes, records_in, records_out
+from experiments.engine.worker import Outcome, Task
 from server_app.flower_private import set_task_identity, stamp
-
-from . import worker
-from .blobs import PREFIX_ENV, BlobRef, SharedArrays, drop, sweep, sweep_orphans
-from .states import HeldStates, pack
-from .transport import blob_refs, num_bytes, records_in, records_out
-from .worker import Outcome, Task
 
 PULL_WAIT_S = 0.05  # how long a pull waits for the first reply when none is ready (the runner's pull interval)
 MAX_RESTARTS = 3  # worker pools replaced before the run is given up

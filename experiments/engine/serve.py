@@ -25,10 +25,9 @@ from flwr.supercore import log
 
 from common.config import ConfigError, parse_run_config
 from common.data.arrays import DataError
+from experiments.engine.grid import InProcessGrid
+from experiments.run.exports import check_export, serve_export
 from server_app.flower_private import set_task_identity
-
-from ..exports import check_export, serve_export
-from .grid import InProcessGrid
 
 
 def available_cores() -> int:
@@ -100,7 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run-config", required=True, help="the run config as a JSON object")
     parser.add_argument("--clients", type=int, required=True, help="simulated clients (nodes)")
     parser.add_argument("--workers", type=int, default=0, help="worker processes (default: one per core)")
-    parser.add_argument("--data-export", type=Path, help="serve the data set from this export (experiments/exports.py)")
+    parser.add_argument(
+        "--data-export", type=Path, help="serve the data set from this export (experiments/run/exports.py)"
+    )
     args = parser.parse_args(argv)
     try:
         run_config = json.loads(args.run_config)

@@ -17,8 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from client_app.state import Kept, StateDir, Tree
-
-from .blobs import BlobRef, drop, read_into, write
+from experiments.engine.blobs import BlobRef, drop, read_into, write
 
 ALIGN = 64  # each array starts on a cache line
 WRITERS = 4  # threads writing states to their state dirs at a checkpoint

@@ -12,7 +12,7 @@ from typing import Any
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from .blobs import SHARED_FROM_BYTES, BlobRef, take
+from experiments.engine.blobs import SHARED_FROM_BYTES, BlobRef, take
 
 ArrayItem = tuple[str, str, tuple[int, ...], str, "bytes | BlobRef"]  # key, dtype, shape, stype, data (or its block)
 Records = list[tuple[str, str, Any]]  # (record name, kind: "arrays" | "metrics" | "config", its items), in order

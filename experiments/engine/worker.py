@@ -17,11 +17,10 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
 from client_app.state import StateHost, host_state
+from experiments.engine.blobs import put
+from experiments.engine.states import StateBlock, pack, unpack
+from experiments.engine.transport import Records, records_in, records_out
 from server_app.flower_private import set_task_identity, stamp
-
-from .blobs import put
-from .states import StateBlock, pack, unpack
-from .transport import Records, records_in, records_out
 
 
 @dataclass(frozen=True)
@@ -65,8 +64,7 @@ def start(run_config: dict[str, Any], threads: int, log_level: int) -> None:
 
     torch.set_num_threads(threads)
     from client_app.app import app
-
-    from ..exports import ENV, serve_export
+    from experiments.run.exports import ENV, serve_export
 
     if os.environ.get(ENV):  # the server serves the data set from an export: so do its workers
         serve_export(Path(os.environ[ENV]))

@@ -28,8 +28,7 @@ from typing import Any
 
 from common.algorithms import eval_rows
 from common.run_folder import RunFolder, Summary, final_means, final_stds
-
-from .engines import ENGINES, make_engine
+from experiments.run.launchers import ENGINES, make_engine
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"  # the staged data sets beside a checkout
@@ -137,7 +136,7 @@ def median_round_seconds(run_dir: Path) -> float:
     """The median wall time of a run's training rounds after the first, evaluation rounds left out."""
     import statistics
 
-    from .measure import steady_rounds
+    from experiments.benchmarks.measure import steady_rounds
 
     return statistics.median(r["wall_s"] for r in steady_rounds(run_dir))
 

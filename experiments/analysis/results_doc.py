@@ -13,14 +13,21 @@ from pathlib import Path
 
 from common.hparams import ConfigError
 from common.persist import atomic_write_text
-
-from .claims import claim_lines
-from .collect import Group, find_runs, group_runs
-from .report import corruption_table, domain_table, overview, paired_table, shift_table, stage_table, unseen_table
-from .runs import RunSpec, run_commits, run_state, short_commit
-from .stats import fmt_ci, mean_ci, paired_difference
-from .sweep import document_sweep
-from .tables import FLOPS, ROUNDS, Column, TableSpec, find_row, row_experiment, row_values
+from experiments.analysis.claims import claim_lines
+from experiments.analysis.collect import Group, find_runs, group_runs
+from experiments.analysis.reports import (
+    corruption_table,
+    domain_table,
+    overview,
+    paired_table,
+    shift_table,
+    stage_table,
+    unseen_table,
+)
+from experiments.analysis.stats import fmt_ci, mean_ci, paired_difference
+from experiments.analysis.tables import FLOPS, ROUNDS, Column, TableSpec, find_row, row_experiment, row_values
+from experiments.run.runs import RunSpec, run_commits, run_state, short_commit
+from experiments.run.sweep import document_sweep
 
 SETTING_KEYS = (
     "dataset",
@@ -163,7 +170,7 @@ def _setting(groups: list[Group], spec: TableSpec) -> str:
 
 def section(groups: list[Group], spec: TableSpec, check: OrderCheck, figures_dir: Path, doc_dir: Path) -> list[str]:
     """The markdown of one table: setting, ours beside the paper, order differences, notes, detail, figures."""
-    from .figures import draw_all
+    from experiments.analysis.figures import draw_all
 
     lines = [f"## {spec.title}", ""]
     if spec.setting:

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from common.hparams import ConfigError
-
-from .presets import run_config_text
-from .superlink import LocalSuperLink, RunOutcome, run_streamed
+from experiments.run.presets import run_config_text
+from experiments.run.superlink import LocalSuperLink, RunOutcome, run_streamed
 
 ENGINES = ("inprocess", "simulation")
 FINISHED, FAILED = "finished:completed", "finished:failed"

@@ -12,8 +12,7 @@ import numpy as np
 
 from common.evaluate import shift_key
 from common.run_folder import evaluation, evaluation_means
-
-from .collect import Group, corruptions_of
+from experiments.analysis.collect import Group, corruptions_of
 
 PANELS_PER_ROW = 5
 

@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.hparams import ConfigError
-
-from .collect import Group
-from .stats import fmt_ci, mean_ci, paired_difference
-from .tables import Column, TableSpec, row_values
+from experiments.analysis.collect import Group
+from experiments.analysis.stats import fmt_ci, mean_ci, paired_difference
+from experiments.analysis.tables import Column, TableSpec, row_values
 
 CLAIM_KEYS = {"text", "table", "a", "b", "relation", "metric", "decide", "offset"}
 RELATIONS = {">": "above", "<": "below"}

@@ -15,9 +15,8 @@ from typing import Any
 from common.config import parse_run_config
 from common.hparams import ConfigError
 from common.run_folder import RunFolder, Summary
-
-from .engines import FINISHED, Engine
-from .presets import Preset
+from experiments.run.launchers import FINISHED, Engine
+from experiments.run.presets import Preset
 
 
 @dataclass(frozen=True)

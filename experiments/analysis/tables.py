@@ -12,8 +12,7 @@ from typing import Any
 from common.hparams import ConfigError
 from common.run_folder import unseen_means
 from common.stopping import accuracy_curve, best_round
-
-from .collect import CORRUPT, Group, Run
+from experiments.analysis.collect import CORRUPT, Group, Run
 
 TABLE_KEYS = {
     "id",

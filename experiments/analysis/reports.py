@@ -13,8 +13,7 @@ from common.evaluate import shift_key
 from common.hparams import ConfigError
 from common.persist import atomic_write_text
 from common.run_folder import unseen_evaluation, unseen_means
-
-from .collect import (
+from experiments.analysis.collect import (
     Group,
     Run,
     by_settings,
@@ -24,7 +23,7 @@ from .collect import (
     group_runs,
     settings_text,
 )
-from .stats import fmt_ci, mean_ci, paired_difference
+from experiments.analysis.stats import fmt_ci, mean_ci, paired_difference
 
 Value = Callable[[Run], Any]
 _MB, _FLOPS = attrgetter("mb_per_client"), attrgetter("flops_per_client")
@@ -289,7 +288,7 @@ def write_report(paths: list[Path], out: Path | None = None, baseline: str | Non
     Runs are compared only with runs of the same settings (`experiment_settings`: everything but the algorithm and
     its own keys, seed, names, folders and engine keys): one section per settings group, each with its own baseline
     and figures."""
-    from .figures import draw_all
+    from experiments.analysis.figures import draw_all
 
     groups = group_runs(find_runs(paths))
     baseline_of(groups, baseline)  # a --baseline naming no experiment is refused before anything is written

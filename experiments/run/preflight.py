@@ -11,9 +11,8 @@ from common.config import parse_run_config
 from common.data.arrays import DataError
 from common.data.datasets import check_dataset_files
 from common.hparams import ConfigError
+from experiments.run.runs import RunSpec
 from server_app.results.tracking import check_installed
-
-from .runs import RunSpec
 
 
 def _writable_folder(folder: Path) -> None:

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from common.run_folder import RoundRecord, RunFolder, evaluation
-
-from .superlink import descendants
+from experiments.run.superlink import descendants
 
 
 def raw_seconds(raw: dict[str, Any], clients: int, partition_ids: list[int]) -> tuple[int, float]:

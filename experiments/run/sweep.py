@@ -11,12 +11,11 @@ from pathlib import Path
 
 from common.config import RunConfig
 from common.hparams import ConfigError
-
-from .claims import Claim, parse_claim
-from .engines import check_engine
-from .presets import preset
-from .runs import RunResult, RunSpec, changed_settings, folder_name, parse_seeds, plan, run_state
-from .tables import TableSpec, parse_table, row_experiment
+from experiments.analysis.claims import Claim, parse_claim
+from experiments.analysis.tables import TableSpec, parse_table, row_experiment
+from experiments.run.launchers import check_engine
+from experiments.run.presets import preset
+from experiments.run.runs import RunResult, RunSpec, changed_settings, folder_name, parse_seeds, plan, run_state
 
 TOP_KEYS = {"name", "title", "preset", "seeds", "engine", "defaults", "groups", "experiment", "table", "claim"}
 EXPERIMENT_KEYS = {"name", "preset", "seeds", "clients", "group"}  # besides run-config keys

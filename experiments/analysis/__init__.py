@@ -1,0 +1,1 @@
+"""Reading run folders back: collecting runs, statistics, tables, claims, reports, figures."""

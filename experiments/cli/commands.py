@@ -1,0 +1,263 @@
+"""What each `pflower` subcommand does: one handler each, `args` in, exit status out (HANDLERS)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from common.hparams import ConfigError
+from common.run_folder import CONFIG_FILE, RunFolder
+from experiments.run.launchers import make_engine
+from experiments.run.presets import PRESETS, preset
+from experiments.run.runs import (
+    RunResult,
+    RunSpec,
+    app_commit,
+    drop_resume_state,
+    execute,
+    parse_assignment,
+    parse_seeds,
+    plan,
+    run_commits,
+    run_state,
+)
+
+from .parser import PROJECT
+
+
+def presets(args: argparse.Namespace) -> int:
+    """List the presets and their settings."""
+    for item in PRESETS.values():
+        print(f"{item.name}: {item.help}")
+        print(f"  clients = {item.clients}")
+        for key, value in item.run_config.items():
+            print(f"  {key} = {value!r}")
+    return 0
+
+
+def keys(args: argparse.Namespace) -> int:
+    """List every run-config key with its default."""
+    from common.config import known_keys
+
+    for key, default in sorted(known_keys().items()):
+        print(f"{key} = {default!r}")
+    return 0
+
+
+def stop_superlink(args: argparse.Namespace) -> int:
+    """Stop the local SuperLink `flwr run` started for this user."""
+    from experiments.run.superlink import stop_flower_local_superlink
+
+    print(stop_flower_local_superlink())
+    return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    """Markdown and figures across run folders."""
+    from experiments.analysis.reports import write_report
+
+    path = write_report(args.runs, args.out, args.baseline)
+    print(f"report: {path}")
+    return 0
+
+
+def export(args: argparse.Namespace) -> int:
+    """Write the data export of a sweep's runs (one data set per export)."""
+    from common.config import parse_run_config
+    from common.data.federated import dataset_for
+    from experiments.run.exports import rows_read, write_export
+    from experiments.run.sweep import narrow, read_sweep
+
+    sweep = read_sweep(args.file)
+    specs = narrow(sweep, args.experiments, "--experiments").specs if args.experiments else sweep.specs
+    configs = [parse_run_config(s.run_config) for s in specs]
+    names = sorted({c.dataset for c in configs})
+    if len(names) != 1:
+        raise ConfigError(f"an export holds one data set; these runs read {', '.join(names)}: pick experiments")
+    rows: set[int] = set()
+    for spec, cfg in zip(specs, configs):
+        rows |= rows_read(cfg, spec.clients)
+    data = dataset_for((configs[0]).data)
+    size = write_export(data, rows, args.out, webp=args.webp)
+    print(f"export: {args.out} ({len(rows):,} of {len(data.y):,} samples of {data.name}, {size / 1e6:.1f} MB)")
+    return 0
+
+
+def allow_takeover(args: argparse.Namespace) -> int:
+    """Write the operator's consent to take-overs of partitions (by one node, or any) into a run folder."""
+    from server_app.takeover import allow
+
+    run_dir, partitions, node = args.run_dir, args.partitions, args.node
+    if not RunFolder(run_dir).is_run():
+        raise ConfigError(f"{run_dir} is not a run folder (no {CONFIG_FILE}): give the folder the server logged")
+    if any(pid < 0 for pid in partitions) or (node is not None and node < 0):
+        raise ConfigError(f"partition and node ids are non-negative, got {partitions} and {node}")
+    try:
+        path = allow(run_dir, partitions, node)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the consent into {run_dir}: {exc}") from None
+    who = f"node {node}" if node is not None else "any node"
+    print(f"allowed: {who} to take over partition(s) {', '.join(map(str, partitions))} ({path}), once each")
+    return 0
+
+
+def results(args: argparse.Namespace) -> int:
+    """The results document of a sweep file's tables (with --run: its unfinished runs first)."""
+    from experiments.run.sweep import document_sweep
+
+    _check_workers(args)
+    only = ",".join(args.only) if args.only else None
+    sweep = document_sweep(args.file, only)  # a bad selection or a file without tables: refused before any run
+    runs = Path(args.runs or Path("results") / sweep.name).expanduser().resolve()
+    status = 0
+    if args.run:
+        status = _execute(args, sweep.specs, runs, args.engine or sweep.engine or "inprocess", True, False)
+    from experiments.analysis.results_doc import shown_path, write_results  # after the runs: their checks answer
+
+    command = (
+        f"pflower results {shown_path(args.file)}"
+        + (f" --runs {shown_path(args.runs)}" if args.runs else "")
+        + (f" --out {shown_path(args.out)}" if args.out != Path("docs/results.md") else "")
+        + (f" --only '{only}'" if only else "")
+    )
+    path, done, total = write_results(args.file, runs, args.out, command, only)
+    print(f"results: {path} ({done} of {total} runs finished)")
+    return status
+
+
+def run(args: argparse.Namespace) -> int:
+    """One experiment (every seed) from a preset and overrides."""
+    _check_workers(args)
+    chosen = preset(args.preset)
+    config = dict(parse_assignment(item) for item in args.set)
+    config.update({k: v for k, v in (("algorithm", args.algorithm), ("dataset", args.dataset)) if v})
+    name = args.name or "-".join(
+        [
+            config.get("algorithm", "fedavg"),
+            config.get("dataset", chosen.run_config.get("dataset", "digits")),
+            chosen.name,
+        ]
+    )
+    if args.clients is not None and args.clients < 1:
+        raise ConfigError("--clients must be at least 1")
+    specs = plan(name, chosen, config, parse_seeds(args.seeds), args.clients)
+    return _execute(args, specs, Path(args.out).expanduser().resolve(), args.engine or "simulation", False, True)
+
+
+def sweep(args: argparse.Namespace) -> int:
+    """A TOML file of experiments (its unfinished runs), or with --list the state of each."""
+    from experiments.run.runs import changed_settings
+    from experiments.run.sweep import narrow, read_sweep, shard
+
+    _check_workers(args)
+    chosen = read_sweep(args.file)
+    out = Path(args.out or Path("results") / chosen.name).expanduser().resolve()
+    specs = narrow(chosen, ",".join(args.only)).specs if args.only else chosen.specs
+    specs = shard(specs, args.shard) if args.shard else specs
+    if args.list:
+        for spec in specs:
+            diff = changed_settings(spec, out / spec.name)
+            changed = " (made with other settings: " + "; ".join(diff) + ")" if diff else ""
+            print(f"{spec.name}: {run_state(out / spec.name)}{changed}")
+        return 0
+    return _execute(args, specs, out, args.engine or chosen.engine or "inprocess", True, args.keep_state)
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "presets": presets,
+    "keys": keys,
+    "stop-superlink": stop_superlink,
+    "report": report,
+    "export": export,
+    "allow-takeover": allow_takeover,
+    "results": results,
+    "run": run,
+    "sweep": sweep,
+}
+
+
+# ----- running specs ----------------------------------------------------------------------------------------------
+def _check_workers(args: argparse.Namespace) -> None:
+    if args.workers < 0:
+        raise ConfigError("--workers must be 0 (one per core) or more")
+
+
+def _app_dir(path: Path) -> Path:
+    app = path.expanduser().resolve()
+    text = (app / "pyproject.toml").read_text() if (app / "pyproject.toml").is_file() else ""
+    if "[tool.flwr.app]" not in text:
+        raise ConfigError(f"{app} is not a Flower app folder (no pyproject.toml with [tool.flwr.app]); pass --app")
+    return app
+
+
+def _gpu() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _run_all(
+    specs: list[RunSpec], out: Path, args: argparse.Namespace, engine_name: str, sweep: bool, keep_state: bool = True
+) -> list[RunResult]:
+    """Run the specs on the engine (a sweep: with progress and ETA; a simulation on one private SuperLink, stopped
+    at the end); without keep_state a finished run's checkpoint and client state are deleted."""
+    from experiments.run.sweep import run_sweep
+
+    gpu = _gpu()
+    out.mkdir(parents=True, exist_ok=True)
+    quiet = sweep and not os.environ.get("PFLOWER_VERBOSE")
+
+    def echo(line: str) -> None:
+        if not quiet or "[round " in line or "ERROR" in line:
+            print(("  " if quiet else "") + line, flush=True)
+
+    engine = make_engine(
+        engine_name, args.app, args.workers, args.data_export.expanduser().resolve() if args.data_export else None
+    )
+    try:
+
+        def one(spec: RunSpec) -> RunResult:
+            result = execute(engine, args.app, spec, out, gpu, echo, args.timeout)
+            if not keep_state and result.status == "finished":
+                drop_resume_state(result.run_dir)
+            return result
+
+        label = "sweep" if sweep else "run"
+        print(f"{label}: engine {engine_name}", flush=True)
+        return run_sweep(specs, out, one, lambda text: print(text, flush=True), label)
+    finally:
+        engine.close()
+
+
+def other_code_runs(specs: list[RunSpec], out: Path, app: Path) -> int:
+    """How many kept runs under `out` recorded a commit other than the app's now (runs with none are not counted)."""
+    now = app_commit(app)
+    return sum(1 for s in specs if (commits := run_commits(out / s.name)) and commits[-1] != now)
+
+
+def _execute(
+    args: argparse.Namespace, specs: list[RunSpec], out: Path, engine: str, sweep: bool, keep_state: bool
+) -> int:
+    """Run the specs into `out` on the engine, say how it went; the exit status (0: every run finished)."""
+    from experiments.run.preflight import check_runs
+    from experiments.run.sweep import check_kept_runs, summary_line
+
+    export = args.data_export.expanduser().resolve() if args.data_export and engine == "inprocess" else None
+    check_runs([s for s in specs if run_state(out / s.name) != "finished"], out, export)
+    args.app = _app_dir(args.app) if engine == "simulation" else PROJECT
+    check_kept_runs(specs, out)
+    other = other_code_runs(specs, out, args.app)
+    if other:
+        print(
+            f"note: {other} kept run(s) were made with other code than {args.app} now holds; `pflower results` "
+            "lists the commits of every run"
+        )
+    results = _run_all(specs, out, args, engine, sweep, keep_state=keep_state)
+    label = "sweep" if sweep else "run"
+    line, ok = summary_line(results, len(specs), label)
+    print(line)
+    if ok and len(specs) > 1 and args.command != "results":
+        print(f"next: pflower report {out}")
+    return 0 if ok else 1

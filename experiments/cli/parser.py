@@ -1,0 +1,163 @@
+"""The `pflower` command line: one function per subcommand adds its arguments."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from experiments.run.launchers import ENGINES
+from experiments.run.presets import PRESETS
+
+PROJECT = Path(__file__).resolve().parents[2]  # the Flower app: the folder holding pyproject.toml
+DESCRIPTION = (
+    "`pflower`: run an experiment by preset (`run`), a TOML sweep of them (`sweep`), a report across runs (`report`), "
+    "the results document of a sweep (`results`)."
+)
+
+
+def _run(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    run = sub.add_parser("run", help="run one experiment (every seed) on a private local simulation")
+    run.add_argument("--preset", default="smoke", choices=sorted(PRESETS), help="base settings (default smoke)")
+    run.add_argument("--algorithm", help="the algorithm (run-config `algorithm`)")
+    run.add_argument("--dataset", help="the data set (run-config `dataset`)")
+    run.add_argument("--seeds", default="0", help="comma-separated seeds, one run each (default 0)")
+    run.add_argument("--clients", type=int, help="simulated clients (default: the preset's)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any run-config key")
+    run.add_argument("--name", help="experiment name (default: algorithm-dataset-preset)")
+    run.add_argument("--out", default="results", help="results folder (default ./results)")
+    return run
+
+
+def _sweep(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    sweep = sub.add_parser("sweep", help="run a TOML file of experiments; finished runs are kept and skipped")
+    sweep.add_argument("file", type=Path)
+    sweep.add_argument("--out", help="results folder (default results/<sweep name>)")
+    sweep.add_argument("--list", action="store_true", help="list the runs and their state, run nothing")
+    sweep.add_argument(
+        "--shard",
+        help="K/N: run only every N-th run of the file, starting at the K-th (1-based), "
+        "so that N sweeps on one results folder (side by side, or on machines sharing it) share "
+        "the work",
+    )
+    sweep.add_argument(
+        "--keep-state",
+        action="store_true",
+        help="keep each finished run's checkpoint and client state (by default they are deleted "
+        "once the run has finished: only a run stopped midway reads them)",
+    )
+    return sweep
+
+
+def _report(sub: argparse._SubParsersAction) -> None:
+    report = sub.add_parser("report", help="markdown and figures across run folders (seeds pooled)")
+    report.add_argument("runs", nargs="+", type=Path, help="run folders, or folders holding them (a sweep's)")
+    report.add_argument("--out", type=Path, help="report folder (default: <first folder>/report)")
+    report.add_argument("--baseline", help="experiment the others are compared with (default: a FedAvg one)")
+
+
+def _results(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    results = sub.add_parser(
+        "results",
+        help="the results document of a sweep file's [[table]]s: ours beside the "
+        "papers' numbers, order differences, notes, figures",
+    )
+    results.add_argument("file", type=Path, help="the sweep file (its [[table]] entries)")
+    results.add_argument("--runs", type=Path, help="its results folder (default results/<sweep name>)")
+    results.add_argument(
+        "--out",
+        type=Path,
+        default=Path("docs/results.md"),
+        help="the markdown file; figures go to figures/ beside it (default docs/results.md)",
+    )
+    results.add_argument(
+        "--run",
+        action="store_true",
+        help="first run the sweep's runs that have not finished (as `pflower sweep` does), then write the document",
+    )
+    return results
+
+
+def _export(sub: argparse._SubParsersAction) -> None:
+    export = sub.add_parser(
+        "export",
+        help="write the samples a sweep's runs read to one file, for a machine without "
+        "the data sets (then `pflower sweep FILE --data-export OUT` there)",
+    )
+    export.add_argument("file", type=Path, help="the sweep file")
+    export.add_argument("--experiments", help="comma-separated experiment names (default: all)")
+    export.add_argument("--out", type=Path, required=True, help="the export file (.npz)")
+    export.add_argument("--webp", action="store_true", help="images as lossless WebP (about 0.6 of their size)")
+
+
+def _listings(sub: argparse._SubParsersAction) -> None:
+    sub.add_parser("presets", help="list the presets")
+    sub.add_parser("keys", help="list every run-config key with its default (docs/configuration.md explains them)")
+    sub.add_parser(
+        "stop-superlink",
+        help="stop the local SuperLink that `flwr run` started for this user's FLWR_HOME (and nothing else)",
+    )
+
+
+def _allow_takeover(sub: argparse._SubParsersAction) -> None:
+    takeover = sub.add_parser(
+        "allow-takeover",
+        help="deployment (takeover = operator): let another node take over these partitions of a running run, "
+        "once each (a replaced device)",
+    )
+    takeover.add_argument("run_dir", type=Path, help="the run's results folder (the server logs it at the start)")
+    takeover.add_argument("partitions", type=int, nargs="+", help="partition ids")
+    takeover.add_argument(
+        "--node", type=int, help="the node id that may take them (the server's refusal line names it; default: any)"
+    )
+
+
+def _only(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--only",
+        action="append",
+        metavar="EXPERIMENTS",
+        help="only these experiments: comma-separated names or shell globs, e.g. 'fedampx-*,path-fliu'; may "
+        "be given again to add more (results: the tables' rows and the claims of these experiments; with "
+        "--run, only their runs)",
+    )
+
+
+def _engine_options(command: argparse.ArgumentParser, default: str) -> None:
+    command.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=None,
+        help=f"inprocess: the server in one process, the clients on worker processes, no Flower "
+        f"runtime in between (fastest, for studies); simulation: `flwr run` on a private "
+        f"SuperLink with Flower's Ray simulation (default: the sweep file's `engine`, "
+        f"else {default})",
+    )
+    command.add_argument(
+        "--workers", type=int, default=0, help="inprocess: client worker processes (default: one per core)"
+    )
+    command.add_argument(
+        "--data-export",
+        type=Path,
+        help="inprocess: read the data from this file (`pflower export`) instead of the data sets",
+    )
+    command.add_argument(
+        "--app", type=Path, default=PROJECT, help="simulation: the Flower app folder (default: this project)"
+    )
+    command.add_argument("--timeout", type=float, default=86_400.0, help="seconds a run may take")
+
+
+def parser() -> argparse.ArgumentParser:
+    """Every subcommand and its arguments."""
+    top = argparse.ArgumentParser(prog="pflower", description=DESCRIPTION)
+    sub = top.add_subparsers(dest="command", required=True)
+    run, sweep = _run(sub), _sweep(sub)
+    _report(sub)
+    results = _results(sub)
+    _export(sub)
+    _listings(sub)
+    _allow_takeover(sub)
+    for command in (sweep, results):
+        _only(command)
+    for command, default in ((run, "simulation"), (sweep, "inprocess"), (results, "inprocess")):
+        _engine_options(command, default)
+    return top
