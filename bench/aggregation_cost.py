@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-from common.models import array_specs, build_model
-from common.robust import ROBUST_METHODS, RobustRule, robust_average
+from common.learning.models import array_specs, build_model
+from common.methods.robust import ROBUST_METHODS, RobustRule, robust_average
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ import argparse
 import numpy as np
 
 from common.data.domains import DOMAINS
-from common.run_folder import final_means
+from common.storage.run_folder import final_means
 from experiments.benchmarks.compare import compare_args, main
 
 RUNS = {  # name: (title, algorithm[overrides])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 
 from common.algorithms import CLOUD
-from common.run_folder import final_means, final_stds
+from common.storage.run_folder import final_means, final_stds
 from experiments.benchmarks.compare import compare_args, main
 
 ALGORITHMS = {"fedavg": "FedAvg", "dmpfl": "DM-PFL", "fedamp": "FedAMP"}

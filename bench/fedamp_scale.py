@@ -24,7 +24,7 @@ import tracemalloc
 
 import numpy as np
 
-from common.attention import (
+from common.methods.attention import (
     ModelMatrix,
     cloud_models,
     fedamp_weights_from_gram,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 
-from common.run_folder import final_means, final_stds
+from common.storage.run_folder import final_means, final_stds
 from experiments.benchmarks.compare import compare_args, main
 
 ATTACK = "attack-clients=0.1 attack-boost=10 attack-declare=100000"

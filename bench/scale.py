@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common.run_folder import RunFolder, evaluated_clients, evaluation, final_means
+from common.storage.run_folder import RunFolder, evaluated_clients, evaluation, final_means
 from experiments.benchmarks.measure import PeakMemory, raw_rate
 from experiments.engine.serve import available_cores
 from experiments.run.presets import run_config_text

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import sys
 
-from common.run_folder import final_means, final_stds
+from common.storage.run_folder import final_means, final_stds
 from experiments.benchmarks.compare import compare_args, main
 
 ALGORITHMS = "fedavg,fedavg-ft,lg-fedavg,fedper,fedrep,ditto,apfl,feddst,dmpfl"

@@ -2,7 +2,7 @@
 on the same clients' data, all measured in one run (check that nothing else runs: a timing taken beside another
 job is void).
 
-The raw loop is the project's own training loop (common/train.py) on one thread, client after client, from the
+The raw loop is the project's own training loop (common/learning/train.py) on one thread, client after client, from the
 model's initialization: `alone` is its rate on one core times the workers (what the cores would give if running
 together cost nothing), `together` its rate with every worker training at once (one process a core, caches and
 memory bandwidth shared). A round's rate is (samples x local epochs) / the round's wall time (median over the rounds

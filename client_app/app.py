@@ -18,7 +18,8 @@ from common import profiling
 from common.config import ConfigError, RunConfig, due, parse_run_config
 from common.data.datasets import DataError
 from common.data.federated import client_data
-from common.messages import (
+from common.storage.persist import CLIENT_STATE_FOLDER, StateFileError
+from common.wire.messages import (
     CHECKPOINT_ROUND,
     CONFIG,
     METRICS,
@@ -34,8 +35,7 @@ from common.messages import (
     STATE_DIR,
     STATE_KEY,
 )
-from common.persist import CLIENT_STATE_FOLDER, StateFileError
-from common.validation import PayloadError, is_folder_name, read_count
+from common.wire.validation import PayloadError, is_folder_name, read_count
 
 from .algorithms import ClientEnv, answer, client_class
 from .algorithms.newcomer import NewcomerClient

@@ -9,10 +9,10 @@ from flwr.common.constant import ErrorCode
 
 from common.config import RunConfig
 from common.data.federated import ClientData
-from common.messages import ARRAYS, METRICS, NUM_EXAMPLES
-from common.records import to_record
-from common.robust import boosted_upload
-from common.validation import record_to_numpy
+from common.methods.robust import boosted_upload
+from common.wire.messages import ARRAYS, METRICS, NUM_EXAMPLES
+from common.wire.records import to_record
+from common.wire.validation import record_to_numpy
 
 
 class SimulatedDrop(RuntimeError):

@@ -12,7 +12,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 from flwr.supercore import log
 
-from common.persist import StateFileError, load_tree, save_tree, signing_context, signing_key
+from common.storage.persist import StateFileError, load_tree, save_tree, signing_context, signing_key
 
 Tree = dict[str, dict[str, np.ndarray]]  # state key -> array name -> array (a list is kept as names "0", "1", ...)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
 
-from .hparams import ConfigError, hp, number
+from common.hparams import ConfigError, hp, number
 
 
 @dataclass(frozen=True)

@@ -10,20 +10,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .algorithms import SPECS, DittoParams, FedProxParams, param_classes
-from .data.corruptions import CORRUPTIONS, parse_corruptions, parse_severities
-from .data.datasets import DATASET_SPECS
-from .data.partitioners import PARTITION_SPECS, partition_help
-from .data.settings import DataSettings, SplitSettings
-from .hparams import ConfigError, as_dict, choice, describe, hp, parse_fields
-from .model_specs import MODEL_SPECS
-from .robust import ROBUST_METHODS, RobustRule
-from .run_folder import MESSAGES_FILE
-from .validation import is_folder_name
+from common.algorithms import SPECS, DittoParams, FedProxParams, param_classes
+from common.data.corruptions import CORRUPTIONS, parse_corruptions, parse_severities
+from common.data.datasets import DATASET_SPECS
+from common.data.partitioners import PARTITION_SPECS, partition_help
+from common.data.settings import DataSettings, SplitSettings
+from common.hparams import ConfigError, as_dict, choice, describe, hp, parse_fields
+from common.learning.model_specs import MODEL_SPECS
+from common.methods.robust import ROBUST_METHODS, RobustRule
+from common.storage.run_folder import MESSAGES_FILE
+from common.wire.validation import is_folder_name
 
 DATASETS = tuple(DATASET_SPECS)  # the registry of common/data/datasets.py
 PARTITIONS = tuple(PARTITION_SPECS)  # the registry of common/data/partitioners.py
-MODELS = ("auto", *MODEL_SPECS)  # the registry of common/model_specs.py
+MODELS = ("auto", *MODEL_SPECS)  # the registry of common/learning/model_specs.py
 AUTO_MODEL = {name: spec.default_model for name, spec in DATASET_SPECS.items()}  # what `model=auto` picks
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("auto", "cpu", "cuda")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from common.evaluate import shift_key
-from common.run_folder import RoundRecord, evaluation_means
+from common.learning.evaluate import shift_key
+from common.storage.run_folder import RoundRecord, evaluation_means
 
 
 def accuracy_curve(records: Iterable[RoundRecord]) -> list[tuple[int, float]]:

@@ -17,12 +17,12 @@ from common import profiling
 from common.config import ConfigError, RunConfig, parse_run_config
 from common.data.datasets import DataError
 from common.data.federated import dataset_for
-from common.models import ModelLayout, build_model
-from common.pages import StoreSpaceError
-from common.persist import StateFileError
-from common.run_folder import CONFIG_FILE, RunFolder
+from common.learning.models import ModelLayout, build_model
 from common.seeding import derive_seed
-from common.validation import is_folder_name
+from common.storage.pages import StoreSpaceError
+from common.storage.persist import StateFileError
+from common.storage.run_folder import CONFIG_FILE, RunFolder
+from common.wire.validation import is_folder_name
 
 from .checkpoint import Checkpoint, config_differences, load_checkpoint, server_key
 from .clients import ClientRegistry, RunAborted

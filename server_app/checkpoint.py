@@ -13,8 +13,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from common.persist import CHECKPOINT_FILE, StateFileError, load_tree, save_tree, signing_context, signing_key
-from common.run_folder import RoundRecord
+from common.storage.persist import CHECKPOINT_FILE, StateFileError, load_tree, save_tree, signing_context, signing_key
+from common.storage.run_folder import RoundRecord
 
 from .clients import RunAborted
 from .results import ResultsWriter

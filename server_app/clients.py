@@ -17,7 +17,9 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from common.config import RunConfig
-from common.messages import (
+from common.methods.robust import MIN_ROBUST_MODELS, robust_needs
+from common.seeding import derive_seed
+from common.wire.messages import (
     CONFIG,
     METRICS,
     NUM_PARTITIONS,
@@ -28,9 +30,7 @@ from common.messages import (
     REFUSED,
     SERVER_ROUND,
 )
-from common.robust import MIN_ROBUST_MODELS, robust_needs
-from common.seeding import derive_seed
-from common.validation import PayloadError, printable, read_count
+from common.wire.validation import PayloadError, printable, read_count
 
 from .exchange import each_reply, exchange
 from .takeover import AfterTimeout, OperatorConsent

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 from flwr.app import RecordDict
 
-from common.messages import METRICS
-from common.validation import PayloadError, check_echo, printable
+from common.wire.messages import METRICS
+from common.wire.validation import PayloadError, check_echo, printable
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from flwr.app import Message
 
 from common.algorithms import FINETUNED
 from common.config import RunConfig
-from common.evaluate import shift_key, shifted_metric_keys
-from common.run_folder import Evaluation
-from common.validation import read_fraction
+from common.learning.evaluate import shift_key, shifted_metric_keys
+from common.storage.run_folder import Evaluation
+from common.wire.validation import read_fraction
 
 from .replies import eval_statistics, evaluation_rows
 

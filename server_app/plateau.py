@@ -7,8 +7,8 @@ from logging import INFO
 from flwr.supercore import log
 
 from common.config import RunConfig
-from common.run_folder import RoundRecord
 from common.stopping import accuracy_curve, best_round, stalled
+from common.storage.run_folder import RoundRecord
 
 
 class Plateau:

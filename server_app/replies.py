@@ -12,10 +12,12 @@ import numpy as np
 from flwr.app import Message, RecordDict
 from flwr.supercore import log
 
-from common.aggregate import mean_std
 from common.data.domains import DOMAINS
-from common.evaluate import shift_key
-from common.messages import (
+from common.learning.evaluate import shift_key
+from common.learning.stages import STAGE_KEYS, summarize_stages
+from common.methods.aggregate import mean_std
+from common.storage.run_folder import Evaluation
+from common.wire.messages import (
     DOMAIN_ACC,
     DOMAIN_ID,
     LOSS,
@@ -26,9 +28,7 @@ from common.messages import (
     TRAIN_FLOPS_DENSE_GRAD,
     TRAIN_LOSS,
 )
-from common.run_folder import Evaluation
-from common.stages import STAGE_KEYS, summarize_stages
-from common.validation import PayloadError, read_count, read_finite, read_fraction
+from common.wire.validation import PayloadError, read_count, read_finite, read_fraction
 
 from .wire import content_digest, wire_bytes
 
@@ -150,8 +150,8 @@ def parse_eval_metrics(
     required: Sequence[str] = (),
 ) -> dict[str, float]:
     """One client's evaluation row: accuracy at every shift degree, loss, the `required` accuracies (the run's
-    corruptions and domains, common.evaluate.shifted_metric_keys) and the algorithm's `extra` rows (PayloadError
-    when any is missing or out of range; metrics nobody asked for are ignored)."""
+    corruptions and domains, common.learning.evaluate.shifted_metric_keys) and the algorithm's `extra` rows
+    (PayloadError when any is missing or out of range; metrics nobody asked for are ignored)."""
     read_count(metrics, NUM_TEST)
     row = {shift_key(d): read_fraction(metrics, shift_key(d)) for d in degrees}
     row[LOSS] = read_finite(metrics, LOSS)

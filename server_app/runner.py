@@ -20,9 +20,9 @@ from flwr.supercore import log
 
 from common import profiling
 from common.config import RunConfig, due
-from common.evaluate import shifted_metric_keys
-from common.messages import CHECKPOINT_ROUND, CONFIG, SIMULATE_DROP, STATE_KEY
-from common.validation import PayloadError, echo_values, printable
+from common.learning.evaluate import shifted_metric_keys
+from common.wire.messages import CHECKPOINT_ROUND, CONFIG, SIMULATE_DROP, STATE_KEY
+from common.wire.validation import PayloadError, echo_values, printable
 
 from .checkpoint import Checkpoint, restore, save_checkpoint
 from .clients import ClientRegistry

@@ -10,7 +10,7 @@ from flwr.app import ArrayRecord, Error, Message, MessageType, MetricRecord, Rec
 from flwr.common.constant import ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
-from common.records import to_record
+from common.wire.records import to_record
 
 
 def FakeReply(node_id: int, content: RecordDict | None = None, error: str | None = None) -> Message:
@@ -50,7 +50,7 @@ __all__ = ["ArrayRecord", "BlockingGrid", "FakeReply", "hand_made_runner", "metr
 def hand_made_runner(cfg, specs, initial, sizes: dict[int, int], node_base: int = 100):
     """A RoundRunner for `cfg.algorithm` on a hand-made model layout, with clients pid -> num_train registered as
     nodes node_base + pid."""
-    from common.models import ModelLayout
+    from common.learning.models import ModelLayout
     from server_app.clients import ClientInfo, ClientRegistry
     from server_app.runner import RoundRunner
     from server_app.strategies import strategy_class

@@ -16,7 +16,7 @@ from client_app.algorithms import ClientAlgorithm, ClientEnv, client_class
 from client_app.state import ClientState, Kept, Tree
 from common.config import RunConfig, parse_run_config
 from common.data.federated import client_data, dataset_for
-from common.models import ModelLayout, build_model
+from common.learning.models import ModelLayout, build_model
 from common.seeding import derive_seed
 from experiments.engine.grid import FIRST_NODE_ID, InProcessGrid
 from experiments.engine.states import unpack

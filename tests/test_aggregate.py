@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.aggregate import mean_std, weighted_average
+from common.methods.aggregate import mean_std, weighted_average
 
 
 def test_weighted_by_sample_counts_exactly() -> None:

@@ -16,9 +16,9 @@ from torch.nn import functional as F
 from client_app.algorithms import ClientAlgorithm
 from client_app.algorithms.apfl import ALPHA, APFLClient
 from client_app.algorithms.local import PERSONAL
-from common.personal import InterleavedMixture
-from common.records import to_record
-from common.train import TrainSettings, TrainStats, train
+from common.learning.train import TrainSettings, TrainStats, train
+from common.methods.personal import InterleavedMixture
+from common.wire.records import to_record
 
 from .inprocess import InProcessFederation
 

@@ -17,7 +17,7 @@ from common.hparams import describe
 from .conftest import REPO
 
 PACKAGES = ("common", "server_app", "client_app", "experiments")
-FLOWER_ADAPTER = "common.records"  # the ArrayRecord helpers both halves share
+FLOWER_ADAPTER = "common.wire.records"  # the ArrayRecord helpers both halves share
 
 
 def _module_name(path: Path) -> str:

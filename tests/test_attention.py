@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-import common.attention as attention
-from common.attention import (
+import common.methods.attention as attention
+from common.methods.attention import (
     cloud_models,
     fedamp_weights,
     fedamp_weights_from_gram,
@@ -17,7 +17,7 @@ from common.attention import (
     pairwise_cosine,
     pairwise_sq_distances,
 )
-from common.pages import map_blocks
+from common.storage.pages import map_blocks
 
 
 def _models(seed: int, m: int = 7, d: int = 50, spread: float = 0.3) -> np.ndarray:

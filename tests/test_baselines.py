@@ -14,10 +14,10 @@ from client_app.algorithms import base as client_base
 from client_app.algorithms.apfl import ALPHA
 from client_app.algorithms.local import PERSONAL
 from common.config import ConfigError, parse_run_config
-from common.models import ModelLayout, build_model, get_arrays
-from common.personal import Mixture, mixture_arrays, norm_entries, shared_names
-from common.records import to_record
-from common.train import TrainSettings, train
+from common.learning.models import ModelLayout, build_model, get_arrays
+from common.learning.train import TrainSettings, train
+from common.methods.personal import Mixture, mixture_arrays, norm_entries, shared_names
+from common.wire.records import to_record
 from server_app.wire import wire_bytes
 
 from .fakes import FakeReply, hand_made_runner, train_content

@@ -11,7 +11,7 @@ from flwr.app import RecordDict
 
 from client_app.state import StateDir
 from common.algorithms import SPECS
-from common.persist import StateFileError
+from common.storage.persist import StateFileError
 from server_app.checkpoint import KEY_DIR_ENV, Checkpoint, config_differences, load_checkpoint, save_checkpoint
 
 from .inprocess import InProcessFederation

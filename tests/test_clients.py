@@ -11,10 +11,10 @@ from client_app.algorithms.local import PERSONAL
 from client_app.state import ClientState, Tree
 from common.config import parse_run_config
 from common.data.federated import client_data
-from common.evaluate import shift_key
-from common.models import array_specs, get_arrays
-from common.records import to_record
-from common.validation import validate_arrays
+from common.learning.evaluate import shift_key
+from common.learning.models import array_specs, get_arrays
+from common.wire.records import to_record
+from common.wire.validation import validate_arrays
 
 
 def _client(name: str, state: Tree | None = None, **overrides):
@@ -62,13 +62,13 @@ def test_fedprox_stays_closer_to_the_global_model() -> None:
 
 
 def test_fedprox_server_sends_its_mu_and_a_bad_mu_fails_the_client() -> None:
-    from common.validation import PayloadError
+    from common.wire.validation import PayloadError
     from server_app.clients import ClientRegistry
     from server_app.strategies import strategy_class
 
     cfg = parse_run_config({"algorithm": "fedprox", "proximal-mu": 0.25})
     model = _client("fedprox").new_model()
-    from common.models import ModelLayout
+    from common.learning.models import ModelLayout
 
     strategy = strategy_class("fedprox")(cfg, ModelLayout.of(model), ClientRegistry())
     assert strategy.round_config(3, 1)["prox-mu"] == 0.25

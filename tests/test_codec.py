@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from common.codec import (
+from common.wire.codec import (
     SparseTensor,
     decode_model,
     decode_sparse,
@@ -24,7 +24,7 @@ from common.codec import (
     to_arrays,
     unpack_mask,
 )
-from common.validation import PayloadError
+from common.wire.validation import PayloadError
 
 SHAPES = [(1,), (7,), (8,), (9,), (1000,), (3, 3), (2, 4), (1, 1, 1), (3, 1, 3), (2, 3, 4, 5), (10, 10, 10)]
 DENSITIES = [0.0, 0.01, 0.3, 0.5, 0.99, 1.0]
@@ -131,7 +131,7 @@ def test_mask_digest_depends_on_shape_and_bits_and_is_stable_across_processes() 
     assert mask_digest(mask) != mask_digest(mask.reshape(4, 4)) != mask_digest(~mask)
     assert 0 <= mask_digest(mask) < 2**63
     code = (
-        "import numpy as np; from common.codec import mask_digest; m = np.zeros((2, 8), bool); m[0, 3] = True; "
+        "import numpy as np; from common.wire.codec import mask_digest; m = np.zeros((2, 8), bool); m[0, 3] = True; "
         "print(mask_digest(m))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -11,8 +11,8 @@ from common.algorithms import SPECS
 from common.config import ConfigError, parse_run_config
 from common.data.arrays import DataError, DatasetArrays
 from common.data.corruptions import CORRUPTIONS, SEVERITIES, corrupt, require_images
-from common.evaluate import corruption_key, shifted_metric_keys
-from common.validation import PayloadError
+from common.learning.evaluate import corruption_key, shifted_metric_keys
+from common.wire.validation import PayloadError
 from server_app.limits import ReplyLimits
 from server_app.replies import parse_eval_metrics
 from server_app.results.shift import corruption_lines, corruption_table, plot_corruptions
@@ -111,7 +111,7 @@ def test_corruptions_of_a_non_image_data_set_are_refused_in_one_line() -> None:
 
 
 def _reply(keys: tuple[str, ...], degrees: tuple[float, ...]) -> dict[str, float]:
-    from common.evaluate import shift_key
+    from common.learning.evaluate import shift_key
 
     return {"num-test": 10, "loss": 0.5, **{shift_key(d): 0.5 for d in degrees}, **dict.fromkeys(keys, 0.25)}
 

@@ -8,7 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from common.channels import (
+from common.learning.models import build_model, get_arrays
+from common.learning.train import LossContext
+from common.methods.channels import (
     channel_groups,
     entry_indices,
     keep_count,
@@ -17,9 +19,7 @@ from common.channels import (
     recover,
     take,
 )
-from common.dapperfl import aggregate, channel_scores, dar_loss, fuse, fusion_factor, keep_mask, select_channels
-from common.models import build_model, get_arrays
-from common.train import LossContext
+from common.methods.dapperfl import aggregate, channel_scores, dar_loss, fuse, fusion_factor, keep_mask, select_channels
 
 
 def test_fusion_factor_schedule() -> None:

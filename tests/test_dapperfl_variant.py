@@ -8,9 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from common.channels import channel_groups, recover
 from common.config import ConfigError, parse_run_config
-from common.dapperfl import (
+from common.learning.models import ResNetBody, SplitModel
+from common.learning.train import LossContext, TrainSettings, train
+from common.methods.channels import channel_groups, recover
+from common.methods.dapperfl import (
     COLUMNS,
     IN_OUT,
     OFFICIAL,
@@ -23,8 +25,6 @@ from common.dapperfl import (
     official_prune,
     pruning_input,
 )
-from common.models import ResNetBody, SplitModel
-from common.train import LossContext, TrainSettings, train
 
 
 def test_the_default_is_paper_and_an_unknown_variant_is_rejected() -> None:

@@ -10,7 +10,8 @@ from flwr.app import ConfigRecord, MetricRecord, RecordDict
 from client_app.algorithms.dmpfl import BASE_ENTROPY_C, BASE_ENTROPY_G, PERSONAL
 from client_app.algorithms.sparse import StaleGlobalModel
 from client_app.state import ClientState
-from common.dmpfl import (
+from common.learning.stages import SCOPES, stage_key
+from common.methods.dmpfl import (
     AdaptiveModel,
     PersonalMaskStore,
     adaptive_predict,
@@ -19,9 +20,8 @@ from common.dmpfl import (
     encode_partial_global,
     masks_digest,
 )
-from common.records import to_record
-from common.stages import SCOPES, stage_key
-from common.validation import PayloadError
+from common.wire.records import to_record
+from common.wire.validation import PayloadError
 from server_app.strategies.dmpfl import DMPFLStrategy
 from server_app.wire import wire_bytes
 
@@ -334,7 +334,7 @@ def _count_forwards(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     original = torch.nn.Module.__call__
 
     def counting(module: torch.nn.Module, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if type(module).__module__.startswith("common.models"):
+        if type(module).__module__.startswith("common.learning.models"):
             calls[0] += 1
         return original(module, *args, **kwargs)
 
@@ -350,7 +350,8 @@ def test_dmpfl_evaluation_runs_each_model_once_per_set_with_identical_metrics(mo
         with monkeypatch.context() as patch:
             if not memo:
                 patch.setattr(client_dmpfl, "MemoLogits", lambda model: model)
-            patch.setattr("common.evaluate.CPU_IMAGE_BATCH", 10**6)  # one forward call per set: calls count passes
+            # one forward call per set: calls count passes
+            patch.setattr("common.learning.evaluate.CPU_IMAGE_BATCH", 10**6)
             fed = _federation("dmpfl", num_clients=6, **{"shift-degrees": "0,0.5,1", "fraction-train": 0.34})
             for rnd in range(1, 7):
                 fed.train_round(rnd)
@@ -382,7 +383,7 @@ def test_dmpfl_evaluation_runs_each_model_once_per_set_with_identical_metrics(mo
 
 
 def test_memo_logits_runs_a_batch_once_and_tells_inputs_apart() -> None:
-    from common.evaluate import MemoLogits, predict_logits
+    from common.learning.evaluate import MemoLogits, predict_logits
 
     calls = []
     model = torch.nn.Linear(4, 3)
@@ -434,8 +435,8 @@ def test_bad_sparse_upload_is_rejected(caplog) -> None:
 
 
 def test_denser_mask_than_allowed_is_rejected(caplog) -> None:
-    from common.codec import encode_model
-    from common.records import to_plain_record
+    from common.wire.codec import encode_model
+    from common.wire.records import to_plain_record
 
     fed = _federation("dmpfl")
     strategy = fed.strategy

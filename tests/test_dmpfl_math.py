@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.dmpfl import (
+from common.methods.dmpfl import (
     adaptive_predict,
     aggregate_masked,
     aggregate_round,

@@ -9,10 +9,10 @@ from flwr.app import ConfigRecord, RecordDict
 
 from client_app.algorithms.dmpfl import PERSONAL
 from common.config import parse_run_config
-from common.dmpfl import phase3_starts, phase_schedule, reset_personal_only
 from common.hparams import ConfigError
-from common.messages import LR_STEP, PHASE3_RESET
-from common.validation import PayloadError
+from common.methods.dmpfl import phase3_starts, phase_schedule, reset_personal_only
+from common.wire.messages import LR_STEP, PHASE3_RESET
+from common.wire.validation import PayloadError
 
 from .inprocess import InProcessFederation
 from .test_dmpfl import _federation as dmpfl_federation

@@ -113,7 +113,7 @@ def _images(labels: torch.Tensor, offset: int) -> torch.Tensor:
 
 
 def test_domain_summary_splits_seen_from_unseen() -> None:
-    from common.evaluate import SEEN_DOMAIN_KEY, UNSEEN_DOMAINS_KEY, domain_summary
+    from common.learning.evaluate import SEEN_DOMAIN_KEY, UNSEEN_DOMAINS_KEY, domain_summary
 
     out = domain_summary([("mnist", 0.9), ("usps", 0.5), ("mnist-m", 0.3), ("syn", 0.0)], own=1)
     assert out[SEEN_DOMAIN_KEY] == 0.5 and out[UNSEEN_DOMAINS_KEY] == pytest.approx(0.4)
@@ -124,7 +124,7 @@ def test_domain_summary_splits_seen_from_unseen() -> None:
 def test_the_evaluated_model_is_tested_on_every_domain_and_split_by_the_clients_own() -> None:
     from common.data.federated import ClientData
     from common.data.shift import make_shift_plan
-    from common.evaluate import SEEN_DOMAIN_KEY, UNSEEN_DOMAINS_KEY, evaluate_client
+    from common.learning.evaluate import SEEN_DOMAIN_KEY, UNSEEN_DOMAINS_KEY, evaluate_client
 
     y = torch.arange(20) % 10
     domains = [(name, _images(y, 0 if d in (0, 2) else 1), y) for d, name in enumerate(DOMAINS)]
@@ -140,7 +140,7 @@ def test_the_evaluated_model_is_tested_on_every_domain_and_split_by_the_clients_
 
 def test_every_client_reports_its_seen_and_unseen_domains(data_dir) -> None:
     from common.config import parse_run_config
-    from common.evaluate import SEEN_DOMAIN_KEY, UNSEEN_DOMAINS_KEY, shifted_metric_keys
+    from common.learning.evaluate import SEEN_DOMAIN_KEY, UNSEEN_DOMAINS_KEY, shifted_metric_keys
 
     from .inprocess import InProcessFederation
 

@@ -18,7 +18,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from flwr.supercore.task_identity import TaskIdentity
 
 from common.algorithms import SPECS
-from common.persist import StateFileError
+from common.storage.persist import StateFileError
 from experiments.benchmarks.measure import message_digests
 from experiments.engine.blobs import SHARED_FROM_BYTES, SharedArrays
 from experiments.engine.grid import FIRST_NODE_ID, InProcessGrid

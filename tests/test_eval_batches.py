@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.evaluate import eval_batch_size, predict_logits
-from common.models import build_model
+from common.learning.evaluate import eval_batch_size, predict_logits
+from common.learning.models import build_model
 
 
 def test_images_on_a_cpu_go_in_batches_of_128_and_other_inputs_in_512() -> None:
@@ -36,7 +36,7 @@ def test_a_client_is_evaluated_in_one_pass_over_its_test_set_and_its_draws() -> 
 
     from common.data.federated import ClientData
     from common.data.shift import make_shift_plan, shifted_correct
-    from common.evaluate import evaluate_client
+    from common.learning.evaluate import evaluate_client
 
     torch.set_num_threads(1)
     model = build_model("cnn-mnist", "mnist", (1, 28, 28), 10, 0)

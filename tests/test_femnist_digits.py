@@ -15,7 +15,7 @@ from common.data.federated import client_data, federated_split
 from common.data.natural import natural_order
 from common.data.readers import FEMNIST_FILE, FEMNIST_NORM
 from common.hparams import ConfigError
-from common.models import build_model
+from common.learning.models import build_model
 from experiments.run.exports import read_export, write_export
 from experiments.run.preflight import check_runs
 from experiments.run.presets import preset

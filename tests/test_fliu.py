@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.fliu import adaptive_gamma, individualized_update
+from common.methods.fliu import adaptive_gamma, individualized_update
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.flops import flops_per_sample, training_flops
-from common.models import build_model
+from common.learning.flops import flops_per_sample, training_flops
+from common.learning.models import build_model
 
 
 def test_dense_mlp_flops_by_hand() -> None:

@@ -14,10 +14,10 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from client_app.algorithms.dmpfl import PERSONAL
-from common.flops import UNATTRIBUTED, LayerFlops, executed_per_sample, layer_flops, layer_parts
-from common.masks import erk_densities, prunable_names
-from common.messages import NUM_EXAMPLES, TRAIN_FLOPS, TRAIN_FLOPS_DENSE_GRAD
-from common.models import build_model
+from common.learning.flops import UNATTRIBUTED, LayerFlops, executed_per_sample, layer_flops, layer_parts
+from common.learning.models import build_model
+from common.methods.masks import erk_densities, prunable_names
+from common.wire.messages import NUM_EXAMPLES, TRAIN_FLOPS, TRAIN_FLOPS_DENSE_GRAD
 from experiments.analysis.collect import Run
 from experiments.analysis.tables import RATIOS, metric_reader
 from server_app.replies import reply_flops
@@ -176,7 +176,7 @@ def test_flops_outside_weighted_modules_are_one_part_counted_whole(caplog: pytes
             return self.fc(x.flatten(1)) @ self.extra
 
     model = Functional()
-    with caplog.at_level("WARNING", logger="common.flops"):
+    with caplog.at_level("WARNING", logger="common.learning.flops"):
         parts = layer_parts(model, (4,), 10, BATCH)
     counted, _ = layer_flops(model, (4,), 10, BATCH)
     extra = 3 * 2 * BATCH * 4 * 10  # the product with `extra`: its forward and the gradients of its two operands

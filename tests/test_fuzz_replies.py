@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
-from common.codec import encode_sparse, to_arrays
 from common.config import parse_run_config
-from common.records import to_plain_record
+from common.wire.codec import encode_sparse, to_arrays
+from common.wire.records import to_plain_record
 
 from .fakes import FakeReply, hand_made_runner, train_content
 from .inprocess import InProcessFederation

@@ -11,8 +11,8 @@ from client_app.algorithms import ClientEnv, answer
 from client_app.algorithms.newcomer import NewcomerClient
 from client_app.state import ClientState
 from common.algorithms import FINETUNED, SPECS
-from common.evaluate import shift_key
-from common.validation import PayloadError
+from common.learning.evaluate import shift_key
+from common.wire.validation import PayloadError
 from server_app.clients import ClientInfo, ClientRegistry
 from server_app.replies import RoundLog
 from server_app.results import render_markdown, summarize

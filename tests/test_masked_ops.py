@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.masked_ops import TensorRestore, gather, keep, scatter, select
+from common.methods.masked_ops import TensorRestore, gather, keep, scatter, select
 
 
 def _case(shape: tuple[int, ...], seed: int, density: float = 0.3) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

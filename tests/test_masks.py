@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from common.masks import (
+from common.learning.models import build_model
+from common.methods.masks import (
     _select,
     apply_masks,
     cosine_decay,
@@ -24,7 +25,6 @@ from common.masks import (
     random_masks,
     topk_mask,
 )
-from common.models import build_model
 
 T, F = True, False
 

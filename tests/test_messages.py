@@ -1,4 +1,4 @@
-"""The names that travel in messages are declared once (common/messages.py): no module of the apps or the core
+"""The names that travel in messages are declared once (common/wire/messages.py): no module of the apps or the core
 spells one out where it reads or writes a message's records."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from common.messages import KEYS
+from common.wire.messages import KEYS
 
 from .conftest import REPO
 
@@ -92,9 +92,9 @@ def test_no_module_spells_out_a_message_name() -> None:
                     continue
                 offenders.append(
                     f"{Path(path).relative_to(REPO)}:{line}: {key!r}"
-                    + (" (declared in common/messages.py)" if key in KEYS else " (undeclared)")
+                    + (" (declared in common/wire/messages.py)" if key in KEYS else " (undeclared)")
                 )
-    assert not offenders, "use the constants of common/messages.py:\n" + "\n".join(offenders)
+    assert not offenders, "use the constants of common/wire/messages.py:\n" + "\n".join(offenders)
 
 
 def test_every_declared_name_is_unique_and_explained() -> None:

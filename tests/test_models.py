@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from common.config import ConfigError
-from common.models import MaxPool2d, array_specs, build_model, get_arrays, set_arrays
+from common.learning.models import MaxPool2d, array_specs, build_model, get_arrays, set_arrays
 
 
 def test_mcmahan_cnn_shape_and_size() -> None:
@@ -86,9 +86,9 @@ def test_cnn_trains_bit_for_bit_as_with_torchs_pooling() -> None:
 def test_the_model_registry_is_what_the_run_config_offers_and_what_builds() -> None:
     """A model is one MODEL_SPECS entry naming its builder: the key's choices, `auto`'s picks and the input checks
     come from the registry."""
-    from common import models
     from common.config import AUTO_MODEL, MODELS, ConfigError
-    from common.model_specs import MODEL_SPECS
+    from common.learning import models
+    from common.learning.model_specs import MODEL_SPECS
 
     assert MODELS == ("auto", *MODEL_SPECS) and set(AUTO_MODEL.values()) <= set(MODEL_SPECS)
     for spec in MODEL_SPECS.values():

@@ -16,8 +16,8 @@ from common.data.datasets import DataError, load_dataset, normalize
 from common.data.federated import client_data, federated_split
 from common.data.natural import natural_order, natural_partition
 from common.data.readers import FEMNIST_FILE, HAR_FILES
-from common.models import build_model
-from common.train import TrainSettings, train
+from common.learning.models import build_model
+from common.learning.train import TrainSettings, train
 
 from .inprocess import InProcessFederation
 

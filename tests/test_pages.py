@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common import pages
-from common.attention import ModelMatrix
-from common.dmpfl import PersonalMaskStore
-from common.pages import StoreSpaceError, new_store
+from common.methods.attention import ModelMatrix
+from common.methods.dmpfl import PersonalMaskStore
+from common.storage import pages
+from common.storage.pages import StoreSpaceError, new_store
 
 
 def test_a_new_store_has_its_disk_space_reserved(tmp_path: Path) -> None:

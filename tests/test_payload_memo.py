@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
-from common.payload_memo import PayloadMemo
+from common.wire.payload_memo import PayloadMemo
 
 
 def _record(value: float) -> ArrayRecord:

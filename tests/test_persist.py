@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from client_app.state import ClientState, StateDir, Tree
-from common.persist import (
+from common.storage.persist import (
     StateFileError,
     atomic_write_bytes,
     load_tree,

@@ -12,13 +12,13 @@ from client_app.algorithms import answer
 from client_app.algorithms.fedamp import CLOUD_MODEL as CLOUD
 from client_app.algorithms.local import PERSONAL
 from common.algorithms import SPECS
-from common.attention import ModelMatrix, _gram, fedamp_weights, heurfedamp_weights
 from common.config import ConfigError, parse_run_config
-from common.fliu import adaptive_gamma, individualized_update
-from common.fomo import choose_peers, fomo_combine, fomo_weights
-from common.models import get_arrays
-from common.records import flatten, to_record
-from common.stages import STAGE_KEYS, stage_key, summarize_stages
+from common.learning.models import get_arrays
+from common.learning.stages import STAGE_KEYS, stage_key, summarize_stages
+from common.methods.attention import ModelMatrix, _gram, fedamp_weights, heurfedamp_weights
+from common.methods.fliu import adaptive_gamma, individualized_update
+from common.methods.fomo import choose_peers, fomo_combine, fomo_weights
+from common.wire.records import flatten, to_record
 from server_app.faults import choose_faulty
 
 from .fakes import FakeReply, hand_made_runner, train_content

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flwr.app import Array
 
-from common.records import numpy_array, to_plain_record, to_record
+from common.wire.records import numpy_array, to_plain_record, to_record
 
 CASES = {
     "0-d": np.zeros((), np.float32),

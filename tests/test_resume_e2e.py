@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from common.persist import StateFileError
+from common.storage.persist import StateFileError
 from server_app.checkpoint import load_checkpoint
 
 from .conftest import REPO

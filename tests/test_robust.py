@@ -12,7 +12,7 @@ from flwr.app import MessageType
 from client_app.algorithms import answer
 from common.config import ConfigError, parse_run_config
 from common.data.noise import shift_labels
-from common.robust import (
+from common.methods.robust import (
     RobustRule,
     boosted_upload,
     clip_updates,

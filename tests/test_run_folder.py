@@ -1,5 +1,5 @@
-"""The run folder: common/run_folder.py declares its files and reads and writes them; no other module spells out a
-file name of it, and what a writer writes its reader reads back."""
+"""The run folder: common/storage/run_folder.py declares its files and reads and writes them; no other module spells
+out a file name of it, and what a writer writes its reader reads back."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.persist import CHECKPOINT_FILE
-from common.run_folder import (
+from common.storage.persist import CHECKPOINT_FILE
+from common.storage.run_folder import (
     ARTIFACTS_FILE,
     RUN_FILES,
     RoundRecord,
@@ -30,7 +30,7 @@ from common.run_folder import (
 from .conftest import REPO
 
 DECLARED = (*RUN_FILES, CHECKPOINT_FILE)
-DECLARING = {"common/run_folder.py", "common/persist.py"}
+DECLARING = {"common/storage/run_folder.py", "common/storage/persist.py"}
 
 
 def _spelled_names(tree: ast.AST) -> list[tuple[int, str]]:
@@ -70,11 +70,11 @@ def _offenders(scan: Callable[[ast.AST], list[tuple[int, str]]], exempt: set[str
 
 def test_no_module_spells_out_a_run_folder_file() -> None:
     offenders = _offenders(_spelled_names, DECLARING)
-    assert not offenders, "use common/run_folder.py:\n" + "\n".join(offenders)
+    assert not offenders, "use common/storage/run_folder.py:\n" + "\n".join(offenders)
 
 
 EVALUATION_KEYS = ("final", "eval", "unseen")  # the records' evaluations, read through run_folder's accessors
-WRITERS = {"common/run_folder.py", "server_app/results/summary.py", "server_app/results/log_lines.py"}
+WRITERS = {"common/storage/run_folder.py", "server_app/results/summary.py", "server_app/results/log_lines.py"}
 
 
 def _read_keys(tree: ast.AST) -> list[tuple[int, str]]:
@@ -104,7 +104,7 @@ def test_the_scan_finds_evaluations_read_by_hand() -> None:
 
 def test_no_reader_reads_an_evaluation_by_hand() -> None:
     offenders = _offenders(_read_keys, WRITERS)
-    assert not offenders, "read them with common/run_folder.py's accessors:\n" + "\n".join(offenders)
+    assert not offenders, "read them with common/storage/run_folder.py's accessors:\n" + "\n".join(offenders)
 
 
 def test_the_accessors_read_the_evaluations_and_give_empty_answers_without_one() -> None:

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from flwr.app import MessageType
 
-from common.attention import ModelMatrix, cloud_models
 from common.config import parse_run_config
-from common.messages import ARRAYS
+from common.methods.attention import ModelMatrix, cloud_models
+from common.wire.messages import ARRAYS
 from server_app.exchange import each_reply, exchange
 from server_app.replies import TrainReply
 
@@ -182,8 +182,8 @@ def test_checkpoint_and_resume_of_the_store_stay_out_of_resident_memory(
 ) -> None:
     """Writing a checkpoint with a 320 MB store, and restoring it into a new store in the run folder, each peak far
     under the store (row blocks of 32 MB here); the restored rows and Gram matrix are the saved ones."""
-    from common import pages
-    from common.persist import load_tree, save_tree
+    from common.storage import pages
+    from common.storage.persist import load_tree, save_tree
 
     monkeypatch.setattr(pages, "_RESIDENT_BYTES", 32 << 20)
     store_kib = 4 * CLIENTS * VALUES // 1024

@@ -24,7 +24,7 @@ from client_app.state import (
 from common.config import parse_run_config
 from common.data.arrays import DataError
 from common.data.datasets import load_dataset, use_data_source
-from common.run_folder import RunFolder
+from common.storage.run_folder import RunFolder
 
 from .conftest import REPO
 from .fakes import hand_made_runner

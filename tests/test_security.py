@@ -7,7 +7,7 @@ from flwr.app import ConfigRecord, RecordDict
 
 from client_app.app import state_dir
 from common.config import ConfigError, parse_run_config
-from common.validation import PayloadError, is_folder_name
+from common.wire.validation import PayloadError, is_folder_name
 
 
 # ----- paths -----------------------------------------------------------------------------------------
@@ -303,7 +303,7 @@ def test_a_well_formed_but_bad_checkpoint_is_refused_in_one_line(tmp_path, how: 
 
 @pytest.mark.parametrize(("round_", "records"), [(-5, []), (0, []), (3, [{"round": 1}]), (1, [{"r": 1}])])
 def test_a_checkpoint_with_impossible_rounds_is_refused(tmp_path, round_: int, records: list) -> None:
-    from common.persist import StateFileError
+    from common.storage.persist import StateFileError
     from server_app.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 
     save_checkpoint(tmp_path, Checkpoint(round_, {"global": []}, records, 1.0, []))
@@ -312,7 +312,7 @@ def test_a_checkpoint_with_impossible_rounds_is_refused(tmp_path, round_: int, r
 
 
 def test_a_checkpoint_with_a_broken_record_list_is_refused(tmp_path, monkeypatch) -> None:
-    from common.persist import StateFileError, save_tree, signing_key
+    from common.storage.persist import StateFileError, save_tree, signing_key
     from server_app.checkpoint import CHECKPOINT_FILE, FORMAT, checkpoint_context, load_checkpoint, server_key_file
 
     monkeypatch.setenv("PFL_KEY_DIR", str(tmp_path / "keys"))

@@ -19,7 +19,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from client_app.state import KEY_FILE, ClientState, StateDir, Tree
 from common.config import parse_run_config
-from common.persist import CHECKPOINT_FILE, SIGNATURE_HEX, StateFileError, load_tree, save_tree, signing_key
+from common.storage.persist import CHECKPOINT_FILE, SIGNATURE_HEX, StateFileError, load_tree, save_tree, signing_key
 from server_app.checkpoint import KEY_DIR_ENV, Checkpoint, load_checkpoint, restore, save_checkpoint, server_key_file
 from server_app.clients import RunAborted
 

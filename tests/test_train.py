@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from common.models import mlp
-from common.train import LossContext, ProximalStep, TrainSettings, proximal_loss, train
+from common.learning.models import mlp
+from common.learning.train import LossContext, ProximalStep, TrainSettings, proximal_loss, train
 
 X = torch.randn(64, 1, 8, 8, generator=torch.Generator().manual_seed(0))
 Y = torch.randint(0, 10, (64,), generator=torch.Generator().manual_seed(1))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, MetricRecord
 
-from common.validation import PayloadError, read_count, read_finite, read_fraction, validate_arrays
+from common.wire.validation import PayloadError, read_count, read_finite, read_fraction, validate_arrays
 
 SPECS = [("w", (2, 3)), ("b", (3,))]
 
@@ -110,7 +110,7 @@ def test_metric_readers() -> None:
 
 
 def test_the_same_bytes_are_checked_once_and_new_bytes_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    import common.validation as validation
+    import common.wire.validation as validation
 
     decoded: list[int] = []
     real = validation.decode_npy

@@ -14,11 +14,11 @@ from flwr.serverapp.strategy import FedAvg
 
 from common.config import parse_run_config
 from common.data.federated import client_data, dataset_for
-from common.evaluate import predict_logits
-from common.models import build_model
+from common.learning.evaluate import predict_logits
+from common.learning.models import build_model
+from common.learning.train import TrainSettings
+from common.learning.train import train as train_loop
 from common.seeding import derive_seed
-from common.train import TrainSettings
-from common.train import train as train_loop
 
 server = ServerApp()
 client = ClientApp()

@@ -7,8 +7,8 @@ from typing import cast
 from flwr.app import MessageType, RecordDict
 
 from common.algorithms import SPECS, resolve_half
-from common.messages import METRICS
-from common.validation import echo_values
+from common.wire.messages import METRICS
+from common.wire.validation import echo_values
 
 from ..simulation import attacked_reply
 from .base import ClientAlgorithm, ClientEnv

@@ -12,8 +12,8 @@ from flwr.app import RecordDict
 from torch import nn
 
 from common.algorithms import GLOBAL, APFLParams
-from common.models import SplitModel, get_arrays
-from common.personal import InterleavedMixture, mixture_arrays
+from common.learning.models import SplitModel, get_arrays
+from common.methods.personal import InterleavedMixture, mixture_arrays
 
 from .base import ClientAlgorithm
 from .local import PERSONAL

@@ -18,9 +18,13 @@ from common.algorithms import EvalRow
 from common.config import RunConfig
 from common.data.evalsets import corrupted_test, domain_tests
 from common.data.federated import ClientData, pooled_test
-from common.evaluate import EvalResult, corruption_key, evaluate_client, shift_key
-from common.flops import LayerFlops, executed_per_sample, layer_parts, training_flops
-from common.messages import (
+from common.learning.evaluate import EvalResult, corruption_key, evaluate_client, shift_key
+from common.learning.flops import LayerFlops, executed_per_sample, layer_parts, training_flops
+from common.learning.models import ModelLayout, SplitModel, array_specs, build_model, get_arrays, model_layout
+from common.learning.stages import accuracy, stage_metrics
+from common.learning.train import TrainSettings, TrainStats, train
+from common.seeding import derive_seed
+from common.wire.messages import (
     ARRAYS,
     CONFIG,
     DOMAIN_ACC,
@@ -36,13 +40,9 @@ from common.messages import (
     TRAIN_FLOPS_DENSE_GRAD,
     TRAIN_LOSS,
 )
-from common.models import ModelLayout, SplitModel, array_specs, build_model, get_arrays, model_layout
-from common.payload_memo import PayloadMemo
-from common.records import to_record
-from common.seeding import derive_seed
-from common.stages import accuracy, stage_metrics
-from common.train import TrainSettings, TrainStats, train
-from common.validation import PayloadError, read_count, read_finite, validate_arrays
+from common.wire.payload_memo import PayloadMemo
+from common.wire.records import to_record
+from common.wire.validation import PayloadError, read_count, read_finite, validate_arrays
 
 from ..state import ClientState
 
@@ -163,7 +163,7 @@ class ClientAlgorithm(ABC):
         **options: Any,
     ) -> TrainStats:
         """The shared training loop on this client's training data, with this round's settings (or `settings`), the
-        generator seeded by (round, `purpose`), on the client's device; `options` go to common.train.train."""
+        generator seeded by (round, `purpose`), on the client's device; `options` go to common.learning.train.train."""
         data = self.env.data
         chosen = settings if settings is not None else self.settings(server_round)
         generator = self.generator(server_round, purpose)
@@ -200,8 +200,8 @@ class ClientAlgorithm(ABC):
         updated: dict[str, float] | None = None,
         dense_grad: bool = False,
     ) -> float:
-        """FLOPs of the local training just done, as executed (common.flops.executed_per_sample): forward and input
-        gradients scaled by the layers' `active` densities, weight gradients by their `updated` densities (None:
+        """FLOPs of the local training just done, as executed (common.learning.flops.executed_per_sample): forward and
+        input gradients scaled by the layers' `active` densities, weight gradients by their `updated` densities (None:
         `active`) or whole under `dense_grad`; only `trainable` parameters (None: all) get gradients."""
         data = self.env.data
         per_sample = _flops_per_sample(

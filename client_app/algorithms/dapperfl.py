@@ -2,7 +2,7 @@
 fuse it with the global model, prune output channels by l1 to the device's ratio, train the physically smaller
 model with the domain adaptive regularizer for the remaining epochs, upload it with its channel masks.
 
-`dapperfl-variant = official` runs the authors' public code as it behaves instead (common/dapperfl.py): the
+`dapperfl-variant = official` runs the authors' public code as it behaves instead (common/methods/dapperfl.py): the
 fine-tuned model is pruned unfused, by the public code's layer-wise rules, as fixed zeros in the full-shape model,
 which is trained with the DAR term ||z|| in every epoch and uploaded whole, zeros included.
 
@@ -19,13 +19,13 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 
 from common.algorithms import GLOBAL, DapperFLParams
-from common.channels import channel_groups, pruned_model
-from common.dapperfl import OFFICIAL, dar_loss, fusion_factor, official_prune, pruning_input, select_channels
-from common.flops import flops_per_sample, training_flops
-from common.messages import CHANNEL_MASKS
-from common.models import SplitModel, build_model, get_arrays, set_arrays
-from common.records import to_plain_record
-from common.train import ExtraLoss, TrainStats, train
+from common.learning.flops import flops_per_sample, training_flops
+from common.learning.models import SplitModel, build_model, get_arrays, set_arrays
+from common.learning.train import ExtraLoss, TrainStats, train
+from common.methods.channels import channel_groups, pruned_model
+from common.methods.dapperfl import OFFICIAL, dar_loss, fusion_factor, official_prune, pruning_input, select_channels
+from common.wire.messages import CHANNEL_MASKS
+from common.wire.records import to_plain_record
 
 from .base import ClientAlgorithm
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from flwr.app import RecordDict
 
 from common.algorithms import GLOBAL, DittoParams
-from common.models import get_arrays
-from common.train import proximal_loss
+from common.learning.models import get_arrays
+from common.learning.train import proximal_loss
 
 from .base import ClientAlgorithm
 from .local import PERSONAL

@@ -10,7 +10,9 @@ import torch
 from flwr.app import RecordDict
 
 from common.algorithms import GLOBAL, PLUS, DMPFLParams
-from common.dmpfl import (
+from common.learning.evaluate import MemoLogits, entropy, predict_logits, shift_key
+from common.learning.train import TrainStats
+from common.methods.dmpfl import (
     PARTIAL,
     AdaptiveModel,
     compose_personal,
@@ -18,11 +20,9 @@ from common.dmpfl import (
     masks_digest,
     reset_personal_only,
 )
-from common.evaluate import MemoLogits, entropy, predict_logits, shift_key
-from common.masks import prune_and_regrow
-from common.messages import ARRAYS, GLOBAL_VERSION, PERSONAL_MASK_DIGEST, PHASE, PHASE3_RESET, READJUST_RATIO
-from common.train import TrainStats
-from common.validation import PayloadError, read_count, read_fraction, record_to_numpy
+from common.methods.masks import prune_and_regrow
+from common.wire.messages import ARRAYS, GLOBAL_VERSION, PERSONAL_MASK_DIGEST, PHASE, PHASE3_RESET, READJUST_RATIO
+from common.wire.validation import PayloadError, read_count, read_fraction, record_to_numpy
 
 from .sparse import GLOBAL as GLOBAL_KEY
 from .sparse import GLOBAL_VERSION_KEY, Named, SparseGlobalClient, StaleGlobalModel

@@ -10,9 +10,9 @@ from dataclasses import replace
 from flwr.app import RecordDict
 
 from common.algorithms import CLOUD, AMPParams
-from common.messages import PRETRAIN
-from common.models import get_arrays
-from common.train import ProximalStep
+from common.learning.models import get_arrays
+from common.learning.train import ProximalStep
+from common.wire.messages import PRETRAIN
 
 from .base import ClientAlgorithm
 from .local import PERSONAL
@@ -23,7 +23,7 @@ CLOUD_MODEL = "cloud"
 class FedAMPClient(ClientAlgorithm):
     """Minimizes F_i(w) + (lambda / (2 alpha_k)) ||w - u_i||^2 from u_i (the FedAMP paper's Eq. 5); keeps w_i and u_i.
 
-    The proximal term is applied in closed form after each SGD step (common.train.ProximalStep), not as a
+    The proximal term is applied in closed form after each SGD step (common.learning.train.ProximalStep), not as a
     gradient: with the paper's decaying alpha_k the coefficient grows 10x per decay, and the gradient form
     diverges once lr * lambda / alpha_k > 2 (after round 180 of the paper's schedule at lr 0.05).
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from flwr.app import RecordDict
 
-from common.models import SplitModel
-from common.train import ExtraLoss, proximal_loss
+from common.learning.models import SplitModel
+from common.learning.train import ExtraLoss, proximal_loss
 
 from .base import ClientAlgorithm
 

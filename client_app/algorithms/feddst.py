@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from flwr.app import RecordDict
 
-from common.masks import prune_and_regrow
-from common.messages import ARRAYS, READJUST_RATIO
-from common.validation import read_fraction
+from common.methods.masks import prune_and_regrow
+from common.wire.messages import ARRAYS, READJUST_RATIO
+from common.wire.validation import read_fraction
 
 from .sparse import SparseGlobalClient
 

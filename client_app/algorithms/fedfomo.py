@@ -8,13 +8,13 @@ from flwr.app import RecordDict
 from torch.nn import functional as F
 
 from common.algorithms import FedFomoParams
-from common.evaluate import predict_logits
-from common.fomo import WEIGHT_KEY, fomo_combine, fomo_weights
-from common.messages import METRICS
-from common.models import array_specs, get_arrays, set_arrays
+from common.learning.evaluate import predict_logits
+from common.learning.models import array_specs, get_arrays, set_arrays
+from common.learning.train import train
+from common.methods.fomo import WEIGHT_KEY, fomo_combine, fomo_weights
 from common.seeding import derive_seed
-from common.train import train
-from common.validation import validate_arrays
+from common.wire.messages import METRICS
+from common.wire.validation import validate_arrays
 
 from .local import PERSONAL, LocalClient
 

@@ -10,11 +10,11 @@ from dataclasses import replace
 from flwr.app import RecordDict
 
 from common.algorithms import FLIUParams
-from common.fliu import adaptive_gamma, individualized_update
-from common.messages import NUM_CLIENTS, TOTAL_SAMPLES
-from common.models import SplitModel, get_arrays
-from common.train import TrainSettings
-from common.validation import PayloadError, read_count
+from common.learning.models import SplitModel, get_arrays
+from common.learning.train import TrainSettings
+from common.methods.fliu import adaptive_gamma, individualized_update
+from common.wire.messages import NUM_CLIENTS, TOTAL_SAMPLES
+from common.wire.validation import PayloadError, read_count
 
 from .base import ClientAlgorithm
 from .local import PERSONAL

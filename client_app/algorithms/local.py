@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flwr.app import RecordDict
 
-from common.models import SplitModel, get_arrays
+from common.learning.models import SplitModel, get_arrays
 
 from .base import ClientAlgorithm
 

@@ -8,9 +8,9 @@ from dataclasses import replace
 from flwr.app import RecordDict
 
 from common.algorithms import FINETUNED
-from common.evaluate import shift_key
-from common.messages import FINETUNE_EPOCHS
-from common.validation import PayloadError, read_count
+from common.learning.evaluate import shift_key
+from common.wire.messages import FINETUNE_EPOCHS
+from common.wire.validation import PayloadError, read_count
 
 from .base import ClientAlgorithm
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 from flwr.app import RecordDict
 
 from common.algorithms import SPECS
-from common.messages import ARRAYS
-from common.models import SplitModel, get_arrays, set_arrays
-from common.personal import shared_names
-from common.records import to_record
-from common.train import TrainStats
-from common.validation import validate_arrays
+from common.learning.models import SplitModel, get_arrays, set_arrays
+from common.learning.train import TrainStats
+from common.methods.personal import shared_names
+from common.wire.messages import ARRAYS
+from common.wire.records import to_record
+from common.wire.validation import validate_arrays
 
 from .base import ClientAlgorithm, ClientEnv
 from .local import PERSONAL

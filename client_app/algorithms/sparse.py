@@ -8,20 +8,20 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
-from common.codec import decode_model, encode_model
-from common.dmpfl import Named, compose_global
-from common.messages import GLOBAL_MODEL, GLOBAL_VERSION
-from common.models import SplitModel, get_arrays
-from common.payload_memo import PayloadMemo
-from common.records import to_plain_record
-from common.train import MeanGradient
-from common.validation import PayloadError, read_count, record_to_numpy
+from common.learning.models import SplitModel, get_arrays
+from common.learning.train import MeanGradient
+from common.methods.dmpfl import Named, compose_global
+from common.wire.codec import decode_model, encode_model
+from common.wire.messages import GLOBAL_MODEL, GLOBAL_VERSION
+from common.wire.payload_memo import PayloadMemo
+from common.wire.records import to_plain_record
+from common.wire.validation import PayloadError, read_count, record_to_numpy
 
 from .base import ClientAlgorithm, ClientEnv
 
 GLOBAL = "global/model"  # client state: the global model of the version held, as the codec sends it
 GLOBAL_VERSION_KEY = "global/version"  # client state: that model's version
-# the global model a round sends: decoded once per worker process, not once per client (common/payload_memo.py)
+# the global model a round sends: decoded once per worker process, not once per client (common/wire/payload_memo.py)
 _RECEIVED: PayloadMemo[tuple[Named, Named, Named]] = PayloadMemo()
 
 

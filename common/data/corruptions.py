@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from scipy import ndimage
 
-from ..hparams import ConfigError
-from .arrays import DataError, DatasetArrays
+from common.data.arrays import DataError, DatasetArrays
+from common.hparams import ConfigError
 
 SEVERITIES = (1, 2, 3, 4, 5)
 Corruption = Callable[[np.ndarray, int, np.random.Generator], np.ndarray]

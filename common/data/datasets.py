@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .arrays import DataError, DatasetArrays
-from .domains import digit_domains, digit_domains_cached, usps_missing
-from .readers import decode_cifar_batch, femnist, femnist_digits, files_missing, har, usps
+from common.data.arrays import DataError, DatasetArrays
+from common.data.domains import digit_domains, digit_domains_cached, usps_missing
+from common.data.readers import decode_cifar_batch, femnist, femnist_digits, files_missing, har, usps
 
 _MNIST_FILES = (
     "train-images-idx3-ubyte.gz",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .arrays import DataError, DatasetArrays
+from common.data.arrays import DataError, DatasetArrays
 
 DOMAINS = ("mnist", "usps", "mnist-m", "syn")
 DOMAIN_SIZE = 20_000  # samples per domain at most (USPS has 9,298)

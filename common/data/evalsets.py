@@ -9,11 +9,11 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from ..seeding import derive_seed
-from .arrays import DatasetArrays
-from .corruptions import corrupt, require_images
-from .federated import dataset_for, federated_split
-from .settings import DataSettings
+from common.data.arrays import DatasetArrays
+from common.data.corruptions import corrupt, require_images
+from common.data.federated import dataset_for, federated_split
+from common.data.settings import DataSettings
+from common.seeding import derive_seed
 
 CACHE_BYTES = 1 << 30  # corrupted raw pixels kept per process; the least recently used client's are dropped first
 _CORRUPTED: OrderedDict[tuple, dict[tuple[str, int], np.ndarray]] = OrderedDict()

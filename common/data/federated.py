@@ -8,13 +8,13 @@ from functools import cached_property, lru_cache
 import numpy as np
 import torch
 
-from ..seeding import derive_seed
-from .corruptions import require_images
-from .datasets import DataError, DatasetArrays, load_dataset, normalize
-from .noise import flip_labels, seeded_client_ids, shift_labels
-from .partitioners import PARTITION_SPECS, FederatedSplit
-from .settings import DataSettings, SplitSettings
-from .shift import ShiftPlan, make_shift_plan
+from common.data.corruptions import require_images
+from common.data.datasets import DataError, DatasetArrays, load_dataset, normalize
+from common.data.noise import flip_labels, seeded_client_ids, shift_labels
+from common.data.partitioners import PARTITION_SPECS, FederatedSplit
+from common.data.settings import DataSettings, SplitSettings
+from common.data.shift import ShiftPlan, make_shift_plan
+from common.seeding import derive_seed
 
 
 @dataclass(frozen=True)

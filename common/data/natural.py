@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .arrays import DataError
+from common.data.arrays import DataError
 
 
 def natural_order(ids: np.ndarray, min_samples: int) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .datasets import DataError
+from common.data.datasets import DataError
 
 
 def _from_flwr_partitioner(partitioner, labels: np.ndarray, num_clients: int) -> list[np.ndarray]:

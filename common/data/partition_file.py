@@ -20,7 +20,7 @@ from typing import IO
 
 import numpy as np
 
-from .arrays import DataError
+from common.data.arrays import DataError
 
 _NAME = re.compile(r"(train|test)_(0|[1-9][0-9]{0,8})")
 _NPY_MAGIC = b"\x93NUMPY"

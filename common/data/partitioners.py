@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..seeding import derive_seed
-from .datasets import DataError, DatasetArrays
-from .domains import domain_partition
-from .natural import natural_partition
-from .partition import grouped_exact, partition, train_test_split
-from .partition_file import read_partition_file
-from .settings import SplitSettings
+from common.data.datasets import DataError, DatasetArrays
+from common.data.domains import domain_partition
+from common.data.natural import natural_partition
+from common.data.partition import grouped_exact, partition, train_test_split
+from common.data.partition_file import read_partition_file
+from common.data.settings import SplitSettings
+from common.seeding import derive_seed
 
 
 @dataclass(frozen=True)

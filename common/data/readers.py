@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 from numpy._core.multiarray import _reconstruct
 
-from .arrays import DataError, DatasetArrays
-from .domains import read_usps, usps_missing
+from common.data.arrays import DataError, DatasetArrays
+from common.data.domains import read_usps, usps_missing
 
 FEMNIST_FILE = "FEMNIST_LEAF/femnist_leaf_niid_sf005.npz"
 HAR_FILES = ("UCI_HAR/inertial_x_float32_N-128-9.npy.xz", "UCI_HAR/labels_subjects.npz")

@@ -14,7 +14,7 @@ import numpy as np
 
 from common import stopping
 from common.hparams import ConfigError
-from common.run_folder import (
+from common.storage.run_folder import (
     SUMMARY_FILE,
     RoundRecord,
     RunFolder,

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from common.evaluate import shift_key
-from common.run_folder import evaluation, evaluation_means
+from common.learning.evaluate import shift_key
+from common.storage.run_folder import evaluation, evaluation_means
 from experiments.analysis.collect import Group, corruptions_of
 
 PANELS_PER_ROW = 5

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from common.algorithms import FINETUNED, SPECS
-from common.evaluate import shift_key
 from common.hparams import ConfigError
-from common.persist import atomic_write_text
-from common.run_folder import unseen_evaluation, unseen_means
+from common.learning.evaluate import shift_key
+from common.storage.persist import atomic_write_text
+from common.storage.run_folder import unseen_evaluation, unseen_means
 from experiments.analysis.collect import (
     Group,
     Run,

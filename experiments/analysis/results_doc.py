@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.hparams import ConfigError
-from common.persist import atomic_write_text
+from common.storage.persist import atomic_write_text
 from experiments.analysis.claims import claim_lines
 from experiments.analysis.collect import Group, find_runs, group_runs
 from experiments.analysis.reports import (

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.hparams import ConfigError
-from common.run_folder import unseen_means
 from common.stopping import accuracy_curve, best_round
+from common.storage.run_folder import unseen_means
 from experiments.analysis.collect import CORRUPT, Group, Run
 
 TABLE_KEYS = {

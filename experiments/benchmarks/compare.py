@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from common.algorithms import eval_rows
-from common.run_folder import RunFolder, Summary, final_means, final_stds
+from common.storage.run_folder import RunFolder, Summary, final_means, final_stds
 from experiments.run.launchers import ENGINES, make_engine
 
 REPO = Path(__file__).resolve().parent.parent

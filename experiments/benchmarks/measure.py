@@ -11,20 +11,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.run_folder import RoundRecord, RunFolder, evaluation
+from common.storage.run_folder import RoundRecord, RunFolder, evaluation
 from experiments.run.superlink import descendants
 
 
 def raw_seconds(raw: dict[str, Any], clients: int, partition_ids: list[int]) -> tuple[int, float]:
-    """The project's training loop alone (common/train.py), one thread, on the given clients' data, each from the
-    model's initialization: (samples trained, seconds)."""
+    """The project's training loop alone (common/learning/train.py), one thread, on the given clients' data, each from
+    the model's initialization: (samples trained, seconds)."""
     import torch
 
     from common.config import parse_run_config
     from common.data.federated import client_data
-    from common.models import build_model
+    from common.learning.models import build_model
+    from common.learning.train import TrainSettings, train
     from common.seeding import derive_seed
-    from common.train import TrainSettings, train
 
     cfg = parse_run_config(raw)
     torch.set_num_threads(1)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from common.hparams import ConfigError
-from common.run_folder import CONFIG_FILE, RunFolder
+from common.storage.run_folder import CONFIG_FILE, RunFolder
 from experiments.run.launchers import make_engine
 from experiments.run.presets import PRESETS, preset
 from experiments.run.runs import (

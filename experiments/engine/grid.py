@@ -22,7 +22,7 @@ from flwr.supercore import log
 from flwr.supercore.run import Run
 
 from client_app.state import Kept
-from common.messages import NUM_PARTITIONS, PARTITION_ID
+from common.wire.messages import NUM_PARTITIONS, PARTITION_ID
 from experiments.engine import worker
 from experiments.engine.blobs import PREFIX_ENV, BlobRef, SharedArrays, drop, sweep, sweep_orphans
 from experiments.engine.states import HeldStates, pack

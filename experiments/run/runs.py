@@ -14,7 +14,7 @@ from typing import Any
 
 from common.config import parse_run_config
 from common.hparams import ConfigError
-from common.run_folder import RunFolder, Summary
+from common.storage.run_folder import RunFolder, Summary
 from experiments.run.launchers import FINISHED, Engine
 from experiments.run.presets import Preset
 

@@ -1,5 +1,5 @@
 """A run's results as the run goes: its folder's name, its config, a record per round, the messages' digests (when
-kept) and, at the end, the summary, its markdown, the plots and the algorithm's artifacts (common/run_folder.py
+kept) and, at the end, the summary, its markdown, the plots and the algorithm's artifacts (common/storage/run_folder.py
 declares the files)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from common.config import parse_run_config
-from common.run_folder import RoundRecord, RunFolder
+from common.storage.run_folder import RoundRecord, RunFolder
 
 from .markdown import render_markdown
 from .plots import plot_run

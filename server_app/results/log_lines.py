@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any, cast
 
 from common.config import RunConfig
-from common.evaluate import shift_key
-from common.run_folder import RoundRecord
+from common.learning.evaluate import shift_key
+from common.storage.run_folder import RoundRecord
 
 from ..replies import RoundLog
 

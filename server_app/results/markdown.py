@@ -6,8 +6,15 @@ import math
 
 from common.algorithms import FINETUNED, eval_rows
 from common.data.domains import DOMAINS
-from common.evaluate import shift_key
-from common.run_folder import Evaluation, FinalEvaluation, Summary, final_evaluation, final_means, unseen_evaluation
+from common.learning.evaluate import shift_key
+from common.storage.run_folder import (
+    Evaluation,
+    FinalEvaluation,
+    Summary,
+    final_evaluation,
+    final_means,
+    unseen_evaluation,
+)
 
 from ..replies import domain_key
 from .shift import corruption_lines, domain_shift_lines

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.evaluate import shift_key
-from common.run_folder import RoundRecord, Summary, evaluation, evaluation_means, final_means, final_stds
+from common.learning.evaluate import shift_key
+from common.storage.run_folder import RoundRecord, Summary, evaluation, evaluation_means, final_means, final_stds
 
 from .shift import plot_corruptions
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from common.data.corruptions import CORRUPTIONS
 from common.data.domains import DOMAINS
-from common.evaluate import SEEN_DOMAIN_KEY, UNSEEN_DOMAINS_KEY, domain_accuracy_key, shift_key
-from common.run_folder import FinalEvaluation, Summary, final_evaluation, final_means, final_stds
+from common.learning.evaluate import SEEN_DOMAIN_KEY, UNSEEN_DOMAINS_KEY, domain_accuracy_key, shift_key
+from common.storage.run_folder import FinalEvaluation, Summary, final_evaluation, final_means, final_stds
 
 _CORRUPT_KEY = re.compile(r"acc-corrupt-(.+)-([1-5])")
 Cell = tuple[float, float]  # mean, std across clients

@@ -6,8 +6,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from common.run_folder import FinalEvaluation, RoundRecord, Summary
 from common.stopping import accuracy_curve, best_round
+from common.storage.run_folder import FinalEvaluation, RoundRecord, Summary
 
 
 def _mb(num_bytes: float) -> float:

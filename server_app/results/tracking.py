@@ -19,8 +19,8 @@ from flwr.supercore import log
 
 from common.config import RunConfig
 from common.hparams import ConfigError, describe
-from common.persist import atomic_write_text
-from common.run_folder import RoundRecord, Summary
+from common.storage.persist import atomic_write_text
+from common.storage.run_folder import RoundRecord, Summary
 
 STATE_FILE = "tracking.json"
 TENSORBOARD_DIR = "tensorboard"

@@ -13,12 +13,12 @@ from flwr.supercore import log
 
 from common.algorithms import SPECS
 from common.config import RunConfig
-from common.evaluate import shift_key
-from common.messages import ARRAYS, CONFIG, FINETUNE_EPOCHS, LR_STEP, NEWCOMER_MODEL, PARTITION_ID, SERVER_ROUND
-from common.models import ModelLayout
-from common.records import to_record
-from common.robust import robust_average
-from common.validation import read_fraction, validate_arrays
+from common.learning.evaluate import shift_key
+from common.learning.models import ModelLayout
+from common.methods.robust import robust_average
+from common.wire.messages import ARRAYS, CONFIG, FINETUNE_EPOCHS, LR_STEP, NEWCOMER_MODEL, PARTITION_ID, SERVER_ROUND
+from common.wire.records import to_record
+from common.wire.validation import read_fraction, validate_arrays
 
 from ..clients import ClientRegistry, seeded_sample
 from ..replies import TrainReply

@@ -8,11 +8,11 @@ from typing import Any, ClassVar
 import numpy as np
 from flwr.app import ArrayRecord
 
-from common.attention import ModelMatrix
 from common.config import RunConfig
-from common.models import ModelLayout
-from common.pages import row_blocks
-from common.records import flatten, to_record, unflatten
+from common.learning.models import ModelLayout
+from common.methods.attention import ModelMatrix
+from common.storage.pages import row_blocks
+from common.wire.records import flatten, to_record, unflatten
 
 from ..clients import ClientRegistry
 from ..replies import TrainReply

@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 
 from common.algorithms import DapperFLParams
-from common.channels import entry_indices, keep_count, pruned_shapes
 from common.config import ConfigError, RunConfig
-from common.dapperfl import OFFICIAL, aggregate
-from common.messages import ARRAYS, CHANNEL_MASKS
-from common.models import ModelLayout
-from common.validation import PayloadError, validate_arrays
+from common.learning.models import ModelLayout
+from common.methods.channels import entry_indices, keep_count, pruned_shapes
+from common.methods.dapperfl import OFFICIAL, aggregate
+from common.wire.messages import ARRAYS, CHANNEL_MASKS
+from common.wire.validation import PayloadError, validate_arrays
 
 from ..clients import ClientRegistry
 from ..replies import TrainReply, reply_flops

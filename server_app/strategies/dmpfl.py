@@ -14,7 +14,8 @@ from flwr.supercore import log
 
 from common.algorithms import DMPFLParams
 from common.config import RunConfig
-from common.dmpfl import (
+from common.learning.models import ModelLayout
+from common.methods.dmpfl import (
     PARTIAL,
     PersonalMaskStore,
     aggregate_round,
@@ -24,10 +25,9 @@ from common.dmpfl import (
     phase3_starts,
     phase_schedule,
 )
-from common.masks import cosine_decay, overlap_of_packed, packed_masks
-from common.messages import CONFIG, PERSONAL_MASK_DIGEST, PHASE, PHASE3_RESET, READJUST_RATIO
-from common.models import ModelLayout
-from common.records import to_plain_record
+from common.methods.masks import cosine_decay, overlap_of_packed, packed_masks
+from common.wire.messages import CONFIG, PERSONAL_MASK_DIGEST, PHASE, PHASE3_RESET, READJUST_RATIO
+from common.wire.records import to_plain_record
 
 from ..clients import ClientRegistry
 from ..replies import TrainReply

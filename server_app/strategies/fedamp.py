@@ -13,10 +13,10 @@ from flwr.app import ConfigRecord, RecordDict
 from flwr.supercore import log
 
 from common.algorithms import AMPParams, FedAMPParams, HeurFedAMPParams
-from common.attention import cloud_models, fedamp_weights_from_gram, heurfedamp_weights_from_gram
 from common.config import RunConfig
-from common.messages import ARRAYS, CONFIG, PRETRAIN, PROX_MU
-from common.models import ModelLayout
+from common.learning.models import ModelLayout
+from common.methods.attention import cloud_models, fedamp_weights_from_gram, heurfedamp_weights_from_gram
+from common.wire.messages import ARRAYS, CONFIG, PRETRAIN, PROX_MU
 
 from ..clients import ClientRegistry
 from ..replies import TrainReply

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flwr.app import ConfigRecord
 
 from common.algorithms import FedProxParams
-from common.messages import PROX_MU
+from common.wire.messages import PROX_MU
 
 from .base import PFLStrategy
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from flwr.app import ConfigRecord
 
 from common.algorithms import FedDSTParams
-from common.dmpfl import aggregate_round
-from common.messages import READJUST_RATIO
+from common.methods.dmpfl import aggregate_round
+from common.wire.messages import READJUST_RATIO
 
 from ..replies import TrainReply
 from .sparse import SparseGlobalStrategy

@@ -9,13 +9,13 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
 from common.algorithms import FedFomoParams
-from common.attention import ModelMatrix
 from common.config import RunConfig
-from common.fomo import WEIGHT_KEY, choose_peers
-from common.messages import CONFIG, METRICS, PEER_IDS
-from common.models import ModelLayout
+from common.learning.models import ModelLayout
+from common.methods.attention import ModelMatrix
+from common.methods.fomo import WEIGHT_KEY, choose_peers
 from common.seeding import derive_seed
-from common.validation import PayloadError
+from common.wire.messages import CONFIG, METRICS, PEER_IDS
+from common.wire.validation import PayloadError
 
 from ..clients import ClientRegistry
 from ..replies import TrainReply

@@ -8,7 +8,7 @@ from __future__ import annotations
 from flwr.app import ConfigRecord
 
 from common.algorithms import FLIUParams
-from common.messages import NUM_CLIENTS, TOTAL_SAMPLES
+from common.wire.messages import NUM_CLIENTS, TOTAL_SAMPLES
 
 from ..replies import TrainReply
 from .base import PFLStrategy

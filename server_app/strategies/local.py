@@ -6,7 +6,7 @@ from typing import Any
 
 from flwr.app import RecordDict
 
-from common.messages import CONFIG
+from common.wire.messages import CONFIG
 
 from ..replies import TrainReply
 from .base import PFLStrategy

@@ -7,11 +7,11 @@ from flwr.app import ArrayRecord
 
 from common.algorithms import SPECS
 from common.config import ConfigError, RunConfig
-from common.messages import ARRAYS
-from common.models import ModelLayout
-from common.personal import shared_names
-from common.records import to_record
-from common.validation import validate_arrays
+from common.learning.models import ModelLayout
+from common.methods.personal import shared_names
+from common.wire.messages import ARRAYS
+from common.wire.records import to_record
+from common.wire.validation import validate_arrays
 
 from ..clients import ClientRegistry
 from ..replies import TrainReply

@@ -10,17 +10,17 @@ import torch
 from flwr.app import ConfigRecord, RecordDict
 from flwr.supercore import log
 
-from common.aggregate import weighted_sum
 from common.algorithms import SparseParams
-from common.codec import decode_model, encode_model
 from common.config import RunConfig
-from common.masked_ops import scatter, select
-from common.masks import erk_densities, random_masks
-from common.messages import ARRAYS, CONFIG, GLOBAL_MODEL, GLOBAL_VERSION
-from common.models import ModelLayout
-from common.records import to_plain_record
+from common.learning.models import ModelLayout
+from common.methods.aggregate import weighted_sum
+from common.methods.masked_ops import scatter, select
+from common.methods.masks import erk_densities, random_masks
 from common.seeding import derive_seed
-from common.validation import PayloadError, record_to_numpy
+from common.wire.codec import decode_model, encode_model
+from common.wire.messages import ARRAYS, CONFIG, GLOBAL_MODEL, GLOBAL_VERSION
+from common.wire.records import to_plain_record
+from common.wire.validation import PayloadError, record_to_numpy
 
 from ..clients import ClientRegistry
 from ..replies import TrainReply

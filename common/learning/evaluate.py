@@ -10,11 +10,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from . import profiling
-from .config import RunConfig
-from .data.domains import DOMAINS
-from .data.federated import ClientData
-from .data.shift import shifted_correct
+from common import profiling
+from common.config import RunConfig
+from common.data.domains import DOMAINS
+from common.data.federated import ClientData
+from common.data.shift import shifted_correct
 
 # Rows per forward pass. On a CPU, images go in batches of 128: a convolution's output for 512 images (cnn-mnist's
 # first: 51 MB) overflows the caches, and 128 at a time took 18-45% less time (cnn-mnist, cnn-cifar, resnet10-s, one

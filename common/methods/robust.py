@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .aggregate import weighted_average
+from common.methods.aggregate import weighted_average
 
 ROBUST_METHODS = ("none", "clip", "trimmed-mean", "median")
 

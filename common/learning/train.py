@@ -9,8 +9,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from . import profiling
-from .masked_ops import TensorRestore
+from common import profiling
+from common.methods.masked_ops import TensorRestore
 
 
 @dataclass(frozen=True)

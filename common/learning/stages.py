@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from .aggregate import mean_std
-from .evaluate import predict_logits
+from common.learning.evaluate import predict_logits
+from common.methods.aggregate import mean_std
 
 STAGES = ("G", "L1", "L2", "L1+", "L2+")
 SCOPES = ("local", "global")  # Acc(L): own test split; Acc(G): the pooled test set of all clients

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npy_format
 
-from .messages import PHASE, SERVER_ROUND
-from .payload_memo import PayloadMemo
+from common.wire.messages import PHASE, SERVER_ROUND
+from common.wire.payload_memo import PayloadMemo
 
 
 class PayloadError(ValueError):

@@ -18,7 +18,7 @@ from typing import IO, Any, BinaryIO
 
 import numpy as np
 
-from .pages import row_blocks
+from common.storage.pages import row_blocks
 
 META_KEY = "__meta__"
 

@@ -12,7 +12,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from .train import LossContext
+from common.learning.train import LossContext
 
 PARTS = ("all", "head", "body", "no-norm")  # what an algorithm shares with the server
 NORM_LAYERS = (
@@ -113,7 +113,8 @@ class InterleavedMixture(Mixture):
         return self.local(x)
 
     def mixture_loss(self, ctx: LossContext) -> torch.Tensor:
-        """Cross-entropy of the mixture on the batch (an `extra_losses` term of common.train.train), recorded."""
+        """Cross-entropy of the mixture on the batch (an `extra_losses` term of common.learning.train.train),
+        recorded."""
         loss = F.cross_entropy(self.mixture_logits(ctx.x), ctx.y)
         self._mixture_loss_sum = self._mixture_loss_sum.to(loss.device) + loss.detach() * len(ctx.y)
         self._mixture_seen += len(ctx.y)

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from .pages import block_threads, column_blocks, map_blocks, new_store, release_pages, row_blocks
+from common.storage.pages import block_threads, column_blocks, map_blocks, new_store, release_pages, row_blocks
 
 # Bytes of a float64 column block of the Gram matrix (a float32 one for cloud models: half the columns) handled by
 # one thread at a time: bounds the extra memory instead of a float64 copy of the whole (m x d) matrix. Fixed, not

@@ -2,7 +2,7 @@
 holds, the server's instructions in its 'config' record, what a client reports in its 'metrics' record, and the node
 config a SuperNode is started with. Code uses these constants; tests/test_messages.py checks that no module spells a
 declared name out instead. Families of names made by a function (accuracies per shift degree, corruption and domain:
-common.evaluate; stage accuracies: common.stages) are declared there."""
+common.learning.evaluate; stage accuracies: common.learning.stages) are declared there."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from typing import Any, Literal, Required, TypedDict, cast
 
 import numpy as np
 
-from .persist import CHECKPOINT_FILE, CLIENT_STATE_FOLDER, atomic_file, atomic_write_text
+from common.storage.persist import CHECKPOINT_FILE, CLIENT_STATE_FOLDER, atomic_file, atomic_write_text
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"

@@ -22,9 +22,9 @@ import torch
 from torch import nn
 from torch.nn.utils import prune
 
-from .aggregate import weighted_average
-from .channels import ChannelGroup, keep_count, recover
-from .train import ExtraLoss, LossContext
+from common.learning.train import ExtraLoss, LossContext
+from common.methods.aggregate import weighted_average
+from common.methods.channels import ChannelGroup, keep_count, recover
 
 PAPER, OFFICIAL = "paper", "official"  # the values of run-config `dapperfl-variant`
 

@@ -1,6 +1,6 @@
 """The models a run can use, declared once (the registry the `model` key's choices and docs come from): each one's
-name, its builder in common/models.py (imported there, so this module stays free of torch), the input it needs and
-a line for the docs."""
+name, its builder in common/learning/models.py (imported there, so this module stays free of torch), the input it needs
+and a line for the docs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One model: `builder(input_shape, num_classes, **kwargs)` of common/models.py builds it."""
+    """One model: `builder(input_shape, num_classes, **kwargs)` of common/learning/models.py builds it."""
 
     name: str
     builder: str

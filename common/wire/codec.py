@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.masked_ops import gather, scatter
-from common.validation import MAX_ABS_VALUE, PayloadError, check_values
+from common.methods.masked_ops import gather, scatter
+from common.wire.validation import MAX_ABS_VALUE, PayloadError, check_values
 
 VALUE_DTYPES = ("float32", "float16")  # float16 is the lossy, off-by-default switch
 SUFFIXES = ("shape", "bits", "values", "digest", "dense")

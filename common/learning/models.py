@@ -14,11 +14,11 @@ import torch
 from torch import nn
 from torch.nn.modules.utils import _pair
 
-from .channels import ChannelGroup, channel_groups
-from .config import AUTO_MODEL, ConfigError
-from .masks import prunable_names
-from .model_specs import MODEL_SPECS
-from .personal import norm_entries
+from common.config import AUTO_MODEL, ConfigError
+from common.learning.model_specs import MODEL_SPECS
+from common.methods.channels import ChannelGroup, channel_groups
+from common.methods.masks import prunable_names
+from common.methods.personal import norm_entries
 
 
 class SplitModel(nn.Module):

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .aggregate import blocks, flat, weighted_sum
-from .codec import decode_model, encode_model, mask_digest, pack_mask, unpack_mask
-from .evaluate import entropy
-from .masked_ops import gather, keep, scatter, select
-from .masks import topk_mask
-from .pages import new_store
-from .validation import PayloadError
+from common.learning.evaluate import entropy
+from common.methods.aggregate import blocks, flat, weighted_sum
+from common.methods.masked_ops import gather, keep, scatter, select
+from common.methods.masks import topk_mask
+from common.storage.pages import new_store
+from common.wire.codec import decode_model, encode_model, mask_digest, pack_mask, unpack_mask
+from common.wire.validation import PayloadError
 
 Named = dict[str, np.ndarray]
 PARTIAL = "global-partial"  # the record of a partial download (w_g on m_g AND m_c)

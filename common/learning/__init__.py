@@ -1,0 +1,1 @@
+"""Training and evaluation: the models, the one training loop, the one evaluation loop, FLOPs, stages."""

@@ -1,0 +1,1 @@
+"""Each algorithm's math on plain arrays: aggregation, masks, attention, DM-PFL, FLIU, FedFomo, DapperFL."""

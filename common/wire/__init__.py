@@ -1,0 +1,1 @@
+"""The wire format: message names, the sparse codec, Flower records, payload validation."""
