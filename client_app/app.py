@@ -18,6 +18,7 @@ from common import profiling
 from common.config import ConfigError, RunConfig, due, parse_run_config
 from common.data.datasets import DataError
 from common.data.federated import client_data
+from common.sections import OutputSettings
 from common.storage.persist import CLIENT_STATE_FOLDER, StateFileError
 from common.wire.messages import (
     CHECKPOINT_ROUND,
@@ -69,11 +70,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device("cpu")
 
 
-def state_dir(context: Context, msg: Message, cfg: RunConfig) -> StateDir | None:
+def state_dir(context: Context, msg: Message, output: OutputSettings) -> StateDir | None:
     """This client's state dir for the run: node config 'state-dir' (a device), else run config
     'client-state-dir' (a simulation; `auto`: the run folder's `client-state/`), under the run's state key and
     the partition; None to keep the state in memory (`memory`, or `auto` where the folder cannot be made)."""
-    root = context.node_config.get(STATE_DIR) or cfg.client_state_dir
+    root = context.node_config.get(STATE_DIR) or output.client_state_dir
     key = msg.content.config_records[CONFIG].get(STATE_KEY) if CONFIG in msg.content.config_records else None
     if root == "memory" or not key:
         return None
@@ -84,7 +85,7 @@ def state_dir(context: Context, msg: Message, cfg: RunConfig) -> StateDir | None
         path = Path(str(root)).expanduser() / str(key) / f"partition-{partition_id}"
         return StateDir(path, run=str(key), partition=partition_id)
     # a resumed run keeps its folder, whose name is the state key the server sends
-    run_folder = Path(cfg.resume).expanduser() if cfg.resume else cfg.resolved_results_dir / str(key)
+    run_folder = Path(output.resume).expanduser() if output.resume else output.results_dir / str(key)
     path = run_folder / CLIENT_STATE_FOLDER / f"partition-{partition_id}"
     existing = path
     while not existing.exists() and existing != existing.parent:
@@ -108,7 +109,7 @@ def _env(context: Context, msg: Message, training: bool = False) -> tuple[Client
         torch.set_num_threads(cfg.client_threads)
     partition_id, num_partitions = _partition(context)
     data = client_data(cfg.data, partition_id, num_partitions)
-    store = pick_store(state_dir(context, msg, cfg), context.state)
+    store = pick_store(state_dir(context, msg, cfg.output), context.state)
     state = store.restore(_round(msg), training)
     return ClientEnv(cfg, data, state, resolve_device(cfg.device)), store
 
@@ -150,7 +151,7 @@ def query(msg: Message, context: Context) -> Message:
         {
             PARTITION_ID: partition_id,
             NUM_PARTITIONS: num_partitions,
-            NUM_TRAIN: declared_num_train(env.cfg, env.data),
+            NUM_TRAIN: declared_num_train(env.cfg.faults, env.data),
             NUM_TEST: len(env.data.test_y),
         }
     )

@@ -7,9 +7,9 @@ from __future__ import annotations
 from flwr.app import Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
-from common.config import RunConfig
 from common.data.federated import ClientData
 from common.methods.robust import boosted_upload
+from common.sections import FaultSettings
 from common.wire.messages import ARRAYS, METRICS, NUM_EXAMPLES
 from common.wire.records import to_record
 from common.wire.validation import record_to_numpy
@@ -26,12 +26,12 @@ def simulated_drop(msg: Message, partition_id: int, drop_rate: float) -> Message
     return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
 
 
-def declared_num_train(cfg: RunConfig, data: ClientData) -> int:
+def declared_num_train(faults: FaultSettings, data: ClientData) -> int:
     """The training-sample count this client declares: an attacker's `attack-declare` where set, else its own."""
-    return cfg.attack_declare if data.attacker and cfg.attack_declare else data.num_train
+    return faults.attack_declare if data.attacker and faults.attack_declare else data.num_train
 
 
-def attacked_reply(cfg: RunConfig, data: ClientData, content: RecordDict, reply: RecordDict) -> RecordDict:
+def attacked_reply(faults: FaultSettings, data: ClientData, content: RecordDict, reply: RecordDict) -> RecordDict:
     """A training reply as an attacking client sends it: its update boosted by `attack-boost` against the model it
     received, its sample count the declared one; an honest client's reply unchanged."""
     if not data.attacker:
@@ -40,9 +40,9 @@ def attacked_reply(cfg: RunConfig, data: ClientData, content: RecordDict, reply:
         upload = boosted_upload(
             record_to_numpy(reply.array_records[ARRAYS]),
             record_to_numpy(content.array_records[ARRAYS]),
-            cfg.attack_boost,
+            faults.attack_boost,
         )
         reply[ARRAYS] = to_record(list(upload), list(upload.values()))
-    if cfg.attack_declare:
-        reply.metric_records[METRICS][NUM_EXAMPLES] = cfg.attack_declare
+    if faults.attack_declare:
+        reply.metric_records[METRICS][NUM_EXAMPLES] = faults.attack_declare
     return reply

@@ -18,6 +18,7 @@ from common.data.settings import DataSettings, SplitSettings
 from common.hparams import ConfigError, as_dict, choice, describe, hp, parse_fields
 from common.learning.model_specs import MODEL_SPECS
 from common.methods.robust import ROBUST_METHODS, RobustRule
+from common.sections import EvaluationSettings, FaultSettings, OutputSettings, TrainingSettings
 from common.storage.run_folder import MESSAGES_FILE
 from common.wire.validation import is_folder_name
 
@@ -432,6 +433,53 @@ class RunConfig:
             self.dirty_clients,
             self.dirty_fraction,
             self.attack_clients,
+        )
+
+    @property
+    def training(self) -> TrainingSettings:
+        """The training section (common/sections.py)."""
+        return TrainingSettings(
+            self.local_epochs,
+            self.batch_size,
+            self.optimizer,
+            self.lr,
+            self.momentum,
+            self.weight_decay,
+            self.lr_decay,
+            self.lr_decay_step,
+        )
+
+    @property
+    def evaluation(self) -> EvaluationSettings:
+        """The evaluation section (common/sections.py)."""
+        return EvaluationSettings(
+            self.shift_degrees,
+            self.corruptions,
+            self.corruption_severities,
+            self.partition == "domains",
+            self.holdout_finetune_epochs,
+            self.num_rounds,
+            self.stop_patience,
+            self.stop_min_delta,
+        )
+
+    @property
+    def faults(self) -> FaultSettings:
+        """The simulated faults section (common/sections.py)."""
+        return FaultSettings(self.drop_rate, self.straggler_rate, self.attack_boost, self.attack_declare)
+
+    @property
+    def output(self) -> OutputSettings:
+        """The output section (common/sections.py)."""
+        return OutputSettings(
+            self.resolved_results_dir,
+            self.run_name,
+            self.resume,
+            self.checkpoint_every,
+            self.client_state_dir,
+            self.message_digests,
+            self.tensorboard,
+            self.mlflow_uri,
         )
 
     @property

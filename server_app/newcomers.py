@@ -9,8 +9,8 @@ from typing import Any
 from flwr.app import Message
 
 from common.algorithms import FINETUNED
-from common.config import RunConfig
 from common.learning.evaluate import shift_key, shifted_metric_keys
+from common.sections import EvaluationSettings
 from common.storage.run_folder import Evaluation
 from common.wire.validation import read_fraction
 
@@ -24,14 +24,16 @@ def finetuned_metrics(metrics: Mapping[str, Any] | None, degrees: tuple[float, .
     return {FINETUNED.prefix + shift_key(d): read_fraction(metrics, FINETUNED.prefix + shift_key(d)) for d in degrees}
 
 
-def newcomer_statistics(good: list[tuple[int, Message]], not_used: int, cfg: RunConfig) -> Evaluation | None:
+def newcomer_statistics(
+    good: list[tuple[int, Message]], not_used: int, evaluation: EvaluationSettings
+) -> Evaluation | None:
     """Mean and std of the held-out clients' replies (the round's `unseen` row; None when none was usable), each
     checked for the accuracies it must carry; `not_used`: replies already set aside (failed, oversized)."""
     rows, rejected = evaluation_rows(
         good,
-        cfg.shift_degrees,
-        lambda m: finetuned_metrics(m, cfg.shift_degrees, cfg.holdout_finetune_epochs),
+        evaluation.shift_degrees,
+        lambda m: finetuned_metrics(m, evaluation.shift_degrees, evaluation.holdout_finetune_epochs),
         "held-out client",
-        required=shifted_metric_keys(cfg),
+        required=shifted_metric_keys(evaluation),
     )
     return eval_statistics(rows, not_used + rejected) if rows else None

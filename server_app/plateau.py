@@ -6,7 +6,7 @@ from logging import INFO
 
 from flwr.supercore import log
 
-from common.config import RunConfig
+from common.sections import EvaluationSettings
 from common.stopping import accuracy_curve, best_round, stalled
 from common.storage.run_folder import RoundRecord
 
@@ -15,8 +15,8 @@ class Plateau:
     """A run's accuracy curve (from its round records) and whether `stop-patience` ends it after a round;
     `stopped` says where it did."""
 
-    def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, evaluation: EvaluationSettings) -> None:
+        self.evaluation = evaluation
         self.curve: list[tuple[int, float]] = []  # (round, mean accuracy at shift 0)
         self.stopped: dict[str, float] | None = None
 
@@ -28,7 +28,7 @@ class Plateau:
     def ends_after(self, server_round: int, record: RoundRecord | None = None) -> bool:
         """Add the round's record to the curve; True (and logged) when the run stops after this round (never after
         its last: it ends anyway)."""
-        cfg = self.cfg
+        cfg = self.evaluation
         self.curve += accuracy_curve([record] if record else [])
         if server_round >= cfg.num_rounds or not stalled(self.curve, cfg.stop_patience, cfg.stop_min_delta):
             return False

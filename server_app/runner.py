@@ -60,7 +60,7 @@ class RoundRunner:
         self._late: dict[int, set[int]] = {}  # the round whose training is sent: its simulated stragglers
         self._limits = ReplyLimits.for_model(strategy.specs)
         self._expected: dict[int, dict[str, int]] = {}  # per client: the round (and phase) its reply must name
-        self.plateau = Plateau(cfg)  # `stop-patience`: the accuracy curve, and where the run stopped early
+        self.plateau = Plateau(cfg.evaluation)  # `stop-patience`: the accuracy curve, and where the run stopped early
 
     # ----- messages --------------------------------------------------------------------------------------
     @profiling.timed("build")
@@ -206,7 +206,7 @@ class RoundRunner:
                 good,
                 self.cfg.shift_degrees,
                 lambda m: self.strategy.eval_metrics(server_round, m),
-                required=shifted_metric_keys(self.cfg),
+                required=shifted_metric_keys(self.cfg.evaluation),
             )
             self.round_log.eval = eval_statistics(per_client, failed + oversized + rejected) if per_client else None
 
@@ -231,7 +231,7 @@ class RoundRunner:
         if pids:
             chunks = self.send(grid, server_round, pids, MessageType.EVALUATE, "eval_down", newcomers=True)
             good, failed, oversized = self.sort_replies(server_round, list(each_reply(chunks)), "eval_up")
-            self.round_log.unseen = newcomer_statistics(good, failed + oversized, self.cfg)
+            self.round_log.unseen = newcomer_statistics(good, failed + oversized, self.cfg.evaluation)
 
     def train(self, grid: Grid, server_round: int) -> None:
         """The round's training: sample, send every message at once (each built from the round's starting state),

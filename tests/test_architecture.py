@@ -102,12 +102,15 @@ def test_layering() -> None:
                 )
 
 
-def test_the_data_code_reads_its_section_not_the_run_config() -> None:
-    """common/data/ takes the data section (common/data/settings.py) it needs, never the whole run config."""
+def test_the_core_reads_sections_not_the_run_config() -> None:
+    """Below the run config, common/ takes the sections it needs (common/sections.py, common/data/settings.py):
+    no module of it imports the whole config but the config itself."""
     graph = _graph()
-    offenders = sorted(m for m in graph if m.startswith("common.data") and "common.config" in graph[m])
+    offenders = sorted(
+        m for m in graph if m.startswith("common.") and m != "common.config" and "common.config" in graph[m]
+    )
     assert not offenders, offenders
-    assert "common.data.settings" in graph["common.config"]  # the run config builds the section
+    assert "common.sections" in graph["common.config"]  # the run config builds the sections
 
 
 def test_every_spec_resolves_to_its_two_halves_and_declares_distinct_keys() -> None:

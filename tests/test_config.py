@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import tomllib
 from types import ModuleType
@@ -121,3 +122,28 @@ def test_paths_default_and_override(tmp_path, monkeypatch) -> None:
     assert cfg.resolved_results_dir == tmp_path.resolve()
     assert cfg.resolved_data_dir.name == "data"
     assert parse_run_config({"data-dir": str(tmp_path)}).resolved_data_dir == tmp_path
+
+
+def test_the_sections_are_views_of_the_flat_keys() -> None:
+    """Each section holds the values of the keys it groups, parsed from the same flat run config."""
+    cfg = parse_run_config(
+        {
+            "lr": 0.2,
+            "lr-decay": 0.5,
+            "local-epochs": 3,
+            "shift-degrees": "0,1",
+            "partition": "domains",
+            "dataset": "digit-domains",
+            "drop-rate": 0.25,
+            "run-name": "x",
+            "checkpoint-every": 2,
+        }
+    )
+    assert cfg.training.local_epochs == 3 and cfg.training.lr_after(2) == pytest.approx(0.05)
+    assert cfg.evaluation.shift_degrees == (0.0, 1.0) and cfg.evaluation.domains
+    assert not parse_run_config({}).evaluation.domains
+    assert cfg.faults.drop_rate == 0.25 and cfg.faults.straggler_rate == cfg.straggler_rate
+    assert cfg.output.run_name == "x" and cfg.output.checkpoint_every == 2
+    assert cfg.output.results_dir == cfg.resolved_results_dir
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.training.lr = 1.0  # type: ignore[misc]

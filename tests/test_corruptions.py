@@ -118,7 +118,7 @@ def _reply(keys: tuple[str, ...], degrees: tuple[float, ...]) -> dict[str, float
 
 def test_the_server_requires_every_configured_corruption_metric_in_range() -> None:
     cfg = parse_run_config({"corruptions": "fog,contrast", "corruption-severities": "1,5", "shift-degrees": "0"})
-    keys = shifted_metric_keys(cfg)
+    keys = shifted_metric_keys(cfg.evaluation)
     assert keys == tuple(corruption_key(n, s) for n in ("fog", "contrast") for s in (1, 5))
     good = _reply(keys, cfg.shift_degrees)
     row = parse_eval_metrics({**good, "acc-corrupt-snow-3": 7.0}, cfg.shift_degrees, lambda m: {}, keys)
@@ -129,7 +129,7 @@ def test_the_server_requires_every_configured_corruption_metric_in_range() -> No
     for bad in (1.5, -0.1, float("nan"), "0.5", True):
         with pytest.raises(PayloadError, match="acc-corrupt-fog-1"):
             parse_eval_metrics({**good, corruption_key("fog", 1): bad}, cfg.shift_degrees, lambda m: {}, keys)
-    assert not shifted_metric_keys(parse_run_config({})), "off by default: nothing required"
+    assert not shifted_metric_keys(parse_run_config({}).evaluation), "off by default: nothing required"
 
 
 def test_every_corruption_and_severity_fits_a_reply() -> None:
@@ -144,7 +144,7 @@ def test_every_corruption_and_severity_fits_a_reply() -> None:
     from common.algorithms import SPECS
 
     rows = max(len(spec.eval_rows) for spec in SPECS.values())
-    values = len(shifted_metric_keys(cfg)) + (1 + rows) * len(cfg.shift_degrees) + 10
+    values = len(shifted_metric_keys(cfg.evaluation)) + (1 + rows) * len(cfg.shift_degrees) + 10
     assert values < ReplyLimits(arrays=1, array_bytes=1).metrics / 5, values
 
 

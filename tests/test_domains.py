@@ -165,7 +165,7 @@ def test_every_client_reports_its_seen_and_unseen_domains(data_dir) -> None:
     rows = fed.round_log.eval["per_client"]
     assert len(rows) == 5 and fed.round_log.eval["failed"] == 0
     for pid, row in rows.items():
-        assert set(shifted_metric_keys(cfg)) <= set(row)
+        assert set(shifted_metric_keys(cfg.evaluation)) <= set(row)
         own = DOMAINS[fed.data[int(pid)].domain]
         assert row[SEEN_DOMAIN_KEY] == row[f"acc-domain-{own}"]
         others = [row[f"acc-domain-{name}"] for name in DOMAINS if name != own]

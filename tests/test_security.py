@@ -33,7 +33,7 @@ def test_a_server_sent_state_key_is_never_used_as_a_path(tmp_path, key: str) -> 
     victim = tmp_path / "outside"
     victim.write_text("keep me")
     with pytest.raises(PayloadError, match="state-key"):
-        state_dir(Context(), Msg(), parse_run_config({}))
+        state_dir(Context(), Msg(), parse_run_config({}).output)
     assert victim.read_text() == "keep me"
     assert not is_folder_name(key) and is_folder_name("fedavg-digits-20261124-101010")
 

@@ -19,7 +19,7 @@ def _store(tmp: Path, node: dict, **config: object) -> StateDir | None:
     cfg = parse_run_config({"results-dir": str(tmp / "results"), **config})
     context = SimpleNamespace(node_config={"partition-id": 3, "num-partitions": 5, **node})
     msg = SimpleNamespace(content=RecordDict({"config": ConfigRecord({"state-key": "run-a"})}))
-    return state_dir(context, msg, cfg)  # type: ignore[arg-type]
+    return state_dir(context, msg, cfg.output)  # type: ignore[arg-type]
 
 
 def _call(tmp: Path, node: dict, **config: object) -> Path | None:

@@ -24,7 +24,7 @@ def answer(algorithm: ClientAlgorithm, message_type: str, server_round: int, con
     """The algorithm's reply to a training or evaluation message, naming the round (and phase) it answers."""
     algorithm.receive(content)
     if message_type == MessageType.TRAIN:
-        reply = attacked_reply(algorithm.cfg, algorithm.env.data, content, algorithm.fit(server_round, content))
+        reply = attacked_reply(algorithm.cfg.faults, algorithm.env.data, content, algorithm.fit(server_round, content))
     else:
         reply = algorithm.evaluate(server_round, content)
     metrics = reply.metric_records[METRICS]

@@ -134,20 +134,20 @@ class ClientAlgorithm(ABC):
     def settings(self, server_round: int) -> TrainSettings:
         """Local training settings of this round (lr decayed per round, or per past local training call of this
         client under `lr-decay-step` client)."""
-        cfg = self.cfg
-        if cfg.lr_decay_step == "client":
+        training = self.cfg.training
+        if training.lr_decay_step == "client":
             if self.lr_step is None:
                 raise PayloadError(f"lr-decay-step client: the message carries no '{LR_STEP}'")
             steps = self.lr_step
         else:
             steps = max(server_round - 1, 0)
         return TrainSettings(
-            epochs=cfg.local_epochs,
-            batch_size=cfg.batch_size,
-            optimizer=cfg.optimizer,
-            lr=cfg.lr * cfg.lr_decay**steps,
-            momentum=cfg.momentum,
-            weight_decay=cfg.weight_decay,
+            epochs=training.local_epochs,
+            batch_size=training.batch_size,
+            optimizer=training.optimizer,
+            lr=training.lr_after(steps),
+            momentum=training.momentum,
+            weight_decay=training.weight_decay,
         )
 
     def generator(self, server_round: int, purpose: str = "train") -> torch.Generator:

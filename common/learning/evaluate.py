@@ -11,10 +11,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from common import profiling
-from common.config import RunConfig
 from common.data.domains import DOMAINS
 from common.data.federated import ClientData
 from common.data.shift import shifted_correct
+from common.sections import EvaluationSettings
 
 # Rows per forward pass. On a CPU, images go in batches of 128: a convolution's output for 512 images (cnn-mnist's
 # first: 51 MB) overflows the caches, and 128 at a time took 18-45% less time (cnn-mnist, cnn-cifar, resnet10-s, one
@@ -96,11 +96,11 @@ SEEN_DOMAIN_KEY = "acc-seen-domain"  # on the held-out data of the domain the cl
 UNSEEN_DOMAINS_KEY = "acc-unseen-domains"  # mean over the domains it never trained on
 
 
-def shifted_metric_keys(cfg: RunConfig) -> tuple[str, ...]:
+def shifted_metric_keys(evaluation: EvaluationSettings) -> tuple[str, ...]:
     """The accuracies every evaluation reply of the run carries beyond the shift degrees: each corruption at each
     severity, and with the `domains` partition every domain's, the seen domain's and the unseen domains' mean."""
-    keys = [corruption_key(name, s) for name in cfg.corruptions for s in cfg.corruption_severities]
-    if cfg.partition == "domains":
+    keys = [corruption_key(name, s) for name in evaluation.corruptions for s in evaluation.corruption_severities]
+    if evaluation.domains:
         keys += [domain_accuracy_key(name) for name in DOMAINS] + [SEEN_DOMAIN_KEY, UNSEEN_DOMAINS_KEY]
     return tuple(keys)
 

@@ -14,7 +14,8 @@ import torch
 from torch import nn
 from torch.nn.modules.utils import _pair
 
-from common.config import AUTO_MODEL, ConfigError
+from common.data.datasets import DATASET_SPECS
+from common.hparams import ConfigError
 from common.learning.model_specs import MODEL_SPECS
 from common.methods.channels import ChannelGroup, channel_groups
 from common.methods.masks import prunable_names
@@ -228,7 +229,7 @@ def build_model(
 ) -> SplitModel:
     """A freshly initialized model; `auto` picks the dataset's usual one; the init depends only on `seed`. Given
     `arrays` (state-dict order), the model holds copies of them instead, as set_arrays would load them."""
-    resolved = AUTO_MODEL[dataset] if name == "auto" else name
+    resolved = DATASET_SPECS[dataset].default_model if name == "auto" else name
     spec = MODEL_SPECS.get(resolved)
     if spec is None:
         raise ConfigError(f"run-config 'model' = {name!r} is not valid; allowed values: auto, {', '.join(MODEL_SPECS)}")

@@ -78,7 +78,7 @@ def export(args: argparse.Namespace) -> int:
         raise ConfigError(f"an export holds one data set; these runs read {', '.join(names)}: pick experiments")
     rows: set[int] = set()
     for spec, cfg in zip(specs, configs):
-        rows |= rows_read(cfg, spec.clients)
+        rows |= rows_read(cfg.data, spec.clients)
     data = dataset_for((configs[0]).data)
     size = write_export(data, rows, args.out, webp=args.webp)
     print(f"export: {args.out} ({len(rows):,} of {len(data.y):,} samples of {data.name}, {size / 1e6:.1f} MB)")

@@ -49,7 +49,7 @@ def serve(run_config: dict[str, Any], clients: int, workers: int = 0, data_expor
     try:
         cfg = parse_run_config(run_config)
         if data_export is not None:
-            check_export(serve_export(data_export), cfg, clients, data_export)
+            check_export(serve_export(data_export), cfg.data, clients, data_export)
     except (ConfigError, DataError) as exc:
         log(ERROR, "%s", exc)
         return False

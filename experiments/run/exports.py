@@ -17,25 +17,25 @@ from typing import Any
 
 import numpy as np
 
-from common.config import RunConfig
 from common.data.arrays import DataError, DatasetArrays
 from common.data.datasets import use_data_source
+from common.data.settings import DataSettings
 
 ENV = "PFLOWER_DATA_EXPORT"  # the engine's processes serve the data set from this file when it is set
 
 
-def rows_read(cfg: RunConfig, clients: int) -> set[int]:
+def rows_read(data: DataSettings, clients: int) -> set[int]:
     """The data set rows a run reads: its clients' train, test and shift-draw rows, and the domains' test rows."""
     from common.data.federated import federated_split
     from common.data.shift import make_shift_plan
     from common.seeding import derive_seed
 
-    split = federated_split(cfg.data, clients)
+    split = federated_split(data, clients)
     rows: set[int] = set()
     for pid in range(clients):
         rows.update(split.train[pid].tolist())
         rows.update(split.test[pid].tolist())
-        rows.update(make_shift_plan(split.test[pid], split.pool, derive_seed(cfg.seed, "shift", pid)).draws.tolist())
+        rows.update(make_shift_plan(split.test[pid], split.pool, derive_seed(data.seed, "shift", pid)).draws.tolist())
     for held_out in split.domain_test:
         rows.update(held_out.tolist())
     return rows
@@ -156,9 +156,9 @@ def serve_export(path: Path) -> set[int]:
     return held
 
 
-def check_export(held: set[int], cfg: RunConfig, clients: int, path: Path) -> None:
+def check_export(held: set[int], data: DataSettings, clients: int, path: Path) -> None:
     """DataError unless the export holds every row this run reads."""
-    missing = rows_read(cfg, clients) - held
+    missing = rows_read(data, clients) - held
     if missing:
         raise DataError(
             f"the data export {path} lacks {len(missing):,} of the samples this run reads: export it "
