@@ -173,3 +173,23 @@ def test_blocks_a_run_left_behind_are_swept_and_names_stay_in_the_shared_memory_
     for name in ("../etc/passwd", "", ".hidden", "a/b"):
         with pytest.raises(ValueError, match="not a shared-memory block name"):
             blobs.take(blobs.BlobRef(name, 1), unlink=False)
+
+
+def test_an_inline_grid_leaves_the_process_as_the_server_s(tmp_path, monkeypatch) -> None:
+    """After an inline grid answers a message, no client state host stays installed and the task identity is the
+    server's again (tests and profiling run many inline grids in one process)."""
+    from flwr.app import Message, MessageType, RecordDict
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    import client_app.state as client_state
+    from experiments.engine.grid import InProcessGrid
+
+    for name, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", SUPERLINK_NODE_ID)):
+        monkeypatch.setattr(TaskIdentity, name, value, raising=False)
+    with InProcessGrid({"dataset": "digits", "results-dir": str(tmp_path)}, 2, workers=0) as grid:
+        assert client_state.HOST is None
+        (mid,) = grid.push_messages([Message(RecordDict(), 1000, MessageType.QUERY)])
+        assert client_state.HOST is None, "the client state host is uninstalled after the message"
+        assert TaskIdentity.node_id == SUPERLINK_NODE_ID, "the process is the server's again"
+        assert [r.metadata.reply_to_message_id for r in grid.pull_messages([mid])] == [mid]

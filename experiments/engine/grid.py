@@ -21,7 +21,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from flwr.supercore.run import Run
 
-from client_app.state import Kept
+from client_app.state import Kept, host_state
 from common.wire.messages import NUM_PARTITIONS, PARTITION_ID
 from experiments.engine import worker
 from experiments.engine.blobs import PREFIX_ENV, BlobRef, SharedArrays, drop, sweep, sweep_orphans
@@ -81,9 +81,8 @@ class InProcessGrid(Grid):
         self._pool = self._new_pool()
 
     def _new_pool(self) -> Executor:
-        if self._workers == 0:  # inline: the ClientApp in this process, one message at a time (profiling, tests)
-            worker.start(self._run_config, self._threads, self._log_level)
-            return InlineExecutor()
+        if self._workers == 0:  # inline: the ClientApp in this process, one message at a time (profiling, tests);
+            return InlineExecutor()  # each message starts the worker (_submit)
         # spawn: a fresh interpreter per worker (no forked torch or thread state), started once for the run
         return ProcessPoolExecutor(
             max_workers=self._workers,
@@ -170,12 +169,13 @@ class InProcessGrid(Grid):
         from concurrent.futures.process import BrokenProcessPool
 
         if self._workers == 0:  # several inline grids may share this process: the worker answers for this one,
-            os.environ[PREFIX_ENV] = self._prefix  # then the process is the server's again
-            worker.start(self._run_config, self._threads, self._log_level)
+            os.environ[PREFIX_ENV] = self._prefix  # then the process is the server's again (its task identity, and
+            worker.start(self._run_config, self._threads, self._log_level)  # no client state host installed)
             try:
                 return self._pool.submit(worker.answer, task)
             finally:
                 set_task_identity(self._run.run_id, SUPERLINK_NODE_ID, self._run.run_id)
+                host_state(None)
         try:
             return self._pool.submit(worker.answer, task)
         except BrokenProcessPool:
