@@ -6,9 +6,9 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from common.algorithms import SPECS, DittoParams, FedProxParams, param_classes
 from common.data.corruptions import CORRUPTIONS, parse_corruptions, parse_severities
@@ -22,6 +22,9 @@ from common.sections import EvaluationSettings, FaultSettings, OutputSettings, T
 from common.storage.run_folder import MESSAGES_FILE
 from common.wire.validation import is_folder_name
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 DATASETS = tuple(DATASET_SPECS)  # the registry of common/data/datasets.py
 PARTITIONS = tuple(PARTITION_SPECS)  # the registry of common/data/partitioners.py
 MODELS = ("auto", *MODEL_SPECS)  # the registry of common/learning/model_specs.py
@@ -30,6 +33,7 @@ OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 
 P = TypeVar("P")
+S = TypeVar("S", bound="DataclassInstance")  # a section of the run config (a frozen dataclass)
 
 __all__ = ["ConfigError", "RunConfig", "parse_degrees", "parse_run_config"]
 
@@ -406,81 +410,35 @@ class RunConfig:
         raw = self.data_dir or os.environ.get("PFL_DATA_DIR", "")
         return Path(raw).expanduser() if raw else Path.home() / ".cache" / "pflower" / "data"
 
+    def _section(self, cls: type[S], **computed: Any) -> S:
+        """A section of the config: each field the key of the same name, or its `computed` value."""
+        return cls(**{f.name: computed[f.name] if f.name in computed else getattr(self, f.name) for f in fields(cls)})
+
     @property
     def data(self) -> DataSettings:
         """The data section: what the data code reads (common/data/settings.py)."""
-        split = SplitSettings(
-            self.dataset,
-            str(self.resolved_data_dir),
-            self.allow_download,
-            self.partition,
-            self.seed,
-            self.dirichlet_alpha,
-            self.test_fraction,
-            self.max_samples,
-            self.domain_share,
-            self.domain_test_size,
-            self.natural_min_samples,
-            self.partition_file,
-        )
-        return DataSettings(
-            split,
-            self.stage_test_size,
-            self.domain_eval_size,
-            self.corruptions,
-            self.corruption_severities,
-            self.corruption_eval_size,
-            self.dirty_clients,
-            self.dirty_fraction,
-            self.attack_clients,
-        )
+        split = self._section(SplitSettings, data_dir=str(self.resolved_data_dir))
+        return self._section(DataSettings, split=split)
 
     @property
     def training(self) -> TrainingSettings:
         """The training section (common/sections.py)."""
-        return TrainingSettings(
-            self.local_epochs,
-            self.batch_size,
-            self.optimizer,
-            self.lr,
-            self.momentum,
-            self.weight_decay,
-            self.lr_decay,
-            self.lr_decay_step,
-        )
+        return self._section(TrainingSettings)
 
     @property
     def evaluation(self) -> EvaluationSettings:
         """The evaluation section (common/sections.py)."""
-        return EvaluationSettings(
-            self.shift_degrees,
-            self.corruptions,
-            self.corruption_severities,
-            self.partition == "domains",
-            self.holdout_finetune_epochs,
-            self.num_rounds,
-            self.stop_patience,
-            self.stop_min_delta,
-        )
+        return self._section(EvaluationSettings, domains=self.partition == "domains")
 
     @property
     def faults(self) -> FaultSettings:
         """The simulated faults section (common/sections.py)."""
-        return FaultSettings(self.drop_rate, self.straggler_rate, self.attack_boost, self.attack_declare)
+        return self._section(FaultSettings)
 
     @property
     def output(self) -> OutputSettings:
         """The output section (common/sections.py)."""
-        return OutputSettings(
-            self.resolved_results_dir,
-            self.run_name,
-            self.resume,
-            self.checkpoint_every,
-            self.client_state_dir,
-            self.message_digests,
-            self.tensorboard,
-            self.mlflow_uri,
-        )
+        return self._section(OutputSettings, results_dir=self.resolved_results_dir)
 
     @property
     def resolved_results_dir(self) -> Path:
