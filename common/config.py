@@ -15,7 +15,7 @@ from common.data.corruptions import CORRUPTIONS, parse_corruptions, parse_severi
 from common.data.datasets import DATASET_SPECS
 from common.data.partitioners import PARTITION_SPECS, partition_help
 from common.data.settings import DataSettings, SplitSettings
-from common.hparams import ConfigError, as_dict, choice, describe, hp, parse_fields
+from common.hparams import ConfigError, KeyInfo, as_dict, choice, describe, hp, parse_fields
 from common.learning.model_specs import MODEL_SPECS
 from common.methods.robust import ROBUST_METHODS, RobustRule
 from common.sections import EvaluationSettings, FaultSettings, OutputSettings, TrainingSettings
@@ -471,12 +471,17 @@ class RunConfig:
         return {key: value for key, value in self.to_dict().items() if key not in foreign}
 
 
+def key_infos() -> dict[str, KeyInfo]:
+    """Every run-config key (general keys, then the algorithms' keys) with its declaration."""
+    infos = {info.key: info for info in describe(RunConfig)}
+    for cls in param_classes():
+        infos.update({info.key: info for info in describe(cls) if info.key not in infos})
+    return infos
+
+
 def known_keys() -> dict[str, Any]:
     """Every run-config key (general and algorithm keys) with its default."""
-    keys = {info.key: info.default for info in describe(RunConfig)}
-    for cls in param_classes():
-        keys.update({info.key: info.default for info in describe(cls)})
-    return keys
+    return {key: info.default for key, info in key_infos().items()}
 
 
 def unknown_key_message(key: str, known: Mapping[str, Any] | None = None) -> str:

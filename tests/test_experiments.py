@@ -411,3 +411,37 @@ def test_compare_args_spell_the_benchmarks_flags_and_default_the_data_to_the_sha
         "0.05",
     ]
     assert compare_args(data_dir="/d", eval_every=5) == ["--data-dir", "/d", "--eval-every", "5"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "engine"),
+    [(["run"], "inprocess"), (["run", "--engine", "simulation"], "simulation")],
+)
+def test_run_uses_the_in_process_engine_unless_told(
+    argv: list[str], engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pflower run` and `pflower sweep` share one default engine; the simulation is one flag away."""
+    chosen: list[str] = []
+
+    def execute(args: object, specs: list[RunSpec], out: Path, name: str, *rest: object) -> int:
+        chosen.append(name)
+        return 0
+
+    monkeypatch.setattr(commands, "_execute", execute)
+    assert cli.main([*argv, "--out", str(tmp_path)]) == 0
+    assert chosen == [engine]
+
+
+def test_keys_prints_toml_that_parses_back_to_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    """`pflower keys` is TOML (a sweep file or pyproject can take its lines) with each key's meaning as a comment."""
+    import tomllib
+
+    from common.config import known_keys, parse_run_config
+
+    assert cli.main(["keys"]) == 0
+    out = capsys.readouterr().out
+    parsed = tomllib.loads(out)
+    assert set(parsed) == set(known_keys())
+    assert parse_run_config(parsed) == parse_run_config({})
+    line = next(x for x in out.splitlines() if x.startswith("allow-download = "))
+    assert line.startswith("allow-download = false  # ") and "download" in line.split("#", 1)[1]

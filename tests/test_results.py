@@ -39,3 +39,19 @@ def test_writer_files_and_variant_rows(tmp_path) -> None:
     assert json.loads((tmp_path / "config.json").read_text()) == {"seed": 1}
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1
     assert (tmp_path / "accuracy_vs_round.png").stat().st_size > 1000
+
+
+def test_a_run_without_matplotlib_finishes_with_one_warning_and_no_figures(tmp_path, monkeypatch, caplog) -> None:
+    """A base install (a device, a bare server) has no matplotlib: the run's files are written, the figures are
+    skipped with one line naming the extra, and nothing raises after the last round."""
+    import logging
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    writer = ResultsWriter(tmp_path, {"seed": 1})
+    writer.add_round(_record(1, 0.6))
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        path = writer.finish({"algorithm": "fedavg", "dataset": "digits", "num_clients": 4, "shift_degrees": [0.0]})
+    assert path.is_file() and (tmp_path / "summary.json").is_file()
+    assert not list(tmp_path.glob("*.png"))
+    assert caplog.text.count("figures skipped: matplotlib is not installed (pip install 'pflower[reports]')") == 1

@@ -134,3 +134,13 @@ def test_keys_lists_every_key(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["keys"]) == 0
     out = capsys.readouterr().out
     assert "fraction-train = 0.5" in out.splitlines() and "drop-rate = 0.0" in out.splitlines()
+
+
+def test_the_simulation_without_ray_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys) -> None:
+    """A base or server install has no Ray: `--engine simulation` names the extra to install, exit 2, at once."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    line = _fails_fast(["run", "--engine", "simulation", "--out", str(tmp_path)], capsys)
+    assert "needs Flower's simulation (Ray): pip install -e '.[simulation]'" in line

@@ -38,11 +38,12 @@ def presets(args: argparse.Namespace) -> int:
 
 
 def keys(args: argparse.Namespace) -> int:
-    """List every run-config key with its default."""
-    from common.config import known_keys
+    """List every run-config key as TOML (its default), with its meaning as a comment."""
+    from common.config import key_infos
+    from common.hparams import toml_value
 
-    for key, default in sorted(known_keys().items()):
-        print(f"{key} = {default!r}")
+    for key, info in sorted(key_infos().items()):
+        print(f"{key} = {toml_value(info.default)}  # {info.hyper.help}")
     return 0
 
 
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     if args.clients is not None and args.clients < 1:
         raise ConfigError("--clients must be at least 1")
     specs = plan(name, chosen, config, parse_seeds(args.seeds), args.clients)
-    return _execute(args, specs, Path(args.out).expanduser().resolve(), args.engine or "simulation", False, True)
+    return _execute(args, specs, Path(args.out).expanduser().resolve(), args.engine or "inprocess", False, True)
 
 
 def sweep(args: argparse.Namespace) -> int:
@@ -241,9 +242,10 @@ def _execute(
     args: argparse.Namespace, specs: list[RunSpec], out: Path, engine: str, sweep: bool, keep_state: bool
 ) -> int:
     """Run the specs into `out` on the engine, say how it went; the exit status (0: every run finished)."""
-    from experiments.run.preflight import check_runs
+    from experiments.run.preflight import check_engine_installed, check_runs
     from experiments.run.sweep import check_kept_runs, summary_line
 
+    check_engine_installed(engine)
     export = args.data_export.expanduser().resolve() if args.data_export and engine == "inprocess" else None
     check_runs([s for s in specs if run_state(out / s.name) != "finished"], out, export)
     args.app = _app_dir(args.app) if engine == "simulation" else PROJECT

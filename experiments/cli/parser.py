@@ -16,7 +16,7 @@ DESCRIPTION = (
 
 
 def _run(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    run = sub.add_parser("run", help="run one experiment (every seed) on a private local simulation")
+    run = sub.add_parser("run", help="run one experiment (every seed), on the in-process engine by default")
     run.add_argument("--preset", default="smoke", choices=sorted(PRESETS), help="base settings (default smoke)")
     run.add_argument("--algorithm", help="the algorithm (run-config `algorithm`)")
     run.add_argument("--dataset", help="the data set (run-config `dataset`)")
@@ -91,7 +91,7 @@ def _export(sub: argparse._SubParsersAction) -> None:
 
 def _listings(sub: argparse._SubParsersAction) -> None:
     sub.add_parser("presets", help="list the presets")
-    sub.add_parser("keys", help="list every run-config key with its default (docs/configuration.md explains them)")
+    sub.add_parser("keys", help="list every run-config key as TOML: its default, and its meaning as a comment")
     sub.add_parser(
         "stop-superlink",
         help="stop the local SuperLink that `flwr run` started for this user's FLWR_HOME (and nothing else)",
@@ -122,15 +122,14 @@ def _only(command: argparse.ArgumentParser) -> None:
     )
 
 
-def _engine_options(command: argparse.ArgumentParser, default: str) -> None:
+def _engine_options(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--engine",
         choices=ENGINES,
         default=None,
-        help=f"inprocess: the server in one process, the clients on worker processes, no Flower "
-        f"runtime in between (fastest, for studies); simulation: `flwr run` on a private "
-        f"SuperLink with Flower's Ray simulation (default: the sweep file's `engine`, "
-        f"else {default})",
+        help="inprocess: the server in one process, the clients on worker processes, no Flower "
+        "runtime in between (fastest, for studies); simulation: `flwr run` on a private "
+        "SuperLink with Flower's Ray simulation (default: inprocess, or a sweep file's `engine`)",
     )
     command.add_argument(
         "--workers", type=int, default=0, help="inprocess: client worker processes (default: one per core)"
@@ -158,6 +157,6 @@ def parser() -> argparse.ArgumentParser:
     _allow_takeover(sub)
     for command in (sweep, results):
         _only(command)
-    for command, default in ((run, "simulation"), (sweep, "inprocess"), (results, "inprocess")):
-        _engine_options(command, default)
+    for command in (run, sweep, results):
+        _engine_options(command)
     return top

@@ -4,6 +4,7 @@ SuperLink and a simulation started for it, once per seed."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -33,6 +34,16 @@ def _check_data_env() -> None:
     if env and not Path(env).expanduser().is_absolute():
         raise ConfigError(
             f"$PFL_DATA_DIR={env!r} is a relative path: set it to an absolute one, e.g. {Path.cwd() / env}"
+        )
+
+
+def check_engine_installed(engine: str) -> None:
+    """ConfigError naming the extra to install when the engine's packages are missing (the simulation needs Ray,
+    which a base or server install lacks)."""
+    if engine == "simulation" and importlib.util.find_spec("ray") is None:
+        raise ConfigError(
+            "--engine simulation needs Flower's simulation (Ray): pip install -e '.[simulation]' (or '.[study]'), "
+            "or run on the in-process engine (--engine inprocess)"
         )
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from logging import WARNING
 from pathlib import Path
+
+from flwr.supercore import log
 
 from common.learning.evaluate import shift_key
 from common.storage.run_folder import RoundRecord, Summary, evaluation, evaluation_means, final_means, final_stds
@@ -11,8 +14,13 @@ from .shift import plot_corruptions
 
 
 def plot_run(records: list[RoundRecord], summary: Summary, run_dir: Path) -> None:
-    """accuracy_vs_round.png, accuracy_vs_shift.png and, with corruptions, accuracy_vs_corruption.png."""
-    import matplotlib
+    """accuracy_vs_round.png, accuracy_vs_shift.png and, with corruptions, accuracy_vs_corruption.png; skipped with
+    one warning line where matplotlib is not installed (a base install): the run itself is complete without them."""
+    try:
+        import matplotlib
+    except ImportError:
+        log(WARNING, "figures skipped: matplotlib is not installed (pip install 'pflower[reports]')")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
