@@ -175,7 +175,9 @@ def test_every_algorithm_sends_the_same_messages_on_both_engines(algorithm: str,
         REPO, run_config_text({**config, "results-dir": str(tmp_path / "sim")}), num_supernodes=CLIENTS
     )
     assert outcome.status == "finished:completed", outcome.output[-3000:]
-    assert serve({**config, "results-dir": str(tmp_path / "inp")}, CLIENTS, workers=2)
+    # the ClientApp inline: the same grid, transport and apps without a worker pool's start-up per algorithm (the
+    # pool is tested by the resume test below and the worker tests above)
+    assert serve({**config, "results-dir": str(tmp_path / "inp")}, CLIENTS, inline=True)
     simulated, in_process = _digests(tmp_path / "sim" / "run"), _digests(tmp_path / "inp" / "run")
     kinds = {line.split()[1] for line in simulated}
     assert {"train_down", "train_up", "eval_down", "eval_up"} <= kinds

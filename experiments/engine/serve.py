@@ -40,9 +40,12 @@ def default_workers(clients: int, threads: int) -> int:
     return max(1, min(clients, available_cores() // max(1, threads)))
 
 
-def serve(run_config: dict[str, Any], clients: int, workers: int = 0, data_export: Path | None = None) -> bool:
+def serve(
+    run_config: dict[str, Any], clients: int, workers: int = 0, data_export: Path | None = None, inline: bool = False
+) -> bool:
     """Run the ServerApp on an in-process grid of `clients` nodes (the data set served from `data_export` when
-    given); True when the run finished (its summary written), False when it failed (explained in the log)."""
+    given; `inline`: the ClientApp answers in this process, one message at a time, with no worker to start: tests
+    and profiling); True when the run finished (its summary written), False when it failed (explained in the log)."""
     from server_app.app import RunFailed
     from server_app.app import main as server_main
 
@@ -53,7 +56,7 @@ def serve(run_config: dict[str, Any], clients: int, workers: int = 0, data_expor
     except (ConfigError, DataError) as exc:
         log(ERROR, "%s", exc)
         return False
-    workers = workers or default_workers(clients, cfg.client_threads)
+    workers = 0 if inline else workers or default_workers(clients, cfg.client_threads)
     log(
         INFO,
         "in-process engine: %d simulated clients on %d worker process(es), %d thread(s) each, device %s",
