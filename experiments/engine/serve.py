@@ -57,11 +57,12 @@ def serve(
         log(ERROR, "%s", exc)
         return False
     workers = 0 if inline else workers or default_workers(clients, cfg.client_threads)
+    where = "inline (in this process)" if inline else f"on {workers} worker process(es)"
     log(
         INFO,
-        "in-process engine: %d simulated clients on %d worker process(es), %d thread(s) each, device %s",
+        "in-process engine: %d simulated clients %s, %d thread(s) each, device %s",
         clients,
-        workers,
+        where,
         cfg.client_threads,
         cfg.device,
     )
