@@ -21,7 +21,7 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 from flwr.supercore.run import Run
 
-from client_app.state import Kept, host_state
+from client_app.state import Kept
 from common.wire.messages import NUM_PARTITIONS, PARTITION_ID
 from experiments.engine import worker
 from experiments.engine.blobs import PREFIX_ENV, BlobRef, SharedArrays, drop, sweep, sweep_orphans
@@ -32,6 +32,7 @@ from server_app.flower_private import set_task_identity, stamp
 
 PULL_WAIT_S = 0.05  # how long a pull waits for the first reply when none is ready (the runner's pull interval)
 MAX_RESTARTS = 3  # worker pools replaced before the run is given up
+_inline_for = ""  # the shared-memory prefix (unique per grid) of the inline grid this process's worker serves
 FIRST_NODE_ID = 1_000  # node ids are FIRST_NODE_ID + partition id: readable in logs, never Flower's own id 1
 
 
@@ -82,7 +83,7 @@ class InProcessGrid(Grid):
 
     def _new_pool(self) -> Executor:
         if self._workers == 0:  # inline: the ClientApp in this process, one message at a time (profiling, tests);
-            return InlineExecutor()  # each message starts the worker (_submit)
+            return InlineExecutor()  # the worker is started for it by its first message (_submit)
         # spawn: a fresh interpreter per worker (no forked torch or thread state), started once for the run
         return ProcessPoolExecutor(
             max_workers=self._workers,
@@ -168,14 +169,16 @@ class InProcessGrid(Grid):
         """Hand a task to the pool; a pool found broken (a worker died since the last message) is replaced first."""
         from concurrent.futures.process import BrokenProcessPool
 
-        if self._workers == 0:  # several inline grids may share this process: the worker answers for this one,
-            os.environ[PREFIX_ENV] = self._prefix  # then the process is the server's again (its task identity, and
-            worker.start(self._run_config, self._threads, self._log_level)  # no client state host installed)
+        if self._workers == 0:  # several inline grids may share this process: the worker answers for this one
+            global _inline_for  # (started again only when another grid used it last: a start reads a data export)
+            os.environ[PREFIX_ENV] = self._prefix
+            if _inline_for != self._prefix:
+                worker.start(self._run_config, self._threads, self._log_level)
+                _inline_for = self._prefix
             try:
                 return self._pool.submit(worker.answer, task)
-            finally:
+            finally:  # the process is the server's again
                 set_task_identity(self._run.run_id, SUPERLINK_NODE_ID, self._run.run_id)
-                host_state(None)
         try:
             return self._pool.submit(worker.answer, task)
         except BrokenProcessPool:

@@ -70,7 +70,6 @@ def start(run_config: dict[str, Any], threads: int, log_level: int) -> None:
         serve_export(Path(os.environ[ENV]))
     _APP, _RUN_CONFIG = app, dict(run_config)
     _HOST = StateHost()
-    host_state(_HOST)
     logging.getLogger("flwr").setLevel(log_level)
 
 
@@ -100,6 +99,7 @@ def answer(task: Task) -> Outcome:
     content: Records | None = None
     error: tuple[int, str] | None = None
     _HOST.begin(unpack(task.kept) if task.kept is not None else None)
+    host_state(_HOST)  # for this message only: an inline worker shares its process with the server
     try:
         reply = _APP(msg, context)
         if reply.has_error():  # returned, not raised (a simulated drop, refused state): passed on as it is
@@ -118,6 +118,8 @@ def answer(task: Task) -> Outcome:
         _FAILURES.add(seen)
         reason = f"ClientApp raised {type(exc).__name__}: {exc}".replace("\n", " ")
         error = (ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason)
+    finally:
+        host_state(None)
     left = pack(_HOST.outgoing) if _HOST.outgoing is not None else None
     _HOST.begin(None)
     return Outcome(content, error, time.perf_counter() - started, left)
