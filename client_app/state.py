@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
-from logging import INFO
+from logging import DEBUG, INFO
 from pathlib import Path
 from typing import Protocol
 
@@ -216,12 +217,21 @@ class StateStore(Protocol):
 _restored: set[Path] = set()  # state dirs this process has restored from, so the restore is logged once
 
 
+def _answers_for_many_clients() -> bool:
+    """Whether this process answers for many simulated clients (an engine worker, a Ray actor of Flower's
+    simulation), where a restore line per client would bury the round lines; a device's ClientApp answers for one."""
+    ray = sys.modules.get("ray")
+    return HOST is not None or (ray is not None and ray.is_initialized())
+
+
 def _load_logged(store: StateDir, server_round: int, training: bool) -> tuple[int, Tree] | None:
-    """The state dir's newest usable version for the message, logged the first time this process reads the dir."""
+    """The state dir's newest usable version for the message, logged the first time this process reads the dir
+    (at debug level where the process answers for many clients: the server logs the resume once)."""
     loaded = store.load(server_round, training)
     if loaded is not None and store.path not in _restored:
         _restored.add(store.path)
-        log(INFO, "client state restored from %s (round %d)", store.path, loaded[0])
+        level = DEBUG if _answers_for_many_clients() else INFO
+        log(level, "client state restored from %s (round %d)", store.path, loaded[0])
     return loaded
 
 

@@ -1,5 +1,6 @@
-"""Every command the documents quote runs as written: `pflower` subcommands and their options exist, and every
-`python <script>.py` names a script of the repository (README.md, docs/, deploy/)."""
+"""Every command the documents quote runs as written: `pflower` subcommands and their options exist, every
+`python <script>.py` names a script of the repository, and every `flwr` command of the deployment recipes names the
+deployment's connection (README.md, docs/, deploy/)."""
 
 from __future__ import annotations
 
@@ -18,21 +19,22 @@ FENCE = re.compile(r"```[a-z]*\n(.*?)```", re.S)
 INLINE = re.compile(r"`([^`]+)`")  # a span may wrap onto the next line
 
 
-def _code(text: str) -> list[str]:
-    """The document's code: each line of its fenced blocks (continuations joined) and each inline span."""
+def _code(text: str, fenced_only: bool = False) -> list[str]:
+    """The document's code: each line of its fenced blocks (continuations joined) and each inline span (not with
+    `fenced_only`: the commands to copy, not the ones prose names)."""
     blocks = FENCE.findall(text)
     spans = [" ".join(s.split()) for s in INLINE.findall(FENCE.sub("", text)) if "\n\n" not in s]
     lines = []
     for block in blocks:
         lines += block.replace("\\\n", " ").splitlines()
-    return lines + spans
+    return lines if fenced_only else lines + spans
 
 
-def _commands(marker: str) -> list[tuple[str, str]]:
+def _commands(marker: str, fenced_only: bool = False) -> list[tuple[str, str]]:
     """(document, the command from `marker` on) for every quoted line holding it."""
     found = []
     for doc in DOCUMENTS:
-        for line in _code(doc.read_text()):
+        for line in _code(doc.read_text(), fenced_only):
             for match in re.finditer(rf"(?:^|[\s;&|(]){re.escape(marker)}\s", line):
                 found.append((str(doc.relative_to(REPO)), line[match.end() - len(marker) - 1 :].strip()))
     return found
@@ -72,6 +74,50 @@ def test_every_quoted_python_script_exists() -> None:
         if script.endswith(".py") and not (REPO / script).is_file():
             bad.append(f"{doc}: `{command}`: no script {script}")
     assert not bad, "\n".join(bad)
+
+
+DEPLOYMENT_DOCUMENTS = ("deploy/", "docs/deployment.md")
+CONNECTION = "deploy"  # the connection the recipes define in ~/.flwr/config.toml ([superlink.deploy])
+VALUED = {"--run-id", "--format", "--run-config", "--federation-config", "--limit"}  # options followed by a value
+
+
+def _positional(words: list[str]) -> list[str]:
+    """The arguments that are neither options nor an option's value."""
+    out, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word.startswith("-"):
+            skip = word in VALUED
+        else:
+            out.append(word)
+    return out
+
+
+def test_every_deployment_flwr_command_names_its_connection() -> None:
+    """Without it, `flwr ls --run-id ...` asks the local SuperLink, not the deployment's, and finds no such run."""
+    bad, checked = [], 0
+    for doc, command in _commands("flwr", fenced_only=True):
+        if not doc.startswith(DEPLOYMENT_DOCUMENTS):
+            continue
+        words = shlex.split(command.split("#")[0], posix=True)
+        while words[1:2] == ["flwr"]:  # `docker compose exec flwr flwr ...`: the service, then the command
+            words = words[1:]
+        checked += 1
+        if CONNECTION not in _positional(words[1:]):
+            bad.append(f"{doc}: `{command}` names no connection (`{CONNECTION}`)")
+    assert checked >= 8, "the deployment recipes quote flwr commands"
+    assert not bad, "\n".join(bad)
+
+
+def test_the_connection_check_would_catch_a_local_query(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "deploy").mkdir()
+    doc = tmp_path / "deploy" / "README.md"
+    doc.write_text("```bash\n" + "flwr run . deploy --stream\n" * 8 + "flwr ls --run-id RUN_ID --format json\n```\n")
+    monkeypatch.setitem(globals(), "DOCUMENTS", [doc])
+    monkeypatch.setitem(globals(), "REPO", tmp_path)
+    with pytest.raises(AssertionError, match="flwr ls --run-id RUN_ID --format json` names no connection"):
+        test_every_deployment_flwr_command_names_its_connection()
 
 
 @pytest.mark.parametrize("line", ["pflower sweep x.toml --nope", "pflower nope"])

@@ -3,6 +3,7 @@ round trips through shared memory, blocks freed, the memory budget spilling to t
 
 from __future__ import annotations
 
+import logging
 from multiprocessing import shared_memory
 from pathlib import Path
 
@@ -193,3 +194,30 @@ def test_an_inline_grid_leaves_the_process_as_the_server_s(tmp_path, monkeypatch
         assert client_state.HOST is None, "the client state host is uninstalled after the message"
         assert TaskIdentity.node_id == SUPERLINK_NODE_ID, "the process is the server's again"
         assert [r.metadata.reply_to_message_id for r in grid.pull_messages([mid])] == [mid]
+
+
+@pytest.mark.parametrize(("host", "level"), [(None, logging.INFO), (object(), logging.DEBUG)])
+def test_a_restore_is_one_info_line_on_a_device_and_debug_where_a_process_answers_for_many_clients(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: object, level: int
+) -> None:
+    from client_app import state
+
+    store = StateDir(tmp_path / "run" / "partition-0", run="run", partition=0)
+    store.save(1, _tree(1.0), 1)
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = seen.append  # type: ignore[method-assign]
+    logger = logging.getLogger("flwr")
+    logger.addHandler(handler)
+    before = logger.level
+    logger.setLevel(logging.DEBUG)  # whatever an earlier test left
+    monkeypatch.setattr(state, "HOST", host)
+    monkeypatch.setattr(state, "_restored", set())
+    try:
+        for _ in range(2):
+            assert state._load_logged(store, 2, training=True) is not None
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(before)
+    lines = [r for r in seen if "client state restored" in r.getMessage()]
+    assert [(r.levelno, r.getMessage().rsplit(" ", 2)[-2:]) for r in lines] == [(level, ["(round", "1)"])]

@@ -280,6 +280,7 @@ def test_the_report_holds_exactly_the_runs_numbers(tmp_path: Path) -> None:
     assert "| experiment | clean | gaussian_noise | severity 1 | severity 3 |" in text
     assert "| dmpfl | 75.00 +/- 63.53 | 55.00 +/- 63.53 | 65.00 +/- 63.53 | 45.00 +/- 63.53 |" in text
     assert "| fedavg | 40.00 +/- 127.06 | 60.00 +/- 127.06 |" in text  # held-out: as received, fine-tuned
+    assert "**Few seeds:** `dmpfl` (2), `fedavg` (2) ran fewer than 3 seeds" in text  # said once, under the title
     with pytest.raises(ConfigError, match="--baseline 'nope' is none of the experiments: dmpfl, fedavg"):
         write_report([runs], tmp_path / "report", "nope")
     for figure in ("accuracy_vs_shift.png", "corruptions.png", "costs.png", "frontier.png"):
@@ -421,15 +422,16 @@ def test_run_uses_the_in_process_engine_unless_told(
     argv: list[str], engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`pflower run` and `pflower sweep` share one default engine; the simulation is one flag away."""
-    chosen: list[str] = []
+    chosen: list[tuple[str, Path]] = []
 
     def execute(args: object, specs: list[RunSpec], out: Path, name: str, *rest: object) -> int:
-        chosen.append(name)
+        chosen.append((name, out))
         return 0
 
     monkeypatch.setattr(commands, "_execute", execute)
     assert cli.main([*argv, "--out", str(tmp_path)]) == 0
-    assert chosen == [engine]
+    # one folder per experiment, so that `pflower report` of it never meets another experiment's runs
+    assert chosen == [(engine, tmp_path.resolve() / "fedavg-digits-smoke")]
 
 
 def test_keys_prints_toml_that_parses_back_to_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:

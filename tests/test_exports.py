@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from common.data.arrays import DataError, DatasetArrays
-from experiments.run.exports import _unwebp, _webp, read_export, write_export
+from experiments.run.exports import _unwebp, _webp, probe_export, read_export, write_export
 
 
 def _images(shape: tuple[int, ...], count: int = 12) -> DatasetArrays:
@@ -38,3 +38,14 @@ def test_a_colour_image_in_a_grey_export_is_refused() -> None:
     blob, ends = _webp(colour)
     with pytest.raises(DataError, match="not grey"):
         _unwebp(blob, ends, (1, 8, 8))
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 8), (3, 32, 32)], ids=["grey", "colour"])
+@pytest.mark.parametrize("webp", [False, True], ids=["raw", "webp"])
+def test_the_probe_decodes_the_first_image_and_names_the_data_set(
+    tmp_path: Path, shape: tuple[int, ...], webp: bool
+) -> None:
+    write_export(_images(shape), [1, 5], tmp_path / "export.npz", webp=webp)
+    assert probe_export(tmp_path / "export.npz") == "toy"
+    with pytest.raises(DataError, match="not readable"):
+        probe_export(tmp_path / "nothing.npz")

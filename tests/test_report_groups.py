@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from common.hparams import ConfigError
 from experiments.analysis.collect import by_settings, experiment_settings, find_runs, group_runs
 from experiments.analysis.reports import write_report
 
@@ -82,3 +83,37 @@ def test_presets_lists_the_keys_each_preset_sets(capsys: pytest.CaptureFixture[s
     out = capsys.readouterr().out
     assert "smoke: " in out and "  clients = 6\n" in out and "  num-rounds = 2\n" in out
     assert "  dataset = 'cifar10'\n" in out and "  num-rounds = 300\n" in out
+
+
+def test_a_mixed_folder_is_grouped_by_folder_where_one_name_holds_two_experiments(tmp_path: Path) -> None:
+    """A results folder holding a `pflower run` and a sweep of the same experiment name is reported, not refused."""
+    results = tmp_path / "results"
+    _run(results, "fedavg-digits-smoke-seed0", "fedavg", 6, 2, 0.5)
+    _run(results / "smoke", "fedavg-digits-smoke-seed0", "fedavg", 6, 4, 0.6)  # other settings
+    _run(results / "smoke", "fedavg-digits-smoke-seed1", "fedavg", 6, 4, 0.7, seed=1)
+    _run(results / "again", "fedavg-digits-smoke-seed0", "fedavg", 6, 2, 0.55)  # same settings, seed 0 twice
+    _run(results / "smoke", "dmpfl-seed0", "dmpfl", 6, 4, 0.8)
+    groups = group_runs(find_runs([results]))
+    assert {g.label: len(g.runs) for g in groups} == {
+        "again/fedavg-digits-smoke": 1,
+        "results/fedavg-digits-smoke": 1,
+        "smoke/fedavg-digits-smoke": 2,
+        "dmpfl": 1,
+    }
+    assert (write_report([results], tmp_path / "report")).is_file()
+
+
+def test_one_folder_with_two_experiments_under_one_name_is_refused_with_both_paths(tmp_path: Path) -> None:
+    _run(tmp_path / "a", "x-seed0", "fedavg", 6, 2, 0.5)
+    _run(tmp_path / "a", "x-seed1", "fedavg", 6, 3, 0.5, seed=1)
+    _run(tmp_path / "b", "x-seed0", "fedavg", 6, 2, 0.5)
+    with pytest.raises(ConfigError, match=r"the runs of 'a/x' are not one experiment: .*x-seed1 and .*x-seed0 differ"):
+        group_runs(find_runs([tmp_path]))
+
+
+def test_three_seeds_need_no_few_seeds_note(tmp_path: Path) -> None:
+    for seed in range(3):
+        _run(tmp_path, f"a-seed{seed}", "fedavg", 6, 2, 0.5 + seed / 10, seed=seed)
+    _run(tmp_path, "b-seed0", "dmpfl", 6, 2, 0.5)
+    text = write_report([tmp_path], tmp_path / "report").read_text()
+    assert "**Few seeds:** `b` (1) ran fewer than 3 seeds" in text and "`a` (" not in text

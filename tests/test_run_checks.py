@@ -146,3 +146,37 @@ def test_the_simulation_without_ray_is_refused_before_anything_runs(tmp_path, mo
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
     line = _fails_fast(["run", "--engine", "simulation", "--out", str(tmp_path)], capsys)
     assert "needs Flower's simulation (Ray): pip install -e '.[simulation]'" in line
+
+
+def _digits_export(path: Path, webp: bool) -> None:
+    """An export of 8-bit grey digits-shaped images under the name `digits`."""
+    import numpy as np
+
+    from common.data.arrays import DatasetArrays
+    from experiments.run.exports import write_export
+
+    x = np.random.default_rng(0).integers(0, 256, size=(4, 1, 8, 8), dtype=np.uint8)
+    data = DatasetArrays("digits", x, np.arange(4) % 2, 2, (0.5,), (0.25,), 255.0)
+    write_export(data, [0, 2], path, webp=webp)
+
+
+def test_an_export_that_does_not_decode_or_holds_another_data_set_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], nothing_starts: list[str]
+) -> None:
+    import numpy as np
+
+    good, broken, other = tmp_path / "good.npz", tmp_path / "broken.npz", tmp_path / "other.npz"
+    _digits_export(good, webp=True)
+    with np.load(good) as z:
+        arrays = dict(z)
+    arrays["x_webp"] = arrays["x_webp"].copy()
+    arrays["x_webp"][: int(arrays["x_webp_ends"][0])] = 7  # the first image's bytes are no WebP any more
+    np.savez(broken, **arrays)
+    np.savez(other, something=np.zeros(3))
+    base = ["run", "--engine", "inprocess", "--out", str(tmp_path / "out"), "--data-export"]
+    for export in (broken, other):
+        line = _fails_fast([*base, str(export)], capsys)
+        assert f"data export {export}: its first image does not decode" in line and "pflower export" in line
+    line = _fails_fast([*base, str(good), "--dataset", "mnist"], capsys)
+    assert f"the data export {good} holds digits, the run reads mnist" in line
+    assert nothing_starts == []

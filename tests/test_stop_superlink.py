@@ -1,4 +1,5 @@
-"""`pflower stop-superlink` stops the SuperLink `flwr run` started for this FLWR_HOME and port, and nothing else."""
+"""`pflower stop-superlink` stops the SuperLink `flwr run` of this environment started for this FLWR_HOME and port,
+and nothing else."""
 
 from __future__ import annotations
 
@@ -23,16 +24,20 @@ time.sleep(120)
 """
 
 
-@pytest.fixture
-def fake_bin(tmp_path: Path) -> Path:
+def _fake_bin(folder: Path) -> Path:
     """A folder holding an executable named flower-superlink (and a same-acting one under another name)."""
-    folder = tmp_path / "bin"
-    folder.mkdir()
+    folder.mkdir(parents=True)
     for name in ("flower-superlink", "other-server"):
         script = folder / name
         script.write_text(FAKE.format(python=sys.executable))
         script.chmod(0o755)
     return folder
+
+
+@pytest.fixture
+def fake_bin(tmp_path: Path) -> Path:
+    """This environment's bin folder (as a venv's bin/ holds flower-superlink)."""
+    return _fake_bin(tmp_path / "venv" / "bin")
 
 
 @pytest.fixture
@@ -70,31 +75,39 @@ def _start(processes: list[subprocess.Popen], command: list[str]) -> subprocess.
     return process
 
 
-def _listed(home: Path) -> list[int]:
+def _listed(home: Path, bin_dir: Path) -> list[int]:
     """The matching SuperLinks, once the processes have started (their command lines are in /proc)."""
     deadline = time.monotonic() + 10
-    while not (found := flower_local_superlinks(home, PORT)) and time.monotonic() < deadline:
+    while not (found := flower_local_superlinks(home, PORT, bin_dir)[0]) and time.monotonic() < deadline:
         time.sleep(0.1)
     return found
 
 
-def test_stops_only_the_superlink_of_this_home_and_port(tmp_path: Path, fake_bin: Path, started) -> None:
+def test_stops_only_the_superlink_of_this_environment_home_and_port(tmp_path: Path, fake_bin: Path, started) -> None:
     home, other_home = tmp_path / "flwr-home", tmp_path / "another-home"
+    other_bin = _fake_bin(tmp_path / "other-checkout" / ".venv" / "bin")
     target = _start(started, [str(fake_bin / "flower-superlink"), *_superlink_args(home)])
+    another_environment = _start(started, [str(other_bin / "flower-superlink"), *_superlink_args(home)])
     decoys = [
+        another_environment,  # the same FLWR_HOME and port (e.g. the default ones), another checkout's venv
         _start(started, [str(fake_bin / "flower-superlink"), *_superlink_args(other_home)]),  # another FLWR_HOME
         _start(started, [str(fake_bin / "flower-superlink"), *_superlink_args(home, "39192")]),  # another port
         _start(started, [str(fake_bin / "other-server"), *_superlink_args(home)]),  # another program, same arguments
     ]
-    assert _listed(home) == [target.pid]
+    assert _listed(home, fake_bin) == [target.pid]
+    assert flower_local_superlinks(home, PORT, fake_bin)[1] == [another_environment.pid]
     time.sleep(0.5)  # the target's child has started
 
-    line = stop_flower_local_superlink(home, PORT, wait=5.0)
+    text = stop_flower_local_superlink(home, PORT, wait=5.0, bin_dir=fake_bin)
 
-    assert f"pid {target.pid}" in line and "1 process(es) it started" in line
+    assert f"pid {target.pid}" in text and "1 process(es) it started" in text
+    assert f"left running: the local SuperLink(s) of another environment (pid {another_environment.pid}" in text
     assert target.wait(timeout=10) is not None
     assert all(decoy.poll() is None for decoy in decoys), "only the matching SuperLink is stopped"
-    assert flower_local_superlinks(home, PORT) == []
+    assert flower_local_superlinks(home, PORT, fake_bin) == ([], [another_environment.pid])
+    # From the other environment, that one is its own.
+    assert f"pid {another_environment.pid}" in stop_flower_local_superlink(home, PORT, wait=5.0, bin_dir=other_bin)
+    assert another_environment.wait(timeout=10) is not None
 
 
 def test_says_when_none_is_running(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -68,16 +69,20 @@ def test_keys_parse_and_refuse_relative_mlflow_paths() -> None:
 
 
 @needs_tensorboard
-def test_tensorboard_scalars_read_back(tmp_path: Path) -> None:
+def test_tensorboard_scalars_read_back(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     writer = ResultsWriter(tmp_path, {"tensorboard": True, "seed": 1})
-    for rnd in (1, 2, 3):
-        writer.add_round(_record(rnd))
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        for rnd in (1, 2, 3):
+            writer.add_round(_record(rnd))
+    assert f"tensorboard tracking: tensorboard --logdir {tmp_path / TENSORBOARD_DIR}" in caplog.text
     writer.finish(INFO)
     scalars = _scalars(tmp_path)
     assert scalars["train/loss"] == [(1, 1.0), (2, pytest.approx(0.5)), (3, pytest.approx(1 / 3))]
-    assert [step for step, _ in scalars["eval/mean/acc-shift-0"]] == [1, 2, 3]
+    # accuracies in percent, as every log line and report shows them
+    assert scalars["eval/mean/acc-shift-0"] == [(1, pytest.approx(60.0)), (2, pytest.approx(70.0)), (3, 80.0)]
+    assert scalars["eval/std/acc-shift-0"] == [(1, pytest.approx(5.0)), (2, pytest.approx(5.0)), (3, 5.0)]
     assert scalars["bytes/train_down"] == [(1, 100.0), (2, 200.0), (3, 300.0)]
-    assert scalars["summary/best_mean_accuracy"] == [(3, pytest.approx(0.8))]
+    assert scalars["summary/best_mean_accuracy"] == [(3, pytest.approx(80.0))]
     assert json.loads((tmp_path / STATE_FILE).read_text())["tensorboard_last_round"] == 3
 
 
@@ -95,7 +100,7 @@ def test_tensorboard_resume_drops_rounds_after_the_checkpoint(tmp_path: Path) ->
 
 
 @needs_mlflow
-def test_mlflow_params_and_history_read_back_and_resume(tmp_path: Path) -> None:
+def test_mlflow_params_and_history_read_back_and_resume(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from mlflow.tracking import MlflowClient
 
     uri = (tmp_path / "mlruns").as_uri()
@@ -103,9 +108,11 @@ def test_mlflow_params_and_history_read_back_and_resume(tmp_path: Path) -> None:
     run_dir.mkdir(parents=True)
     config = {"mlflow-uri": uri, "lr": 0.05, "shift-degrees": [0.0, 1.0]}
     first = ResultsWriter(run_dir, config)
-    first.add_round(_record(1))
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        first.add_round(_record(1))
     first.add_round(_record(2))
     run_id = json.loads((run_dir / STATE_FILE).read_text())["mlflow_run_id"]
+    assert f"mlflow tracking: MLflow run {run_id} (experiment sweep) at {uri}" in caplog.text
     resumed = ResultsWriter(run_dir, config, resume=True)  # checkpoint after round 1; round 2 is run again
     resumed.restart_from([_record(1)])
     resumed.add_round(_record(2))
@@ -119,6 +126,8 @@ def test_mlflow_params_and_history_read_back_and_resume(tmp_path: Path) -> None:
     history = client.get_metric_history(run_id, "train/loss")
     assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 0.5), (3, pytest.approx(1 / 3))]
     assert [m.step for m in client.get_metric_history(run_id, "summary/rounds_completed")] == [3]
+    accuracy = client.get_metric_history(run_id, "eval/mean/acc-shift-0")
+    assert sorted((m.step, m.value) for m in accuracy) == [(1, 60.0), (2, 70.0), (3, 80.0)]  # percent
     assert run.info.status == "FINISHED"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,24 +175,47 @@ def _setting(config: dict[str, Any], key: str) -> Any:
     return config[key] if key in config else _defaults().get(key)
 
 
-def group_runs(runs: list[Run]) -> list[Group]:
-    """Runs grouped by experiment name (run folder name without '-seedN'); a group's runs must share settings."""
-    groups: dict[str, Group] = {}
+def _conflict(runs: list[Run]) -> str | None:
+    """Why these runs cannot be one experiment's seeds (settings that differ, a seed twice); None when they can."""
+    first = runs[0]
+    seen: dict[int | None, Run] = {}
     for run in runs:
-        label = SEED_SUFFIX.sub("", run.path.name)
-        group = groups.setdefault(label, Group(label))
-        if group.runs:
-            differ = sorted(
-                k
-                for k in set(run.config) | set(group.config)
-                if k not in NOT_SETTINGS and _setting(run.config, k) != _setting(group.config, k)
-            )
-            if differ:
-                raise ConfigError(f"{run.path} and {group.runs[0].path} are both '{label}' but differ in {differ[:5]}")
-        if any(r.seed == run.seed for r in group.runs):
-            raise ConfigError(f"two runs of '{label}' have seed {run.seed}: {run.path}")
-        group.runs.append(run)
-    return list(groups.values())
+        differ = sorted(
+            k
+            for k in set(run.config) | set(first.config)
+            if k not in NOT_SETTINGS and _setting(run.config, k) != _setting(first.config, k)
+        )
+        if differ:
+            return f"{run.path} and {first.path} differ in {differ[:5]}"
+        if run.seed in seen:
+            return f"{run.path} and {seen[run.seed].path} have the same seed {run.seed}"
+        seen[run.seed] = run
+    return None
+
+
+def group_runs(runs: list[Run]) -> list[Group]:
+    """Runs grouped by experiment name (run folder name without '-seedN'). Runs of one name that cannot be one
+    experiment (other settings, a seed twice) but sit in different folders, such as two sweeps' results side by side,
+    are grouped by folder too ('<folder>/<name>'); within one folder they must share settings."""
+    by_name: dict[str, list[Run]] = {}
+    for run in runs:
+        by_name.setdefault(SEED_SUFFIX.sub("", run.path.name), []).append(run)
+    groups: list[Group] = []
+    for name, members in by_name.items():
+        parts: dict[str, list[Run]] = {name: members}
+        parents = sorted({run.path.parent for run in members})
+        if _conflict(members) and len(parents) > 1:
+            root = Path(os.path.commonpath(parents))
+            parts = {}
+            for run in members:
+                folder = run.path.parent.relative_to(root).as_posix()
+                parts.setdefault(f"{run.path.parent.name if folder == '.' else folder}/{name}", []).append(run)
+        for label, part in parts.items():
+            reason = _conflict(part)
+            if reason:
+                raise ConfigError(f"the runs of '{label}' are not one experiment: {reason}")
+            groups.append(Group(label, part))
+    return groups
 
 
 def _algorithm_keys() -> set[str]:

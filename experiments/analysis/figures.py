@@ -50,33 +50,50 @@ def _panels(
     return fig, flat[:count]
 
 
+def dodged(x: list[float], index: int, count: int, width: float = 0.5) -> list[float]:
+    """Series `index` of `count` shifted along x around each point, within `width` of the smallest gap between the
+    points, so that no series' error bars sit on another's."""
+    gaps = [b - a for a, b in zip(x, x[1:]) if b > a]
+    step = (min(gaps) if gaps else 1.0) * width / max(count, 1)
+    return [v + (index - (count - 1) / 2) * step for v in x]
+
+
+def differs(a: list[float], b: list[float], tolerance: float = 1e-9) -> bool:
+    """Whether two series differ anywhere both are numbers."""
+    return any(abs(u - v) > tolerance for u, v in zip(a, b) if math.isfinite(u) and math.isfinite(v))
+
+
 def accuracy_vs_shift(groups: list[Group], out: Path) -> str:
-    """Last-round (solid) and best-round (dashed) accuracy by shift degree; bars: client std (mean over seeds)."""
+    """Last-round (solid) accuracy by shift degree, and the best round's (dashed) where it differs from the last;
+    bars: client std (mean over seeds); the series dodged along x so that every bar shows."""
     plt = _plt()
     degrees = [float(d) for d in groups[0].runs[0].summary.get("shift_degrees", [0.0])]
     fig, ax = plt.subplots(figsize=(9, 4.5), layout="constrained")
+    x = [100 * d for d in degrees]
     for index, g in enumerate(groups):
         color = f"C{index % 10}"
         keys = [shift_key(d) for d in degrees]
-        last = [_seed_mean(g, lambda r, k=k: r.final.get(k))[0] for k in keys]
-        spread = [_seed_mean(g, lambda r, k=k: r.final_std.get(k))[0] for k in keys]
-        best = [_seed_mean(g, lambda r, k=k: r.best_round().get(k))[0] for k in keys]
-        x = [100 * d for d in degrees]
-        ax.errorbar(
-            x,
-            [100 * v for v in last],
-            yerr=[100 * s for s in spread],
-            color=color,
-            marker="o",
-            capsize=3,
-            label=f"{g.label} (last)",
-        )
-        ax.plot(x, [100 * v for v in best], color=color, linestyle="--", alpha=0.7, label=f"{g.label} (best round)")
+        last = [100 * _seed_mean(g, lambda r, k=k: r.final.get(k))[0] for k in keys]
+        spread = [100 * _seed_mean(g, lambda r, k=k: r.final_std.get(k))[0] for k in keys]
+        best = [100 * _seed_mean(g, lambda r, k=k: r.best_round().get(k))[0] for k in keys]
+        at = dodged(x, index, len(groups))
+        ax.errorbar(at, last, yerr=spread, color=color, marker="o", capsize=3, label=f"{g.label} (last)")
+        if differs(best, last):
+            ax.plot(at, best, color=color, linestyle="--", marker="x", alpha=0.7, label=f"{g.label} (best round)")
+    ax.set_xticks(x, [f"{v:g}" for v in x])
     ax.set_xlabel("test-time shift degree (%)")
     ax.set_ylabel("accuracy (%), mean over seeds")
-    ax.set_title("Accuracy under test-time shift\n(bars: std across clients)", fontsize=10)
+    ax.set_title(
+        "Accuracy under test-time shift\n(bars: std across clients; dashed: best round, where not the last)",
+        fontsize=10,
+    )
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside the axes, never on a curve
+    handles, labels = ax.get_legend_handles_labels()
+    order = {
+        f"{g.label} ({kind})": 2 * i + j for i, g in enumerate(groups) for j, kind in enumerate(("last", "best round"))
+    }
+    shown = sorted(zip(handles, labels), key=lambda item: order[item[1]])  # each experiment's two lines together
+    ax.legend(*zip(*shown), fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside the axes
     fig.savefig(out / "accuracy_vs_shift.png", dpi=120)
     plt.close(fig)
     return "accuracy_vs_shift.png"
@@ -145,6 +162,28 @@ def costs_figure(groups: list[Group], base: Group | None, out: Path) -> str:
     return "costs.png"
 
 
+def minimum_span(values: list[float], relative: float = 0.05, absolute: float = 1e-3) -> tuple[float, float] | None:
+    """Axis limits around values nearly equal (their span below `relative` of their size, or `absolute`): centred,
+    that wide, so that a difference of a few bytes is not spread across the axis; None when they spread enough."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return None
+    low, high = min(finite), max(finite)
+    wanted = max(relative * max(abs(low), abs(high)), absolute)
+    if high - low >= wanted:
+        return None
+    centre = (low + high) / 2
+    return centre - wanted / 2 - 0.1 * wanted, centre + wanted / 2 + 0.1 * wanted
+
+
+def plain_axes(ax: Any, x: list[float]) -> None:
+    """Tick labels as plain numbers (no offset such as '1e-6+6.15368'), x limits at least minimum_span wide."""
+    ax.ticklabel_format(axis="both", style="plain", useOffset=False)
+    limits = minimum_span(x)
+    if limits is not None:
+        ax.set_xlim(*limits)
+
+
 def frontier_figure(groups: list[Group], out: Path) -> str:
     """Accuracy against MB per client, the Pareto frontier (more accuracy for fewer bytes) drawn through."""
     plt = _plt()
@@ -163,6 +202,7 @@ def frontier_figure(groups: list[Group], out: Path) -> str:
             frontier.append((mb, acc))
             best = acc
     ax.plot([p[0] for p in frontier], [100 * p[1] for p in frontier], "k:", alpha=0.6, label="frontier")
+    plain_axes(ax, [p[0] for p in points])
     ax.set_xlabel("MB per client (train, down + up, measured)")
     ax.set_ylabel("accuracy (%), mean over seeds (bars: std)")
     ax.set_title("Cost frontier")

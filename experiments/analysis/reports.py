@@ -23,7 +23,7 @@ from experiments.analysis.collect import (
     group_runs,
     settings_text,
 )
-from experiments.analysis.stats import fmt_ci, mean_ci, paired_difference
+from experiments.analysis.stats import few_seeds_note, fmt_ci, mean_ci, paired_difference
 
 Value = Callable[[Run], Any]
 _MB, _FLOPS = attrgetter("mb_per_client"), attrgetter("flops_per_client")
@@ -301,6 +301,7 @@ def write_report(paths: list[Path], out: Path | None = None, baseline: str | Non
         for g in groups
     )
     lines = ["# Report", "", f"{sum(len(g.runs) for g in groups)} runs in {len(groups)} experiments ({settings}).", ""]
+    lines += few_seeds_note({g.label: len(g.runs) for g in groups})
     if len(setting_groups) > 1:
         lines += [
             f"The runs hold {len(setting_groups)} settings (they differ in {', '.join(keys)}); experiments are "

@@ -24,7 +24,7 @@ from experiments.analysis.reports import (
     stage_table,
     unseen_table,
 )
-from experiments.analysis.stats import fmt_ci, mean_ci, paired_difference
+from experiments.analysis.stats import few_seeds_note, fmt_ci, mean_ci, paired_difference
 from experiments.analysis.tables import FLOPS, ROUNDS, Column, TableSpec, find_row, row_experiment, row_values
 from experiments.run.runs import RunSpec, run_commits, run_state, short_commit
 from experiments.run.sweep import document_sweep
@@ -268,6 +268,7 @@ def write_results(
         "The order check compares every two rows of a column where the paper gives both numbers.",
         "",
     ]
+    lines += few_seeds_note({g.label: len(g.runs) for g in groups})
     lines += claim_lines(groups, tables, sweep.claims)
     checks = [order_check(groups, table) for table in tables]
     lines += overview_table(tables, checks, specs, runs_dir)

@@ -34,3 +34,20 @@ def fmt_ci(mean: float, half: float, scale: float = 100.0, digits: int = 2) -> s
         return "n/a"
     text = f"{scale * mean:.{digits}f}"
     return text + (f" +/- {scale * half:.{digits}f}" if math.isfinite(half) else "")
+
+
+INFORMATIVE_SEEDS = 3  # below this, a 95% t-interval is at least 4.3 standard errors wide (12.7 with two seeds)
+
+
+def few_seeds_note(seeds: Mapping[str, int]) -> list[str]:
+    """A paragraph naming the experiments (label -> seeds run) with fewer than INFORMATIVE_SEEDS seeds, whose
+    intervals say little; no lines when every experiment has enough."""
+    few = [f"`{label}` ({n})" for label, n in seeds.items() if n < INFORMATIVE_SEEDS]
+    if not few:
+        return []
+    return [
+        f"**Few seeds:** {', '.join(few)} ran fewer than {INFORMATIVE_SEEDS} seeds. Their +/- intervals are not "
+        "informative (with 2 seeds, the 95% t-interval is 12.7 standard errors wide; with 1 there is none): run "
+        "more seeds (e.g. `--seeds 0,1,2`) before reading differences from them.",
+        "",
+    ]

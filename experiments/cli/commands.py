@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def keys(args: argparse.Namespace) -> int:
 
 
 def stop_superlink(args: argparse.Namespace) -> int:
-    """Stop the local SuperLink `flwr run` started for this user."""
+    """Stop the local SuperLink that `flwr run` of this environment started for this user."""
     from experiments.run.superlink import stop_flower_local_superlink
 
     print(stop_flower_local_superlink())
@@ -144,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
     if args.clients is not None and args.clients < 1:
         raise ConfigError("--clients must be at least 1")
     specs = plan(name, chosen, config, parse_seeds(args.seeds), args.clients)
-    return _execute(args, specs, Path(args.out).expanduser().resolve(), args.engine or "inprocess", False, True)
+    out = Path(args.out).expanduser().resolve() / name  # one folder per experiment: `pflower report` reads it whole
+    return _execute(args, specs, out, args.engine or "inprocess", False, True)
 
 
 def sweep(args: argparse.Namespace) -> int:
@@ -193,6 +195,14 @@ def _app_dir(path: Path) -> Path:
     return app
 
 
+def _shown(path: Path) -> str:
+    """A path as the user can type it: relative to the working folder when below it."""
+    try:
+        return path.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def _gpu() -> bool:
     import torch
 
@@ -204,15 +214,18 @@ def _run_all(
 ) -> list[RunResult]:
     """Run the specs on the engine (a sweep: with progress and ETA; a simulation on one private SuperLink, stopped
     at the end); without keep_state a finished run's checkpoint and client state are deleted."""
+    from experiments.run.output import for_terminal
     from experiments.run.sweep import run_sweep
 
     gpu = _gpu()
     out.mkdir(parents=True, exist_ok=True)
     quiet = sweep and not os.environ.get("PFLOWER_VERBOSE")
+    terminal = sys.stdout.isatty()
 
     def echo(line: str) -> None:
-        if not quiet or "[round " in line or "ERROR" in line:
-            print(("  " if quiet else "") + line, flush=True)
+        shown = for_terminal(line, terminal)
+        if shown is not None and (not quiet or "[round " in line or "ERROR" in line):
+            print(("  " if quiet else "") + shown, flush=True)
 
     engine = make_engine(
         engine_name, args.app, args.workers, args.data_export.expanduser().resolve() if args.data_export else None
@@ -260,6 +273,6 @@ def _execute(
     label = "sweep" if sweep else "run"
     line, ok = summary_line(results, len(specs), label)
     print(line)
-    if ok and len(specs) > 1 and args.command != "results":
-        print(f"next: pflower report {out}")
+    if ok and args.command != "results":
+        print(f"next: pflower report {_shown(out)}")
     return 0 if ok else 1

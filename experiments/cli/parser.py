@@ -24,7 +24,7 @@ def _run(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     run.add_argument("--clients", type=int, help="simulated clients (default: the preset's)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any run-config key")
     run.add_argument("--name", help="experiment name (default: algorithm-dataset-preset)")
-    run.add_argument("--out", default="results", help="results folder (default ./results)")
+    run.add_argument("--out", default="results", help="results folder; the runs go to OUT/<name>/ (default ./results)")
     return run
 
 

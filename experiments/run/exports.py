@@ -141,6 +141,29 @@ def read_export(path: Path) -> tuple[DatasetArrays, set[int]]:
         return data, set(z["index"].tolist())
 
 
+def probe_export(path: Path) -> str:
+    """The name of the data set an export holds, after decoding its first image as a run would: DataError, in a
+    second, for a file that is no export of `pflower export` or whose images do not decode to the data set's shape
+    (before any run starts, not in every run). Only numeric arrays: nothing is unpickled."""
+    try:
+        z = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise DataError(f"data export {path}: not readable ({exc})") from None
+    with z:
+        try:
+            name, shape = str(z["name"]), tuple(int(d) for d in z["x_shape"])
+            if "x_webp" in z:
+                ends = z["x_webp_ends"][:1]
+                _unwebp(z["x_webp"][: int(ends[0]) if len(ends) else 0], ends, shape)
+            elif z["x"].shape[1:] != shape:
+                raise DataError(f"its images are {z['x'].shape[1:]}, its data set's {shape}")
+        except (KeyError, ValueError, OSError, DataError) as exc:
+            raise DataError(
+                f"data export {path}: its first image does not decode ({exc}); write it again with `pflower export`"
+            ) from None
+    return name
+
+
 def serve_export(path: Path) -> set[int]:
     """Serve the data set from an export in this process (every load of its data set name returns it), and in the
     processes this one starts (through the environment); returns the rows it holds."""

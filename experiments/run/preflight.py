@@ -12,6 +12,7 @@ from common.config import parse_run_config
 from common.data.arrays import DataError
 from common.data.datasets import check_dataset_files
 from common.hparams import ConfigError
+from experiments.run.exports import probe_export
 from experiments.run.runs import RunSpec
 from server_app.results.tracking import check_installed
 
@@ -51,13 +52,21 @@ def check_runs(specs: list[RunSpec], out_dir: Path, data_export: Path | None = N
     """ConfigError naming the first run whose data set files, partition file or results folder are missing
     (`data_export`: the runs read that file instead of the data sets)."""
     _writable_folder(out_dir)
-    if data_export is not None and not data_export.is_file():
-        raise ConfigError(f"--data-export {data_export}: no such file (write one with `pflower export`)")
+    exported = None
+    if data_export is not None:
+        if not data_export.is_file():
+            raise ConfigError(f"--data-export {data_export}: no such file (write one with `pflower export`)")
+        try:
+            exported = probe_export(data_export)
+        except DataError as exc:
+            raise ConfigError(str(exc)) from None
     checked: set[tuple[str, str, bool]] = set()
     for spec in specs:
         cfg = parse_run_config(spec.run_config)
         try:
             check_installed(cfg.to_dict())
+            if exported is not None and cfg.dataset != exported:
+                raise ConfigError(f"the data export {data_export} holds {exported}, the run reads {cfg.dataset}")
             if data_export is None:
                 if not cfg.data_dir:
                     _check_data_env()

@@ -25,7 +25,7 @@ PRESETS: dict[str, Preset] = {
     for p in (
         Preset(
             "smoke",
-            "seconds on a laptop: the embedded digits, 6 clients, 2 rounds (CI, the quickstart's shape)",
+            "seconds on a laptop: the embedded digits, 6 clients, 2 rounds (CI and tests)",
             {
                 "dataset": "digits",
                 "num-rounds": 2,
@@ -38,6 +38,13 @@ PRESETS: dict[str, Preset] = {
                 "checkpoint-every": 1,
             },
             clients=6,
+        ),
+        Preset(
+            "quickstart",
+            "the README's quick start: the run-config defaults (the embedded digits, Dirichlet(0.3), 20 rounds of "
+            "2 epochs, half the clients per round) on 10 clients",
+            {},
+            clients=10,
         ),
         Preset(
             "cpu",

@@ -16,6 +16,7 @@ from common.config import parse_run_config
 from common.hparams import ConfigError
 from common.storage.run_folder import RunFolder, Summary
 from experiments.run.launchers import FINISHED, Engine
+from experiments.run.output import plain
 from experiments.run.presets import Preset
 
 
@@ -206,7 +207,7 @@ def execute(
 
         def both(line: str) -> None:
             nonlocal recorded
-            log_file.write(line + "\n")
+            log_file.write(plain(line) + "\n")
             log_file.flush()
             if not recorded and run_dir.is_dir():  # as soon as the server made the folder: a kill later keeps it
                 record_code(run_dir, commit)
@@ -275,14 +276,13 @@ def run_commits(run_dir: Path) -> list[str]:
     return RunFolder(run_dir).commits()
 
 
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 GENERIC = ("Exit Code", "Simulation raised", "raised an exception", "Traceback")  # Flower's lines after ours
 
 
 def _last_error(output: str) -> str:
     """The first specific ERROR line of a run's output (the server app explains a failure in one line; Flower's
     generic ones follow it), without colours and prefix."""
-    errors = [ANSI.sub("", line).split("ERROR", 1)[1].strip(" :\t") for line in output.splitlines() if "ERROR" in line]
+    errors = [plain(line).split("ERROR", 1)[1].strip(" :\t") for line in output.splitlines() if "ERROR" in line]
     specific = [e for e in errors if e and not any(g in e for g in GENERIC)]
     return (specific or errors or [""])[0]
 

@@ -93,48 +93,68 @@ def _option(args: list[str], name: str) -> str | None:
     return args[args.index(name) + 1] if name in args[:-1] else None
 
 
-def _is_flower_local_superlink(pid: int, log_file: Path, port: str) -> bool:
-    """Whether this user's process `pid` is the SuperLink `flwr run` starts for a local federation: the command
-    `flower-superlink --simulation ... --port PORT --log-file FLWR_HOME/local-superlink/superlink.log`."""
+def _local_superlink_program(pid: int, log_file: Path, port: str) -> Path | None:
+    """The flower-superlink program of this user's process `pid` when it is a SuperLink `flwr run` started for a
+    local federation (`flower-superlink --simulation ... --port PORT --log-file FLWR_HOME/local-superlink/
+    superlink.log`); None for any other process."""
     try:
         if Path(f"/proc/{pid}").stat().st_uid != os.getuid():
-            return False
+            return None
         cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
     except OSError:
-        return False
+        return None
     argv = _command_line(pid)
     # A console script runs as `python .../flower-superlink ARGS`, or directly as `flower-superlink ARGS`.
     starts = [i for i, arg in enumerate(argv[:2]) if Path(arg).name == "flower-superlink"]
     if not starts:
-        return False
+        return None
     args = argv[starts[0] + 1 :]
     logged = _option(args, "--log-file")
-    return (
+    if (
         "--simulation" in args
         and _option(args, "--port") == port
         and logged is not None
         and (cwd / logged).resolve() == log_file.resolve()
-    )
+    ):
+        return Path(os.path.abspath(cwd / argv[starts[0]]))
+    return None
 
 
-def flower_local_superlinks(home: Path, port: str) -> list[int]:
-    """PIDs of this user's SuperLinks that `flwr run` started for the FLWR_HOME `home` on HTTP port `port`."""
+def flower_local_superlinks(home: Path, port: str, bin_dir: Path | None = None) -> tuple[list[int], list[int]]:
+    """PIDs of this user's SuperLinks that `flwr run` started for the FLWR_HOME `home` on HTTP port `port`: (those
+    whose flower-superlink is this environment's, beside `bin_dir`, default this Python's; those of another)."""
     log_file = home / "local-superlink" / "superlink.log"  # where Flower's managed local SuperLink logs
-    pids = [int(entry.name) for entry in Path("/proc").glob("[0-9]*")]
-    return sorted(pid for pid in pids if pid != os.getpid() and _is_flower_local_superlink(pid, log_file, port))
+    ours_dir = Path(os.path.abspath(bin_dir or Path(sys.executable).parent))
+    ours: list[int] = []
+    others: list[int] = []
+    for pid in sorted(int(entry.name) for entry in Path("/proc").glob("[0-9]*")):
+        program = _local_superlink_program(pid, log_file, port) if pid != os.getpid() else None
+        if program is not None:
+            (ours if program.parent == ours_dir else others).append(pid)
+    return ours, others
 
 
-def stop_flower_local_superlink(home: Path | None = None, port: str | None = None, wait: float = 10.0) -> str:
-    """Stop the SuperLink that `flwr run` started for a local federation (this user's, `home`: FLWR_HOME, default
-    Flower's; `port`: its HTTP port, default Flower's) and the processes it started; a line saying what stopped."""
+def stop_flower_local_superlink(
+    home: Path | None = None, port: str | None = None, wait: float = 10.0, bin_dir: Path | None = None
+) -> str:
+    """Stop the SuperLink that `flwr run` of this environment (its flower-superlink beside `bin_dir`, default this
+    Python's) started for a local federation (this user's; `home`: FLWR_HOME, default Flower's; `port`: its HTTP
+    port, default Flower's) and the processes it started; lines saying what stopped and what was left running."""
     if home is None or port is None:
         from flwr.cli.constant import LOCAL_SUPERLINK_HTTP_API_PORT
         from flwr.supercore.utils import get_flwr_home
 
         home, port = home or get_flwr_home(), port or LOCAL_SUPERLINK_HTTP_API_PORT
-    found = flower_local_superlinks(Path(home), str(port))
+    found, others = flower_local_superlinks(Path(home), str(port), bin_dir)
+    left = (
+        f"\nleft running: the local SuperLink(s) of another environment (pid {', '.join(map(str, others))}; "
+        "stop one with `pflower stop-superlink` from its own environment)"
+        if others
+        else ""
+    )
     if not found:
-        return f"no local SuperLink of FLWR_HOME {home} is running (port {port}): nothing stopped"
+        where = f"FLWR_HOME {home}, port {port}"
+        return f"no local SuperLink of this environment is running ({where}): nothing stopped{left}"
     below = sorted({child for pid in found for child in descendants(pid)} - set(found))
     for pid in [*found, *below]:
         try:
@@ -147,7 +167,7 @@ def stop_flower_local_superlink(home: Path | None = None, port: str | None = Non
     _kill_all([pid for pid in [*found, *below] if _alive(pid)])
     started = f" and {len(below)} process(es) it started" if below else ""
     pids = ", ".join(map(str, found))
-    return f"stopped the local SuperLink of FLWR_HOME {home} on port {port} (pid {pids}){started}"
+    return f"stopped the local SuperLink of FLWR_HOME {home} on port {port} (pid {pids}){started}{left}"
 
 
 @dataclass
@@ -186,6 +206,10 @@ class LocalSuperLink:
             "FLWR_DISABLE_UPDATE_CHECK": "1",
             "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
         }
+        if "RAY_ADDRESS" not in os.environ:  # a local Ray, not a cluster the simulation joins
+            # Ray on Linux binds its processes to the machine's outward address; this setting (meant for
+            # single-machine Ray on macOS and Windows) makes a local Ray use 127.0.0.1 for all of them.
+            self.env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
     def start(self, timeout: float = 60.0) -> LocalSuperLink:
         """Start the SuperLink and wait until its health endpoint answers."""

@@ -1,5 +1,6 @@
 """Experiment tracking: every round's numbers also go to TensorBoard event files (`tensorboard/` in the run folder)
-and to an MLflow tracking folder or server, when the run config turns them on. A resumed run continues the same
+and to an MLflow tracking folder or server, when the run config turns them on, accuracies in percent as every other
+place shows them; the server logs where each tracker writes. A resumed run continues the same
 event files and MLflow run (its id kept in `tracking.json`) without logging a round twice; a tracker that fails
 mid-run is warned about once and dropped: the run goes on."""
 
@@ -9,9 +10,10 @@ import importlib.util
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Mapping
-from logging import WARNING
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -43,12 +45,26 @@ def flatten_numbers(record: Mapping[str, Any], prefix: str = "") -> dict[str, fl
     return out
 
 
+_ACCURACY = re.compile(r"(^|-)acc(-|$)|^best_mean_accuracy$")  # acc-shift-0, plus-acc-shift-1, ...: fractions
+
+
+def in_percent(metrics: dict[str, float]) -> dict[str, float]:
+    """The metrics with every accuracy (a fraction in the run's records) in percent, as logs and reports show it."""
+    return {k: 100.0 * v if _ACCURACY.search(k.rsplit("/", 1)[-1]) else v for k, v in metrics.items()}
+
+
+def round_numbers(record: Mapping[str, Any]) -> dict[str, float]:
+    """What the trackers log for a round: its finite numbers (flatten_numbers), accuracies in percent."""
+    return in_percent(flatten_numbers(record))
+
+
 def summary_numbers(summary: Summary) -> dict[str, float]:
-    """The final numbers of a run's summary: final accuracies, best accuracy, totals of bytes, FLOPs and time."""
+    """The final numbers of a run's summary: final accuracies and best accuracy (in percent), totals of bytes, FLOPs
+    and time."""
     keys = ("final", "best_mean_accuracy", "rounds_completed", "bytes_total", "mb_per_client", "train_flops_total")
     fields: Mapping[str, Any] = summary
     picked = {key: fields[key] for key in (*keys, "wall_seconds") if fields.get(key) is not None}
-    return flatten_numbers(picked)
+    return in_percent(flatten_numbers(picked))
 
 
 _KEYS = {info.attr: info.key for info in describe(RunConfig)}
@@ -83,6 +99,7 @@ class Tracker(Protocol):
     """One tracking backend: opened at the run's start, one call per round, closed at its end."""
 
     name: str
+    where: str  # where its logs are, as a user opens them
 
     def log_round(self, step: int, metrics: dict[str, float]) -> None:
         """Log one round's metrics at step = the round."""
@@ -100,8 +117,10 @@ class TensorBoardTracker:
     def __init__(self, run_dir: Path, params: dict[str, Any], logged_upto: int, resumed: bool) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
+        folder = run_dir / TENSORBOARD_DIR
         # purge_step: TensorBoard drops the events of rounds after `logged_upto` a stopped run left behind
-        self.writer = SummaryWriter(str(run_dir / TENSORBOARD_DIR), purge_step=logged_upto + 1 if resumed else None)
+        self.writer = SummaryWriter(str(folder), purge_step=logged_upto + 1 if resumed else None)
+        self.where = f"tensorboard --logdir {folder}"
         self.params = params
         if not resumed:
             self.writer.add_text("run-config", "\n".join(f"    {k} = {v}" for k, v in params.items()), 0)
@@ -149,11 +168,13 @@ class MlflowTracker:
         if run_id:
             self.run_id = run_id
             self.client.update_run(run_id, status="RUNNING")
+            self.where = f"MLflow run {run_id} at {mlflow_uri(uri)}"
             return
         experiment_name = run_dir.parent.name or "pflower"  # the results or sweep folder the run sits in
         found = self.client.get_experiment_by_name(experiment_name)
         experiment_id = found.experiment_id if found else self.client.create_experiment(experiment_name)
         self.run_id = self.client.create_run(experiment_id, run_name=run_dir.name).info.run_id
+        self.where = f"MLflow run {self.run_id} (experiment {experiment_name}) at {mlflow_uri(uri)}"
         items = [Param(k, str(v)[:6000]) for k, v in params.items()]
         for start in range(0, len(items), 100):  # MLflow takes at most 100 parameters a call
             self.client.log_batch(self.run_id, params=items[start : start + 100])
@@ -225,6 +246,7 @@ class RunTracking:
                 log(WARNING, "%s tracking could not start, the run goes on without it: %s", name, str(exc)[:300])
                 continue
             self.trackers.append(tracker)
+            log(INFO, "%s tracking: %s", name, tracker.where)
         self._save()
         for record in records:
             self.add_round(record)
@@ -233,7 +255,7 @@ class RunTracking:
         """Log one round to every tracker that has not logged it yet."""
         if not self.trackers:
             return
-        metrics = flatten_numbers(record)
+        metrics = round_numbers(record)
         for tracker in list(self.trackers):
             key = f"{tracker.name}_last_round"
             if record["round"] <= int(self.state.get(key, 0)):

@@ -1,0 +1,88 @@
+"""Report figures that do not mislead: no offset notation on an axis (a minimum span around nearly equal values),
+series dodged along x so that no error bar hides another, the best round drawn only where it differs from the last."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.analysis.figures import differs, dodged, minimum_span, plain_axes
+
+pytest.importorskip("matplotlib")
+
+
+def test_series_are_dodged_symmetrically_within_the_smallest_gap() -> None:
+    x = [0.0, 20.0, 40.0, 100.0]
+    shifted = [dodged(x, i, 3) for i in range(3)]
+    assert shifted[1] == x  # the middle one stays
+    assert [a - b for a, b in zip(shifted[0], x)] == pytest.approx([-10 / 3] * 4)  # 20 * 0.5 / 3 to the left
+    assert all(len({s[k] for s in shifted}) == 3 for k in range(4)), "no two series share an x"
+    assert max(s[0] for s in shifted) - min(s[0] for s in shifted) < 20, "within the gap to the next degree"
+
+
+def test_best_round_counts_as_different_only_where_a_number_differs() -> None:
+    assert not differs([60.0, 50.0, float("nan")], [60.0, 50.0, 40.0])
+    assert differs([60.0, 51.0], [60.0, 50.0])
+
+
+def test_nearly_equal_values_get_a_minimum_span_and_spread_ones_none() -> None:
+    low, high = minimum_span([6.153680, 6.153687])  # a 7-byte difference in MB
+    assert high - low >= 0.05 * 6.15 and low < 6.15368 < 6.153687 < high
+    assert minimum_span([1.0, 2.0]) is None
+    assert minimum_span([0.0, 0.0]) == pytest.approx((-0.0006, 0.0006))
+
+
+def test_an_axis_of_nearly_equal_values_has_no_offset_text() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    x = [6.153680, 6.153687]
+    ax.plot(x, [50.0, 60.0], "o")
+    fig.canvas.draw()
+    assert ax.xaxis.get_offset_text().get_text() != "", "matplotlib alone writes an offset here"
+    plain_axes(ax, x)
+    fig.canvas.draw()
+    assert ax.xaxis.get_offset_text().get_text() == ""
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert all("e" not in t and "+" not in t for t in labels) and any(t.startswith("6.") for t in labels)
+    plt.close(fig)
+
+
+def test_the_shift_figure_draws_the_best_round_only_where_it_differs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from experiments.analysis import figures
+    from experiments.analysis.collect import find_runs, group_runs
+
+    for name, best_gap in (("same", 0.0), ("better-earlier", 0.1)):
+        run = tmp_path / f"{name}-seed0"
+        run.mkdir()
+        final = {"mean": {"acc-shift-0": 0.5, "acc-shift-1": 0.4}, "std": {"acc-shift-0": 0.1, "acc-shift-1": 0.1}}
+        early = {"mean": {"acc-shift-0": 0.5 + best_gap, "acc-shift-1": 0.4}, "std": final["std"]}
+        records = [{"round": 1, "eval": early}, {"round": 2, "eval": final}]
+        summary = {"algorithm": "fedavg", "final": final, "shift_degrees": [0.0, 1.0], "final_round": 2}
+        (run / "config.json").write_text(json.dumps({"algorithm": "fedavg", "seed": 0}))
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (run / "summary.json").write_text(json.dumps(summary))
+    labels: list[str] = []
+    real = figures._plt
+
+    def recording():  # type: ignore[no-untyped-def]
+        plt = real()
+        save = plt.Figure.savefig
+
+        def savefig(fig, *args, **kwargs):  # type: ignore[no-untyped-def]
+            labels.extend(t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts())
+            return save(fig, *args, **kwargs)
+
+        monkeypatch.setattr(plt.Figure, "savefig", savefig)
+        return plt
+
+    monkeypatch.setattr(figures, "_plt", recording)
+    figures.accuracy_vs_shift(group_runs(find_runs([tmp_path])), tmp_path)
+    assert sorted(labels) == ["better-earlier (best round)", "better-earlier (last)", "same (last)"]
