@@ -117,3 +117,22 @@ def test_three_seeds_need_no_few_seeds_note(tmp_path: Path) -> None:
     _run(tmp_path, "b-seed0", "dmpfl", 6, 2, 0.5)
     text = write_report([tmp_path], tmp_path / "report").read_text()
     assert "**Few seeds:** `b` (1) ran fewer than 3 seeds" in text and "`a` (" not in text
+
+
+def test_a_report_without_matplotlib_is_written_without_figures_and_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A base install (a device, a bare server) reports too: the markdown, no figures, one line saying why."""
+    import sys
+
+    from experiments import cli
+
+    _run(tmp_path / "runs", "a-seed0", "fedavg", 6, 2, 0.5)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    assert cli.main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "report")]) == 0
+    captured = capsys.readouterr()
+    skipped = "figures skipped: matplotlib is not installed (pip install 'pflower[reports]')"
+    assert captured.err.splitlines() == [f"pflower: warning: {skipped}"]
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "Figures skipped: matplotlib is not installed" in text and "![" not in text
+    assert not list((tmp_path / "report").rglob("*.png"))

@@ -15,6 +15,16 @@ from common.storage.run_folder import evaluation, evaluation_means
 from experiments.analysis.collect import Group, corruptions_of
 
 PANELS_PER_ROW = 5
+SKIPPED = "figures skipped: matplotlib is not installed (pip install 'pflower[reports]')"
+
+
+def figures_available() -> bool:
+    """Whether matplotlib can be imported (a base install has none: reports are written without figures)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _plt() -> Any:
@@ -290,7 +300,9 @@ def draw_all(
     round_groups: list[Group] | None = None,
 ) -> list[str]:
     """Every figure that applies to these runs (or those named in `only`; `round_groups`: the groups of the
-    global-rounds figure, default all); returns their file names."""
+    global-rounds figure, default all); returns their file names (none without matplotlib: see SKIPPED)."""
+    if not figures_available():
+        return []
     makers = {
         "shift": lambda: accuracy_vs_shift(groups, out),
         "corruption": lambda: corruption_figure(groups, corruptions_of(groups), out),

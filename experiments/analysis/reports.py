@@ -288,7 +288,7 @@ def write_report(paths: list[Path], out: Path | None = None, baseline: str | Non
     Runs are compared only with runs of the same settings (`experiment_settings`: everything but the algorithm and
     its own keys, seed, names, folders and engine keys): one section per settings group, each with its own baseline
     and figures."""
-    from experiments.analysis.figures import draw_all
+    from experiments.analysis.figures import SKIPPED, draw_all, figures_available
 
     groups = group_runs(find_runs(paths))
     baseline_of(groups, baseline)  # a --baseline naming no experiment is refused before anything is written
@@ -302,6 +302,8 @@ def write_report(paths: list[Path], out: Path | None = None, baseline: str | Non
     )
     lines = ["# Report", "", f"{sum(len(g.runs) for g in groups)} runs in {len(groups)} experiments ({settings}).", ""]
     lines += few_seeds_note({g.label: len(g.runs) for g in groups})
+    if not figures_available():
+        lines += [f"({SKIPPED[0].upper()}{SKIPPED[1:]}.)", ""]
     if len(setting_groups) > 1:
         lines += [
             f"The runs hold {len(setting_groups)} settings (they differ in {', '.join(keys)}); experiments are "

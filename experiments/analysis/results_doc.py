@@ -15,6 +15,7 @@ from common.hparams import ConfigError
 from common.storage.persist import atomic_write_text
 from experiments.analysis.claims import claim_lines
 from experiments.analysis.collect import Group, find_runs, group_runs
+from experiments.analysis.figures import SKIPPED, figures_available
 from experiments.analysis.reports import (
     corruption_table,
     domain_table,
@@ -160,10 +161,11 @@ def _setting(groups: list[Group], spec: TableSpec) -> str:
     ]
     clients = {int(g.runs[0].summary.get("num_clients", 0)) for g in groups}
     seeds = sorted({r.seed for g in groups for r in g.runs})
-    hours = sum(float(r.summary.get("wall_seconds", 0.0)) for g in groups for r in g.runs) / 3600
+    seconds = sum(float(r.summary.get("wall_seconds", 0.0)) for g in groups for r in g.runs)
+    spent = f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
     return (
         f"Runs: {', '.join(shared)}; clients {', '.join(map(str, sorted(clients)))}; seeds {seeds}; "
-        f"{sum(len(g.runs) for g in groups)} runs, {hours:.1f} h of run time summed over the runs (runs of sweep "
+        f"{sum(len(g.runs) for g in groups)} runs, {spent} of run time summed over the runs (runs of sweep "
         "shards side by side share the cores)."
     )
 
@@ -269,6 +271,8 @@ def write_results(
         "",
     ]
     lines += few_seeds_note({g.label: len(g.runs) for g in groups})
+    if not figures_available():
+        lines += [f"({SKIPPED[0].upper()}{SKIPPED[1:]}.)", ""]
     lines += claim_lines(groups, tables, sweep.claims)
     checks = [order_check(groups, table) for table in tables]
     lines += overview_table(tables, checks, specs, runs_dir)

@@ -61,6 +61,7 @@ def report(args: argparse.Namespace) -> int:
     from experiments.analysis.reports import write_report
 
     path = write_report(args.runs, args.out, args.baseline)
+    _warn_without_figures()
     print(f"report: {path}")
     return 0
 
@@ -125,6 +126,7 @@ def results(args: argparse.Namespace) -> int:
         + (f" --only '{only}'" if only else "")
     )
     path, done, total = write_results(args.file, runs, args.out, command, only)
+    _warn_without_figures()
     print(f"results: {path} ({done} of {total} runs finished)")
     return status
 
@@ -179,6 +181,14 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": run,
     "sweep": sweep,
 }
+
+
+def _warn_without_figures() -> None:
+    """One line on stderr when the documents were written without their figures (no matplotlib)."""
+    from experiments.analysis.figures import SKIPPED, figures_available
+
+    if not figures_available():
+        print(f"pflower: warning: {SKIPPED}", file=sys.stderr)
 
 
 # ----- running specs ----------------------------------------------------------------------------------------------
