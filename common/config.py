@@ -17,6 +17,7 @@ from common.data.partitioners import PARTITION_SPECS, partition_help
 from common.data.settings import DataSettings, SplitSettings
 from common.hparams import ConfigError, KeyInfo, as_dict, choice, describe, hp, parse_fields
 from common.learning.model_specs import MODEL_SPECS
+from common.methods.privacy import CENTRAL_DP_REFUSED, DP_MODES
 from common.methods.robust import ROBUST_METHODS, RobustRule
 from common.sections import EvaluationSettings, FaultSettings, OutputSettings, TrainingSettings
 from common.storage.run_folder import MESSAGES_FILE
@@ -327,6 +328,29 @@ class RunConfig:
         high=0.5,
         high_open=True,
     )
+    dp: str = hp(
+        "none",
+        "client-level differential privacy: `central` (the server clips each client's update to `dp-clip-norm`, "
+        "averages over the clients a round plans and adds Gaussian noise; weight-averaging algorithms but FLIU) or "
+        "`none`; every round logs epsilon at `dp-delta` (docs/privacy.md)",
+        choices=DP_MODES,
+    )
+    dp_clip_norm: float = hp(
+        1.0, "`dp`: the bound on each client's update (L2 over what it sends)", low=0.0, low_open=True
+    )
+    dp_noise_multiplier: float = hp(
+        0.0,
+        "`dp`: noise std over the clip bound (z); 0 with `dp-target-epsilon` set: solved before the run",
+        low=0.0,
+    )
+    dp_target_epsilon: float = hp(
+        0.0,
+        "`dp`: the epsilon at `dp-delta` after `num-rounds` rounds that sets the noise multiplier (0: off)",
+        low=0.0,
+    )
+    dp_delta: float = hp(
+        1e-5, "`dp`: the delta of the (epsilon, delta) guarantee", low=0.0, high=1.0, low_open=True, high_open=True
+    )
     attack_clients: float = hp(
         0.0,
         "simulation: this fraction of the clients (seeded) attacks by model "
@@ -507,6 +531,32 @@ def _check_gradient_pull(cfg: RunConfig, params: Any) -> None:
                 )
 
 
+def _check_dp(cfg: RunConfig, algorithm: str, averaging: list[str]) -> None:
+    """ConfigError when the run's `dp` settings cannot give the guarantee they promise."""
+    if cfg.dp == "none":
+        return
+    if algorithm in CENTRAL_DP_REFUSED:
+        raise ConfigError(
+            f"run-config 'dp' = '{cfg.dp}' cannot apply to '{algorithm}': {CENTRAL_DP_REFUSED[algorithm]}"
+        )
+    if not SPECS[algorithm].averages_models:
+        supported = ", ".join(a for a in averaging if a not in CENTRAL_DP_REFUSED)
+        raise ConfigError(
+            f"run-config 'dp' = '{cfg.dp}' is built for the algorithms whose server averages what the clients upload "
+            f"({supported}), not yet for '{algorithm}'"
+        )
+    if (cfg.dp_noise_multiplier > 0) == (cfg.dp_target_epsilon > 0):
+        raise ConfigError(
+            "run-config 'dp' needs exactly one of 'dp-noise-multiplier' (the noise) and 'dp-target-epsilon' (the "
+            f"budget the noise is solved for), got {cfg.dp_noise_multiplier:g} and {cfg.dp_target_epsilon:g}"
+        )
+    if cfg.robust_aggregation in ("trimmed-mean", "median"):
+        raise ConfigError(
+            f"run-config 'dp' with robust-aggregation '{cfg.robust_aggregation}': a coordinate-wise rule has no "
+            "bounded sensitivity to one client; use 'clip' (it clips first, then DP clips and adds noise) or 'none'"
+        )
+
+
 def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     """Validate a Flower run config into a RunConfig; raise ConfigError naming the first bad key."""
     known = known_keys()
@@ -533,6 +583,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
                 f"({', '.join(averaging)}), not to '{algorithm}'"
             )
     _check_gradient_pull(cfg, params)
+    _check_dp(cfg, algorithm, averaging)
     if cfg.stop_patience > 0 and not 0 < cfg.eval_every <= cfg.stop_patience:
         raise ConfigError(
             f"run-config 'stop-patience' = {cfg.stop_patience} needs an evaluation within every {cfg.stop_patience} "

@@ -102,7 +102,7 @@ def test_readme_stays_a_first_screen() -> None:
 
 def test_readme_keeps_the_quick_start_commands() -> None:
     text = (REPO / "README.md").read_text()
-    assert 'pip install -e ".[study]" && FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 flwr run . --stream' in text
+    assert 'pip install -e ".[study]" && pflower run --preset quickstart --engine simulation\n' in text
     assert 'pip install -e ".[test]" && ruff check . && ruff format --check . && mypy && python -m pytest -q' in text
 
 

@@ -55,7 +55,7 @@ class RoundRecord(TypedDict, total=False):
     round: Required[int]
     wall_s: Required[float]
     elapsed_s: Required[float]
-    train: Required[dict[str, Any]]  # used, sent, loss, failed, late, rejected, flops, robust, stages, ...
+    train: Required[dict[str, Any]]  # used, sent, loss, failed, late, rejected, flops, robust, dp, stages, ...
     bytes: Required[dict[str, int]]  # train_down, train_up, eval_down, eval_up
     bytes_per_client: Required[dict[str, dict[str, int]]]  # partition id -> up, down
     eval: Required[Evaluation | None]
@@ -96,6 +96,7 @@ class Summary(TypedDict, total=False):
     wall_seconds: float
     aggregate_s_median: float | None
     robust: dict[str, Any]
+    dp: dict[str, Any]  # central DP: epsilon at delta spent, noise multiplier, clip bound, clipped updates
     by_ratio: dict[str, dict[str, Any]]
     unseen: Evaluation
     stages: dict[str, Any]

@@ -12,6 +12,7 @@ from common.config import parse_run_config
 from common.data.arrays import DataError
 from common.data.datasets import check_dataset_files
 from common.hparams import ConfigError
+from common.methods.privacy import ACCOUNTANT_HINT, accountant_installed
 from experiments.run.exports import probe_export
 from experiments.run.runs import RunSpec
 from server_app.results.tracking import check_installed
@@ -65,6 +66,8 @@ def check_runs(specs: list[RunSpec], out_dir: Path, data_export: Path | None = N
         cfg = parse_run_config(spec.run_config)
         try:
             check_installed(cfg.to_dict())
+            if cfg.dp != "none" and not accountant_installed():
+                raise ConfigError(f"run-config 'dp' needs the privacy accountant: {ACCOUNTANT_HINT}")
             if exported is not None and cfg.dataset != exported:
                 raise ConfigError(f"the data export {data_export} holds {exported}, the run reads {cfg.dataset}")
             if data_export is None:

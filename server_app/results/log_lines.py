@@ -34,7 +34,8 @@ def settings_text(cfg: RunConfig, num_clients: int) -> str:
         f"{cfg.algorithm}: {num_clients} clients, {100 * cfg.fraction_train:.0f}% per round, {cfg.num_rounds} "
         f"rounds, {cfg.local_epochs} local epochs, lr {cfg.lr:g}"
     )
-    return text + (f", robust aggregation {cfg.robust_aggregation}" if cfg.robust_aggregation != "none" else "")
+    text += f", robust aggregation {cfg.robust_aggregation}" if cfg.robust_aggregation != "none" else ""
+    return text + (f", central DP (delta {cfg.dp_delta:g})" if cfg.dp == "central" else "")
 
 
 def progress_text(record: RoundRecord, num_rounds: int, degrees: tuple[float, ...], elapsed: float) -> str:
@@ -53,5 +54,8 @@ def progress_text(record: RoundRecord, num_rounds: int, degrees: tuple[float, ..
         text += (
             f" | acc {100 * mean[k0]:.2f}+/-{100 * std[k0]:.2f}% (shift {100 * max(degrees):g}%: {100 * mean[k1]:.2f}%)"
         )
+    private = train.get("dp")
+    if private:
+        text += f" | DP epsilon {private['epsilon']:.3f}"
     seconds = int(round(eta))
     return text + f" | {record['wall_s']:.1f}s, ETA {seconds // 60}m{seconds % 60:02d}s"

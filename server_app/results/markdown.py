@@ -171,6 +171,13 @@ def render_markdown(summary: Summary) -> str:
         clipped = f", {robust['clipped']} updates clipped" if robust and robust["method"] == "clip" else ""
         rule = f" ({robust['method']}{clipped})" if robust else ""
         lines.append(f"| server aggregation per round (ms, median){rule} | {1e3 * aggregate_s:.1f} |")
+    private = summary.get("dp")
+    if private:
+        lines.append(
+            f"| central DP: epsilon at delta {private.get('delta', 0):g} after {private['rounds']} rounds "
+            f"(noise multiplier {private['noise_multiplier']:.4f}, clip {private['clip_bound']:g}, "
+            f"{private['clipped']} updates clipped) | {private['epsilon']:.3f} |"
+        )
     used, sent = summary["replies_used"], summary["replies_sent"]
     lines.append(f"| training replies used / sent | {sum(used)} / {sum(sent)} (per round min {min(used, default=0)}) |")
     lines.append(

@@ -92,6 +92,17 @@ def _aggregation_cost(records: list[RoundRecord]) -> dict[str, Any]:
     out: dict[str, Any] = {"aggregate_s_median": times[len(times) // 2] if times else None}
     if robust:
         out["robust"] = {"method": robust[-1]["method"], "clipped": sum(r.get("clipped", 0) for r in robust)}
+    private = [r["train"]["dp"] for r in records if r["train"].get("dp")]
+    if private:  # the last round's epsilon is what the whole run spent
+        last = private[-1]
+        out["dp"] = {
+            "epsilon": last["epsilon"],
+            "delta": last["delta"],
+            "noise_multiplier": last["noise_multiplier"],
+            "clip_bound": last["clip_bound"],
+            "clipped": int(sum(r.get("clipped", 0) for r in private)),
+            "rounds": len(private),
+        }
     return out
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from logging import WARNING
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -13,14 +13,17 @@ from flwr.supercore import log
 
 from common.algorithms import SPECS
 from common.config import RunConfig
+from common.hparams import ConfigError
 from common.learning.evaluate import shift_key
 from common.learning.models import ModelLayout
-from common.methods.robust import robust_average
+from common.methods.privacy import ACCOUNTANT_HINT, CentralDp, accountant_installed
+from common.methods.robust import clip_updates, robust_average, update_norms
+from common.seeding import derive_seed
 from common.wire.messages import ARRAYS, CONFIG, FINETUNE_EPOCHS, LR_STEP, NEWCOMER_MODEL, PARTITION_ID, SERVER_ROUND
 from common.wire.records import to_record
 from common.wire.validation import read_fraction, validate_arrays
 
-from ..clients import ClientRegistry, seeded_sample
+from ..clients import ClientRegistry, sample_size, seeded_sample
 from ..replies import TrainReply
 
 
@@ -45,6 +48,10 @@ class PFLStrategy:
         self.workdir: Path | None = None  # the run folder, where large server state may live on disk (set by the app)
         self._payload: tuple[tuple[int, str], dict[str, Any]] | None = None  # round_payload's last one
         self.train_calls: dict[int, int] = {}  # training messages each client was sent (lr-decay-step client)
+        if cfg.dp != "none" and not accountant_installed():
+            raise ConfigError(f"run-config 'dp' needs the privacy accountant: {ACCOUNTANT_HINT}")
+        self.dp: CentralDp | None = None  # run-config `dp` = central, made at its first round (it needs the clients)
+        self.dp_rounds = 0  # rounds aggregated under DP: what the accountant composes
 
     # ----- who takes part ----------------------------------------------------------------------------
     def sample(self, server_round: int) -> list[int]:
@@ -134,11 +141,62 @@ class PFLStrategy:
     ) -> list[np.ndarray]:
         """The uploaded models' weighted average, or the run's `robust-aggregation` rule around `reference`
         (the model the clients started from)."""
+        if self.cfg.dp == "central":
+            return self.dp_average(replies, reference)
         averaged, report = robust_average([uploaded(r) for r in replies], weights, reference, self.cfg.robust_rule)
         self.aggregation_fields = {"robust": report} if report else {}
         if "skipped" in report:
             log(WARNING, "robust aggregation %s: %s; the model is kept", report["method"], report["skipped"])
         return averaged
+
+    def dp_average(self, replies: list[TrainReply], reference: list[np.ndarray]) -> list[np.ndarray]:
+        """Central DP's aggregate (run-config `dp`): under `robust-aggregation` clip the updates are clipped to the
+        robust bound first, then DP clips each to `dp-clip-norm`, averages over the planned clients and adds noise;
+        sample counts do not weigh in (one client's influence is what DP bounds)."""
+        dp = self.central_dp()
+        models = [uploaded(r) for r in replies]
+        robust: dict[str, Any] = {}
+        if self.cfg.robust_aggregation == "clip":
+            norms = update_norms(models, reference)
+            bound = self.cfg.robust_clip_norm or float(np.median(norms))
+            models, clipped = clip_updates(models, reference, bound, norms)
+            robust = {"method": "clip", "norm_bound": bound, "clipped": clipped, "max_norm": float(norms.max())}
+        averaged, report = dp.aggregate(models, reference, self.dp_rounds)
+        self.dp_rounds += 1
+        self.aggregation_fields = {"dp": report, **({"robust": robust} if robust else {})}
+        return averaged
+
+    def central_dp(self) -> CentralDp:
+        """The run's central DP, made (and logged) the first time a round needs it: the sampling rate needs the
+        clients of the handshake, and a noise multiplier solved for a target epsilon needs the sampling rate."""
+        if self.dp is None:
+            cfg, ids = self.cfg, self.clients.ids()
+            expected = sample_size(len(ids), cfg.fraction_train, cfg.min_train_clients)
+            self.dp = CentralDp(
+                cfg.dp_clip_norm,
+                cfg.dp_noise_multiplier,
+                cfg.dp_target_epsilon,
+                cfg.dp_delta,
+                expected,
+                len(ids),
+                cfg.num_rounds,
+                derive_seed(cfg.seed, "dp"),
+            )
+            solved = f" (solved for epsilon {cfg.dp_target_epsilon:g})" if cfg.dp_target_epsilon > 0 else ""
+            log(
+                INFO,
+                "central DP: updates clipped to %g, noise multiplier %.4f%s, %d of %d clients a round; epsilon at "
+                "delta %g after %d rounds: %.3f",
+                cfg.dp_clip_norm,
+                self.dp.noise_multiplier,
+                solved,
+                expected,
+                len(ids),
+                cfg.dp_delta,
+                cfg.num_rounds,
+                self.dp.epsilon(cfg.num_rounds),
+            )
+        return self.dp
 
     def eval_metrics(self, server_round: int, metrics: Mapping[str, Any] | None) -> dict[str, float]:
         """The extra accuracy rows of the algorithm's spec (a required row missing rejects the reply)."""
@@ -173,6 +231,8 @@ class PFLStrategy:
         state: dict[str, Any] = {"global": list(self.global_arrays)}
         if self.cfg.lr_decay_step == "client":
             state["train-calls"] = {str(pid): n for pid, n in self.train_calls.items()}
+        if self.cfg.dp != "none":
+            state["dp-rounds"] = self.dp_rounds
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -187,6 +247,7 @@ class PFLStrategy:
         if self.cfg.lr_decay_step == "client" and "train-calls" not in state:
             log(WARNING, "checkpoint holds no training-call counts: every client's lr step restarts at 0")
         self.train_calls = {int(pid): int(n) for pid, n in calls.items()}
+        self.dp_rounds = int(state.get("dp-rounds", 0))
 
 
 def uploaded(reply: TrainReply) -> list[np.ndarray]:
