@@ -19,7 +19,7 @@ from common.hparams import ConfigError, KeyInfo, as_dict, choice, describe, hp, 
 from common.learning.model_specs import MODEL_SPECS
 from common.methods.privacy import CENTRAL_DP_REFUSED, DP_MODES
 from common.methods.robust import ROBUST_METHODS, RobustRule
-from common.sections import EvaluationSettings, FaultSettings, OutputSettings, TrainingSettings
+from common.sections import EvaluationSettings, FaultSettings, OutputSettings, PrivacySettings, TrainingSettings
 from common.storage.run_folder import MESSAGES_FILE
 from common.wire.validation import is_folder_name
 
@@ -331,8 +331,9 @@ class RunConfig:
     dp: str = hp(
         "none",
         "client-level differential privacy: `central` (the server clips each client's update to `dp-clip-norm`, "
-        "averages over the clients a round plans and adds Gaussian noise; weight-averaging algorithms but FLIU) or "
-        "`none`; every round logs epsilon at `dp-delta` (docs/privacy.md)",
+        "averages over the clients a round plans and adds Gaussian noise; weight-averaging algorithms but FLIU), "
+        "`local` (each client clips and noises its own update before sending) or `none`; every round logs epsilon "
+        "at `dp-delta` (docs/privacy.md)",
         choices=DP_MODES,
     )
     dp_clip_norm: float = hp(
@@ -347,6 +348,12 @@ class RunConfig:
         0.0,
         "`dp`: the epsilon at `dp-delta` after `num-rounds` rounds that sets the noise multiplier (0: off)",
         low=0.0,
+    )
+    dp_noise_seed: int = hp(
+        0,
+        "`dp`: 0 draws the noise from a secret the server makes at the start (kept only in its checkpoint); another "
+        "value derives it from that number: repeatable studies, but no privacy against anyone who knows it",
+        low=0,
     )
     dp_delta: float = hp(
         1e-5, "`dp`: the delta of the (epsilon, delta) guarantee", low=0.0, high=1.0, low_open=True, high_open=True
@@ -460,6 +467,11 @@ class RunConfig:
         return self._section(FaultSettings)
 
     @property
+    def privacy(self) -> PrivacySettings:
+        """The differential-privacy section (common/sections.py)."""
+        return self._section(PrivacySettings)
+
+    @property
     def output(self) -> OutputSettings:
         """The output section (common/sections.py)."""
         return self._section(OutputSettings, results_dir=self.resolved_results_dir)
@@ -535,11 +547,15 @@ def _check_dp(cfg: RunConfig, algorithm: str, averaging: list[str]) -> None:
     """ConfigError when the run's `dp` settings cannot give the guarantee they promise."""
     if cfg.dp == "none":
         return
-    if algorithm in CENTRAL_DP_REFUSED:
+    if algorithm == "local":
+        raise ConfigError(
+            "run-config 'dp' with algorithm 'local': nothing leaves the clients, there is nothing to noise"
+        )
+    if cfg.dp == "central" and algorithm in CENTRAL_DP_REFUSED:
         raise ConfigError(
             f"run-config 'dp' = '{cfg.dp}' cannot apply to '{algorithm}': {CENTRAL_DP_REFUSED[algorithm]}"
         )
-    if not SPECS[algorithm].averages_models:
+    if not SPECS[algorithm].averages_models or algorithm in CENTRAL_DP_REFUSED:
         supported = ", ".join(a for a in averaging if a not in CENTRAL_DP_REFUSED)
         raise ConfigError(
             f"run-config 'dp' = '{cfg.dp}' is built for the algorithms whose server averages what the clients upload "
@@ -550,7 +566,12 @@ def _check_dp(cfg: RunConfig, algorithm: str, averaging: list[str]) -> None:
             "run-config 'dp' needs exactly one of 'dp-noise-multiplier' (the noise) and 'dp-target-epsilon' (the "
             f"budget the noise is solved for), got {cfg.dp_noise_multiplier:g} and {cfg.dp_target_epsilon:g}"
         )
-    if cfg.robust_aggregation in ("trimmed-mean", "median"):
+    if cfg.dp == "local" and cfg.dp_target_epsilon > 0:
+        raise ConfigError(
+            "run-config 'dp' = 'local': each client noises its own upload and must not take its noise from the "
+            "server, so give 'dp-noise-multiplier' (docs/privacy.md: the epsilon it reaches), not 'dp-target-epsilon'"
+        )
+    if cfg.dp == "central" and cfg.robust_aggregation in ("trimmed-mean", "median"):
         raise ConfigError(
             f"run-config 'dp' with robust-aggregation '{cfg.robust_aggregation}': a coordinate-wise rule has no "
             "bounded sensitivity to one client; use 'clip' (it clips first, then DP clips and adds noise) or 'none'"

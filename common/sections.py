@@ -51,6 +51,18 @@ class FaultSettings:
 
 
 @dataclass(frozen=True)
+class PrivacySettings:
+    """Client-level differential privacy of a run (run-config `dp`, docs/privacy.md)."""
+
+    dp: str
+    dp_clip_norm: float
+    dp_noise_multiplier: float
+    dp_target_epsilon: float
+    dp_noise_seed: int
+    dp_delta: float
+
+
+@dataclass(frozen=True)
 class OutputSettings:
     """Where a run writes: its results folder, checkpoints, clients' state and trackers."""
 

@@ -12,7 +12,6 @@ import pytest
 from common.config import parse_run_config
 from common.hparams import ConfigError
 from common.methods.privacy import CentralDp, epsilon
-from common.seeding import derive_seed
 from common.wire.messages import ARRAYS
 
 from .inprocess import InProcessFederation
@@ -31,21 +30,25 @@ BASE = {"dataset": "digits", "num-rounds": 3, "fraction-train": 0.5, "local-epoc
         ({"dp-noise-multiplier": 1.0, "dp-target-epsilon": 4.0}, "needs exactly one of"),
         ({}, "needs exactly one of"),
         ({"dp-noise-multiplier": 1.0, "robust-aggregation": "median"}, "no bounded sensitivity"),
+        ({"dp": "local", "dp-target-epsilon": 4.0}, "must not take its noise from the server"),
+        ({"dp": "local", "algorithm": "fedamp", "dp-noise-multiplier": 1.0}, "not yet for 'fedamp'"),
     ],
 )
 def test_settings_that_cannot_keep_the_promise_are_refused(extra: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_run_config({"dp": "central", **extra})
+    parse_run_config({"dp": "local", "dp-noise-multiplier": 1.0, "robust-aggregation": "median"})  # the client's
 
 
 def test_the_round_aggregate_is_the_clipped_noised_mean_and_the_epsilon_the_accountants() -> None:
     raw = {**BASE, "dp": "central", "dp-clip-norm": 0.05, "dp-noise-multiplier": 1.1, "dp-delta": 1e-4}
+    raw["dp-noise-seed"] = 11  # a study's fixed noise: the test can draw it again
     fed = InProcessFederation(raw, 6)
     reference = [a.copy() for a in fed.strategy.global_arrays]
     replies = fed.train_round(1)
     uploads = [[np.asarray(a) for a in replies[pid][ARRAYS].to_numpy_ndarrays()] for pid in sorted(replies)]
     assert len(uploads) == 3
-    dp = CentralDp(0.05, 1.1, 0.0, 1e-4, 3, 6, 3, derive_seed(4, "dp"))
+    dp = CentralDp(0.05, 1.1, 0.0, 1e-4, 3, 6, 3, 11)
     expected, report = dp.aggregate(uploads, reference, 0)
     for got, want in zip(fed.strategy.global_arrays, expected, strict=True):
         np.testing.assert_array_equal(got, want)
@@ -55,7 +58,23 @@ def test_the_round_aggregate_is_the_clipped_noised_mean_and_the_epsilon_the_acco
     assert record["dp"]["epsilon"] == pytest.approx(epsilon(1.1, 0.5, 1, 1e-4)) == report["epsilon"]
     fed.train_round(2)
     assert fed.round_log.train["dp"]["epsilon"] == pytest.approx(epsilon(1.1, 0.5, 2, 1e-4))
-    assert fed.strategy.state_dict()["dp-rounds"] == 2  # a resumed run accounts the rounds it already spent
+    state = fed.strategy.state_dict()
+    assert state["dp-rounds"] == 2 and state["dp-noise-seed"] == 11  # a resumed run goes on with both
+
+
+def test_the_noise_is_secret_unless_a_study_fixes_its_seed() -> None:
+    """The run seed is in config.json for anyone to read: noise drawn from it could be subtracted. By default the
+    server draws a secret (kept in its checkpoint); runs of the same run seed then differ by their noise only."""
+    raw = {**BASE, "num-rounds": 1, "dp": "central", "dp-noise-multiplier": 1.0}
+    models = []
+    for noise_seed in (0, 0, 5, 5):
+        fed = InProcessFederation({**raw, "dp-noise-seed": noise_seed}, 4)
+        fed.train_round(1)
+        models.append([a.copy() for a in fed.strategy.global_arrays])
+        if noise_seed == 0:
+            assert fed.strategy.state_dict()["dp-noise-seed"] != 0  # the secret, for a resume
+    assert not all(np.array_equal(a, b) for a, b in zip(models[0], models[1])), "secret noise differs"
+    assert all(np.array_equal(a, b) for a, b in zip(models[2], models[3])), "a fixed noise seed repeats"
 
 
 def test_a_run_solves_the_noise_for_its_target_and_reports_the_epsilon(tmp_path: Path, capsys) -> None:
@@ -72,7 +91,7 @@ def test_a_run_solves_the_noise_for_its_target_and_reports_the_epsilon(tmp_path:
     spent = summary["dp"]["epsilon"]
     assert summary["dp"]["rounds"] == 2 and spent <= 8.0 and spent == pytest.approx(8.0, rel=0.01)
     assert "| DP epsilon " in out.split("[round 2/2]")[1].splitlines()[0]
-    assert "central DP: epsilon at delta 1e-05 after 2 rounds" in (run / "summary.md").read_text()
+    assert "central DP: epsilon at delta 1e-05 of the run after 2 rounds" in (run / "summary.md").read_text()
 
 
 @pytest.mark.parametrize("algorithm", ["fedper", "lg-fedavg", "ditto"])
@@ -81,3 +100,33 @@ def test_partial_and_personal_algorithms_aggregate_their_shared_part_under_dp(al
     fed.train_round(1)
     report = fed.round_log.train["dp"]
     assert report["epsilon"] == pytest.approx(epsilon(1.0, 0.5, 1, 1e-5)) and report["noise_std"] == 0.5
+
+
+def test_local_dp_clients_clip_and_noise_their_own_update_and_the_server_counts_their_uploads() -> None:
+    raw = {**BASE, "dp": "local", "dp-clip-norm": 0.05, "dp-noise-multiplier": 0.8, "dp-noise-seed": 3}
+    fed = InProcessFederation(raw, 4)
+    received = [a.copy() for a in fed.strategy.global_arrays]
+    replies = fed.train_round(1)
+    for pid, reply in replies.items():
+        sent = [np.asarray(a, np.float64) for a in reply[ARRAYS].to_numpy_ndarrays()]
+        update = np.concatenate([(s - r).ravel() for s, r in zip(sent, received)])
+        # clipped to 0.05, then noise of std 0.04 on each of the MLP's ~9,600 coordinates
+        assert np.std(update) == pytest.approx(0.8 * 0.05, rel=0.05), pid
+    report = fed.round_log.train["dp"]
+    assert report["mode"] == "local" and report["uploads_max"] == 1
+    assert report["epsilon"] == pytest.approx(epsilon(0.8, 1.0, 1, 1e-5))  # no amplification: the server knows
+    fed.train_round(2)
+    assert fed.round_log.train["dp"]["uploads_max"] in (1, 2)
+
+
+def test_a_local_dp_upload_of_an_array_the_server_did_not_send_is_never_sent() -> None:
+    from flwr.app import RecordDict
+
+    from client_app.privacy import private_reply
+    from common.wire.records import to_record
+
+    settings = parse_run_config({"dp": "local", "dp-noise-multiplier": 1.0}).privacy
+    content = RecordDict({ARRAYS: to_record(["w"], [np.zeros(3, np.float32)])})
+    reply = RecordDict({ARRAYS: to_record(["w", "personal"], [np.ones(3, np.float32), np.ones(2, np.float32)])})
+    with pytest.raises(ValueError, match=r"carries \['personal'\], which the server did not send"):
+        private_reply(settings, content, reply, 0, 1)

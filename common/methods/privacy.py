@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-DP_MODES = ("none", "central")
+DP_MODES = ("none", "central", "local")
 
 # Algorithms whose server keeps or compares each client's own model: a noised average would not protect them.
 _OWN_MODELS = "its server needs each client's own model, which a noised average of the clients does not give"
@@ -216,8 +216,9 @@ def update_noise_multiplier(total: float, count_noise_std: float) -> float:
 
 class CentralDp:
     """A run's central DP: the noise multiplier (given, or solved for a target epsilon once, at the start) and the
-    sampling rate the accountant composes. Round k's noise comes from (seed, k): the same seed gives the same run,
-    and a resumed run draws the noise the uninterrupted one would have."""
+    sampling rate the accountant composes. Round k's noise comes from (noise_seed, k), so a resumed run draws the
+    noise the uninterrupted one would have. The noise seed must be secret: anyone who knows it can subtract the
+    noise (the server makes one from the OS unless a study fixes it, run-config `dp-noise-seed`)."""
 
     def __init__(
         self,
@@ -228,7 +229,7 @@ class CentralDp:
         expected_clients: int,
         num_clients: int,
         num_rounds: int,
-        seed: int,
+        noise_seed: int,
     ) -> None:
         self.clip_bound = clip_bound
         self.delta = delta
@@ -239,7 +240,7 @@ class CentralDp:
             if noise_multiplier > 0
             else noise_for_epsilon(target_epsilon, self.sample_rate, num_rounds, delta)
         )
-        self.seed = seed
+        self.noise_seed = noise_seed
 
     def epsilon(self, rounds: int) -> float:
         """Epsilon at delta after `rounds` aggregated rounds."""
@@ -250,7 +251,7 @@ class CentralDp:
     ) -> tuple[list[np.ndarray], dict[str, float]]:
         """The new model after aggregated round number `index` (0, 1, ...): reference + central_dp_mean of the
         updates, every coordinate shared, float32; and its report (epsilon after this round included)."""
-        rng = np.random.default_rng([self.seed, index, 0x6470])
+        rng = np.random.default_rng([self.noise_seed, index, 0x6470])
         updates = [[np.asarray(m, np.float64) - r for m, r in zip(model, reference, strict=True)] for model in models]
         supports: list[Support] = [[None] * len(reference) for _ in models]
         mean, report = central_dp_mean(

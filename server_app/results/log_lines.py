@@ -35,7 +35,7 @@ def settings_text(cfg: RunConfig, num_clients: int) -> str:
         f"rounds, {cfg.local_epochs} local epochs, lr {cfg.lr:g}"
     )
     text += f", robust aggregation {cfg.robust_aggregation}" if cfg.robust_aggregation != "none" else ""
-    return text + (f", central DP (delta {cfg.dp_delta:g})" if cfg.dp == "central" else "")
+    return text + (f", {cfg.dp} DP (delta {cfg.dp_delta:g})" if cfg.dp != "none" else "")
 
 
 def progress_text(record: RoundRecord, num_rounds: int, degrees: tuple[float, ...], elapsed: float) -> str:

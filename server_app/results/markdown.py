@@ -173,10 +173,12 @@ def render_markdown(summary: Summary) -> str:
         lines.append(f"| server aggregation per round (ms, median){rule} | {1e3 * aggregate_s:.1f} |")
     private = summary.get("dp")
     if private:
+        clipped = f", {private['clipped']} updates clipped" if private.get("mode") != "local" else ""
+        who = "the client with the most uploads" if private.get("mode") == "local" else "the run"
         lines.append(
-            f"| central DP: epsilon at delta {private.get('delta', 0):g} after {private['rounds']} rounds "
-            f"(noise multiplier {private['noise_multiplier']:.4f}, clip {private['clip_bound']:g}, "
-            f"{private['clipped']} updates clipped) | {private['epsilon']:.3f} |"
+            f"| {private.get('mode', 'central')} DP: epsilon at delta {private.get('delta', 0):g} of {who} after "
+            f"{private['rounds']} rounds (noise multiplier {private['noise_multiplier']:.4f}, clip "
+            f"{private['clip_bound']:g}{clipped}) | {private['epsilon']:.3f} |"
         )
     used, sent = summary["replies_used"], summary["replies_sent"]
     lines.append(f"| training replies used / sent | {sum(used)} / {sum(sent)} (per round min {min(used, default=0)}) |")

@@ -96,6 +96,7 @@ def _aggregation_cost(records: list[RoundRecord]) -> dict[str, Any]:
     if private:  # the last round's epsilon is what the whole run spent
         last = private[-1]
         out["dp"] = {
+            "mode": last.get("mode", "central"),
             "epsilon": last["epsilon"],
             "delta": last["delta"],
             "noise_multiplier": last["noise_multiplier"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping, Sequence
 from logging import INFO, WARNING
 from pathlib import Path
@@ -16,9 +17,8 @@ from common.config import RunConfig
 from common.hparams import ConfigError
 from common.learning.evaluate import shift_key
 from common.learning.models import ModelLayout
-from common.methods.privacy import ACCOUNTANT_HINT, CentralDp, accountant_installed
+from common.methods.privacy import ACCOUNTANT_HINT, CentralDp, accountant_installed, epsilon
 from common.methods.robust import clip_updates, robust_average, update_norms
-from common.seeding import derive_seed
 from common.wire.messages import ARRAYS, CONFIG, FINETUNE_EPOCHS, LR_STEP, NEWCOMER_MODEL, PARTITION_ID, SERVER_ROUND
 from common.wire.records import to_record
 from common.wire.validation import read_fraction, validate_arrays
@@ -52,6 +52,9 @@ class PFLStrategy:
             raise ConfigError(f"run-config 'dp' needs the privacy accountant: {ACCOUNTANT_HINT}")
         self.dp: CentralDp | None = None  # run-config `dp` = central, made at its first round (it needs the clients)
         self.dp_rounds = 0  # rounds aggregated under DP: what the accountant composes
+        self.dp_uploads: dict[int, int] = {}  # local DP: the noised uploads of each client so far
+        # the DP noise's seed: secret unless a study fixes it (dp-noise-seed); kept in the checkpoint for a resume
+        self.dp_noise_seed = cfg.dp_noise_seed or secrets.randbits(63)
 
     # ----- who takes part ----------------------------------------------------------------------------
     def sample(self, server_round: int) -> list[int]:
@@ -143,8 +146,9 @@ class PFLStrategy:
         (the model the clients started from)."""
         if self.cfg.dp == "central":
             return self.dp_average(replies, reference)
+        private = {"dp": self.count_local_dp(replies)} if self.cfg.dp == "local" else {}
         averaged, report = robust_average([uploaded(r) for r in replies], weights, reference, self.cfg.robust_rule)
-        self.aggregation_fields = {"robust": report} if report else {}
+        self.aggregation_fields = {**({"robust": report} if report else {}), **private}
         if "skipped" in report:
             log(WARNING, "robust aggregation %s: %s; the model is kept", report["method"], report["skipped"])
         return averaged
@@ -163,8 +167,25 @@ class PFLStrategy:
             robust = {"method": "clip", "norm_bound": bound, "clipped": clipped, "max_norm": float(norms.max())}
         averaged, report = dp.aggregate(models, reference, self.dp_rounds)
         self.dp_rounds += 1
-        self.aggregation_fields = {"dp": report, **({"robust": robust} if robust else {})}
+        self.aggregation_fields = {"dp": {"mode": "central", **report}, **({"robust": robust} if robust else {})}
         return averaged
+
+    def count_local_dp(self, replies: list[TrainReply]) -> dict[str, Any]:
+        """Local DP: count each client's noised uploads and report the epsilon of the client that sent the most
+        (each upload is a Gaussian mechanism the client ran itself; the server knows who took part, so no
+        amplification by sampling applies)."""
+        cfg = self.cfg
+        for reply in replies:
+            self.dp_uploads[reply.partition_id] = self.dp_uploads.get(reply.partition_id, 0) + 1
+        most = max(self.dp_uploads.values(), default=0)
+        return {
+            "mode": "local",
+            "epsilon": epsilon(cfg.dp_noise_multiplier, 1.0, most, cfg.dp_delta),
+            "delta": cfg.dp_delta,
+            "noise_multiplier": cfg.dp_noise_multiplier,
+            "clip_bound": cfg.dp_clip_norm,
+            "uploads_max": most,
+        }
 
     def central_dp(self) -> CentralDp:
         """The run's central DP, made (and logged) the first time a round needs it: the sampling rate needs the
@@ -180,7 +201,7 @@ class PFLStrategy:
                 expected,
                 len(ids),
                 cfg.num_rounds,
-                derive_seed(cfg.seed, "dp"),
+                self.dp_noise_seed,
             )
             solved = f" (solved for epsilon {cfg.dp_target_epsilon:g})" if cfg.dp_target_epsilon > 0 else ""
             log(
@@ -233,6 +254,8 @@ class PFLStrategy:
             state["train-calls"] = {str(pid): n for pid, n in self.train_calls.items()}
         if self.cfg.dp != "none":
             state["dp-rounds"] = self.dp_rounds
+            state["dp-noise-seed"] = self.dp_noise_seed
+            state["dp-uploads"] = {str(pid): n for pid, n in self.dp_uploads.items()}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -248,6 +271,9 @@ class PFLStrategy:
             log(WARNING, "checkpoint holds no training-call counts: every client's lr step restarts at 0")
         self.train_calls = {int(pid): int(n) for pid, n in calls.items()}
         self.dp_rounds = int(state.get("dp-rounds", 0))
+        self.dp_uploads = {int(pid): int(n) for pid, n in state.get("dp-uploads", {}).items()}
+        if "dp-noise-seed" in state:
+            self.dp_noise_seed = int(state["dp-noise-seed"])
 
 
 def uploaded(reply: TrainReply) -> list[np.ndarray]:
