@@ -88,6 +88,53 @@ def export(args: argparse.Namespace) -> int:
     return 0
 
 
+def privacy(args: argparse.Namespace) -> int:
+    """The leakage audit (experiments/audit): table, scores and figure in --out."""
+    import importlib.util
+
+    from experiments.audit.run import audit, check_uploads, write_audit
+
+    if importlib.util.find_spec("torchmetrics") is None:
+        raise ConfigError("pflower privacy scores images with torchmetrics: pip install -e '.[study]'")
+
+    def numbers(text: str, what: str) -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise ConfigError(f"--{what} {text!r}: comma-separated whole numbers") from None
+        if not values or any(v < (0 if what == "seeds" else 1) for v in values):
+            raise ConfigError(f"--{what} {text!r}: give at least one, each {'0' if what == 'seeds' else '1'} or more")
+        return values
+
+    uploads = [u.strip() for u in args.uploads.split(",") if u.strip()]
+    check_uploads(uploads)
+    methods = [m.strip() for m in args.attacks.split(",") if m.strip()]
+    if not methods or any(m not in ("ig", "dlg") for m in methods):
+        raise ConfigError(f"--attacks {args.attacks!r}: ig, dlg or both")
+    if args.clients < 1 or args.steps < 1 or args.iterations < 1 or not args.lr > 0:
+        raise ConfigError("--clients, --steps and --iterations must be 1 or more, --lr positive")
+    batches, seeds = numbers(args.batch_sizes, "batch-sizes"), numbers(args.seeds, "seeds")
+    rows, shown, bounds = audit(
+        args.dataset,
+        args.data_dir,
+        uploads,
+        batches,
+        methods,
+        seeds,
+        args.clients,
+        args.steps,
+        args.lr,
+        args.iterations,
+        lambda line: print(line, flush=True),
+    )
+    command = "pflower privacy " + " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("command", "out") and v != ""
+    )
+    path = write_audit(rows, shown, bounds, args.out, command)
+    print(f"audit: {path}")
+    return 0
+
+
 def allow_takeover(args: argparse.Namespace) -> int:
     """Write the operator's consent to take-overs of partitions (by one node, or any) into a run folder."""
     from server_app.takeover import allow
@@ -177,6 +224,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "report": report,
     "export": export,
     "allow-takeover": allow_takeover,
+    "privacy": privacy,
     "results": results,
     "run": run,
     "sweep": sweep,

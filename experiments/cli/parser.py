@@ -11,7 +11,7 @@ from experiments.run.presets import PRESETS
 PROJECT = Path(__file__).resolve().parents[2]  # the Flower app: the folder holding pyproject.toml
 DESCRIPTION = (
     "`pflower`: run an experiment by preset (`run`), a TOML sweep of them (`sweep`), a report across runs (`report`), "
-    "the results document of a sweep (`results`)."
+    "the results document of a sweep (`results`), the leakage audit (`privacy`)."
 )
 
 
@@ -89,6 +89,25 @@ def _export(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--webp", action="store_true", help="images as lossless WebP (about 0.6 of their size)")
 
 
+def _privacy(sub: argparse._SubParsersAction) -> None:
+    privacy = sub.add_parser(
+        "privacy",
+        help="the leakage audit: gradient inversion by an honest-but-curious server on one round's upload, per "
+        "upload form, batch size and attack (docs/privacy.md)",
+    )
+    privacy.add_argument("--dataset", default="digits", help="digits (embedded), mnist, fashion-mnist or cifar10")
+    privacy.add_argument("--data-dir", default="", help="the data sets' folder (default $PFL_DATA_DIR)")
+    privacy.add_argument("--uploads", default="dense,sparse:0.1,body,head", help="upload forms (comma-separated)")
+    privacy.add_argument("--batch-sizes", default="1,8", help="comma-separated")
+    privacy.add_argument("--attacks", default="ig,dlg", help="ig (Inverting Gradients), dlg (comma-separated)")
+    privacy.add_argument("--seeds", default="0,1,2", help="comma-separated; each a fresh model and clients")
+    privacy.add_argument("--clients", type=int, default=4, help="attacked clients per seed")
+    privacy.add_argument("--steps", type=int, default=1, help="the clients' local SGD steps")
+    privacy.add_argument("--lr", type=float, default=0.05, help="the clients' learning rate")
+    privacy.add_argument("--iterations", type=int, default=300, help="the attack's iterations")
+    privacy.add_argument("--out", type=Path, default=Path("results/privacy"), help="results folder")
+
+
 def _listings(sub: argparse._SubParsersAction) -> None:
     sub.add_parser("presets", help="list the presets")
     sub.add_parser("keys", help="list every run-config key as TOML: its default, and its meaning as a comment")
@@ -153,6 +172,7 @@ def parser() -> argparse.ArgumentParser:
     _report(sub)
     results = _results(sub)
     _export(sub)
+    _privacy(sub)
     _listings(sub)
     _allow_takeover(sub)
     for command in (sweep, results):
