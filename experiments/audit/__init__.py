@@ -1,0 +1,1 @@
+"""The leakage audit: gradient inversion on one round's upload (`pflower privacy`)."""
