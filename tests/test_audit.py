@@ -99,3 +99,15 @@ def test_bad_audit_options_are_one_line(option: list[str], message: str, capsys)
     assert cli.main(["privacy", *option]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_local_dp_noise_on_the_upload_defeats_the_attack_the_plain_upload_loses_to() -> None:
+    from experiments.audit.run import Private, audit
+
+    def psnr(private: Private | None) -> float:
+        rows, _, _ = audit("digits", "", ["dense"], [1], ["ig"], [0], 2, 1, 0.05, 300, lambda _: None, private)
+        assert rows[0].upload == ("dense+dp(z=1,C=0.05)" if private else "dense")
+        return float(np.mean(rows[0].psnr))
+
+    plain, noised = psnr(None), psnr(Private(0.05, 1.0))
+    assert plain > 30.0 and noised < plain - 15.0, (plain, noised)

@@ -28,6 +28,7 @@ from common.data.federated import dataset_for
 from common.hparams import ConfigError
 from common.learning.models import build_model
 from common.methods.masks import prunable_names
+from common.methods.privacy import local_dp_update
 from common.storage.persist import atomic_write_text
 from experiments.analysis.stats import fmt_ci, mean_ci
 from experiments.audit.attacks import Attack, KnownRound, Masks, idlg_labels, invert, local_update, observed
@@ -96,10 +97,12 @@ def audit(
     lr: float,
     iterations: int,
     echo: Callable[[str], None] = print,
+    private: Private | None = None,
 ) -> tuple[list[Row], dict[str, torch.Tensor], tuple[float, float]]:
     """Run every (upload, batch, method) cell on `clients` batches per seed; the rows, the first seed's first batch
     of each cell (true and reconstructed) for the figure, and the pixel bounds. Where the upload leaves the
-    classifier out (`body`), iDLG has nothing to read: the attack is given the true labels (an upper bound)."""
+    classifier out (`body`), iDLG has nothing to read: the attack is given the true labels (an upper bound).
+    `private`: every client clips and noises its update as local DP does before the server sees it."""
     check_uploads(uploads)
     raw = {"dataset": dataset, **({"data-dir": data_dir} if data_dir else {})}
     data = dataset_for(parse_run_config(raw).data)
@@ -110,7 +113,8 @@ def audit(
     for upload in uploads:
         for batch in batches:
             for method in methods:
-                row = Row(upload, batch, method, [], [], [], [])
+                name = upload + (f"+dp(z={private.noise_multiplier:g},C={private.clip_norm:g})" if private else "")
+                row = Row(name, batch, method, [], [], [], [])
                 for seed in seeds:
                     model = build_model("auto", dataset, data.input_shape, data.num_classes, seed)
                     params = {name: value.detach() for name, value in model.named_parameters()}
@@ -121,11 +125,12 @@ def audit(
                         x = (torch.tensor(data.x[index].astype(np.float32)) / data.scale - mean) / std
                         y = torch.tensor(data.y[index]).long()
                         attack = Attack(method, iterations, 0.1 if method == "ig" else 1.0)
-                        rebuilt = attack_client(row, model, params, masks, x, y, known, attack, seed)
+                        noise = (private, np.random.default_rng([seed, client, 0xA0D1])) if private else None
+                        rebuilt = attack_client(row, model, params, masks, x, y, known, attack, seed, noise)
                         if seed == seeds[0] and client == 0:
-                            shown[f"{upload}|{batch}|{method}"] = torch.stack([x[:8], rebuilt[:8]])
+                            shown[f"{name}|{batch}|{method}"] = torch.stack([x[:8], rebuilt[:8]])
                 rows.append(row)
-                echo(f"{upload}, batch {batch}, {method}: PSNR {fmt_ci(*mean_ci(row.psnr)[:2], 1.0, 1)} dB")
+                echo(f"{name}, batch {batch}, {method}: PSNR {fmt_ci(*mean_ci(row.psnr)[:2], 1.0, 1)} dB")
     return rows, shown, bounds
 
 
@@ -139,10 +144,14 @@ def attack_client(
     known: KnownRound,
     attack: Attack,
     seed: int,
+    noise: tuple[Private, np.random.Generator] | None = None,
 ) -> torch.Tensor:
-    """One client's batch: its update, what the server sees of it, iDLG's labels (the true ones where the upload
-    leaves the classifier out), the inversion; its scores appended to `row`; the reconstruction."""
+    """One client's batch: its update (clipped and noised with `noise`), what the server sees of it, iDLG's labels
+    (the true ones where the upload leaves the classifier out), the inversion; its scores appended to `row`; the
+    reconstruction."""
     update = {k: v.detach() for k, v in local_update(model, params, x, y, known.lr, known.steps).items()}
+    if noise is not None:
+        update = privatized(update, masks, *noise)
     started = time.perf_counter()
     sees_labels = "head.bias" in masks
     labels = idlg_labels(update["head.bias"], len(y)) if sees_labels else y
@@ -153,6 +162,26 @@ def attack_client(
     row.ssim.extend(scores.ssim)
     row.labels.append(label_accuracy(y, labels) if sees_labels else float("nan"))
     return rebuilt[scores.match]  # in the true images' order
+
+
+@dataclass(frozen=True)
+class Private:
+    """Local DP of the attacked clients (docs/privacy.md): the clip bound C and the noise multiplier z."""
+
+    clip_norm: float
+    noise_multiplier: float
+
+
+def privatized(
+    update: dict[str, torch.Tensor], masks: Masks, private: Private, rng: np.random.Generator
+) -> dict[str, torch.Tensor]:
+    """The update as local DP sends it: clipped to C over what it carries and noised with std z * C there
+    (common.methods.privacy.local_dp_update); what it does not carry is left as it is (the server never sees it)."""
+    names = [name for name in update if name in masks]
+    support = [None if masks[n] is None else masks[n].numpy() for n in names]  # type: ignore[union-attr]
+    arrays = [update[n].numpy().astype(np.float64) for n in names]
+    noised = local_dp_update(arrays, support, private.clip_norm, private.noise_multiplier, rng)
+    return {**update, **{n: torch.tensor(a, dtype=update[n].dtype) for n, a in zip(names, noised)}}
 
 
 def table(rows: list[Row]) -> list[str]:

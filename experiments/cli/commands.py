@@ -92,7 +92,7 @@ def privacy(args: argparse.Namespace) -> int:
     """The leakage audit (experiments/audit): table, scores and figure in --out."""
     import importlib.util
 
-    from experiments.audit.run import audit, check_uploads, write_audit
+    from experiments.audit.run import Private, audit, check_uploads, write_audit
 
     if importlib.util.find_spec("torchmetrics") is None:
         raise ConfigError("pflower privacy scores images with torchmetrics: pip install -e '.[study]'")
@@ -114,6 +114,9 @@ def privacy(args: argparse.Namespace) -> int:
     if args.clients < 1 or args.steps < 1 or args.iterations < 1 or not args.lr > 0:
         raise ConfigError("--clients, --steps and --iterations must be 1 or more, --lr positive")
     batches, seeds = numbers(args.batch_sizes, "batch-sizes"), numbers(args.seeds, "seeds")
+    if args.dp_noise_multiplier < 0 or not args.dp_clip_norm > 0:
+        raise ConfigError("--dp-noise-multiplier must be 0 (no DP) or more, --dp-clip-norm positive")
+    private = Private(args.dp_clip_norm, args.dp_noise_multiplier) if args.dp_noise_multiplier > 0 else None
     rows, shown, bounds = audit(
         args.dataset,
         args.data_dir,
@@ -126,6 +129,7 @@ def privacy(args: argparse.Namespace) -> int:
         args.lr,
         args.iterations,
         lambda line: print(line, flush=True),
+        private,
     )
     command = "pflower privacy " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("command", "out") and v != ""

@@ -105,6 +105,10 @@ def _privacy(sub: argparse._SubParsersAction) -> None:
     privacy.add_argument("--steps", type=int, default=1, help="the clients' local SGD steps")
     privacy.add_argument("--lr", type=float, default=0.05, help="the clients' learning rate")
     privacy.add_argument("--iterations", type=int, default=300, help="the attack's iterations")
+    privacy.add_argument(
+        "--dp-noise-multiplier", type=float, default=0.0, help="> 0: the clients' uploads under local DP, this z"
+    )
+    privacy.add_argument("--dp-clip-norm", type=float, default=1.0, help="local DP's clip bound C (with the above)")
     privacy.add_argument("--out", type=Path, default=Path("results/privacy"), help="results folder")
 
 
