@@ -358,6 +358,22 @@ class RunConfig:
     dp_delta: float = hp(
         1e-5, "`dp`: the delta of the (epsilon, delta) guarantee", low=0.0, high=1.0, low_open=True, high_open=True
     )
+    dp_adaptive_clip: bool = hp(
+        False,
+        "`dp` = central: the clip bound follows the `dp-clip-quantile` of the update norms (Andrew et al. 2021), "
+        "starting at `dp-clip-norm`",
+    )
+    dp_clip_quantile: float = hp(
+        0.5,
+        "`dp-adaptive-clip`: the share of updates the bound aims to leave unclipped",
+        low=0.0,
+        high=1.0,
+        low_open=True,
+        high_open=True,
+    )
+    dp_clip_learning_rate: float = hp(
+        0.2, "`dp-adaptive-clip`: the geometric step of the bound per round", low=0.0, low_open=True
+    )
     attack_clients: float = hp(
         0.0,
         "simulation: this fraction of the clients (seeded) attacks by model "
@@ -565,6 +581,11 @@ def _check_dp(cfg: RunConfig, algorithm: str, averaging: list[str]) -> None:
         raise ConfigError(
             "run-config 'dp' needs exactly one of 'dp-noise-multiplier' (the noise) and 'dp-target-epsilon' (the "
             f"budget the noise is solved for), got {cfg.dp_noise_multiplier:g} and {cfg.dp_target_epsilon:g}"
+        )
+    if cfg.dp == "local" and cfg.dp_adaptive_clip:
+        raise ConfigError(
+            "run-config 'dp-adaptive-clip' is central DP's: the server adapts the bound from a noised count of the "
+            "updates it clips; under 'local' each client clips its own"
         )
     if cfg.dp == "local" and cfg.dp_target_epsilon > 0:
         raise ConfigError(

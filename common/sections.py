@@ -60,6 +60,9 @@ class PrivacySettings:
     dp_target_epsilon: float
     dp_noise_seed: int
     dp_delta: float
+    dp_adaptive_clip: bool
+    dp_clip_quantile: float
+    dp_clip_learning_rate: float
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ summary reports it, and settings that cannot give the guarantee are refused in o
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -48,8 +49,8 @@ def test_the_round_aggregate_is_the_clipped_noised_mean_and_the_epsilon_the_acco
     replies = fed.train_round(1)
     uploads = [[np.asarray(a) for a in replies[pid][ARRAYS].to_numpy_ndarrays()] for pid in sorted(replies)]
     assert len(uploads) == 3
-    dp = CentralDp(0.05, 1.1, 0.0, 1e-4, 3, 6, 3, 11)
-    expected, report = dp.aggregate(uploads, reference, 0)
+    dp = CentralDp(1.1, 0.0, 1e-4, 3, 6, 3, 11)
+    expected, report = dp.aggregate(uploads, reference, 0, 0.05)
     for got, want in zip(fed.strategy.global_arrays, expected, strict=True):
         np.testing.assert_array_equal(got, want)
     record = fed.round_log.train
@@ -130,3 +131,27 @@ def test_a_local_dp_upload_of_an_array_the_server_did_not_send_is_never_sent() -
     reply = RecordDict({ARRAYS: to_record(["w", "personal"], [np.ones(3, np.float32), np.ones(2, np.float32)])})
     with pytest.raises(ValueError, match=r"carries \['personal'\], which the server did not send"):
         private_reply(settings, content, reply, 0, 1)
+
+
+def test_the_adaptive_bound_moves_toward_the_median_norm_and_the_budget_is_the_same() -> None:
+    """Andrew et al.: the bound falls while most updates are under it and rises while most are over it; the
+    count's noise takes a share of the budget, so the updates' multiplier is above the total one, and the
+    accountant (the total one) reports the same epsilon as a fixed bound would."""
+    raw = {**BASE, "num-rounds": 6, "fraction-train": 1.0, "dp": "central", "dp-noise-multiplier": 1.0}
+    fed = InProcessFederation({**raw, "dp-noise-seed": 2, "dp-adaptive-clip": True, "dp-clip-norm": 50.0}, 8)
+    steps = []
+    for rnd in range(1, 5):
+        fed.train_round(rnd)
+        report = fed.round_log.train["dp"]
+        steps.append((report["clip_bound"], 1 - report["clipped"] / 8, fed.strategy.dp_clip))
+        assert report["epsilon"] == pytest.approx(epsilon(1.0, 1.0, rnd, 1e-5))
+    # round 1: 8 of 8 under 50, the count noised with std 1 (1/8 on the fraction): a step near exp(-0.2 * 0.5)
+    assert steps[0][0] == 50.0 and 50.0 * math.exp(-0.2 * 0.8) < steps[0][2] < 50.0 * math.exp(-0.2 * 0.2)
+    for bound, under, following in steps:
+        if abs(under - 0.5) >= 0.25:  # two noise stds from the target: the direction is sure
+            assert (following < bound) == (under > 0.5), steps
+    assert any(following > bound for bound, _, following in steps), "the noise grew the updates: the bound rose"
+    assert fed.strategy.state_dict()["dp-clip"] == steps[-1][2]  # the next round's bound, for a resume
+    assert fed.strategy.dp is not None and 1.0 < fed.strategy.dp.update_multiplier <= 1.155
+    with pytest.raises(ConfigError, match="central DP's"):
+        parse_run_config({"dp": "local", "dp-noise-multiplier": 1.0, "dp-adaptive-clip": True})

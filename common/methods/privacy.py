@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -214,15 +215,28 @@ def update_noise_multiplier(total: float, count_noise_std: float) -> float:
     return rest**-0.5
 
 
+@dataclass(frozen=True)
+class AdaptiveClip:
+    """Andrew et al. 2021's adaptive clip bound: the target quantile of the update norms, the geometric step size,
+    and the std of the noise on the count of updates under the bound."""
+
+    quantile: float
+    learning_rate: float
+    count_noise_std: float
+
+
 class CentralDp:
     """A run's central DP: the noise multiplier (given, or solved for a target epsilon once, at the start) and the
     sampling rate the accountant composes. Round k's noise comes from (noise_seed, k), so a resumed run draws the
     noise the uninterrupted one would have. The noise seed must be secret: anyone who knows it can subtract the
-    noise (the server makes one from the OS unless a study fixes it, run-config `dp-noise-seed`)."""
+    noise (the server makes one from the OS unless a study fixes it, run-config `dp-noise-seed`).
+
+    With `adaptive`, the clip bound follows the target quantile of the update norms. The count of updates under the
+    bound is noised too, so the updates get the share of the noise budget that is left
+    (`update_noise_multiplier`), and the accountant composes the total multiplier."""
 
     def __init__(
         self,
-        clip_bound: float,
         noise_multiplier: float,
         target_epsilon: float,
         delta: float,
@@ -230,8 +244,8 @@ class CentralDp:
         num_clients: int,
         num_rounds: int,
         noise_seed: int,
+        adaptive: AdaptiveClip | None = None,
     ) -> None:
-        self.clip_bound = clip_bound
         self.delta = delta
         self.expected_clients = expected_clients
         self.sample_rate = expected_clients / num_clients
@@ -240,6 +254,12 @@ class CentralDp:
             if noise_multiplier > 0
             else noise_for_epsilon(target_epsilon, self.sample_rate, num_rounds, delta)
         )
+        self.adaptive = adaptive
+        self.update_multiplier = (
+            update_noise_multiplier(self.noise_multiplier, adaptive.count_noise_std)
+            if adaptive
+            else self.noise_multiplier
+        )
         self.noise_seed = noise_seed
 
     def epsilon(self, rounds: int) -> float:
@@ -247,10 +267,11 @@ class CentralDp:
         return epsilon(self.noise_multiplier, self.sample_rate, rounds, self.delta)
 
     def aggregate(
-        self, models: Sequence[Update], reference: Update, index: int
+        self, models: Sequence[Update], reference: Update, index: int, clip_bound: float
     ) -> tuple[list[np.ndarray], dict[str, float]]:
         """The new model after aggregated round number `index` (0, 1, ...): reference + central_dp_mean of the
-        updates, every coordinate shared, float32; and its report (epsilon after this round included)."""
+        updates clipped to `clip_bound`, every coordinate shared, float32; and its report: epsilon after this round
+        included, and the next round's clip bound (`next_clip_bound`, the same one unless adaptive)."""
         rng = np.random.default_rng([self.noise_seed, index, 0x6470])
         updates = [[np.asarray(m, np.float64) - r for m, r in zip(model, reference, strict=True)] for model in models]
         supports: list[Support] = [[None] * len(reference) for _ in models]
@@ -258,11 +279,24 @@ class CentralDp:
             updates,
             supports,
             [None] * len(reference),
-            self.clip_bound,
-            self.noise_multiplier,
+            clip_bound,
+            self.update_multiplier,
             self.expected_clients,
             rng,
         )
+        next_bound = clip_bound
+        if self.adaptive is not None:
+            below = [support_norm(u, s) <= clip_bound for u, s in zip(updates, supports, strict=True)]
+            count_rng = np.random.default_rng([self.noise_seed, index, 0x636C])
+            a = self.adaptive
+            next_bound = adaptive_clip_step(
+                clip_bound, below, a.quantile, a.learning_rate, a.count_noise_std, count_rng
+            )
         new = [(np.asarray(r, np.float64) + m).astype(np.float32) for r, m in zip(reference, mean, strict=True)]
-        spent = self.epsilon(index + 1)
-        return new, {**report, "noise_multiplier": self.noise_multiplier, "delta": self.delta, "epsilon": spent}
+        return new, {
+            **report,
+            "noise_multiplier": self.noise_multiplier,
+            "delta": self.delta,
+            "epsilon": self.epsilon(index + 1),
+            "next_clip_bound": next_bound,
+        }

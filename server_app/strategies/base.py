@@ -17,7 +17,7 @@ from common.config import RunConfig
 from common.hparams import ConfigError
 from common.learning.evaluate import shift_key
 from common.learning.models import ModelLayout
-from common.methods.privacy import ACCOUNTANT_HINT, CentralDp, accountant_installed, epsilon
+from common.methods.privacy import ACCOUNTANT_HINT, AdaptiveClip, CentralDp, accountant_installed, epsilon
 from common.methods.robust import clip_updates, robust_average, update_norms
 from common.wire.messages import ARRAYS, CONFIG, FINETUNE_EPOCHS, LR_STEP, NEWCOMER_MODEL, PARTITION_ID, SERVER_ROUND
 from common.wire.records import to_record
@@ -53,6 +53,7 @@ class PFLStrategy:
         self.dp: CentralDp | None = None  # run-config `dp` = central, made at its first round (it needs the clients)
         self.dp_rounds = 0  # rounds aggregated under DP: what the accountant composes
         self.dp_uploads: dict[int, int] = {}  # local DP: the noised uploads of each client so far
+        self.dp_clip = cfg.dp_clip_norm  # central DP's clip bound of the next round (it moves under dp-adaptive-clip)
         # the DP noise's seed: secret unless a study fixes it (dp-noise-seed); kept in the checkpoint for a resume
         self.dp_noise_seed = cfg.dp_noise_seed or secrets.randbits(63)
 
@@ -165,8 +166,9 @@ class PFLStrategy:
             bound = self.cfg.robust_clip_norm or float(np.median(norms))
             models, clipped = clip_updates(models, reference, bound, norms)
             robust = {"method": "clip", "norm_bound": bound, "clipped": clipped, "max_norm": float(norms.max())}
-        averaged, report = dp.aggregate(models, reference, self.dp_rounds)
+        averaged, report = dp.aggregate(models, reference, self.dp_rounds, self.dp_clip)
         self.dp_rounds += 1
+        self.dp_clip = report.pop("next_clip_bound")
         self.aggregation_fields = {"dp": {"mode": "central", **report}, **({"robust": robust} if robust else {})}
         return averaged
 
@@ -193,8 +195,15 @@ class PFLStrategy:
         if self.dp is None:
             cfg, ids = self.cfg, self.clients.ids()
             expected = sample_size(len(ids), cfg.fraction_train, cfg.min_train_clients)
+            # the count's noise: Andrew et al.'s m / 20, at least the noise multiplier, so that the updates keep at
+            # least 87% of the budget (z_update <= 1.155 z) when few clients take part
+            count_noise = max(expected / 20, cfg.dp_noise_multiplier or 1.0)
+            adaptive = (
+                AdaptiveClip(cfg.dp_clip_quantile, cfg.dp_clip_learning_rate, count_noise)
+                if cfg.dp_adaptive_clip
+                else None
+            )
             self.dp = CentralDp(
-                cfg.dp_clip_norm,
                 cfg.dp_noise_multiplier,
                 cfg.dp_target_epsilon,
                 cfg.dp_delta,
@@ -202,13 +211,15 @@ class PFLStrategy:
                 len(ids),
                 cfg.num_rounds,
                 self.dp_noise_seed,
+                adaptive,
             )
             solved = f" (solved for epsilon {cfg.dp_target_epsilon:g})" if cfg.dp_target_epsilon > 0 else ""
             log(
                 INFO,
-                "central DP: updates clipped to %g, noise multiplier %.4f%s, %d of %d clients a round; epsilon at "
-                "delta %g after %d rounds: %.3f",
-                cfg.dp_clip_norm,
+                "central DP: updates clipped to %g%s, noise multiplier %.4f%s, %d of %d clients a round; epsilon "
+                "at delta %g after %d rounds: %.3f",
+                self.dp_clip,
+                f" (adaptive, toward the {cfg.dp_clip_quantile:g} quantile)" if adaptive else "",
                 self.dp.noise_multiplier,
                 solved,
                 expected,
@@ -256,6 +267,7 @@ class PFLStrategy:
             state["dp-rounds"] = self.dp_rounds
             state["dp-noise-seed"] = self.dp_noise_seed
             state["dp-uploads"] = {str(pid): n for pid, n in self.dp_uploads.items()}
+            state["dp-clip"] = self.dp_clip
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -272,6 +284,7 @@ class PFLStrategy:
         self.train_calls = {int(pid): int(n) for pid, n in calls.items()}
         self.dp_rounds = int(state.get("dp-rounds", 0))
         self.dp_uploads = {int(pid): int(n) for pid, n in state.get("dp-uploads", {}).items()}
+        self.dp_clip = float(state.get("dp-clip", self.cfg.dp_clip_norm))
         if "dp-noise-seed" in state:
             self.dp_noise_seed = int(state["dp-noise-seed"])
 
