@@ -91,6 +91,20 @@ def noise_on(
     return out
 
 
+def clipped_sum(
+    updates: Sequence[Update], supports: Sequence[Support], bound: float
+) -> tuple[list[np.ndarray], list[float]]:
+    """The sum of the updates, each clipped to `bound` on its support (float64), and each update's norm before."""
+    total = [np.zeros(np.shape(a)) for a in updates[0]]
+    norms = []
+    for update, support in zip(updates, supports, strict=True):
+        bounded, norm = clip_on_support(update, support, bound)
+        norms.append(norm)
+        for acc, values in zip(total, bounded, strict=True):
+            acc += values
+    return total, norms
+
+
 def central_dp_mean(
     updates: Sequence[Update],
     supports: Sequence[Support],
@@ -115,20 +129,28 @@ def central_dp_mean(
         raise ValueError(f"the noise multiplier must be non-negative, got {noise_multiplier}")
     if not updates:
         raise ValueError("nothing to aggregate")
-    shapes = [np.shape(a) for a in updates[0]]
-    total = [np.zeros(shape) for shape in shapes]
-    clipped = 0
-    for update, support in zip(updates, supports, strict=True):
-        bounded, norm = clip_on_support(update, support, bound)
-        clipped += int(norm > bound)
-        for acc, values in zip(total, bounded, strict=True):
-            acc += values
+    total, norms = clipped_sum(updates, supports, bound)
+    return noised_mean(total, norms, shared, bound, noise_multiplier, expected_clients, rng)
+
+
+def noised_mean(
+    total: list[np.ndarray],
+    norms: Sequence[float],
+    shared: Support,
+    bound: float,
+    noise_multiplier: float,
+    expected_clients: int,
+    rng: np.random.Generator,
+) -> tuple[list[np.ndarray], dict[str, float]]:
+    """central_dp_mean's second step: the clipped sum over `expected_clients` plus its noise on the shared
+    coordinates (zero elsewhere); the report counts the updates whose `norms` exceeded the bound."""
     std = noise_multiplier * bound / expected_clients
-    noise = noise_on(shapes, shared, std, rng)
+    noise = noise_on([np.shape(a) for a in total], shared, std, rng)
     mean = []
     for acc, extra, mask in zip(total, noise, shared, strict=True):
         values = acc / expected_clients + extra
         mean.append(values if mask is None else np.where(mask, values, 0.0))
+    clipped = sum(int(norm > bound) for norm in norms)
     return mean, {"clip_bound": bound, "noise_std": std, "clipped": float(clipped)}
 
 
@@ -275,18 +297,12 @@ class CentralDp:
         rng = np.random.default_rng([self.noise_seed, index, 0x6470])
         updates = [[np.asarray(m, np.float64) - r for m, r in zip(model, reference, strict=True)] for model in models]
         supports: list[Support] = [[None] * len(reference) for _ in models]
-        mean, report = central_dp_mean(
-            updates,
-            supports,
-            [None] * len(reference),
-            clip_bound,
-            self.update_multiplier,
-            self.expected_clients,
-            rng,
-        )
+        total, norms = clipped_sum(updates, supports, clip_bound)
+        shared = [None] * len(reference)
+        mean, report = noised_mean(total, norms, shared, clip_bound, self.update_multiplier, self.expected_clients, rng)
         next_bound = clip_bound
         if self.adaptive is not None:
-            below = [support_norm(u, s) <= clip_bound for u, s in zip(updates, supports, strict=True)]
+            below = [norm <= clip_bound for norm in norms]  # the norms the clip computed, not a second pass
             count_rng = np.random.default_rng([self.noise_seed, index, 0x636C])
             a = self.adaptive
             next_bound = adaptive_clip_step(

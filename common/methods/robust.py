@@ -104,6 +104,17 @@ def coordinate_median(models: Sequence[Model]) -> list[np.ndarray]:
     ]
 
 
+def robust_clip(
+    models: Sequence[Model], reference: Model, rule: RobustRule
+) -> tuple[list[list[np.ndarray]], dict[str, Any]]:
+    """`clip`'s first step: every update shortened to the rule's bound (0: the round's median update norm); the
+    clipped models and what it did."""
+    norms = update_norms(models, reference)
+    bound = rule.clip_norm if rule.clip_norm > 0 else float(np.median(norms))
+    clipped, count = clip_updates(models, reference, bound, norms)
+    return clipped, {"method": "clip", "norm_bound": bound, "clipped": count, "max_norm": float(norms.max())}
+
+
 def robust_average(
     models: Sequence[Model], weights: Sequence[float], reference: Model, rule: RobustRule
 ) -> tuple[list[np.ndarray], dict[str, Any]]:
@@ -123,17 +134,9 @@ def robust_average(
             "skipped": f"{len(models)} update(s), fewer than the {MIN_ROBUST_MODELS} a robust rule needs",
         }
     if rule.method == "clip":
-        norms = update_norms(models, reference)
-        bound = rule.clip_norm if rule.clip_norm > 0 else float(np.median(norms))
-        clipped, count = clip_updates(models, reference, bound, norms)
+        clipped, report = robust_clip(models, reference, rule)
         capped, weights_capped = capped_weights(weights)
-        return weighted_average(clipped, capped.tolist()), {
-            "method": "clip",
-            "norm_bound": bound,
-            "clipped": count,
-            "max_norm": float(norms.max()),
-            "weights_capped": weights_capped,
-        }
+        return weighted_average(clipped, capped.tolist()), {**report, "weights_capped": weights_capped}
     if rule.method == "trimmed-mean":
         return trimmed_mean(models, rule.trim), {
             "method": "trimmed-mean",

@@ -18,7 +18,7 @@ from common.hparams import ConfigError
 from common.learning.evaluate import shift_key
 from common.learning.models import ModelLayout
 from common.methods.privacy import ACCOUNTANT_HINT, AdaptiveClip, CentralDp, accountant_installed, epsilon
-from common.methods.robust import clip_updates, robust_average, update_norms
+from common.methods.robust import robust_average, robust_clip
 from common.wire.messages import ARRAYS, CONFIG, FINETUNE_EPOCHS, LR_STEP, NEWCOMER_MODEL, PARTITION_ID, SERVER_ROUND
 from common.wire.records import to_record
 from common.wire.validation import read_fraction, validate_arrays
@@ -159,13 +159,10 @@ class PFLStrategy:
         robust bound first, then DP clips each to `dp-clip-norm`, averages over the planned clients and adds noise;
         sample counts do not weigh in (one client's influence is what DP bounds)."""
         dp = self.central_dp()
-        models = [uploaded(r) for r in replies]
+        models: Sequence[Sequence[np.ndarray]] = [uploaded(r) for r in replies]
         robust: dict[str, Any] = {}
         if self.cfg.robust_aggregation == "clip":
-            norms = update_norms(models, reference)
-            bound = self.cfg.robust_clip_norm or float(np.median(norms))
-            models, clipped = clip_updates(models, reference, bound, norms)
-            robust = {"method": "clip", "norm_bound": bound, "clipped": clipped, "max_norm": float(norms.max())}
+            models, robust = robust_clip(models, reference, self.cfg.robust_rule)
         averaged, report = dp.aggregate(models, reference, self.dp_rounds, self.dp_clip)
         self.dp_rounds += 1
         self.dp_clip = report.pop("next_clip_bound")
