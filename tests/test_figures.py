@@ -86,3 +86,45 @@ def test_the_shift_figure_draws_the_best_round_only_where_it_differs(
     monkeypatch.setattr(figures, "_plt", recording)
     figures.accuracy_vs_shift(group_runs(find_runs([tmp_path])), tmp_path)
     assert sorted(labels) == ["better-earlier (best round)", "better-earlier (last)", "same (last)"]
+
+
+def test_the_shift_figure_draws_a_tables_derived_rows_from_their_own_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A results table's DM-PFL+ and global-model rows are lines of the shift figure, read from their prefixed
+    metrics ('plus-', 'global-'), not copies of the main model's."""
+    from experiments.analysis import figures
+    from experiments.analysis.collect import find_runs, group_runs
+    from experiments.analysis.tables import find_row
+
+    run = tmp_path / "d-seed0"
+    run.mkdir()
+    means = {"acc-shift-0": 0.8, "acc-shift-1": 0.5, "plus-acc-shift-0": 0.7, "plus-acc-shift-1": 0.6}
+    means |= {"global-acc-shift-0": 0.55, "global-acc-shift-1": 0.56}
+    final = {"mean": means, "std": {k: 0.1 for k in means}}
+    summary = {"algorithm": "dmpfl", "final": final, "shift_degrees": [0.0, 1.0], "final_round": 1}
+    (run / "config.json").write_text(json.dumps({"algorithm": "dmpfl", "seed": 0}))
+    (run / "metrics.jsonl").write_text(json.dumps({"round": 1, "eval": final}) + "\n")
+    (run / "summary.json").write_text(json.dumps(summary))
+    drawn: dict[str, list[float]] = {}
+    real = figures._plt
+
+    def recording():  # type: ignore[no-untyped-def]
+        plt = real()
+        save = plt.Figure.savefig
+
+        def savefig(fig, *args, **kwargs):  # type: ignore[no-untyped-def]
+            for ax in fig.axes:
+                for container in ax.containers:
+                    drawn[container.get_label()] = [float(v) for v in container.lines[0].get_ydata()]
+            return save(fig, *args, **kwargs)
+
+        monkeypatch.setattr(plt.Figure, "savefig", savefig)
+        return plt
+
+    monkeypatch.setattr(figures, "_plt", recording)
+    groups = group_runs(find_runs([tmp_path]))
+    rows = [(found[0], found[1], row) for row in ("d", "d+", "d (global model)") if (found := find_row(groups, row))]
+    figures.accuracy_vs_shift(groups, tmp_path, rows)
+    rounded = {label: [round(v, 6) for v in values] for label, values in drawn.items()}
+    assert rounded == {"d (last)": [80.0, 50.0], "d+ (last)": [70.0, 60.0], "d (global model) (last)": [55.0, 56.0]}

@@ -73,23 +73,27 @@ def differs(a: list[float], b: list[float], tolerance: float = 1e-9) -> bool:
     return any(abs(u - v) > tolerance for u, v in zip(a, b) if math.isfinite(u) and math.isfinite(v))
 
 
-def accuracy_vs_shift(groups: list[Group], out: Path) -> str:
+def accuracy_vs_shift(groups: list[Group], out: Path, rows: list[tuple[Group, str, str]] | None = None) -> str:
     """Last-round (solid) accuracy by shift degree, and the best round's (dashed) where it differs from the last;
-    bars: client std (mean over seeds); the series dodged along x so that every bar shows."""
+    bars: client std (mean over seeds); the series dodged along x so that every bar shows.
+
+    rows: (group, metric prefix, label) of each line, e.g. a table's DM-PFL+ row (prefix 'plus-'); default: each
+    group's main model."""
     plt = _plt()
-    degrees = [float(d) for d in groups[0].runs[0].summary.get("shift_degrees", [0.0])]
+    series = rows if rows is not None else [(g, "", g.label) for g in groups]
+    degrees = [float(d) for d in series[0][0].runs[0].summary.get("shift_degrees", [0.0])]
     fig, ax = plt.subplots(figsize=(9, 4.5), layout="constrained")
     x = [100 * d for d in degrees]
-    for index, g in enumerate(groups):
+    for index, (g, prefix, label) in enumerate(series):
         color = f"C{index % 10}"
-        keys = [shift_key(d) for d in degrees]
+        keys = [prefix + shift_key(d) for d in degrees]
         last = [100 * _seed_mean(g, lambda r, k=k: r.final.get(k))[0] for k in keys]
         spread = [100 * _seed_mean(g, lambda r, k=k: r.final_std.get(k))[0] for k in keys]
         best = [100 * _seed_mean(g, lambda r, k=k: r.best_round().get(k))[0] for k in keys]
-        at = dodged(x, index, len(groups))
-        ax.errorbar(at, last, yerr=spread, color=color, marker="o", capsize=3, label=f"{g.label} (last)")
+        at = dodged(x, index, len(series))
+        ax.errorbar(at, last, yerr=spread, color=color, marker="o", capsize=3, label=f"{label} (last)")
         if differs(best, last):
-            ax.plot(at, best, color=color, linestyle="--", marker="x", alpha=0.7, label=f"{g.label} (best round)")
+            ax.plot(at, best, color=color, linestyle="--", marker="x", alpha=0.7, label=f"{label} (best round)")
     ax.set_xticks(x, [f"{v:g}" for v in x])
     ax.set_xlabel("test-time shift degree (%)")
     ax.set_ylabel("accuracy (%), mean over seeds")
@@ -100,7 +104,9 @@ def accuracy_vs_shift(groups: list[Group], out: Path) -> str:
     ax.grid(alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     order = {
-        f"{g.label} ({kind})": 2 * i + j for i, g in enumerate(groups) for j, kind in enumerate(("last", "best round"))
+        f"{label} ({kind})": 2 * i + j
+        for i, (_, _, label) in enumerate(series)
+        for j, kind in enumerate(("last", "best round"))
     }
     shown = sorted(zip(handles, labels), key=lambda item: order[item[1]])  # each experiment's two lines together
     ax.legend(*zip(*shown), fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # beside the axes
@@ -298,13 +304,15 @@ def draw_all(
     out: Path,
     only: tuple[str, ...] | None = None,
     round_groups: list[Group] | None = None,
+    shift_rows: list[tuple[Group, str, str]] | None = None,
 ) -> list[str]:
     """Every figure that applies to these runs (or those named in `only`; `round_groups`: the groups of the
-    global-rounds figure, default all); returns their file names (none without matplotlib: see SKIPPED)."""
+    global-rounds figure, default all; `shift_rows`: the lines of the shift figure, default each group's main
+    model); returns their file names (none without matplotlib: see SKIPPED)."""
     if not figures_available():
         return []
     makers = {
-        "shift": lambda: accuracy_vs_shift(groups, out),
+        "shift": lambda: accuracy_vs_shift(groups, out, shift_rows),
         "corruption": lambda: corruption_figure(groups, corruptions_of(groups), out),
         "costs": lambda: costs_figure(groups, base, out),
         "frontier": lambda: frontier_figure(groups, out),

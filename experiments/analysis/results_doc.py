@@ -204,7 +204,9 @@ def section(groups: list[Group], spec: TableSpec, check: OrderCheck, figures_dir
         out = figures_dir / spec.id
         out.mkdir(parents=True, exist_ok=True)
         rounds = [found[0] for row in spec.round_rows if (found := find_row(used, row))]
-        for name in draw_all(used, base, out, only=spec.figures, round_groups=rounds or None):
+        shift_rows = [(found[0], found[1], row) for row in spec.rows if (found := find_row(used, row))]
+        drawn = draw_all(used, base, out, only=spec.figures, round_groups=rounds or None, shift_rows=shift_rows)
+        for name in drawn:
             lines.append(f"![{spec.id}: {name}]({os.path.relpath(out / name, doc_dir)})")
         lines.append("")
     return lines
