@@ -17,7 +17,7 @@ from common.data.partitioners import PARTITION_SPECS, partition_help
 from common.data.settings import DataSettings, SplitSettings
 from common.hparams import ConfigError, KeyInfo, as_dict, choice, describe, hp, parse_fields
 from common.learning.model_specs import MODEL_SPECS
-from common.methods.privacy import CENTRAL_DP_REFUSED, DP_MODES
+from common.methods.privacy import CENTRAL_DP_ON_GLOBAL_MASK, CENTRAL_DP_REFUSED, DP_MODES
 from common.methods.robust import ROBUST_METHODS, RobustRule
 from common.sections import EvaluationSettings, FaultSettings, OutputSettings, PrivacySettings, TrainingSettings
 from common.storage.run_folder import MESSAGES_FILE
@@ -346,7 +346,7 @@ class RunConfig:
     )
     dp_target_epsilon: float = hp(
         0.0,
-        "`dp`: the epsilon at `dp-delta` after `num-rounds` rounds that sets the noise multiplier (0: off)",
+        "`dp`: the epsilon at `dp-delta` after the run's rounds that sets the noise multiplier (0: off)",
         low=0.0,
     )
     dp_noise_seed: int = hp(
@@ -571,8 +571,16 @@ def _check_dp(cfg: RunConfig, algorithm: str, averaging: list[str]) -> None:
         raise ConfigError(
             f"run-config 'dp' = '{cfg.dp}' cannot apply to '{algorithm}': {CENTRAL_DP_REFUSED[algorithm]}"
         )
-    if not SPECS[algorithm].averages_models or algorithm in CENTRAL_DP_REFUSED:
+    on_global_mask = algorithm in CENTRAL_DP_ON_GLOBAL_MASK  # central DP noises m_g, which stays as it started
+    if cfg.dp == "local" and on_global_mask:
+        raise ConfigError(
+            f"run-config 'dp' = 'local' is not built yet for '{algorithm}' (its uploads are sparse: values on the "
+            "client's own mask); use 'central' (noise on the global mask's positions only)"
+        )
+    if not on_global_mask and (not SPECS[algorithm].averages_models or algorithm in CENTRAL_DP_REFUSED):
         supported = ", ".join(a for a in averaging if a not in CENTRAL_DP_REFUSED)
+        if cfg.dp == "central":
+            supported += ", " + ", ".join(CENTRAL_DP_ON_GLOBAL_MASK)
         raise ConfigError(
             f"run-config 'dp' = '{cfg.dp}' is built for the algorithms whose server averages what the clients upload "
             f"({supported}), not yet for '{algorithm}'"

@@ -27,7 +27,7 @@ BASE = {"dataset": "digits", "num-rounds": 3, "fraction-train": 0.5, "local-epoc
     [
         ({"algorithm": "fedamp"}, "cannot apply to 'fedamp': its server needs each client's own model"),
         ({"algorithm": "fliu"}, "cannot apply to 'fliu'"),
-        ({"algorithm": "dmpfl"}, "not yet for 'dmpfl'"),
+        ({"algorithm": "dapperfl"}, "not yet for 'dapperfl'"),
         ({"dp-noise-multiplier": 1.0, "dp-target-epsilon": 4.0}, "needs exactly one of"),
         ({}, "needs exactly one of"),
         ({"dp-noise-multiplier": 1.0, "robust-aggregation": "median"}, "no bounded sensitivity"),
@@ -155,3 +155,74 @@ def test_the_adaptive_bound_moves_toward_the_median_norm_and_the_budget_is_the_s
     assert fed.strategy.dp is not None and 1.0 < fed.strategy.dp.update_multiplier <= 1.155
     with pytest.raises(ConfigError, match="central DP's"):
         parse_run_config({"dp": "local", "dp-noise-multiplier": 1.0, "dp-adaptive-clip": True})
+
+
+def test_supports_clip_what_each_client_sent_and_noise_lands_only_on_the_shared_coordinates() -> None:
+    """Hand-made updates: the clip norm is taken on each update's support only, the mean divides by the planned
+    clients, and off the shared mask the model stays the reference exactly."""
+    reference = [np.zeros((40, 50)), np.zeros(3)]
+    shared = [np.zeros((40, 50), bool), None]
+    shared[0][:20] = True  # the global mask: the first 20 rows
+    big = [np.full((40, 50), 3.0), np.zeros(3)]  # norm 3 * sqrt(1000) on the shared rows: clipped to 1
+    own = [np.zeros((40, 50), bool), None]
+    own[0][:10] = True  # sent rows 0-9 only: the rest of its update is off its support
+    small = [np.full((40, 50), 0.01), np.full(3, 0.01)]  # within the bound on its support
+    dp = CentralDp(0.0001, 0.0, 1e-5, 4, 40, 3, 5)
+    new, report = dp.aggregate([big, small], reference, 0, 1.0, [shared, own], shared)
+    assert report["clipped"] == 1
+    scale = 1.0 / (3.0 * math.sqrt(1000))
+    expect = np.zeros((40, 50))
+    expect[:20] = 3.0 * scale / 4
+    expect[:10] += 0.01 / 4
+    np.testing.assert_allclose(new[0], expect, atol=1e-4)  # the noise: std 1e-4 * 1 / 4
+    assert np.all(new[0][20:] == 0.0), "no noise and no update off the shared mask"
+    np.testing.assert_allclose(new[1], np.full(3, 0.01 / 4), atol=1e-4)
+    wide = CentralDp(2.0, 0.0, 1e-5, 4, 40, 3, 5).aggregate([big], reference, 0, 1.0, [shared], shared)[0][0]
+    assert np.std(wide[:20] - 3.0 * scale / 4) == pytest.approx(2.0 * 1.0 / 4, rel=0.1)
+
+
+@pytest.mark.parametrize(("algorithm", "extra"), [("dmpfl", {"dmpfl-phases": "halves"}), ("feddst", {})])
+def test_sparse_algorithms_noise_only_their_global_mask_which_stays_as_it_started(algorithm: str, extra: dict) -> None:
+    raw = {**BASE, "algorithm": algorithm, **extra, "dp": "central", "dp-clip-norm": 0.5, "dp-noise-multiplier": 1.0}
+    raw["dp-noise-seed"] = 7
+    fed = InProcessFederation(raw, 6)
+    strategy = fed.strategy
+    masks = {name: m.copy() for name, m in strategy.global_masks.items()}
+    reference = [a.copy() for a in strategy.global_arrays]
+    replies = fed.train_round(1)
+    assert len(replies) == 3
+    for name, mask in strategy.global_masks.items():
+        np.testing.assert_array_equal(mask, masks[name])  # no vote on the clients' masks
+    # the same round by hand: each upload decoded, its update on (its mask AND m_g), noise on m_g
+    names = [name for name, _ in strategy.specs]
+    models, supports = [], []
+    for pid in sorted(replies):
+        weights, sent_masks = strategy.decode_upload(replies[pid], values_only=strategy.values_only_round(1))
+        model, support = [], []
+        for name, old in zip(names, reference):
+            if name not in masks:
+                model.append(weights[name])
+                support.append(None)
+                continue
+            dense = np.zeros(old.shape, np.float32)
+            dense[sent_masks[name]] = weights[name]
+            on = sent_masks[name] & masks[name]
+            model.append(np.where(on, dense, old))
+            support.append(on)
+        models.append(model)
+        supports.append(support)
+    shared = [masks.get(name) for name in names]
+    expected, _ = CentralDp(1.0, 0.0, 1e-5, 3, 6, 3, 7).aggregate(models, reference, 0, 0.5, supports, shared)
+    for name, got, want, old in zip(names, strategy.global_arrays, expected, reference):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-7)
+        if name in masks:
+            assert np.array_equal(got[~masks[name]], old[~masks[name]]), f"{name}: moved off m_g"
+            assert not np.array_equal(got[masks[name]], old[masks[name]]), f"{name}: m_g did not train"
+    report = fed.round_log.train["dp"]
+    assert report["noise_std"] == pytest.approx(1.0 * 0.5 / 3)
+    assert report["epsilon"] == pytest.approx(epsilon(1.0, 0.5, 1, 1e-5))
+
+
+def test_local_dp_is_refused_for_the_sparse_algorithms_in_one_line() -> None:
+    with pytest.raises(ConfigError, match="'local' is not built yet for 'dmpfl'.*use 'central'"):
+        parse_run_config({"algorithm": "dmpfl", "dp": "local", "dp-noise-multiplier": 1.0})

@@ -30,6 +30,11 @@ CENTRAL_DP_REFUSED = {
     "fliu": f"{_OWN_MODELS} (the individualized updates)",
 }
 
+# Sparse algorithms whose server averages on the global mask: central DP noises m_g's positions, and m_g stays at its
+# seeded, data-independent start (the server's vote over the clients' masks is left out, as it would release them).
+# Local DP is not built for their sparse wire form yet.
+CENTRAL_DP_ON_GLOBAL_MASK = ("dmpfl", "feddst")
+
 Update = Sequence[np.ndarray]
 Support = Sequence[np.ndarray | None]  # per array: the boolean mask of the coordinates sent (None: every one)
 
@@ -289,16 +294,26 @@ class CentralDp:
         return epsilon(self.noise_multiplier, self.sample_rate, rounds, self.delta)
 
     def aggregate(
-        self, models: Sequence[Update], reference: Update, index: int, clip_bound: float
+        self,
+        models: Sequence[Update],
+        reference: Update,
+        index: int,
+        clip_bound: float,
+        supports: Sequence[Support] | None = None,
+        shared: Support | None = None,
     ) -> tuple[list[np.ndarray], dict[str, float]]:
         """The new model after aggregated round number `index` (0, 1, ...): reference + central_dp_mean of the
-        updates clipped to `clip_bound`, every coordinate shared, float32; and its report: epsilon after this round
-        included, and the next round's clip bound (`next_clip_bound`, the same one unless adaptive)."""
+        updates clipped to `clip_bound`, float32; and its report: epsilon after this round included, and the next
+        round's clip bound (`next_clip_bound`, the same one unless adaptive).
+
+        supports: per model, the coordinates it sent (default: every one); shared: the coordinates every client may
+        send, the only ones noised (default: every one). Off `shared` the model stays the reference."""
         rng = np.random.default_rng([self.noise_seed, index, 0x6470])
         updates = [[np.asarray(m, np.float64) - r for m, r in zip(model, reference, strict=True)] for model in models]
-        supports: list[Support] = [[None] * len(reference) for _ in models]
+        every: Support = [None] * len(reference)
+        supports = supports if supports is not None else [every for _ in models]
+        shared = shared if shared is not None else every
         total, norms = clipped_sum(updates, supports, clip_bound)
-        shared = [None] * len(reference)
         mean, report = noised_mean(total, norms, shared, clip_bound, self.update_multiplier, self.expected_clients, rng)
         next_bound = clip_bound
         if self.adaptive is not None:

@@ -17,7 +17,14 @@ from common.config import RunConfig
 from common.hparams import ConfigError
 from common.learning.evaluate import shift_key
 from common.learning.models import ModelLayout
-from common.methods.privacy import ACCOUNTANT_HINT, AdaptiveClip, CentralDp, accountant_installed, epsilon
+from common.methods.privacy import (
+    ACCOUNTANT_HINT,
+    AdaptiveClip,
+    CentralDp,
+    Support,
+    accountant_installed,
+    epsilon,
+)
 from common.methods.robust import robust_average, robust_clip
 from common.wire.messages import ARRAYS, CONFIG, FINETUNE_EPOCHS, LR_STEP, NEWCOMER_MODEL, PARTITION_ID, SERVER_ROUND
 from common.wire.records import to_record
@@ -140,6 +147,10 @@ class PFLStrategy:
         """Fold validated replies into the server state (default: sample-weighted average, FedAvg)."""
         self.global_arrays = self.average(replies, [r.weight for r in replies], self.global_arrays)
 
+    def uploads_in_round(self, server_round: int) -> bool:
+        """Whether this round's training replies carry weights (all rounds by default; DM-PFL's phase 3 none)."""
+        return True
+
     def average(
         self, replies: list[TrainReply], weights: Sequence[float], reference: list[np.ndarray]
     ) -> list[np.ndarray]:
@@ -158,15 +169,30 @@ class PFLStrategy:
         """Central DP's aggregate (run-config `dp`): under `robust-aggregation` clip the updates are clipped to the
         robust bound first, then DP clips each to `dp-clip-norm`, averages over the planned clients and adds noise;
         sample counts do not weigh in (one client's influence is what DP bounds)."""
-        dp = self.central_dp()
         models: Sequence[Sequence[np.ndarray]] = [uploaded(r) for r in replies]
         robust: dict[str, Any] = {}
         if self.cfg.robust_aggregation == "clip":
             models, robust = robust_clip(models, reference, self.cfg.robust_rule)
-        averaged, report = dp.aggregate(models, reference, self.dp_rounds, self.dp_clip)
+        averaged = self.private_mean(models, reference)
+        if robust:
+            self.aggregation_fields["robust"] = robust
+        return averaged
+
+    def private_mean(
+        self,
+        models: Sequence[Sequence[np.ndarray]],
+        reference: list[np.ndarray],
+        supports: Sequence[Support] | None = None,
+        shared: Support | None = None,
+    ) -> list[np.ndarray]:
+        """One round of central DP (CentralDp.aggregate: each model's update clipped on its support, noise on the
+        shared coordinates), counted for the accountant and reported in the round's record."""
+        averaged, report = self.central_dp().aggregate(
+            models, reference, self.dp_rounds, self.dp_clip, supports, shared
+        )
         self.dp_rounds += 1
         self.dp_clip = report.pop("next_clip_bound")
-        self.aggregation_fields = {"dp": {"mode": "central", **report}, **({"robust": robust} if robust else {})}
+        self.aggregation_fields = {"dp": {"mode": "central", **report}}
         return averaged
 
     def count_local_dp(self, replies: list[TrainReply]) -> dict[str, Any]:
@@ -192,6 +218,8 @@ class PFLStrategy:
         if self.dp is None:
             cfg, ids = self.cfg, self.clients.ids()
             expected = sample_size(len(ids), cfg.fraction_train, cfg.min_train_clients)
+            # what the accountant composes: the rounds whose uploads are aggregated (not DM-PFL's phase 3)
+            planned = sum(self.uploads_in_round(r) for r in range(1, cfg.num_rounds + 1))
             # the count's noise: Andrew et al.'s m / 20, at least the noise multiplier, so that the updates keep at
             # least 87% of the budget (z_update <= 1.155 z) when few clients take part
             count_noise = max(expected / 20, cfg.dp_noise_multiplier or 1.0)
@@ -206,7 +234,7 @@ class PFLStrategy:
                 cfg.dp_delta,
                 expected,
                 len(ids),
-                cfg.num_rounds,
+                planned,
                 self.dp_noise_seed,
                 adaptive,
             )
@@ -214,7 +242,7 @@ class PFLStrategy:
             log(
                 INFO,
                 "central DP: updates clipped to %g%s, noise multiplier %.4f%s, %d of %d clients a round; epsilon "
-                "at delta %g after %d rounds: %.3f",
+                "at delta %g after the run's %d aggregated rounds: %.3f",
                 self.dp_clip,
                 f" (adaptive, toward the {cfg.dp_clip_quantile:g} quantile)" if adaptive else "",
                 self.dp.noise_multiplier,
@@ -222,8 +250,8 @@ class PFLStrategy:
                 expected,
                 len(ids),
                 cfg.dp_delta,
-                cfg.num_rounds,
-                self.dp.epsilon(cfg.num_rounds),
+                planned,
+                self.dp.epsilon(planned),
             )
         return self.dp
 

@@ -193,11 +193,15 @@ class DMPFLStrategy(SparseGlobalStrategy):
                 [r.partition_id for r in replies],
                 [packed_masks(r.payload[1]) for r in replies],
             )
+            if self.cfg.dp == "central":  # m_g stays: the vote would release the clients' masks
+                self.set_global(self.private_masked_average(replies))
+                return
             weights, masks = aggregate_round(self.global_named, uploads, self.densities, self.params.min_vote_fraction)
             self.set_global(weights, masks)
             self.log_masks()
         elif phase == 2:
-            self.set_global(self.masked_average(replies))
+            private = self.cfg.dp == "central"
+            self.set_global(self.private_masked_average(replies) if private else self.masked_average(replies))
 
     def artifacts(self) -> dict[str, np.ndarray]:
         """IoU of the masks the clients of the last phase-1 round uploaded (the report's mask-overlap heatmap)."""

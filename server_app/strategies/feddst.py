@@ -39,6 +39,9 @@ class FedDSTStrategy(SparseGlobalStrategy):
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Eq. 5 over the union of client masks; new m_g by magnitude among positions any client kept."""
+        if self.cfg.dp == "central":  # m_g stays: the vote would release the clients' masks
+            self.set_global(self.private_masked_average(replies))
+            return
         uploads = [(r.payload[0], r.payload[1], r.weight) for r in replies]
         weights, masks = aggregate_round(self.global_named, uploads, self.densities, min_vote_fraction=0.0)
         self.set_global(weights, masks)

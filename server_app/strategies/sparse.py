@@ -163,10 +163,6 @@ class SparseGlobalStrategy(PFLStrategy):
         if self.uploads_in_round(server_round):
             reply.payload = self.decode_upload(reply.content, values_only=self.values_only_round(server_round))
 
-    def uploads_in_round(self, server_round: int) -> bool:
-        """Whether this round's training replies carry weights (all rounds by default)."""
-        return True
-
     def values_only_round(self, server_round: int) -> bool:
         """Whether this round's uploads are values on the known m_g (subclasses decide)."""
         return False
@@ -184,6 +180,32 @@ class SparseGlobalStrategy(PFLStrategy):
             else:
                 out[name] = mean.astype(np.float32)
         return out
+
+    def private_masked_average(self, replies: list[TrainReply]) -> dict[str, np.ndarray]:
+        """Central DP's round (run-config `dp` = central) on m_g, which stays as it is: each client's update is
+        clipped on the positions it sent that lie in m_g (and on the dense layers), noise goes on m_g's positions
+        only, so w_g stays as sparse as without DP. Positions a client kept outside m_g are dropped: only m_g is
+        released, and a vote on the clients' masks would release more than the accountant counts."""
+        reference = [np.asarray(a, np.float32) for a in self.global_arrays]
+        shared = [self.global_masks.get(name) for name, _ in self.specs]
+        models: list[list[np.ndarray]] = []
+        supports: list[list[np.ndarray | None]] = []
+        for reply in replies:
+            weights, masks = reply.payload
+            model: list[np.ndarray] = []
+            support: list[np.ndarray | None] = []
+            for (name, _), old, global_mask in zip(self.specs, reference, shared, strict=True):
+                if global_mask is None:
+                    model.append(np.asarray(weights[name], np.float32))
+                    support.append(None)
+                    continue
+                sent = masks[name] & global_mask
+                model.append(np.where(sent, scatter(weights[name], masks[name]), old))
+                support.append(sent)
+            models.append(model)
+            supports.append(support)
+        averaged = self.private_mean(models, reference, supports, shared)
+        return {name: a for (name, _), a in zip(self.specs, averaged, strict=True)}
 
     def log_masks(self) -> None:
         """Density of m_g after a change."""
