@@ -5,6 +5,8 @@ unless a study fixes `dp-noise-seed` (then from it, the partition and the round)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 from flwr.app import RecordDict
 
@@ -38,9 +40,29 @@ def private_reply(
             f"local DP: the upload carries {unmatched[:3]}, which the server did not send: no update to bound"
         )
     names = list(sent)
-    base = [received[k].astype(np.float64) for k in names]
-    update = [sent[k].astype(np.float64) - b for k, b in zip(names, base)]
-    rng = noise_generator(settings, partition_id, server_round)
-    noised = local_dp_update(update, [None] * len(names), settings.dp_clip_norm, settings.dp_noise_multiplier, rng)
-    reply[ARRAYS] = to_record(names, [(b + u).astype(np.float32) for b, u in zip(base, noised)])
+    noised = private_weights(settings, received, sent, dict.fromkeys(names), partition_id, server_round)
+    reply[ARRAYS] = to_record(names, [noised[k] for k in names])
     return reply
+
+
+def private_weights(
+    settings: PrivacySettings,
+    reference: Mapping[str, np.ndarray],
+    weights: Mapping[str, np.ndarray],
+    supports: Mapping[str, np.ndarray | None],
+    partition_id: int,
+    server_round: int,
+) -> dict[str, np.ndarray]:
+    """The weights to upload under `dp` = local: reference + the update (weights - reference) clipped to
+    `dp-clip-norm` over the positions each array sends (`supports`: a bool mask, None for every position) and noised
+    there only, float32; positions off the support keep their weights (they do not travel)."""
+    names = list(supports)
+    base = [np.asarray(reference[k], np.float64) for k in names]
+    update = [np.asarray(weights[k], np.float64) - b for k, b in zip(names, base)]
+    rng = noise_generator(settings, partition_id, server_round)
+    masks = [supports[k] for k in names]
+    noised = local_dp_update(update, masks, settings.dp_clip_norm, settings.dp_noise_multiplier, rng)
+    out = dict(weights)
+    for k, b, u, m in zip(names, base, noised, masks):
+        out[k] = (b + u).astype(np.float32) if m is None else np.where(m, b + u, weights[k]).astype(np.float32)
+    return out

@@ -571,16 +571,10 @@ def _check_dp(cfg: RunConfig, algorithm: str, averaging: list[str]) -> None:
         raise ConfigError(
             f"run-config 'dp' = '{cfg.dp}' cannot apply to '{algorithm}': {CENTRAL_DP_REFUSED[algorithm]}"
         )
-    on_global_mask = algorithm in CENTRAL_DP_ON_GLOBAL_MASK  # central DP noises m_g, which stays as it started
-    if cfg.dp == "local" and on_global_mask:
-        raise ConfigError(
-            f"run-config 'dp' = 'local' is not built yet for '{algorithm}' (its uploads are sparse: values on the "
-            "client's own mask); use 'central' (noise on the global mask's positions only)"
-        )
+    on_global_mask = algorithm in CENTRAL_DP_ON_GLOBAL_MASK  # sparse: DP on the positions each upload carries
     if not on_global_mask and (not SPECS[algorithm].averages_models or algorithm in CENTRAL_DP_REFUSED):
         supported = ", ".join(a for a in averaging if a not in CENTRAL_DP_REFUSED)
-        if cfg.dp == "central":
-            supported += ", " + ", ".join(CENTRAL_DP_ON_GLOBAL_MASK)
+        supported += ", " + ", ".join(CENTRAL_DP_ON_GLOBAL_MASK)
         raise ConfigError(
             f"run-config 'dp' = '{cfg.dp}' is built for the algorithms whose server averages what the clients upload "
             f"({supported}), not yet for '{algorithm}'"

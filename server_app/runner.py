@@ -191,6 +191,7 @@ class RoundRunner:
         """Validate replies (as they arrive), aggregate the accepted ones, record the counts."""
         accepted, failed, rejected = self.accept_train_replies(server_round, replies)
         train, started = self.round_log.train, time.perf_counter()
+        self.strategy.aggregation_fields = {}  # a round that aggregates nothing reports nothing of an earlier one
         if accepted:
             with profiling.timer("aggregate"):
                 self.strategy.aggregate(server_round, accepted)

@@ -223,6 +223,32 @@ def test_sparse_algorithms_noise_only_their_global_mask_which_stays_as_it_starte
     assert report["epsilon"] == pytest.approx(epsilon(1.0, 0.5, 1, 1e-5))
 
 
-def test_local_dp_is_refused_for_the_sparse_algorithms_in_one_line() -> None:
-    with pytest.raises(ConfigError, match="'local' is not built yet for 'dmpfl'.*use 'central'"):
-        parse_run_config({"algorithm": "dmpfl", "dp": "local", "dp-noise-multiplier": 1.0})
+@pytest.mark.parametrize(("algorithm", "extra"), [("dmpfl", {"dmpfl-phases": "halves"}), ("feddst", {})])
+def test_sparse_local_dp_noises_each_upload_on_what_it_carries_and_keeps_its_size(algorithm: str, extra: dict) -> None:
+    """Under dp = local a DM-PFL / FedDST client clips and noises its update against theta_g on the positions it
+    sends (its mask, the dense layers): the values move by noise of std z * C, the upload has exactly the arrays
+    and sizes of the same round without DP, and the server reports each client's uploads."""
+    from common.wire.codec import decode_model
+    from common.wire.validation import record_to_numpy
+
+    raw = {**BASE, "algorithm": algorithm, **extra, "dp-noise-seed": 5}
+    plain = InProcessFederation(raw, 6)
+    sent = plain.train_round(1)
+    private = InProcessFederation({**raw, "dp": "local", "dp-clip-norm": 0.05, "dp-noise-multiplier": 0.8}, 6)
+    start = {name: a.copy() for name, a in private.strategy.global_named.items()}
+    masks = {name: m.copy() for name, m in private.strategy.global_masks.items()}
+    noised = private.train_round(1)
+    assert sorted(noised) == sorted(sent)
+    for pid, reply in noised.items():
+        arrays, without = record_to_numpy(reply[ARRAYS]), record_to_numpy(sent[pid][ARRAYS])
+        assert {k: (a.dtype, a.shape) for k, a in arrays.items()} == {k: (a.dtype, a.shape) for k, a in without.items()}
+        weights, upload_masks = decode_model(arrays, dict(private.strategy.specs), known_masks=masks)
+        steps = []
+        for name, values in weights.items():
+            theta_g = start[name] * masks[name] if name in masks else start[name]
+            on = upload_masks.get(name, np.ones(values.shape, bool))
+            steps.append((values - theta_g)[on].ravel())
+        assert np.std(np.concatenate(steps)) == pytest.approx(0.8 * 0.05, rel=0.05), pid
+    report = private.round_log.train["dp"]
+    assert report["mode"] == "local" and report["uploads_max"] == 1
+    assert report["epsilon"] == pytest.approx(epsilon(0.8, 1.0, 1, 1e-5))

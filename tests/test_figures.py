@@ -4,6 +4,7 @@ series dodged along x so that no error bar hides another, the best round drawn o
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,66 @@ def test_the_shift_figure_draws_a_tables_derived_rows_from_their_own_metrics(
     figures.accuracy_vs_shift(groups, tmp_path, rows)
     rounded = {label: [round(v, 6) for v in values] for label, values in drawn.items()}
     assert rounded == {"d (last)": [80.0, 50.0], "d+ (last)": [70.0, 60.0], "d (global model) (last)": [55.0, 56.0]}
+
+
+def test_the_privacy_figure_draws_accuracy_against_the_epsilon_each_run_reached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line per algorithm and evaluation row, x = the epsilon in the run's summary (the runs without DP at the
+    right, labelled 'no DP'), y = that row's accuracy; the `epsilon` table metric reads the same number."""
+    from experiments.analysis import figures
+    from experiments.analysis.collect import find_runs, group_runs
+    from experiments.analysis.tables import Column, find_row, metric_reader
+
+    def run(name: str, algorithm: str, eps: float | None, acc: float) -> None:
+        folder = tmp_path / f"{name}-seed0"
+        folder.mkdir()
+        means = {"acc-shift-0": acc, "acc-shift-1": acc - 0.1, "plus-acc-shift-0": acc + 0.01}
+        means["plus-acc-shift-1"] = acc - 0.05
+        final = {"mean": means, "std": {k: 0.0 for k in means}}
+        summary: dict = {"algorithm": algorithm, "final": final, "shift_degrees": [0.0, 1.0], "final_round": 1}
+        config = {"algorithm": algorithm, "seed": 0, "dp": "none"}
+        if eps is not None:
+            summary["dp"] = {"epsilon": eps, "mode": "central"}
+            config |= {"dp": "central", "dp-target-epsilon": round(eps)}
+        (folder / "config.json").write_text(json.dumps(config))
+        (folder / "metrics.jsonl").write_text(json.dumps({"round": 1, "eval": final}) + "\n")
+        (folder / "summary.json").write_text(json.dumps(summary))
+
+    run("a", "fedavg", None, 0.9)
+    run("a-eps8", "fedavg", 7.98, 0.8)
+    run("a-eps1", "fedavg", 0.99, 0.5)
+    run("d", "dmpfl", None, 0.85)
+    run("d-eps1", "dmpfl", 1.0, 0.6)
+    drawn: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
+    real = figures._plt
+
+    def recording():  # type: ignore[no-untyped-def]
+        plt = real()
+        save = plt.Figure.savefig
+
+        def savefig(fig, *args, **kwargs):  # type: ignore[no-untyped-def]
+            for ax in fig.axes:
+                for container in ax.containers:
+                    line = container.lines[0]
+                    xy = ([float(v) for v in line.get_xdata()], [round(float(v), 6) for v in line.get_ydata()])
+                    drawn[(ax.get_title(), container.get_label())] = xy
+            return save(fig, *args, **kwargs)
+
+        monkeypatch.setattr(plt.Figure, "savefig", savefig)
+        return plt
+
+    monkeypatch.setattr(figures, "_plt", recording)
+    groups = group_runs(find_runs([tmp_path]))
+    names = ("a", "a-eps8", "a-eps1", "d", "d-eps1", "d+", "d-eps1+")
+    rows = [(found[0], found[1], row) for row in names if (found := find_row(groups, row))]
+    assert figures.privacy_figure(rows, tmp_path) == "privacy.png"
+    right = 7.98 * 4  # 'no DP'
+    assert drawn[("test-time shift 0%", "fedavg")] == ([0.99, 7.98, right], [50.0, 80.0, 90.0])
+    assert drawn[("test-time shift 100%", "fedavg")] == ([0.99, 7.98, right], [40.0, 70.0, 80.0])
+    assert drawn[("test-time shift 0%", "dmpfl+")] == ([1.0, right], [61.0, 86.0])
+    assert set(drawn) == {(f"test-time shift {d}%", s) for d in (0, 100) for s in ("fedavg", "dmpfl", "dmpfl+")}
+    eps = metric_reader("epsilon")
+    assert [eps(g.runs[0]) for g in groups if g.label == "a-eps8"] == [7.98]
+    assert all(math.isnan(eps(g.runs[0])) for g in groups if g.label == "a")
+    assert not Column("epsilon", "epsilon").percent

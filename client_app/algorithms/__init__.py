@@ -10,7 +10,6 @@ from common.algorithms import SPECS, resolve_half
 from common.wire.messages import METRICS
 from common.wire.validation import echo_values
 
-from ..privacy import private_reply
 from ..simulation import attacked_reply
 from .base import ClientAlgorithm, ClientEnv
 
@@ -26,7 +25,7 @@ def answer(algorithm: ClientAlgorithm, message_type: str, server_round: int, con
     algorithm.receive(content)
     if message_type == MessageType.TRAIN:
         reply = attacked_reply(algorithm.cfg.faults, algorithm.env.data, content, algorithm.fit(server_round, content))
-        reply = private_reply(algorithm.cfg.privacy, content, reply, algorithm.env.partition_id, server_round)
+        reply = algorithm.private_reply(server_round, content, reply)
     else:
         reply = algorithm.evaluate(server_round, content)
     metrics = reply.metric_records[METRICS]

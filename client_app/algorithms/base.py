@@ -44,6 +44,7 @@ from common.wire.payload_memo import PayloadMemo
 from common.wire.records import to_record
 from common.wire.validation import PayloadError, read_count, read_finite, validate_arrays
 
+from ..privacy import private_reply
 from ..state import ClientState
 
 MetricValues = dict[str, int | float | list[int] | list[float]]  # what a MetricRecord holds
@@ -290,6 +291,11 @@ class ClientAlgorithm(ABC):
     @abstractmethod
     def fit(self, server_round: int, content: RecordDict) -> RecordDict:
         """Answer a training message."""
+
+    def private_reply(self, server_round: int, content: RecordDict, reply: RecordDict) -> RecordDict:
+        """The training reply as it may leave the device: under `dp` = local its upload clipped and noised against
+        the arrays the server sent (client_app/privacy.py); unchanged otherwise."""
+        return private_reply(self.cfg.privacy, content, reply, self.env.partition_id, server_round)
 
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
         """Answer an evaluation message (default: evaluate the model the server sent, also on its domain)."""

@@ -17,6 +17,7 @@ from common.wire.payload_memo import PayloadMemo
 from common.wire.records import to_plain_record
 from common.wire.validation import PayloadError, read_count, record_to_numpy
 
+from ..privacy import private_weights
 from .base import ClientAlgorithm, ClientEnv
 
 GLOBAL = "global/model"  # client state: the global model of the version held, as the codec sends it
@@ -108,7 +109,19 @@ class SparseGlobalClient(ClientAlgorithm):
         batches = math.ceil(self.env.data.num_train / self.cfg.batch_size)
         return MeanGradient(self.prunable, start_step=max(self.cfg.local_epochs - 1, 0) * batches)
 
-    @staticmethod
-    def upload(weights: Named, masks: Named, values_only: bool) -> ArrayRecord:
-        """Sparse upload: masked layers as bitmask + values (or values only), the rest dense."""
+    def upload(
+        self, weights: Named, masks: Named, values_only: bool, reference: Named, server_round: int
+    ) -> ArrayRecord:
+        """Sparse upload: masked layers as bitmask + values (or values only), the rest dense. Under `dp` = local
+        the update against `reference` (theta_g as received) is clipped and noised on what travels first: the
+        mask's positions and the dense layers, so the upload stays as sparse as without DP."""
+        if self.cfg.privacy.dp == "local":
+            supports = {name: masks.get(name) for name in self.names}
+            weights = private_weights(
+                self.cfg.privacy, reference, weights, supports, self.env.partition_id, server_round
+            )
         return to_plain_record(encode_model(weights, masks, values_only=values_only))
+
+    def private_reply(self, server_round: int, content: RecordDict, reply: RecordDict) -> RecordDict:
+        """The reply as `upload` made it: under `dp` = local it clipped and noised the update on its support."""
+        return reply

@@ -31,8 +31,8 @@ CENTRAL_DP_REFUSED = {
 }
 
 # Sparse algorithms whose server averages on the global mask: central DP noises m_g's positions, and m_g stays at its
-# seeded, data-independent start (the server's vote over the clients' masks is left out, as it would release them).
-# Local DP is not built for their sparse wire form yet.
+# seeded, data-independent start (the server's vote over the clients' masks is left out, as it would release them);
+# local DP noises each upload on the positions it carries.
 CENTRAL_DP_ON_GLOBAL_MASK = ("dmpfl", "feddst")
 
 Update = Sequence[np.ndarray]

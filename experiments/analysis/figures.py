@@ -229,6 +229,53 @@ def frontier_figure(groups: list[Group], out: Path) -> str:
     return "frontier.png"
 
 
+def privacy_figure(rows: list[tuple[Group, str, str]], out: Path) -> str | None:
+    """Accuracy against the epsilon each run reached (log scale), without shift and at the largest shift degree: a
+    line per algorithm (and evaluation row, e.g. DM-PFL+), its runs without DP drawn at 'no DP' on the right."""
+    points: dict[str, list[tuple[float, Group, str]]] = {}
+    for group, prefix, label in rows:
+        series = group.algorithm + label[len(group.label) :]  # 'dmpfl+' for the row 'mnist-dmpfl-eps4+'
+        private = group.config.get("dp", "none") != "none"
+        eps = _seed_mean(group, lambda r: (r.summary.get("dp") or {}).get("epsilon", math.nan))[0] if private else 0.0
+        points.setdefault(series, []).append((eps, group, prefix))
+    reached = [e for found in points.values() for e, _, _ in found if e > 0 and math.isfinite(e)]
+    if not reached:
+        return None
+    plt = _plt()
+    no_dp = max(reached) * 4  # where the runs without DP sit
+    degrees = [float(d) for d in rows[0][0].runs[0].summary.get("shift_degrees", [0.0])]
+    shifts = sorted({degrees[0], degrees[-1]})
+    fig, axes = _panels(plt, len(shifts), 5.2, 4.2, sharey=True, layout="constrained")
+    for ax, degree in zip(axes, shifts):
+        for index, (series, found) in enumerate(points.items()):
+            found = sorted(found, key=lambda p: no_dp if p[0] == 0 else p[0])
+            xs = [no_dp if e == 0 else e for e, _, _ in found]
+            key = shift_key(degree)
+            values = [_seed_mean(g, lambda r, k=prefix + key: r.final.get(k)) for _, g, prefix in found]
+            ax.errorbar(
+                xs,
+                [100 * v[0] for v in values],
+                yerr=[100 * v[1] for v in values],
+                marker="o",
+                capsize=3,
+                color=f"C{index % 10}",
+                label=series,
+            )
+        ticks = sorted(set(reached)) + [no_dp]
+        ax.set_xscale("log")
+        ax.set_xticks(ticks, [f"{t:.3g}" for t in ticks[:-1]] + ["no DP"])
+        ax.minorticks_off()
+        ax.set_xlabel("epsilon reached (delta 1e-5 unless set)")
+        ax.set_title(f"test-time shift {100 * degree:g}%", fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("accuracy (%), mean over seeds (bars: std)")
+    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle("Accuracy against the privacy budget")
+    fig.savefig(out / "privacy.png", dpi=120)
+    plt.close(fig)
+    return "privacy.png"
+
+
 def matrix_figure(
     groups: list[Group], key: str, title: str, name: str, out: Path, off_diagonal: bool = False
 ) -> str | None:
@@ -328,7 +375,9 @@ def draw_all(
             groups, "mask_overlap", "DM-PFL: mask overlap (IoU),\nlast phase-1 round's uploads", "mask_overlap.png", out
         ),
         "global-rounds": lambda: global_per_round(groups if round_groups is None else round_groups, out),
+        "privacy": lambda: privacy_figure(shift_rows or [(g, "", g.label) for g in groups], out),
     }
-    wanted = [name for name in makers if name != "global-rounds"] if only is None else only  # that one on request
+    on_request = ("global-rounds", "privacy")
+    wanted = [name for name in makers if name not in on_request] if only is None else only
     names = [maker() for name, maker in makers.items() if name in wanted]
     return [n for n in names if n]

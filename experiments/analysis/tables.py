@@ -29,7 +29,7 @@ TABLE_KEYS = {
     "round-rows",
 }
 SECTIONS = ("overview", "paired", "shift", "unseen", "corruption", "domain", "stages")
-FIGURES = ("shift", "corruption", "costs", "frontier", "attention", "mask-overlap", "global-rounds")
+FIGURES = ("shift", "corruption", "costs", "frontier", "attention", "mask-overlap", "global-rounds", "privacy")
 FLOPS = ("flops", "flops-dense-grad")  # training FLOPs per client: weight gradients on updated positions / whole
 MB = ("mb", "mb-all")  # MB per client: training messages / training and evaluation messages
 RATIOS = {
@@ -39,6 +39,7 @@ RATIOS = {
     "flops-dense-grad-ratio": "flops-dense-grad",
 }
 ROUNDS = ("rounds", "best-round")  # counts of rounds: shown per seed, not as a mean
+PLAIN = ("epsilon",)  # neither a percentage nor a cost: shown as it is
 DOMAIN = re.compile(r"^domain-.+-acc$")
 
 
@@ -52,7 +53,7 @@ class Column:
     @property
     def percent(self) -> bool:
         """Accuracies are shown in %, costs and ratios as they are."""
-        return self.metric not in (*MB, *FLOPS) and self.metric not in RATIOS and self.metric not in ROUNDS
+        return self.metric not in (*MB, *FLOPS, *PLAIN) and self.metric not in RATIOS and self.metric not in ROUNDS
 
 
 @dataclass(frozen=True)
@@ -196,8 +197,11 @@ def metric_reader(metric: str, prefix: str = "") -> Callable[[Run], float]:
     (mean over corruptions, at one severity), 'domains' (mean over the domain-<d>-acc keys: DapperFL's global
     accuracy), 'mb', 'flops' (per client, training), 'mb-all' (training and evaluation), 'flops-dense-grad' (the
     same with whole weight gradients of masked layers), 'rounds' (rounds run: fewer than num-rounds when
-    stop-patience ended the run) or 'best-round' (the round of the best mean accuracy at shift 0)."""
+    stop-patience ended the run), 'best-round' (the round of the best mean accuracy at shift 0) or 'epsilon' (the
+    run's differential-privacy epsilon at its `dp-delta`; NaN without `dp`)."""
     kind, _, rest = metric.partition(":")
+    if metric == "epsilon":
+        return lambda run: _number((run.summary.get("dp") or {}).get("epsilon"))
     if metric == "rounds":
         return lambda run: _number(run.summary.get("rounds_completed"))
     if metric == "best-round":  # the round 'best:' reads: the run's main accuracy's best, for its every row

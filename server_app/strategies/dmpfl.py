@@ -184,6 +184,7 @@ class DMPFLStrategy(SparseGlobalStrategy):
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Phase 1: Eq. 5 and the new m_g; phase 2: masked FedAvg; phase 3: nothing on the server."""
         phase = self.phase(server_round)
+        self.count_private_uploads(replies if phase != 3 else [])
         if phase == 1:
             uploads = [(r.payload[0], r.payload[1], r.weight) for r in replies]
             for reply in replies:

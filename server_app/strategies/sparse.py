@@ -181,6 +181,11 @@ class SparseGlobalStrategy(PFLStrategy):
                 out[name] = mean.astype(np.float32)
         return out
 
+    def count_private_uploads(self, replies: list[TrainReply]) -> None:
+        """Under `dp` = local, count each client's noised uploads for the epsilon the round reports."""
+        if self.cfg.dp == "local" and replies:
+            self.aggregation_fields = {"dp": self.count_local_dp(replies)}
+
     def private_masked_average(self, replies: list[TrainReply]) -> dict[str, np.ndarray]:
         """Central DP's round (run-config `dp` = central) on m_g, which stays as it is: each client's update is
         clipped on the positions it sent that lie in m_g (and on the dense layers), noise goes on m_g's positions
