@@ -23,6 +23,7 @@ from common.storage.persist import CLIENT_STATE_FOLDER, StateFileError
 from common.wire.messages import (
     CHECKPOINT_ROUND,
     CONFIG,
+    DP_NOISE_FLOOR,
     METRICS,
     NEWCOMER_MODEL,
     NUM_PARTITIONS,
@@ -40,6 +41,7 @@ from common.wire.validation import PayloadError, is_folder_name, read_count
 
 from .algorithms import ClientEnv, answer, client_class
 from .algorithms.newcomer import NewcomerClient
+from .privacy import below_floor
 from .simulation import declared_num_train, simulated_drop
 from .state import StateDir, StateStore, pick_store
 
@@ -146,6 +148,9 @@ def query(msg: Message, context: Context) -> Message:
             env, _ = _env(context, msg)
         except (DataError, ConfigError) as exc:
             return Message(RecordDict({REFUSED: ConfigRecord({REASON: str(exc)})}), reply_to=msg)
+    if why := below_floor(env.cfg.privacy, context.node_config.get(DP_NOISE_FLOOR)):
+        log(WARNING, "this device does not take part in the run: %s", why)
+        return Message(RecordDict({REFUSED: ConfigRecord({REASON: why})}), reply_to=msg)
     partition_id, num_partitions = _partition(context)
     metrics = MetricRecord(
         {
@@ -166,6 +171,9 @@ def train(msg: Message, context: Context) -> Message:
             env, store = _env(context, msg, training=True)
         except StateFileError as exc:
             return _state_refused(msg, exc)
+        if why := below_floor(env.cfg.privacy, context.node_config.get(DP_NOISE_FLOOR)):
+            log(WARNING, "training refused: %s", why)
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=why), reply_to=msg)
         config = msg.content.config_records[CONFIG]
         if config.get(SIMULATE_DROP, False):
             return simulated_drop(msg, env.partition_id, env.cfg.drop_rate)

@@ -5,6 +5,7 @@ unless a study fixes `dp-noise-seed` (then from it, the partition and the round)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -15,6 +16,36 @@ from common.sections import PrivacySettings
 from common.wire.messages import ARRAYS
 from common.wire.records import to_record
 from common.wire.validation import record_to_numpy
+
+
+def below_floor(settings: PrivacySettings, floor: object) -> str | None:
+    """Why a device whose node config sets `dp-noise-floor` (the least local-DP noise multiplier it accepts) must
+    not take part in this run; None when the run meets it (or no floor is set). The run config comes from whoever
+    starts the run, so the device checks it itself: local DP, at least its z, and a noise seed the server does not
+    know (a fixed dp-noise-seed lets anyone who knows it draw the noise again and subtract it)."""
+    if floor is None:
+        return None
+    try:
+        least = float(floor) if isinstance(floor, (int, float, str)) and not isinstance(floor, bool) else math.nan
+    except ValueError:
+        least = math.nan
+    if not 0 <= least < math.inf:
+        return f"node config 'dp-noise-floor' must be a finite number >= 0, got {floor!r}"
+    if least == 0:
+        return None
+    if settings.dp != "local":
+        return (
+            f"this device takes part only under local DP (its dp-noise-floor is {least:g}); the run has dp = "
+            f"{settings.dp!r}"
+        )
+    if settings.dp_noise_multiplier < least:
+        return (
+            f"the run's dp-noise-multiplier {settings.dp_noise_multiplier:g} is below this device's dp-noise-floor "
+            f"{least:g}"
+        )
+    if settings.dp_noise_seed:
+        return "the run fixes dp-noise-seed, so its noise could be drawn again: this device's dp-noise-floor needs 0"
+    return None
 
 
 def noise_generator(settings: PrivacySettings, partition_id: int, server_round: int) -> np.random.Generator:

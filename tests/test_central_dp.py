@@ -252,3 +252,49 @@ def test_sparse_local_dp_noises_each_upload_on_what_it_carries_and_keeps_its_siz
     report = private.round_log.train["dp"]
     assert report["mode"] == "local" and report["uploads_max"] == 1
     assert report["epsilon"] == pytest.approx(epsilon(0.8, 1.0, 1, 1e-5))
+
+
+@pytest.mark.parametrize(
+    ("run", "floor", "why"),
+    [
+        ({}, 1.0, "only under local DP"),
+        ({"dp": "central", "dp-noise-multiplier": 2.0}, 1.0, "only under local DP"),
+        ({"dp": "local", "dp-noise-multiplier": 0.5}, 1.0, "0.5 is below this device's dp-noise-floor 1"),
+        ({"dp": "local", "dp-noise-multiplier": 1.0, "dp-noise-seed": 9}, "1", "could be drawn again"),
+        ({"dp": "local", "dp-noise-multiplier": 1.0}, "much", "must be a finite number"),
+        ({"dp": "local", "dp-noise-multiplier": 1.0}, -1.0, "must be a finite number"),
+        ({"dp": "local", "dp-noise-multiplier": 1.0}, 1.0, None),
+        ({"dp": "local", "dp-noise-multiplier": 1.5}, "1.2", None),
+        ({}, None, None),
+        ({}, 0, None),
+    ],
+)
+def test_a_device_with_a_noise_floor_takes_part_only_in_runs_that_meet_it(run: dict, floor: object, why: str) -> None:
+    from client_app.privacy import below_floor
+
+    got = below_floor(parse_run_config(run).privacy, floor)
+    assert got is None if why is None else why in (got or "")
+
+
+def test_a_device_below_its_floor_refuses_the_handshake_and_training_in_one_reply() -> None:
+    from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.common.constant import ErrorCode
+
+    from client_app.app import query, train
+    from common.wire.messages import REASON, REFUSED
+
+    class _Context:
+        run_config = {"dataset": "digits", "dp": "central", "dp-noise-multiplier": 1.0}
+        node_config = {"partition-id": 0, "num-partitions": 2, "dp-noise-floor": 0.8}
+        state = RecordDict()
+
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 2, 1
+    handshake = Message(RecordDict({"config": ConfigRecord({"server-round": 0})}), dst_node_id=2, message_type="query")
+    answer = query(handshake, _Context())  # type: ignore[arg-type]
+    assert "only under local DP" in str(answer.content.config_records[REFUSED][REASON])
+    msg = Message(RecordDict({"config": ConfigRecord({"server-round": 1})}), dst_node_id=2, message_type="train")
+    reply = train(msg, _Context())  # type: ignore[arg-type]
+    assert reply.has_error() and reply.error.code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+    assert "only under local DP" in reply.error.reason

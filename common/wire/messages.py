@@ -54,6 +54,12 @@ PARTITION_ID = _key(
     "the handshake, the one a node claims; a SuperNode is started with it",
 )
 STATE_DIR = _key("state-dir", ("node",), "a device's folder for its client state (survives restarts)")
+DP_NOISE_FLOOR = _key(
+    "dp-noise-floor",
+    ("node",),
+    "a device's least local-DP noise: it takes part only in runs with dp = local, a noise multiplier at least this "
+    "and noise the server cannot draw again (dp-noise-seed 0)",
+)
 NUM_PARTITIONS = _key("num-partitions", ("metrics", "node"), "how many partitions the data set is split into")
 STATE_KEY = _key("state-key", ("config",), "names the run's client state folders (the run folder's name)")
 CHECKPOINT_ROUND = _key(
