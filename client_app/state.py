@@ -13,7 +13,14 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 from flwr.supercore import log
 
-from common.storage.persist import StateFileError, load_tree, save_tree, signing_context, signing_key
+from common.storage.persist import (
+    StateFileError,
+    load_tree,
+    private_folder,
+    save_tree,
+    signing_context,
+    signing_key,
+)
 
 Tree = dict[str, dict[str, np.ndarray]]  # state key -> array name -> array (a list is kept as names "0", "1", ...)
 
@@ -154,7 +161,7 @@ class StateDir:
 
     def save(self, server_round: int, tree: Tree, checkpoint_round: int | None) -> None:
         """Write the state of `server_round` atomically and drop versions no resume can need."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        private_folder(self.path)
         save_tree(self._file(server_round), tree, key=signing_key(self.key_file), context=self._context(server_round))
         older = [v for v in self.versions() if v < server_round]
         if checkpoint_round is None:

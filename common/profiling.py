@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from common.storage.persist import open_for_append
+
 PROFILE_DIR = os.environ.get("PFLOWER_PROFILE", "")
 ENABLED = bool(PROFILE_DIR)
 IMPORTED_AT = time.time()  # when this process had imported the project
@@ -99,7 +101,7 @@ def record(side: str, **fields: Any) -> Iterator[dict[str, Any]]:
         line["end"] = time.time()
         line["phases"], _local.phases = _local.phases, None
         path = Path(PROFILE_DIR) / f"{side}-{os.getpid()}.jsonl"
-        with path.open("a") as out:
+        with open_for_append(path) as out:
             out.write(json.dumps(line) + "\n")
 
 

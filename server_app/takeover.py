@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import os
 import stat
+import time
 from collections.abc import Iterator
 from logging import WARNING
 from pathlib import Path
@@ -72,12 +73,32 @@ class AfterTimeout:
         return "nothing more"
 
 
+LOCK_TIMEOUT_S = 10.0  # how long the server or `pflower allow-takeover` waits for the consent file's lock
+
+
 @contextlib.contextmanager
-def _locked(run_dir: Path) -> Iterator[None]:
-    """An exclusive lock on the run folder's consent file (a lock file beside it, never followed as a link)."""
-    fd = os.open(run_dir / f".{CONSENT_FILE}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+def _locked(run_dir: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """An exclusive lock on the run folder's consent file: a lock file beside it, never followed as a link, refused
+    unless it is a regular file of this user's (another user's file could be held forever), taken without blocking
+    for at most `timeout` seconds (ConsentError after)."""
+    path = run_dir / f".{CONSENT_FILE}.lock"
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise ConsentError(f"{path} cannot be opened ({exc.strerror}; a link is refused)") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            raise ConsentError(f"{path} is not a regular file of this user's: remove it")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise ConsentError(f"{path} stayed locked by another process for {timeout:g} s") from None
+                time.sleep(0.05)
         yield
     finally:
         os.close(fd)

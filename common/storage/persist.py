@@ -9,6 +9,7 @@ import hmac
 import io
 import json
 import os
+import secrets
 import stat
 import zipfile
 from collections.abc import Iterator
@@ -42,14 +43,50 @@ CHECKPOINT_FILE = "checkpoint.npz"  # a run folder's server checkpoint (server_a
 CLIENT_STATE_FOLDER = "client-state"  # a run folder's simulated clients' state (client-state-dir=auto)
 
 
+PRIVATE_FILE = 0o600  # what the project writes: readable by its user alone (personal models, masks, metrics)
+PRIVATE_FOLDER = 0o700
+
+
+def private_folder(path: Path) -> Path:
+    """The folder `path`, made if missing with each missing parent 0700 (another local user cannot list or read
+    what a run keeps there); an existing folder is left as it is."""
+    path = Path(path)
+    missing = []
+    probe = path
+    while not probe.exists() and not probe.is_symlink() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=PRIVATE_FOLDER)
+        except FileExistsError:  # made meanwhile by another process
+            pass
+    return path
+
+
+def append_text(path: Path, text: str) -> None:
+    """Append `text` to `path` (made 0600 if missing), never through a symbolic link planted in its place."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, PRIVATE_FILE)
+    with os.fdopen(fd, "a") as fh:
+        fh.write(text)
+
+
+def open_for_append(path: Path) -> IO[str]:
+    """A text handle appending to `path` (made 0600 if missing), never through a symbolic link (a log the caller
+    keeps open)."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, PRIVATE_FILE), "a")
+
+
 @contextmanager
 def atomic_file(path: Path) -> Iterator[BinaryIO]:
     """A file handle whose content replaces `path` only once it is complete and on disk: a crash leaves
-    either the old file or the new one, never a torn one."""
+    either the old file or the new one, never a torn one. The temporary file has a random name and is made
+    0600, exclusively and never through a link; the rename replaces a link at `path` rather than following it."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(8)}")
     try:
-        with open(tmp, "w+b") as fh:  # readable too: save_tree signs what it wrote
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, PRIVATE_FILE)
+        with os.fdopen(fd, "w+b") as fh:  # readable too: save_tree signs what it wrote
             yield fh
             fh.flush()
             os.fsync(fh.fileno())

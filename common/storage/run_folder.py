@@ -16,7 +16,7 @@ from typing import Any, Literal, Required, TypedDict, cast
 
 import numpy as np
 
-from common.storage.persist import CHECKPOINT_FILE, CLIENT_STATE_FOLDER, atomic_file, atomic_write_text
+from common.storage.persist import CHECKPOINT_FILE, CLIENT_STATE_FOLDER, append_text, atomic_file, atomic_write_text
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -231,7 +231,7 @@ class RunFolder:
 
     def write_commits(self, commits: list[str]) -> None:
         """Save the commits that made the run, in the order its attempts ran."""
-        self.file(CODE_FILE).write_text(json.dumps({"commits": commits}) + "\n")
+        atomic_write_text(self.file(CODE_FILE), json.dumps({"commits": commits}) + "\n")
 
     def write_config(self, config: Record) -> None:
         """Save the run config (atomically)."""
@@ -243,8 +243,7 @@ class RunFolder:
 
     def append_round(self, record: RoundRecord) -> None:
         """Add one round's record (flushed at once: a crash loses at most the round in progress)."""
-        with self.metrics_path.open("a") as fh:
-            fh.write(json.dumps(record, sort_keys=True) + "\n")
+        append_text(self.metrics_path, json.dumps(record, sort_keys=True) + "\n")
 
     def write_digests(self, records: list[Record]) -> None:
         """Replace the messages' digests by these (atomically)."""
@@ -252,8 +251,7 @@ class RunFolder:
 
     def append_digests(self, records: list[Record]) -> None:
         """Add one round's messages' digests."""
-        with self.messages_path.open("a") as fh:
-            fh.writelines(json.dumps(r, sort_keys=True) + "\n" for r in records)
+        append_text(self.messages_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
 
     def write_summary(self, summary: Summary, markdown: str) -> Path:
         """Save the summary and its markdown rendering (atomically); returns the markdown's path."""

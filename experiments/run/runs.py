@@ -14,6 +14,7 @@ from typing import Any
 
 from common.config import parse_run_config
 from common.hparams import ConfigError
+from common.storage.persist import open_for_append, private_folder
 from common.storage.run_folder import RunFolder, Summary
 from experiments.run.launchers import FINISHED, Engine
 from experiments.run.output import plain
@@ -188,7 +189,7 @@ def execute(
         return RunResult(spec, "skipped", run_dir, 0.0)
     if state == "incomplete":  # stopped before its first checkpoint: nothing to resume, set it aside
         aside = out_dir / "incomplete" / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        aside.parent.mkdir(parents=True, exist_ok=True)
+        private_folder(aside.parent)
         shutil.move(str(run_dir), aside)
     config = {
         **spec.run_config,
@@ -197,12 +198,12 @@ def execute(
         **({"resume": str(run_dir)} if state == "resumable" else {}),
     }
     logs = out_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    private_folder(logs)
     log_path = logs / f"{spec.name}.log"
     commit = app_commit(app_dir)
     recorded = False
     started = time.monotonic()
-    with log_path.open("a") as log_file:
+    with open_for_append(log_path) as log_file:
         log_file.write(f"# engine: {engine.name}\n")
 
         def both(line: str) -> None:

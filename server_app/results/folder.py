@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from common.config import parse_run_config
+from common.storage.persist import PRIVATE_FOLDER, private_folder
 from common.storage.run_folder import RoundRecord, RunFolder
 
 from .markdown import render_markdown
@@ -33,7 +34,8 @@ def make_run_dir(base: Path, algorithm: str, dataset: str, run_name: str) -> Pat
     while path.exists():
         suffix += 1
         path = base / f"{stem}-{suffix}"
-    path.mkdir(parents=True)
+    private_folder(path.parent)
+    path.mkdir(mode=PRIVATE_FOLDER)  # another local user can neither list nor read the run's files
     return path
 
 
