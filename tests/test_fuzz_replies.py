@@ -262,3 +262,24 @@ def test_personalization_strategies_reject_a_pickled_array(algorithm: str, caplo
         fed.runner.aggregate_train(2, [FakeReply(1000, content)])
     assert fed.round_log.train["rejected"] == 1
     assert "client 0: training reply rejected" in caplog.text and "pickle" in caplog.text.lower()
+
+
+@pytest.mark.parametrize("weights", [[1e308], [0.7, 0.7], [1.5, 0.0]])
+def test_fedfomo_refuses_peer_weights_a_client_could_not_have_computed(weights: list[float], caplog) -> None:
+    """FedFomo's client normalizes its peer weights to sum 1 (or sends zeros): a weight above 1, or weights summing
+    above 1, would inflate the affinities that pick every later round's peers (1e308 made them infinite and the
+    checkpoint unloadable)."""
+    raw = {"algorithm": "fedfomo", "dataset": "digits", "fraction-train": 1.0, "local-epochs": 1, "fomo-models": 2}
+    fed = InProcessFederation(raw, 3)
+    fed.train_round(1)
+    replies = fed.train_round(2)
+    affinity = fed.strategy.affinity.copy()
+    content = replies[0]
+    metrics = content.metric_records["metrics"]
+    for k, value in enumerate(weights):
+        metrics[f"fomo-weight-{k}"] = value
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        fed.runner.aggregate_train(2, [FakeReply(1000, content)])
+    assert fed.round_log.train["rejected"] == 1
+    assert "client 0: training reply rejected" in caplog.text and "must be at most 1" in caplog.text
+    np.testing.assert_array_equal(fed.strategy.affinity, affinity)

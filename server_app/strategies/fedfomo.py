@@ -98,6 +98,9 @@ class FedFomoStrategy(ClientModelsStrategy):
             if not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
                 raise PayloadError(f"metric '{WEIGHT_KEY.format(k)}' = {value!r} must be a finite weight >= 0")
             weights.append(float(value))
+        if any(w > 1.0 for w in weights) or sum(weights) > 1.0 + 1e-6:  # the client normalizes them (fomo_weights)
+            shown = [round(w, 6) for w in weights][:5]
+            raise PayloadError(f"peer weights {shown} must be at most 1 and sum to at most 1")
         reply.payload = weights
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
