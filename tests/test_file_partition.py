@@ -83,7 +83,8 @@ GOOD = {"train_0": np.array([0, 1, 2]), "test_0": np.array([3]), "train_1": np.a
         ({**GOOD, "train_1": np.array([4, "x"], dtype=object)}, r"'train_1' has dtype object; indices must be"),
         ({**GOOD, "train_1": np.array([True, False])}, r"'train_1' has dtype bool; indices must be integers"),
         ({**GOOD, "train_1": np.array([4, 5, 4])}, r"'train_1' repeats index 4; a client holds each of its samples"),
-        ({**GOOD, "test_1": np.array([2])}, r"clients 0 and 1 share index 2; a sample belongs to at most one client"),
+        ({**GOOD, "test_1": np.array([2])}, r"client 1 tests on index 2, which client 0 trains on"),
+        ({**GOOD, "train_1": np.array([1, 5])}, r"clients 0 and 1 both train on index 1; a sample trains at most one"),
         ({}, r"holds no train_<k>/test_<k> arrays"),
     ],
 )
@@ -135,3 +136,12 @@ def test_a_failed_file_is_not_reread(tmp_path) -> None:
     _write(path, **GOOD)
     with pytest.raises(DataError, match="no such file"):
         federated_split(cfg.data, 2)
+
+
+def test_clients_may_share_test_samples_as_grouped_splits_do(tmp_path) -> None:
+    """FedAMP's and PFLlib's grouped splits draw each client's test set from one pool: shared test indices are
+    accepted, and each client tests on exactly its own list."""
+    path = _write(tmp_path / "grouped.npz", **{**GOOD, "test_1": np.array([3, 6])})
+    split = federated_split(_file_cfg(path).data, 2)
+    assert [sorted(t.tolist()) for t in split.test] == [[3], [3, 6]]
+    assert len(client_data(_file_cfg(path).data, 1, 2).test_y) == 2

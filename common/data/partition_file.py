@@ -98,14 +98,22 @@ def _client_count(where: str, names: Sequence[str]) -> int:
 
 
 def _check_sizes(where: str, members: dict[str, zipfile.ZipInfo], num_samples: int) -> None:
-    """Refuse, from the zip's directory alone, arrays that would unpack to more than the indices a file can hold."""
-    declared = sum(info.file_size for info in members.values())
-    bound = len(members) * _NPY_HEADER_MAX + 8 * num_samples
+    """Refuse, from the zip's directory alone, arrays that would unpack to more than the indices a file can hold:
+    the train arrays together one index per sample of the data set, each test array as many (clients may share
+    test samples, never training ones)."""
+    trains = [info.file_size for name, info in members.items() if name.startswith("train_")]
+    declared, bound = sum(trains), len(trains) * _NPY_HEADER_MAX + 8 * num_samples
     if declared > bound:
         raise DataError(
-            f"{where}: its arrays unpack to {declared} bytes, more than the {bound} that {num_samples} indices (one "
-            "per sample of the data set) and their headers take: refusing to decompress it"
+            f"{where}: its train arrays unpack to {declared} bytes, more than the {bound} that {num_samples} indices "
+            "(one per sample of the data set) and their headers take: refusing to decompress it"
         )
+    for name, info in members.items():
+        if name.startswith("test_") and info.file_size > _NPY_HEADER_MAX + 8 * num_samples:
+            raise DataError(
+                f"{where}: '{name}' unpacks to {info.file_size} bytes, more than {num_samples} indices take: "
+                "refusing to decompress it"
+            )
 
 
 @dataclass(frozen=True)
@@ -172,19 +180,21 @@ def _indices(where: str, name: str, values: np.ndarray, num_samples: int) -> np.
 def _load_arrays(
     where: str, archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], num_samples: int
 ) -> dict[str, np.ndarray]:
-    """Every array, each header checked before its data is decompressed; at most `num_samples` indices in all."""
+    """Every array, each header checked before its data is decompressed; at most `num_samples` training indices
+    in all, and as many in each test array."""
     arrays: dict[str, np.ndarray] = {}
-    total = 0
+    trained = 0
     for name in sorted(members, key=lambda n: (int(n.rpartition("_")[2]), n.startswith("test"))):
         try:
             with archive.open(members[name]) as fh:
                 header = _read_header(fh)
                 _check_header(where, name, header)
-                total += header.size
-                if total > num_samples:
+                if name.startswith("train_"):
+                    trained += header.size
+                if trained > num_samples or header.size > num_samples:
                     raise DataError(
                         f"{where}: its arrays declare more than {num_samples} indices (at '{name}'), more than "
-                        "the data set has samples: an index may appear once in the whole file"
+                        "the data set has samples: a sample trains at most one client"
                     )
                 values = _read_array(where, name, fh, header)
         except DataError:
@@ -196,8 +206,8 @@ def _load_arrays(
 
 
 def _check_disjoint(where: str, train: Sequence[np.ndarray], test: Sequence[np.ndarray], num_samples: int) -> None:
-    """A client's train and test, and any two clients, share no index."""
-    owner = np.full(num_samples, -1, dtype=np.int64)
+    """A sample trains at most one client and then tests none; clients may share test samples (grouped splits, as
+    FedAMP's and PFLlib's, draw each client's test set from one pool)."""
     for k, (tr, te) in enumerate(zip(train, test)):
         shared = np.intersect1d(tr, te)
         if shared.size:
@@ -205,15 +215,24 @@ def _check_disjoint(where: str, train: Sequence[np.ndarray], test: Sequence[np.n
                 f"{where}: client {k}'s train and test share {shared.size} indices (e.g. "
                 f"{int(shared[0])}); a client must not test on its training samples"
             )
-        for idx in (tr, te):
-            taken = np.flatnonzero(owner[idx] >= 0)
-            if taken.size:
-                first = int(idx[taken[0]])
-                raise DataError(
-                    f"{where}: clients {int(owner[first])} and {k} share index {first}; a sample belongs to at "
-                    "most one client"
-                )
-            owner[idx] = k
+    owner = np.full(num_samples, -1, dtype=np.int64)
+    for k, tr in enumerate(train):
+        taken = np.flatnonzero(owner[tr] >= 0)
+        if taken.size:
+            first = int(tr[taken[0]])
+            raise DataError(
+                f"{where}: clients {int(owner[first])} and {k} both train on index {first}; a sample trains at "
+                "most one client"
+            )
+        owner[tr] = k
+    for k, te in enumerate(test):
+        trained = np.flatnonzero(owner[te] >= 0)
+        if trained.size:
+            first = int(te[trained[0]])
+            raise DataError(
+                f"{where}: client {k} tests on index {first}, which client {int(owner[first])} trains on; a test "
+                "sample must be one no client trains on"
+            )
 
 
 def _open_zip(where: str, file: Path) -> zipfile.ZipFile:
