@@ -165,18 +165,25 @@ def test_an_export_that_does_not_decode_or_holds_another_data_set_is_one_line(
 ) -> None:
     import numpy as np
 
-    good, broken, other = tmp_path / "good.npz", tmp_path / "broken.npz", tmp_path / "other.npz"
+    from experiments.run.exports import CHECKSUM, _digest
+
+    good, broken, damaged = tmp_path / "good.npz", tmp_path / "broken.npz", tmp_path / "damaged.npz"
+    other = tmp_path / "other.npz"
     _digits_export(good, webp=True)
     with np.load(good) as z:
         arrays = dict(z)
     arrays["x_webp"] = arrays["x_webp"].copy()
     arrays["x_webp"][: int(arrays["x_webp_ends"][0])] = 7  # the first image's bytes are no WebP any more
-    np.savez(broken, **arrays)
+    np.savez(damaged, **arrays)  # its checksum no longer matches
+    np.savez(broken, **{**arrays, CHECKSUM: _digest(arrays)})  # signed again: the image itself is refused
     np.savez(other, something=np.zeros(3))
     base = ["run", "--engine", "inprocess", "--out", str(tmp_path / "out"), "--data-export"]
-    for export in (broken, other):
-        line = _fails_fast([*base, str(export)], capsys)
-        assert f"data export {export}: its first image does not decode" in line and "pflower export" in line
+    line = _fails_fast([*base, str(broken)], capsys)
+    assert f"data export {broken}: its first image does not decode" in line and "not a WebP image" in line
+    line = _fails_fast([*base, str(damaged)], capsys)
+    assert f"data export {damaged}: its checksum does not match its content" in line
+    line = _fails_fast([*base, str(other)], capsys)
+    assert f"data export {other}: it carries no checksum" in line and "pflower export" in line
     line = _fails_fast([*base, str(good), "--dataset", "mnist"], capsys)
     assert f"the data export {good} holds digits, the run reads mnist" in line
     assert nothing_starts == []

@@ -9,6 +9,7 @@ their bytes on CIFAR-10), which PIL decodes back bit for bit.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 from collections.abc import Iterable
@@ -57,14 +58,26 @@ def _webp(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _unwebp(data: np.ndarray, ends: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """The images `_webp` stored, uint8 (N, C, H, W)."""
-    from PIL import Image
+    """The images `_webp` stored, uint8 (N, C, H, W). Each is opened as WebP only and its size read from its header
+    before its pixels are decoded: another format, or an image of another size, is a DataError (no other decoder
+    runs, and no image larger than the data set's is decompressed)."""
+    from PIL import Image, UnidentifiedImageError
 
+    if ends.ndim != 1 or np.any(np.diff(ends) <= 0) or (len(ends) and (ends[0] <= 0 or ends[-1] > data.size)):
+        raise DataError("its image offsets are not increasing within its image bytes")
     out = np.empty((len(ends), *shape), dtype=np.uint8)
     start = 0
     raw = data.tobytes()
     for i, end in enumerate(ends.tolist()):
-        picture = np.asarray(Image.open(io.BytesIO(raw[start:end])))
+        try:
+            image = Image.open(io.BytesIO(raw[start:end]), formats=["WEBP"])
+        except (UnidentifiedImageError, OSError) as exc:
+            raise DataError(f"image {i} of the export is not a WebP image ({exc})") from None
+        if image.size != (shape[2], shape[1]):
+            raise DataError(
+                f"image {i} of the export is {image.size[0]}x{image.size[1]}, the data set's {shape[2]}x{shape[1]}"
+            )
+        picture = np.asarray(image)
         if picture.ndim == 2:
             picture = picture[:, :, None]
         if shape[0] == 1 and picture.shape[2] >= 3:  # WebP has no grey images: a grey one decodes as equal R, G, B
@@ -79,8 +92,61 @@ def _unwebp(data: np.ndarray, ends: np.ndarray, shape: tuple[int, ...]) -> np.nd
     return out
 
 
+CHECKSUM = "checksum"  # sha256 over every other array of the file (name, dtype, shape, bytes), sorted by name
+MAX_SIDE = 4096  # an image side beyond this is no data set this project reads
+DTYPES = ("uint8", "float32")
+
+
+def _digest(arrays: Any) -> str:
+    """sha256 of the arrays of an export (a mapping name -> array) but its checksum, in a fixed order."""
+    digest = hashlib.sha256()
+    for name in sorted(k for k in arrays.keys() if k != CHECKSUM):
+        value = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}|{value.dtype.str}|{value.shape}|".encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()
+
+
+def _checked(z: Any, path: Path) -> tuple[tuple[int, ...], int]:
+    """The image shape and the row count of an opened export after the checks that come before any use: its
+    checksum, and labels, rows and sizes within what the data set it names can hold (DataError otherwise)."""
+    if CHECKSUM not in z:
+        raise DataError(
+            f"data export {path}: it carries no checksum (an older export): write it again with `pflower export`"
+        )
+    if str(z[CHECKSUM]) != _digest(z):
+        raise DataError(f"data export {path}: its checksum does not match its content (damaged in transfer?)")
+    shape = tuple(int(d) for d in z["x_shape"])
+    n, num_classes = int(z["n"]), int(z["num_classes"])
+    y, index = z["y"], z["index"]
+    problems = []
+    if len(shape) != 3 or not all(0 < d <= MAX_SIDE for d in shape):
+        problems.append(f"image shape {shape}")
+    if str(z["x_dtype"]) not in DTYPES:
+        problems.append(f"image dtype {z['x_dtype']}")
+    if not 0 < num_classes <= 100_000 or y.ndim != 1 or len(y) != n or not np.issubdtype(y.dtype, np.integer):
+        problems.append(f"{len(y)} labels of {y.dtype} for {n} rows and {num_classes} classes")
+    elif len(y) and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+        problems.append(f"labels outside 0..{num_classes - 1}")
+    if (
+        index.ndim != 1
+        or not np.issubdtype(index.dtype, np.integer)
+        or (len(index) and (index.min() < 0 or index.max() >= n))
+    ):
+        problems.append("rows outside the data set")
+    elif np.any(np.diff(index) <= 0):
+        problems.append("rows not increasing")
+    images = len(z["x_webp_ends"]) if "x_webp" in z else len(z["x"])
+    if images != len(index):
+        problems.append(f"{images} images for {len(index)} rows")
+    if problems:
+        raise DataError(f"data export {path}: refused: {'; '.join(problems)}")
+    return shape, n
+
+
 def write_export(data: DatasetArrays, rows: Iterable[int], path: Path, webp: bool = False) -> int:
-    """Write the given rows of a data set and all its labels to `path` (.npz); returns the file's size."""
+    """Write the given rows of a data set and all its labels to `path` (.npz) with a checksum of its content;
+    returns the file's size."""
     index = np.array(sorted(rows), dtype=np.int64)
     x = data.x[index]
     extra: dict[str, Any] = {}
@@ -93,23 +159,25 @@ def write_export(data: DatasetArrays, rows: Iterable[int], path: Path, webp: boo
             raise DataError(f"{data.name}: WebP stores uint8 images of 1 or 3 channels, not {x.dtype} {x.shape[1:]}")
         extra["x_webp"], extra["x_webp_ends"] = _webp(x)
         x = np.zeros((0, *x.shape[1:]), dtype=np.uint8)
-    np.savez_compressed(
-        path,
-        name=data.name,
-        x=x,
-        x_shape=np.asarray(data.x.shape[1:]),
-        x_dtype=str(data.x.dtype),
-        index=index,
-        n=len(data.y),
-        y=data.y,
-        num_classes=data.num_classes,
-        mean=np.asarray(data.mean),
-        std=np.asarray(data.std),
-        scale=data.scale,
-        domain_names=np.array(data.domain_names),
-        natural_kind=data.natural_kind,
+    arrays = {
+        "name": data.name,
+        "x": x,
+        "x_shape": np.asarray(data.x.shape[1:]),
+        "x_dtype": str(data.x.dtype),
+        "index": index,
+        "n": len(data.y),
+        "y": data.y,
+        "num_classes": data.num_classes,
+        "mean": np.asarray(data.mean),
+        "std": np.asarray(data.std),
+        "scale": data.scale,
+        "domain_names": np.array(data.domain_names),
+        "natural_kind": data.natural_kind,
         **extra,
-    )
+    }
+    arrays = {name: np.asarray(value) for name, value in arrays.items()}  # as np.load gives them back
+    arrays[CHECKSUM] = np.asarray(_digest(arrays))
+    np.savez_compressed(path, **arrays)
     return Path(path).stat().st_size
 
 
@@ -121,9 +189,16 @@ def read_export(path: Path) -> tuple[DatasetArrays, set[int]]:
     except (OSError, ValueError) as exc:
         raise DataError(f"data export {path}: not readable ({exc})") from None
     with z:
-        shape = tuple(int(d) for d in z["x_shape"])
-        held = z["x"] if "x_webp" not in z else _unwebp(z["x_webp"], z["x_webp_ends"], shape)
-        x = np.zeros((int(z["n"]), *shape), dtype=str(z["x_dtype"]))
+        try:
+            shape, n = _checked(z, path)
+            held = z["x"] if "x_webp" not in z else _unwebp(z["x_webp"], z["x_webp_ends"], shape)
+        except (KeyError, ValueError) as exc:
+            raise DataError(f"data export {path}: not an export of `pflower export` ({exc})") from None
+        except DataError as exc:
+            raise DataError(str(exc) if str(exc).startswith("data export") else f"data export {path}: {exc}") from None
+        if held.shape[1:] != shape:
+            raise DataError(f"data export {path}: its images are {held.shape[1:]}, its data set's {shape}")
+        x = np.zeros((n, *shape), dtype=str(z["x_dtype"]))
         x[z["index"]] = held
         data = DatasetArrays(
             str(z["name"]),
@@ -151,13 +226,20 @@ def probe_export(path: Path) -> str:
         raise DataError(f"data export {path}: not readable ({exc})") from None
     with z:
         try:
-            name, shape = str(z["name"]), tuple(int(d) for d in z["x_shape"])
+            shape, _ = _checked(z, path)
+            name = str(z["name"])
             if "x_webp" in z:
                 ends = z["x_webp_ends"][:1]
                 _unwebp(z["x_webp"][: int(ends[0]) if len(ends) else 0], ends, shape)
             elif z["x"].shape[1:] != shape:
                 raise DataError(f"its images are {z['x'].shape[1:]}, its data set's {shape}")
-        except (KeyError, ValueError, OSError, DataError) as exc:
+        except DataError as exc:
+            if str(exc).startswith("data export"):
+                raise
+            raise DataError(
+                f"data export {path}: its first image does not decode ({exc}); write it again with `pflower export`"
+            ) from None
+        except (KeyError, ValueError, OSError) as exc:
             raise DataError(
                 f"data export {path}: its first image does not decode ({exc}); write it again with `pflower export`"
             ) from None
