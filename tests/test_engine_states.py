@@ -4,6 +4,7 @@ round trips through shared memory, blocks freed, the memory budget spilling to t
 from __future__ import annotations
 
 import logging
+import os
 from multiprocessing import shared_memory
 from pathlib import Path
 
@@ -168,9 +169,24 @@ def test_blocks_a_run_left_behind_are_swept_and_names_stay_in_the_shared_memory_
     other = blobs.write([(3, memoryview(b"abc"))], 8)
     assert blobs.take(other, unlink=True) == b"\0\0\0abc\0\0"
     assert blobs.sweep(blobs.prefix()) >= 1 and not (blobs.SHM_DIR / kept.name).exists()
-    orphan = blobs.SHM_DIR / "pfl999999999-dead-run"  # a run whose server process is gone
+    dead = "pfl999999999-dead0001-"  # a run killed with SIGKILL: its lock file stayed, nobody holds it
+    (blobs.SHM_DIR / f"{dead}{blobs.LOCK_SUFFIX}").write_bytes(b"")
+    orphan = blobs.SHM_DIR / f"{dead}0123abcd"
     orphan.write_bytes(b"x")
-    assert blobs.sweep_orphans() >= 1 and not orphan.exists()
+    live = "pfl999999998-live0001-"  # a live run in another PID namespace: its PID means nothing here
+    fd = blobs.hold_run_lock(live)
+    in_use = blobs.SHM_DIR / f"{live}0123abcd"
+    in_use.write_bytes(b"x")
+    unknown = blobs.SHM_DIR / "pfl999999997-nolock01-0123abcd"  # no lock file: nothing proves it dead
+    unknown.write_bytes(b"x")
+    try:
+        assert blobs.sweep_orphans() >= 2 and not orphan.exists()
+        assert not (blobs.SHM_DIR / f"{dead}{blobs.LOCK_SUFFIX}").exists()
+        assert in_use.exists() and unknown.exists()
+    finally:
+        blobs.release_run_lock(live, fd)
+        blobs.sweep(live)
+        unknown.unlink()
     for name in ("../etc/passwd", "", ".hidden", "a/b"):
         with pytest.raises(ValueError, match="not a shared-memory block name"):
             blobs.take(blobs.BlobRef(name, 1), unlink=False)
@@ -221,3 +237,24 @@ def test_a_restore_is_one_info_line_on_a_device_and_debug_where_a_process_answer
         logger.setLevel(before)
     lines = [r for r in seen if "client state restored" in r.getMessage()]
     assert [(r.levelno, r.getMessage().rsplit(" ", 2)[-2:]) for r in lines] == [(level, ["(round", "1)"])]
+
+
+def test_another_users_block_with_the_engines_prefix_is_left_alone(monkeypatch) -> None:
+    """A file of another user under a run's prefix (planted in the shared /dev/shm) neither stops the run at its
+    end nor gets read as a run's lock."""
+    from experiments.engine import blobs
+
+    planted = blobs.SHM_DIR / "pfl999999996-other001-0123abcd"
+    planted.write_bytes(b"x")
+    lock = blobs.SHM_DIR / f"pfl999999996-other001-{blobs.LOCK_SUFFIX}"
+    lock.write_bytes(b"")
+    me = os.getuid()
+    monkeypatch.setattr(blobs.os, "getuid", lambda: me + 1)  # as if those files were another user's
+    try:
+        assert blobs.sweep("pfl999999996-other001-") == 0
+        assert blobs.sweep_orphans() == 0
+        assert planted.exists() and lock.exists()
+    finally:
+        monkeypatch.undo()
+        planted.unlink()
+        lock.unlink()

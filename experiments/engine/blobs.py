@@ -5,8 +5,10 @@ carries the same array (FedAvg's global model goes to every client of a round: w
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,30 +102,74 @@ def drop(ref: BlobRef) -> None:
         pass
 
 
+LOCK_SUFFIX = "lock"  # `<prefix>lock`: the file a live run holds an flock on for as long as its blocks may be used
+
+
+def hold_run_lock(name_prefix: str) -> int:
+    """Make and lock the file that marks a run's blocks as in use (`<prefix>lock`, 0600, never through a link); the
+    caller keeps the returned descriptor open for the run and gives it to `release_run_lock` at the end. Another
+    process, in this PID namespace or another, tells the run's blocks orphaned by taking that lock, not by its PID."""
+    fd = os.open(_path(name_prefix + LOCK_SUFFIX), os.O_CREAT | os.O_EXCL | os.O_RDWR | _FLAGS, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def release_run_lock(name_prefix: str, fd: int) -> None:
+    """Remove a run's lock file and close its descriptor (the run's blocks are freed before)."""
+    try:
+        os.unlink(_path(name_prefix + LOCK_SUFFIX))
+    except FileNotFoundError:
+        pass
+    os.close(fd)
+
+
+def _mine(path: Path) -> bool:
+    """Whether `path` is a regular file of this user's (another user's block is never read, freed or waited on)."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid()
+
+
 def sweep_orphans() -> int:
-    """Free this user's blocks of engine runs whose server process is gone (a run killed with SIGKILL could not free
-    its own); returns how many."""
+    """Free this user's blocks of engine runs that are gone (a run killed with SIGKILL could not free its own): a
+    run is gone when its lock file can be locked, whatever its PID says (a run in another PID namespace shares the
+    folder); blocks of no lock file and other users' files are left alone. Returns how many files it freed."""
     freed = 0
-    for path in SHM_DIR.glob("pfl*-*"):
-        pid = path.name[3:].split("-", 1)[0]
-        try:
-            if not pid.isdigit() or path.stat().st_uid != os.getuid():
-                continue
-            os.kill(int(pid), 0)
-        except ProcessLookupError:  # the run that made it is gone
-            path.unlink(missing_ok=True)
-            freed += 1
-        except OSError:  # alive under another user, or the block vanished meanwhile
+    for lock in SHM_DIR.glob(f"pfl*-{LOCK_SUFFIX}"):
+        if not _mine(lock):
             continue
+        try:
+            fd = os.open(lock, os.O_RDONLY | _FLAGS)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: the run is alive
+            os.close(fd)
+            continue
+        try:
+            name_prefix = lock.name[: -len(LOCK_SUFFIX)]
+            freed += sweep(name_prefix, keep=lock.name)
+            lock.unlink(missing_ok=True)
+            freed += 1
+        finally:
+            os.close(fd)
     return freed
 
 
-def sweep(name_prefix: str) -> int:
-    """Free every block whose name starts with `name_prefix` (what a run's processes left behind: a worker that
-    died mid-message); returns how many."""
+def sweep(name_prefix: str, keep: str = "") -> int:
+    """Free every block of this user's whose name starts with `name_prefix` (what a run's processes left behind: a
+    worker that died mid-message), all but `keep`; returns how many."""
     freed = 0
     for path in SHM_DIR.glob(f"{name_prefix}*") if name_prefix else []:
-        path.unlink(missing_ok=True)
+        if path.name == keep or not _mine(path):
+            continue
+        try:
+            path.unlink()
+        except OSError:  # gone meanwhile
+            continue
         freed += 1
     return freed
 

@@ -24,7 +24,17 @@ from flwr.supercore.run import Run
 from client_app.state import Kept
 from common.wire.messages import NUM_PARTITIONS, PARTITION_ID
 from experiments.engine import worker
-from experiments.engine.blobs import PREFIX_ENV, BlobRef, SharedArrays, drop, sweep, sweep_orphans
+from experiments.engine.blobs import (
+    LOCK_SUFFIX,
+    PREFIX_ENV,
+    BlobRef,
+    SharedArrays,
+    drop,
+    hold_run_lock,
+    release_run_lock,
+    sweep,
+    sweep_orphans,
+)
 from experiments.engine.states import HeldStates, pack
 from experiments.engine.transport import blob_refs, num_bytes, records_in, records_out
 from experiments.engine.worker import Outcome, Task
@@ -79,6 +89,7 @@ class InProcessGrid(Grid):
         self.restarts = 0  # pools replaced after a worker died
         sweep_orphans()  # what killed runs left in shared memory
         self._prefix = os.environ[PREFIX_ENV] = f"pfl{os.getpid()}-{uuid4().hex[:8]}-"  # the workers inherit it
+        self._lock = hold_run_lock(self._prefix)  # held while the run lives: its blocks are not orphans
         self._pool = self._new_pool()
 
     def _new_pool(self) -> Executor:
@@ -256,7 +267,10 @@ class InProcessGrid(Grid):
         self._pending.clear()
         self._shared.close()
         self.held.close()
-        sweep(self._prefix)  # blocks of replies never read (a worker that died mid-message)
+        sweep(self._prefix, keep=self._prefix + LOCK_SUFFIX)  # blocks of replies never read (a worker died mid-message)
+        if self._lock >= 0:
+            release_run_lock(self._prefix, self._lock)
+            self._lock = -1
         if os.environ.get(PREFIX_ENV) == self._prefix:
             del os.environ[PREFIX_ENV]
 
