@@ -14,6 +14,33 @@ from experiments.analysis.figures import differs, dodged, minimum_span, plain_ax
 pytest.importorskip("matplotlib")
 
 
+def _record_error_bars(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[str, str], tuple[list[float], list[float]]]:
+    """What the figures draw as error bars, filled in as each figure is saved: (panel title, label) -> (x, y), y
+    rounded to 6 places."""
+    from experiments.analysis import figures
+
+    drawn: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
+    real = figures._plt
+
+    def recording():  # type: ignore[no-untyped-def]
+        plt = real()
+        save = plt.Figure.savefig
+
+        def savefig(fig, *args, **kwargs):  # type: ignore[no-untyped-def]
+            for ax in fig.axes:
+                for container in ax.containers:
+                    line = container.lines[0]
+                    xy = ([float(v) for v in line.get_xdata()], [round(float(v), 6) for v in line.get_ydata()])
+                    drawn[(ax.get_title(), container.get_label())] = xy
+            return save(fig, *args, **kwargs)
+
+        monkeypatch.setattr(plt.Figure, "savefig", savefig)
+        return plt
+
+    monkeypatch.setattr(figures, "_plt", recording)
+    return drawn
+
+
 def test_series_are_dodged_symmetrically_within_the_smallest_gap() -> None:
     x = [0.0, 20.0, 40.0, 100.0]
     shifted = [dodged(x, i, 3) for i in range(3)]
@@ -107,27 +134,11 @@ def test_the_shift_figure_draws_a_tables_derived_rows_from_their_own_metrics(
     (run / "config.json").write_text(json.dumps({"algorithm": "dmpfl", "seed": 0}))
     (run / "metrics.jsonl").write_text(json.dumps({"round": 1, "eval": final}) + "\n")
     (run / "summary.json").write_text(json.dumps(summary))
-    drawn: dict[str, list[float]] = {}
-    real = figures._plt
-
-    def recording():  # type: ignore[no-untyped-def]
-        plt = real()
-        save = plt.Figure.savefig
-
-        def savefig(fig, *args, **kwargs):  # type: ignore[no-untyped-def]
-            for ax in fig.axes:
-                for container in ax.containers:
-                    drawn[container.get_label()] = [float(v) for v in container.lines[0].get_ydata()]
-            return save(fig, *args, **kwargs)
-
-        monkeypatch.setattr(plt.Figure, "savefig", savefig)
-        return plt
-
-    monkeypatch.setattr(figures, "_plt", recording)
+    lines = _record_error_bars(monkeypatch)
     groups = group_runs(find_runs([tmp_path]))
     rows = [(found[0], found[1], row) for row in ("d", "d+", "d (global model)") if (found := find_row(groups, row))]
     figures.accuracy_vs_shift(groups, tmp_path, rows)
-    rounded = {label: [round(v, 6) for v in values] for label, values in drawn.items()}
+    rounded = {label: y for (_, label), (_, y) in lines.items()}
     assert rounded == {"d (last)": [80.0, 50.0], "d+ (last)": [70.0, 60.0], "d (global model) (last)": [55.0, 56.0]}
 
 
@@ -160,25 +171,7 @@ def test_the_privacy_figure_draws_accuracy_against_the_epsilon_each_run_reached(
     run("a-eps1", "fedavg", 0.99, 0.5)
     run("d", "dmpfl", None, 0.85)
     run("d-eps1", "dmpfl", 1.0, 0.6)
-    drawn: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
-    real = figures._plt
-
-    def recording():  # type: ignore[no-untyped-def]
-        plt = real()
-        save = plt.Figure.savefig
-
-        def savefig(fig, *args, **kwargs):  # type: ignore[no-untyped-def]
-            for ax in fig.axes:
-                for container in ax.containers:
-                    line = container.lines[0]
-                    xy = ([float(v) for v in line.get_xdata()], [round(float(v), 6) for v in line.get_ydata()])
-                    drawn[(ax.get_title(), container.get_label())] = xy
-            return save(fig, *args, **kwargs)
-
-        monkeypatch.setattr(plt.Figure, "savefig", savefig)
-        return plt
-
-    monkeypatch.setattr(figures, "_plt", recording)
+    drawn = _record_error_bars(monkeypatch)
     groups = group_runs(find_runs([tmp_path]))
     names = ("a", "a-eps8", "a-eps1", "d", "d-eps1", "d+", "d-eps1+")
     rows = [(found[0], found[1], row) for row in names if (found := find_row(groups, row))]

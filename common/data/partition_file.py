@@ -215,24 +215,26 @@ def _check_disjoint(where: str, train: Sequence[np.ndarray], test: Sequence[np.n
                 f"{where}: client {k}'s train and test share {shared.size} indices (e.g. "
                 f"{int(shared[0])}); a client must not test on its training samples"
             )
-    owner = np.full(num_samples, -1, dtype=np.int64)
+    owner = np.full(num_samples, -1, dtype=np.int64)  # the client that trains on each sample
     for k, tr in enumerate(train):
-        taken = np.flatnonzero(owner[tr] >= 0)
-        if taken.size:
-            first = int(tr[taken[0]])
+        if (first := _first_owned(owner, tr)) is not None:
             raise DataError(
                 f"{where}: clients {int(owner[first])} and {k} both train on index {first}; a sample trains at "
                 "most one client"
             )
         owner[tr] = k
     for k, te in enumerate(test):
-        trained = np.flatnonzero(owner[te] >= 0)
-        if trained.size:
-            first = int(te[trained[0]])
+        if (first := _first_owned(owner, te)) is not None:
             raise DataError(
                 f"{where}: client {k} tests on index {first}, which client {int(owner[first])} trains on; a test "
                 "sample must be one no client trains on"
             )
+
+
+def _first_owned(owner: np.ndarray, indices: np.ndarray) -> int | None:
+    """The first of `indices` some client already trains on (None: none is)."""
+    owned = np.flatnonzero(owner[indices] >= 0)
+    return int(indices[owned[0]]) if owned.size else None
 
 
 def _open_zip(where: str, file: Path) -> zipfile.ZipFile:
