@@ -122,21 +122,23 @@ class ClientRegistry:
     def __getitem__(self, partition_id: int) -> ClientInfo:
         return self.by_partition[partition_id]
 
-    def weight_cap(self) -> float:
-        """The most one client counts in a sample-weighted average: `max_weight_ratio` times the median training
-        count declared at the handshake (inf without a cap): a client that inflates its count gains little."""
-        if self.max_weight_ratio <= 0 or not self.by_partition:
+    def weight_cap(self, partition_id: int) -> float:
+        """The most a client counts in a sample-weighted average: `max_weight_ratio` times the median training count
+        the *other* partitions declared (inf without a cap, or with no other partition). The counts are fixed per
+        partition by the first handshake, and the client's own count is not in its reference: a client that
+        inflates its count gains little, and cannot raise its own cap (with two clients, it would set the median)."""
+        if self.max_weight_ratio <= 0:
             return math.inf
-        return self.max_weight_ratio * float(np.median([c.num_train for c in self.by_partition.values()]))
+        others = [c.num_train for pid, c in self.by_partition.items() if pid != partition_id]
+        return self.max_weight_ratio * float(np.median(others)) if others else math.inf
 
     def total_train(self) -> int:
         """Training samples of all clients, as they declared them."""
         return sum(c.num_train for c in self.by_partition.values())
 
     def weighted_total(self) -> float:
-        """Training samples of all clients as the weighted averages count them (each at most `weight_cap`)."""
-        cap = self.weight_cap()
-        return float(sum(min(c.num_train, cap) for c in self.by_partition.values()))
+        """Training samples of all clients as the weighted averages count them (each at most its `weight_cap`)."""
+        return float(sum(min(c.num_train, self.weight_cap(pid)) for pid, c in self.by_partition.items()))
 
     def handshake(self, grid: Grid, timeout: float, node_ids: list[int] | None = None) -> list[int]:
         """Ask connected nodes (all, or the joining `node_ids`) for their partition and data sizes; keep consistent

@@ -172,14 +172,14 @@ class RoundRunner:
         """Validated training replies (partition order), failed and rejected counts; each checked on arrival."""
         accepted: list[TrainReply] = []
         failed = rejected = 0
-        cap = self.clients.weight_cap()
         for msg in replies:  # as they arrive
             good, not_answered, oversized = self.sort_replies(server_round, [msg], "train_up")
             failed, rejected = failed + not_answered, rejected + oversized
             with profiling.timer("aggregate"):
                 for pid, reply_msg in good:
                     try:
-                        reply = parse_train_metrics(pid, reply_msg.content, self.clients[pid].num_train, cap)
+                        declared, cap = self.clients[pid].num_train, self.clients.weight_cap(pid)
+                        reply = parse_train_metrics(pid, reply_msg.content, declared, cap)
                         self.strategy.decode_train_reply(server_round, reply)
                         accepted.append(reply)
                     except PayloadError as exc:

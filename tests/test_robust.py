@@ -4,6 +4,7 @@ that must name the round and phase they answer."""
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 import pytest
@@ -110,7 +111,7 @@ def test_a_client_counts_at_most_max_weight_ratio_times_the_median_declared_coun
     sizes = {0: 10, 1: 10, 2: 10, 3: 10, 4: 100_000}  # client 4 declares the most max-client-samples allows
     runner = hand_made_runner(parse_run_config({}), specs, [np.zeros(2, np.float32)], sizes)
     runner.clients.max_weight_ratio = 4.0  # run-config max-weight-ratio, as the deployment recipes set it
-    assert runner.clients.weight_cap() == 40.0  # 4 x the median declared count, 10
+    assert runner.clients.weight_cap(4) == 40.0  # 4 x the median count the others declared, 10
     assert runner.clients.weighted_total() == 80.0  # FLIU's n: the inflated count capped too
     replies = [FakeReply(100 + pid, train_content(["body.w"], [np.zeros(2, np.float32)], 10)) for pid in range(4)]
     bad = train_content(["body.w"], [np.full(2, 100.0, np.float32)], 100_000)
@@ -119,6 +120,21 @@ def test_a_client_counts_at_most_max_weight_ratio_times_the_median_declared_coun
     uncapped = hand_made_runner(parse_run_config({}), specs, [np.zeros(2, np.float32)], sizes)  # studies: no cap
     uncapped.aggregate_train(1, [*replies, FakeReply(104, bad)])
     assert uncapped.strategy.global_arrays[0][0] > 99.9  # what a declared count bought before the cap
+
+
+def test_a_clients_own_declared_count_is_not_in_its_weight_caps_reference() -> None:
+    """With two clients the median of all declared counts is the mean of both: an attacker declaring 100,000 would
+    raise its own cap with it. Its reference is the other client's count alone."""
+    from server_app.clients import ClientInfo, ClientRegistry
+
+    clients = ClientRegistry(max_weight_ratio=4.0)
+    clients.add(ClientInfo(0, 10, 10, 5))
+    clients.add(ClientInfo(1, 11, 100_000, 5))
+    assert clients.weight_cap(1) == 40.0 and clients.weight_cap(0) == 400_000.0
+    assert clients.weighted_total() == 50.0
+    lone = ClientRegistry(max_weight_ratio=4.0)
+    lone.add(ClientInfo(0, 10, 7, 5))
+    assert lone.weight_cap(0) == math.inf  # one client: its weight normalizes to 1 whatever it is
 
 
 def test_plain_averaging_reports_nothing_and_unknown_rules_fail() -> None:
