@@ -273,9 +273,9 @@ class RunConfig:
     max_weight_ratio: float = hp(
         0.0,
         "deployment: a client counts at most this many times the median training-sample count the other clients "
-        "declared at the handshake in every sample-weighted average (FedAvg, DM-PFL's and FedDST's votes, FLIU's n, ...), so a "
-        "client inflating its count gains little; the deployment recipes set 4; 0: no cap (studies: honest "
-        "quantity-skewed partitions exceed 4x the median)",
+        "declared at the handshake in every sample-weighted average (FedAvg, DM-PFL's and FedDST's votes, FLIU's "
+        "n, ...), so a client inflating its count gains little; the deployment recipes set 4; 0: no cap (studies: "
+        "honest quantity-skewed partitions exceed 4x the median)",
         low=0.0,
     )
     messages_in_flight: int = hp(
