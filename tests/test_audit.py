@@ -111,3 +111,13 @@ def test_local_dp_noise_on_the_upload_defeats_the_attack_the_plain_upload_loses_
 
     plain, noised = psnr(None), psnr(Private(0.05, 1.0))
     assert plain > 30.0 and noised < plain - 15.0, (plain, noised)
+
+
+def test_a_batch_larger_than_the_classes_gets_a_label_for_every_image() -> None:
+    """iDLG reads which classes a batch holds, not how many of each: with 32 images of 10 classes every class is
+    taken, then again from the largest update, so the attack has one label per dummy image."""
+    bias_update = torch.tensor([0.3, -0.1, 0.2, 0.0, 0.5, -0.2, 0.1, 0.05, -0.3, 0.4])
+    labels = idlg_labels(bias_update, 32)
+    assert labels.shape == (32,) and set(labels.tolist()) == set(range(10))
+    assert labels.tolist().count(4) == 4 and labels.tolist().count(8) == 3  # the largest first, the smallest last
+    assert idlg_labels(bias_update, 3).tolist() == [0, 4, 9]

@@ -56,9 +56,10 @@ def observed(update: Params, masks: Masks) -> Params:
 def idlg_labels(bias_update: torch.Tensor, batch: int) -> torch.Tensor:
     """The labels of a batch read from the classifier bias's update: under SGD the update is -lr * mean(p - onehot),
     positive exactly where a label is present. For batch 1, the one largest entry; for more, the `batch` largest,
-    which holds when the labels are distinct (repeated labels need a count, which the attack does not guess)."""
+    which holds when the labels are distinct (repeated labels need a count, which the attack does not guess); a
+    batch larger than the classes takes them all, then again from the largest, until it is full."""
     order = torch.argsort(bias_update.detach(), descending=True)
-    return order[:batch].sort().values
+    return order[torch.arange(batch) % len(order)].sort().values
 
 
 def total_variation(x: torch.Tensor) -> torch.Tensor:
