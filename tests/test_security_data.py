@@ -223,7 +223,7 @@ def test_a_zip_bomb_is_refused_before_decompressing(tmp_path) -> None:
         assert zf.getinfo("train_0.npy").file_size > 8 * 10**8
     tracemalloc.start()
     try:
-        _refused(path, r"its arrays unpack to \d+ bytes, more than the \d+ that 1797 indices .* to decompress it$", 1)
+        _refused(path, r"its train arrays unpack to \d+ bytes, more than the \d+ that 1797 indices .* it$", 1)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -236,6 +236,8 @@ def test_a_header_declaring_more_indices_than_the_data_set_is_refused(tmp_path) 
     np.lib.format.write_array_header_1_0(header, {"descr": "<i8", "fortran_order": False, "shape": (10**8,)})
     path = _npz(tmp_path / "liar.npz", {**GOOD, "train_1.npy": header.getvalue() + bytes(64)})
     _refused(path, r"its arrays declare more than 1797 indices \(at 'train_1'\), more than the data set has samples")
+    shared_tests = _npz(tmp_path / "liar-test.npz", {**GOOD, "test_1.npy": header.getvalue() + bytes(64)})
+    _refused(shared_tests, r"more than 1797 indices \(at 'test_1'\)")  # test samples may be shared, not unbounded
 
 
 @pytest.mark.parametrize(
@@ -243,8 +245,8 @@ def test_a_header_declaring_more_indices_than_the_data_set_is_refused(tmp_path) 
     [
         ({**GOOD, "train_0.npy": _npy(np.array([0, 1, 1]))}, r"'train_0' repeats index 1; a client holds each"),
         ({**GOOD, "test_1.npy": _npy(np.array([6, 6]))}, r"'test_1' repeats index 6"),
-        ({**GOOD, "train_1.npy": _npy(np.array([4, 1]))}, r"clients 0 and 1 share index 1; a sample belongs to at"),
-        ({**GOOD, "test_1.npy": _npy(np.array([3]))}, r"clients 0 and 1 share index 3"),
+        ({**GOOD, "train_1.npy": _npy(np.array([4, 1]))}, r"clients 0 and 1 both train on index 1; a sample trains at"),
+        ({**GOOD, "test_1.npy": _npy(np.array([2]))}, r"client 1 tests on index 2, which client 0 trains on"),
         ({**GOOD, "test_0.npy": _npy(np.array([2]))}, r"client 0's train and test share 1 indices \(e.g. 2\)"),
     ],
 )
@@ -254,7 +256,7 @@ def test_repeated_and_shared_indices_are_refused(tmp_path, members: dict, messag
 
 def test_a_client_the_run_does_not_use_is_still_checked(tmp_path) -> None:
     extra = {"train_2.npy": _npy(np.array([7, 0])), "test_2.npy": _npy(np.array([8]))}
-    _refused(_npz(tmp_path / "bad.npz", {**GOOD, **extra}), r"clients 0 and 2 share index 0", num_clients=1)
+    _refused(_npz(tmp_path / "bad.npz", {**GOOD, **extra}), r"clients 0 and 2 both train on index 0", num_clients=1)
 
 
 def _header_only(shape: tuple[int, ...], descr: str = "<i8") -> bytes:
