@@ -191,10 +191,15 @@ def _load_arrays(
                 _check_header(where, name, header)
                 if name.startswith("train_"):
                     trained += header.size
-                if trained > num_samples or header.size > num_samples:
+                if trained > num_samples:
                     raise DataError(
                         f"{where}: its arrays declare more than {num_samples} indices (at '{name}'), more than "
                         "the data set has samples: a sample trains at most one client"
+                    )
+                if header.size > num_samples:
+                    raise DataError(
+                        f"{where}: '{name}' declares {header.size} indices, more than the {num_samples} samples of "
+                        "the data set"
                     )
                 values = _read_array(where, name, fh, header)
         except DataError:
