@@ -152,7 +152,7 @@ class DMPFLClient(SparseGlobalClient):
             trained.update({n: w.numpy() for n, w in new_weights.items()})
         self.save_sparse(PERSONAL, trained, m_c)
         reply = self.train_reply(stats, None, self.densities(m_c), stages=self.stages(w_g, m_g, before, model, True))
-        reply[ARRAYS] = self.upload(trained, m_c, False, self.theta_g(w_g, m_g), server_round)
+        reply[ARRAYS] = self.upload(trained, m_c, False, (w_g, m_g), server_round)
         return reply
 
     def _refine_global(self, server_round: int, w_g: Named, m_g: Named) -> RecordDict:
@@ -162,7 +162,7 @@ class DMPFLClient(SparseGlobalClient):
             w_c, m_c = self.personal(w_g, m_g)
             stages = self.stages(w_g, m_g, self.to_model(self.theta_c(w_g, m_g, w_c, m_c)), model, False)
         reply = self.train_reply(stats, None, self.densities(m_g), stages=stages)
-        reply[ARRAYS] = self.upload(self.named(model), m_g, True, self.theta_g(w_g, m_g), server_round)
+        reply[ARRAYS] = self.upload(self.named(model), m_g, True, (w_g, m_g), server_round)
         return reply
 
     def _refine_personal(self, server_round: int, w_g: Named, m_g: Named, reset: bool) -> RecordDict:

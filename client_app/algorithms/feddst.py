@@ -34,7 +34,7 @@ class FedDSTClient(SparseGlobalClient):
         reply = self.train_reply(
             stats, None, self.densities(masks), stages={"G": received, "L1": received, "L2": model}
         )
-        reply[ARRAYS] = self.upload(trained, masks, fraction == 0.0, self.theta_g(w_g, m_g), server_round)
+        reply[ARRAYS] = self.upload(trained, masks, fraction == 0.0, (w_g, m_g), server_round)
         return reply
 
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:

@@ -110,13 +110,15 @@ class SparseGlobalClient(ClientAlgorithm):
         return MeanGradient(self.prunable, start_step=max(self.cfg.local_epochs - 1, 0) * batches)
 
     def upload(
-        self, weights: Named, masks: Named, values_only: bool, reference: Named, server_round: int
+        self, weights: Named, masks: Named, values_only: bool, received: tuple[Named, Named], server_round: int
     ) -> ArrayRecord:
         """Sparse upload: masked layers as bitmask + values (or values only), the rest dense. Under `dp` = local
-        the update against `reference` (theta_g as received) is clipped and noised on what travels first: the
-        mask's positions and the dense layers, so the upload stays as sparse as without DP."""
+        the update against theta_g of the `received` (w_g, m_g) is clipped and noised on what travels first: the
+        mask's positions and the dense layers, so the upload stays as sparse as without DP (theta_g is composed
+        only then)."""
         if self.cfg.privacy.dp == "local":
             supports = {name: masks.get(name) for name in self.names}
+            reference = self.theta_g(*received)
             weights = private_weights(
                 self.cfg.privacy, reference, weights, supports, self.env.partition_id, server_round
             )
