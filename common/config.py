@@ -265,9 +265,9 @@ class RunConfig:
     )
     takeover: str = hp(
         "operator",
-        "deployment: who lets a gone node's partition go to another node: `operator` (`pflower allow-takeover "
-        "RUN_DIR PARTITION`, one take-over per consent) or `after-timeout` (any registered node, after "
-        "`takeover-after` seconds)",
+        "deployment: who lets a gone node's partition go to another node (in a running or a resumed run): "
+        "`operator` (`pflower allow-takeover RUN_DIR PARTITION --node NODE`, one take-over per consent) or "
+        "`after-timeout` (any registered node, after `takeover-after` seconds)",
         choices=("operator", "after-timeout"),
     )
     max_weight_ratio: float = hp(

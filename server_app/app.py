@@ -26,7 +26,7 @@ from common.wire.validation import is_folder_name
 
 from .checkpoint import Checkpoint, config_differences, load_checkpoint, server_key
 from .clients import ClientRegistry, RunAborted
-from .flower_private import speed_up_simulation
+from .flower_private import is_simulation, speed_up_simulation
 from .results import ResultsWriter, make_run_dir, read_run_config
 from .results.tracking import check_installed
 from .runner import RoundRunner
@@ -135,7 +135,10 @@ def main(grid: Grid, context: Context) -> None:
         log(ERROR, "%s", exc)
         raise RunFailed(str(exc)) from None
     clients = ClientRegistry(
-        max_samples=cfg.max_client_samples, takeover_after=cfg.takeover_after, max_weight_ratio=cfg.max_weight_ratio
+        max_samples=cfg.max_client_samples,
+        takeover_after=cfg.takeover_after,
+        max_weight_ratio=cfg.max_weight_ratio,
+        simulated=is_simulation(grid),
     )
     try:
         strategy = strategy_class(cfg.algorithm)(cfg, ModelLayout.of(model), clients)

@@ -71,7 +71,9 @@ class ClientRegistry:
     holder has been gone (not among the connected nodes) for `takeover_after` seconds, the `consent` allows it (by
     default: the operator, server_app/takeover.py) and it declares the partition's counts; an unknown partition id,
     or one whose holder is still there, is refused with a log line, and the node is asked again at most every
-    `takeover_after` seconds.
+    `takeover_after` seconds. A resumed run binds each of its checkpoint's partitions to the same node again; any
+    other claimant is a take-over under the same rules (its holder counts as gone since the resume), except in a
+    simulation (`simulated`), where every node is the run's own and gets a new id at each start.
     """
 
     by_partition: dict[int, ClientInfo] = field(default_factory=dict)
@@ -85,6 +87,8 @@ class ClientRegistry:
     refused: dict[int, float] = field(default_factory=dict)  # node -> when its claim was refused
     held_out: frozenset[int] = frozenset()  # partitions that never train (run-config holdout-clients)
     expected: dict[int, ClientInfo] = field(default_factory=dict)  # a resumed run's partitions, from its checkpoint
+    resumed_at: float = 0.0  # when the resumed run's registry was made (a holder before the restart is gone since)
+    simulated: bool = False  # every node is the run's own (a simulation: new node ids at each start, no attacker)
 
     def add(self, info: ClientInfo) -> None:
         """Register (or replace) the client of a partition."""
@@ -102,7 +106,7 @@ class ClientRegistry:
 
     def hold_out(self, fraction: float, seed: int) -> None:
         """Set aside round(fraction * clients) partitions (at least 1 when fraction > 0, never all), seeded."""
-        ids = sorted(self.by_partition)
+        ids = sorted(self.expected or self.by_partition)  # a resumed run: all of its partitions, connected or not
         count = min(len(ids) - 1, max(1, int(round(fraction * len(ids))))) if fraction > 0 else 0
         if count <= 0:
             self.held_out = frozenset()
@@ -211,10 +215,10 @@ class ClientRegistry:
     def _admit(self, info: ClientInfo, connected: set[int], joining: bool) -> bool:
         """Bind the claimed partition to the node, or raise PayloadError saying why not; True for a take-over."""
         pid, node = info.partition_id, info.node_id
-        if pid not in self and pid in self.expected:  # resuming: the checkpoint fixed the partition's counts
-            self._check_resumed(info, connected)
+        if pid not in self and pid in self.expected:  # resuming: the checkpoint fixed the partition and its holder
+            return self._admit_resumed(info, connected)
         if pid not in self:
-            if joining or (self.expected and pid not in self.expected):
+            if joining or self.expected:
                 known = len(self.expected) if self.expected else len(self)
                 raise PayloadError(
                     f"claims partition {pid}, which is not one of the {known} partitions of this "
@@ -227,62 +231,85 @@ class ClientRegistry:
             return False
         if not joining or holder in connected:
             raise PayloadError(f"claims partition {pid}, held by node {holder}, which is connected")
-        gone = self.clock() - self.last_seen.get(pid, -math.inf)
-        if gone < self.takeover_after:
-            raise PayloadError(
-                f"claims partition {pid}, held by node {holder}, which has been gone for {gone:.0f} s; "
-                f"a take-over needs {self.takeover_after:g} s (run-config takeover-after)"
-            )
         first = self[pid]
         if (info.num_train, info.num_test) != (first.num_train, first.num_test):
             raise PayloadError(
                 f"claims partition {pid} with {info.num_train} training and {info.num_test} test samples; it was "
                 f"declared with {first.num_train} and {first.num_test} at the first handshake (fixed for the run)"
             )
-        if not self.consent.allows(pid, node):
-            raise PayloadError(
-                f"claims partition {pid}, held by node {holder}, which has been gone for {gone:.0f} s; a take-over "
-                f"needs {self.consent.how(pid, node)}"
-            )
+        gone = self.clock() - self.last_seen.get(pid, -math.inf)
+        self._check_takeover(pid, node, f"node {holder}", gone)
         self.node_to_partition.pop(holder, None)
         self.add(info)
         log(WARNING, "node %s took over partition %d from node %s, gone for %.0f s", node, pid, holder, gone)
         return True
 
-    def start(self, grid: Grid, cfg: RunConfig, resumed: dict[int, tuple[int, int, int]] | None = None) -> None:
+    def _admit_resumed(self, info: ClientInfo, connected: set[int]) -> bool:
+        """A resumed run's claim on one of its checkpoint's partitions: the counts must be the checkpoint's, and a
+        claimant other than the holder before the restart is a take-over (its holder gone `takeover_after` seconds
+        since the resume, and the consent), except in a simulation, whose nodes get new ids at every start and are
+        all the run's own. True for a take-over."""
+        pid, node, before = info.partition_id, info.node_id, self.expected[info.partition_id]
+        if (info.num_train, info.num_test) != (before.num_train, before.num_test):
+            raise PayloadError(
+                f"claims partition {pid} with {info.num_train} training and {info.num_test} test "
+                f"samples; the run being resumed fixed {before.num_train} and {before.num_test}"
+            )
+        if before.node_id != node and before.node_id in connected:
+            raise PayloadError(
+                f"claims partition {pid}, held by node {before.node_id} before the restart, which is connected"
+            )
+        if before.node_id == node or self.simulated:
+            self.add(info)
+            return False
+        gone = self.clock() - self.resumed_at
+        self._check_takeover(pid, node, f"node {before.node_id} before the restart", gone, since=" since the resume")
+        self.add(info)
+        log(
+            WARNING,
+            "node %s took over partition %d from node %s (its holder before the restart)",
+            node,
+            pid,
+            before.node_id,
+        )
+        return True
+
+    def _check_takeover(self, pid: int, node: int, holder: str, gone: float, since: str = "") -> None:
+        """PayloadError unless a take-over of `pid` by `node` may happen now: its holder gone `takeover_after`
+        seconds and the consent given (asked last: an operator's consent is used up only by a take-over)."""
+        if gone < self.takeover_after:
+            raise PayloadError(
+                f"claims partition {pid}, held by {holder}, which has been gone for {gone:.0f} s{since}; "
+                f"a take-over needs {self.takeover_after:g} s (run-config takeover-after)"
+            )
+        if not self.consent.allows(pid, node):
+            raise PayloadError(
+                f"claims partition {pid}, held by {holder}, which has been gone for {gone:.0f} s{since}; a take-over "
+                f"needs {self.consent.how(pid, node)}"
+            )
+
+    def start(self, grid: Grid, cfg: RunConfig, resumed: dict[int, tuple[int, int, int]] | None = None) -> list[int]:
         """The run's first handshake (a resumed run: only its checkpoint's partitions and counts), the held-out
-        clients set aside; RunAborted when a robust rule cannot work with the clients a round trains."""
+        clients set aside; RunAborted when a robust rule cannot work with the clients a round trains. Returns the
+        partitions another node took over from their holders before a resume."""
         if resumed is not None:
             self.expect(resumed)
-        self.handshake(grid, cfg.round_timeout)
+        replaced = self.handshake(grid, cfg.round_timeout)
         self.hold_out(cfg.holdout_clients, cfg.seed)
         per_round = sample_size(len(self.ids()), cfg.fraction_train, cfg.min_train_clients)
         if cfg.robust_aggregation != "none" and per_round < MIN_ROBUST_MODELS:
             raise RunAborted(robust_needs(cfg.robust_aggregation, per_round))
+        return replaced
 
     def expect(self, clients: dict[int, tuple[int, int, int]]) -> None:
         """A resumed run: only the checkpoint's partitions, with their counts, may be claimed (partition -> (node,
         training samples, test samples))."""
         self.expected = {pid: ClientInfo(pid, node, train, test) for pid, (node, train, test) in clients.items()}
+        self.resumed_at = self.clock()
 
     def table(self) -> dict[int, tuple[int, int, int]]:
         """Partition -> (node, training samples, test samples): what a checkpoint keeps of the registry."""
         return {pid: (c.node_id, c.num_train, c.num_test) for pid, c in self.by_partition.items()}
-
-    def _check_resumed(self, info: ClientInfo, connected: set[int]) -> None:
-        """PayloadError when a claim on resume changes the partition's counts, or its holder before the restart is
-        connected and is not the claimant."""
-        before = self.expected[info.partition_id]
-        if (info.num_train, info.num_test) != (before.num_train, before.num_test):
-            raise PayloadError(
-                f"claims partition {info.partition_id} with {info.num_train} training and {info.num_test} test "
-                f"samples; the run being resumed fixed {before.num_train} and {before.num_test}"
-            )
-        if before.node_id != info.node_id and before.node_id in connected:
-            raise PayloadError(
-                f"claims partition {info.partition_id}, held by node {before.node_id} before the restart, which is "
-                "connected"
-            )
 
     def refresh(self, grid: Grid, timeout: float) -> list[int]:
         """Note which holders are connected; handshake nodes that connected since the last round (new or restarted

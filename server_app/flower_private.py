@@ -13,6 +13,8 @@ part names the Flower version it was checked against, and tests pin the attribut
    message (a node enters when a message for it is stored, and leaves when Flower finds none for it), and an ask
    for any other node returns at once. The answers are the same: a node with no undelivered message gets none
    either way.
+4. Which runtime drives the ServerApp: Flower's simulation hands it an `InMemoryGrid` (checked with 1.42.0), a
+   deployment an `HttpGrid` to its SuperLink; Flower has no public way to ask.
 """
 
 from __future__ import annotations
@@ -115,3 +117,16 @@ def speed_up_simulation() -> bool:
         InMemoryLinkState.store_message_ins = indexed_store_message_ins(InMemoryLinkState.store_message_ins)
         InMemoryLinkState.get_message_ins = fast_get_message_ins(InMemoryLinkState.get_message_ins)
     return True
+
+
+# ----- 4. the runtime -----
+SIMULATION_GRID = ("flwr.superlink.grid.inmemory_grid", "InMemoryGrid")  # the grid Flower's simulation hands over
+
+
+def is_simulation(grid: Any) -> bool:
+    """True when `grid` is Flower's simulation (every node a process of the run's own) or a grid that says it is
+    one (`simulation = True`: the in-process engine's); False for a SuperLink, whose nodes are devices."""
+    if getattr(type(grid), "simulation", False) is True:
+        return True
+    module = sys.modules.get(SIMULATION_GRID[0])  # loaded where Flower's simulation runs, never imported here
+    return module is not None and isinstance(grid, getattr(module, SIMULATION_GRID[1]))

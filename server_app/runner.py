@@ -270,10 +270,14 @@ class RoundRunner:
 
     def run(self, grid: Grid) -> None:
         """Handshake, then the rounds: train, aggregate, evaluate, record, checkpoint, log progress with ETA."""
-        self.clients.start(grid, self.cfg, self.resume_from.clients if self.resume_from is not None else None)
+        replaced = self.clients.start(
+            grid, self.cfg, self.resume_from.clients if self.resume_from is not None else None
+        )
         first, elapsed_before = 1, 0.0
         if self.resume_from is not None:
             self.resumes = restore(self.strategy, self.writer, self.resume_from)
+            for pid in replaced:  # after the restore: the state it forgets is the checkpoint's
+                self.strategy.on_client_replaced(self.resume_from.round + 1, pid)
             self.checkpoint_round = self.resume_from.round
             log(INFO, "resumed after round %d of %d from its checkpoint", self.checkpoint_round, self.cfg.num_rounds)
             first, elapsed_before = self.resume_from.round + 1, self.resume_from.elapsed_s

@@ -1,6 +1,8 @@
 """Who may let a partition change hands (a replaced device): by default only the operator, by listing the partition
-(and, best, the node that may take it) in the run folder's `takeover-allowed` file with `pflower allow-takeover
-RUN_DIR PARTITION --node NODE`; each listing lets one take-over happen and is then struck out. Run-config
+and the one node that may take it in the run folder's `takeover-allowed` file with `pflower allow-takeover RUN_DIR
+PARTITION --node NODE`; each listing lets one take-over happen and is then struck out. A consent always names its
+node: one for "any node" would go to whichever registered node asks first (an attacker holding one device's key
+asks every round). Run-config
 `takeover = "after-timeout"` restores the unattended rule (any registered node, once the holder has been gone
 `takeover-after` seconds).
 
@@ -23,7 +25,7 @@ from pathlib import Path
 from flwr.supercore import log
 
 CONSENT_FILE = "takeover-allowed"
-Grant = tuple[int, int | None]  # (partition, the node that may take it; None: any node)
+Grant = tuple[int, int]  # (partition, the node that may take it)
 
 
 class ConsentError(OSError):
@@ -37,18 +39,15 @@ class OperatorConsent:
         self.run_dir = None if run_dir is None else Path(run_dir)
 
     def allows(self, partition_id: int, node_id: int) -> bool:
-        """True (and the consent struck out) when the operator allowed this node, or any node, to take it."""
+        """True (and the consent struck out) when the operator allowed this node to take it."""
         if self.run_dir is None:
             return False
         try:
             with _locked(self.run_dir):
                 grants = read_grants(self.run_dir)
-                match = next((g for g in grants if g == (partition_id, node_id)), None) or next(
-                    (g for g in grants if g == (partition_id, None)), None
-                )
-                if match is None:
+                if (partition_id, node_id) not in grants:
                     return False
-                grants.remove(match)
+                grants.remove((partition_id, node_id))
                 write_grants(self.run_dir, grants)
                 return True
         except (ConsentError, OSError) as exc:
@@ -105,7 +104,8 @@ def _locked(run_dir: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
 
 
 def read_grants(run_dir: Path) -> list[Grant]:
-    """The consents in the file (none when it is absent); ConsentError when it cannot be trusted."""
+    """The consents in the file (none when it is absent; a line that is not two plain ids is ignored); ConsentError
+    when it cannot be trusted."""
     try:
         fd = os.open(run_dir / CONSENT_FILE, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
@@ -123,14 +123,14 @@ def read_grants(run_dir: Path) -> list[Grant]:
     grants: list[Grant] = []
     for line in text.splitlines():
         words = line.split()
-        if 1 <= len(words) <= 2 and all(w.isascii() and w.isdigit() and len(w) <= 18 for w in words):
-            grants.append((int(words[0]), int(words[1]) if len(words) == 2 else None))
+        if len(words) == 2 and all(w.isascii() and w.isdigit() and len(w) <= 20 for w in words):
+            grants.append((int(words[0]), int(words[1])))
     return grants
 
 
 def write_grants(run_dir: Path, grants: list[Grant]) -> None:
     """Replace the file with these consents, atomically (a new file, mode 0600, renamed over the old)."""
-    text = "".join(f"{pid}\n" if node is None else f"{pid} {node}\n" for pid, node in grants)
+    text = "".join(f"{pid} {node}\n" for pid, node in grants)
     temporary = run_dir / f".{CONSENT_FILE}.{os.getpid()}.tmp"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
@@ -142,8 +142,8 @@ def write_grants(run_dir: Path, grants: list[Grant]) -> None:
         raise
 
 
-def allow(run_dir: Path, partition_ids: list[int], node_id: int | None = None) -> Path:
-    """Add consents to a run folder's file (the `pflower allow-takeover` command); the file's path."""
+def allow(run_dir: Path, partition_ids: list[int], node_id: int) -> Path:
+    """Add consents for `node_id` to a run folder's file (the `pflower allow-takeover` command); the file's path."""
     with _locked(run_dir):
         grants = read_grants(run_dir)
         write_grants(run_dir, [*grants, *((pid, node_id) for pid in partition_ids)])

@@ -94,7 +94,7 @@ def test_a_consent_lock_file_that_is_not_the_servers_own_is_refused_not_waited_o
     me = os.geteuid()
     monkeypatch.setattr(takeover.os, "geteuid", lambda: me + 1)  # as if another user owned the file
     with pytest.raises(takeover.ConsentError, match="not a regular file of this user's"):
-        takeover.allow(run, [3])
+        takeover.allow(run, [3], 7)
     assert takeover.OperatorConsent(run).allows(3, 7) is False  # the server: a warning, no consent, no hang
     monkeypatch.undo()
     fd = os.open(lock, os.O_RDWR)

@@ -13,8 +13,10 @@ from flwr.supercore.task_identity import TaskIdentity
 from server_app.flower_private import (
     PATCHED_VERSION,
     PRIVATE_FIELDS,
+    SIMULATION_GRID,
     fast_get_message_ins,
     indexed_store_message_ins,
+    is_simulation,
     set_task_identity,
     speed_up_simulation,
     stamp,
@@ -106,3 +108,17 @@ def test_the_speedup_is_installed_once_for_the_flower_version_it_was_written_for
     assert speed_up_simulation() and speed_up_simulation()
     method = InMemoryLinkState.get_message_ins
     assert hasattr(method, "__wrapped__") and not hasattr(method.__wrapped__, "__wrapped__")
+
+
+def test_the_runtime_is_told_from_the_grid_flower_hands_over() -> None:
+    """Flower's simulation and the in-process engine are simulations; a SuperLink's grid is a deployment."""
+    import importlib
+
+    from flwr.superlink.grid import HttpGrid, InMemoryGrid
+
+    from experiments.engine.grid import InProcessGrid
+
+    assert (InMemoryGrid.__module__, InMemoryGrid.__name__) == SIMULATION_GRID, "Flower moved its simulation's grid"
+    importlib.import_module(SIMULATION_GRID[0])
+    assert is_simulation(object.__new__(InMemoryGrid)) and is_simulation(object.__new__(InProcessGrid))
+    assert not is_simulation(object.__new__(HttpGrid)) and not is_simulation(object())

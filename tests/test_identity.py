@@ -112,12 +112,15 @@ def test_a_take_over_waits_until_the_holder_has_been_gone_long_enough(caplog, tm
         clock.now += 70  # gone long enough, but the operator has not consented
         assert clients.refresh(grid, timeout=5) == [] and clients[0].node_id == 1
         assert f"a take-over needs the operator's consent: pflower allow-takeover {tmp_path} 0 --node 99" in caplog.text
-        allow(tmp_path, [0])
+        allow(tmp_path, [0], 98)  # a consent for another node serves that node only
+        clock.now += 130
+        assert clients.refresh(grid, timeout=5) == [] and clients[0].node_id == 1
+        allow(tmp_path, [0], 99)
         clock.now += 130
         assert clients.refresh(grid, timeout=5) == [0]
-    assert (tmp_path / "takeover-allowed").read_text() == "", "a consent serves one take-over"
+    assert (tmp_path / "takeover-allowed").read_text() == "0 98\n", "a consent serves one take-over, by its node"
     assert clients[0].node_id == 99 and clients.node_to_partition == {2: 1, 99: 0}
-    assert "node 99 took over partition 0 from node 1, gone for 270 s" in caplog.text
+    assert "node 99 took over partition 0 from node 1, gone for 400 s" in caplog.text
     # the old holder comes back: the new one is connected, so it is refused
     back = ClaimGrid({1: 0, 2: 1, 99: 0})
     clock.now += 500
@@ -127,15 +130,21 @@ def test_a_take_over_waits_until_the_holder_has_been_gone_long_enough(caplog, tm
 def test_the_operator_consents_with_pflower_allow_takeover(tmp_path, capsys) -> None:
     from experiments.cli import main
 
-    assert main(["allow-takeover", str(tmp_path), "3"]) == 2  # not a run folder
+    assert main(["allow-takeover", str(tmp_path), "3", "--node", "7"]) == 2  # not a run folder
     assert "is not a run folder" in capsys.readouterr().err
     (tmp_path / "config.json").write_text("{}")
-    assert main(["allow-takeover", str(tmp_path), "3", "5"]) == 0
-    assert main(["allow-takeover", str(tmp_path), "6", "--node", "99"]) == 0
+    with pytest.raises(SystemExit):  # a consent names its node: "any node" would go to whoever asks first
+        main(["allow-takeover", str(tmp_path), "3"])
+    assert "--node" in capsys.readouterr().err
+    big = 2**64 - 1  # Flower's node ids are unsigned 64-bit integers: 20 digits
+    assert main(["allow-takeover", str(tmp_path), "3", "5", "--node", "7"]) == 0
+    assert main(["allow-takeover", str(tmp_path), "6", "--node", str(big)]) == 0
+    assert main(["allow-takeover", str(tmp_path), "6", "--node", str(2**64)]) == 2
     consent = OperatorConsent(tmp_path)
-    assert not consent.allows(4, 7) and consent.allows(5, 7) and not consent.allows(5, 7) and consent.allows(3, 8)
-    assert not consent.allows(6, 98), "a consent naming a node serves that node only"
-    assert consent.allows(6, 99) and not consent.allows(6, 99)
+    assert not consent.allows(4, 7) and consent.allows(5, 7) and not consent.allows(5, 7)
+    assert not consent.allows(3, 8), "a consent naming a node serves that node only"
+    assert consent.allows(3, 7) and not consent.allows(6, 98)
+    assert consent.allows(6, big) and not consent.allows(6, big)
 
 
 def test_a_consent_file_that_cannot_be_trusted_is_no_consent_and_no_crash(tmp_path, caplog) -> None:
@@ -288,5 +297,51 @@ def test_a_resumed_run_keeps_the_partitions_and_counts_of_its_checkpoint(caplog)
     assert "node 3: handshake rejected: claims partition 0, held by node 10 before the restart, which is connected" in (
         caplog.text
     )
-    # it is gone (a simulation restarts with new node ids): a claim with the checkpoint's counts is taken
-    assert resumed(ClaimGrid({3: 0, 4: 1})).table() == {0: (3, 100, 10), 1: (4, 100, 10)}
+    # it is gone: in a simulation (new node ids at every start, all the run's own) a claim with the checkpoint's
+    # counts is taken
+    simulation = ClientRegistry(clock=Clock(), simulated=True)
+    simulation.expect(before)
+    simulation.handshake(ClaimGrid({3: 0, 4: 1}), timeout=5)
+    assert simulation.table() == {0: (3, 100, 10), 1: (4, 100, 10)}
+
+
+def test_a_resumed_deployment_treats_another_claimant_as_a_take_over(caplog, tmp_path) -> None:
+    """A node claiming a partition whose holder before the restart is offline gets it (and its personal model)
+    only as a take-over: the holder gone takeover-after seconds since the resume, and the operator's consent."""
+    clock = Clock()
+    clients = ClientRegistry(clock=clock, consent=OperatorConsent(tmp_path))  # a deployment: not simulated
+    clients.expect({0: (10, 100, 10), 1: (2, 100, 10)})
+    grid = ClaimGrid({66: 0, 2: 1})  # node 10 has not come back; node 66 claims its partition first
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        clients.handshake(grid, timeout=5)
+        assert clients.table() == {1: (2, 100, 10)}, "the attacker's claim is not bound"
+        assert (
+            "node 66: handshake rejected: claims partition 0, held by node 10 before the restart, which has been "
+            "gone for 0 s since the resume; a take-over needs 120 s"
+        ) in caplog.text
+        clock.now += 130
+        assert clients.refresh(grid, timeout=5) == [] and 0 not in clients, "gone long enough: still no consent"
+        assert f"pflower allow-takeover {tmp_path} 0 --node 66" in caplog.text
+        back = ClaimGrid({66: 0, 2: 1, 10: 0})  # the real holder returns: it gets its partition back
+        assert clients.refresh(back, timeout=5) == [] and clients.table()[0] == (10, 100, 10)
+    # with the operator's consent, a replaced device takes it over (and the strategy forgets the old holder)
+    clients = ClientRegistry(clock=clock, consent=OperatorConsent(tmp_path))
+    clients.expect({0: (10, 100, 10), 1: (2, 100, 10)})
+    clients.handshake(grid, timeout=5)
+    allow(tmp_path, [0], 66)
+    clock.now += 130
+    assert clients.refresh(grid, timeout=5) == [0] and clients.table()[0] == (66, 100, 10)
+    assert clients.ids() == [0, 1]
+
+
+def test_a_resumed_run_holds_out_the_same_clients_when_some_are_offline() -> None:
+    before = {pid: (100 + pid, 100, 10) for pid in range(8)}
+    full = ClientRegistry(clock=Clock())
+    full.expect(before)
+    full.handshake(ClaimGrid({100 + pid: pid for pid in range(8)}), timeout=5)
+    full.hold_out(0.25, seed=3)
+    part = ClientRegistry(clock=Clock())
+    part.expect(before)
+    part.handshake(ClaimGrid({100 + pid: pid for pid in range(0, 8, 2)}), timeout=5)  # half are offline
+    part.hold_out(0.25, seed=3)
+    assert part.held_out == full.held_out and len(full.held_out) == 2

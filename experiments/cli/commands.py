@@ -140,20 +140,19 @@ def privacy(args: argparse.Namespace) -> int:
 
 
 def allow_takeover(args: argparse.Namespace) -> int:
-    """Write the operator's consent to take-overs of partitions (by one node, or any) into a run folder."""
+    """Write the operator's consent to take-overs of partitions by one node into a run folder."""
     from server_app.takeover import allow
 
     run_dir, partitions, node = args.run_dir, args.partitions, args.node
     if not RunFolder(run_dir).is_run():
         raise ConfigError(f"{run_dir} is not a run folder (no {CONFIG_FILE}): give the folder the server logged")
-    if any(pid < 0 for pid in partitions) or (node is not None and node < 0):
-        raise ConfigError(f"partition and node ids are non-negative, got {partitions} and {node}")
+    if any(not 0 <= i < 2**64 for i in [*partitions, node]):
+        raise ConfigError(f"partition and node ids are integers in [0, 2^64), got {partitions} and {node}")
     try:
         path = allow(run_dir, partitions, node)
     except OSError as exc:
         raise ConfigError(f"cannot write the consent into {run_dir}: {exc}") from None
-    who = f"node {node}" if node is not None else "any node"
-    print(f"allowed: {who} to take over partition(s) {', '.join(map(str, partitions))} ({path}), once each")
+    print(f"allowed: node {node} to take over partition(s) {', '.join(map(str, partitions))} ({path}), once each")
     return 0
 
 

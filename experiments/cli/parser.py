@@ -124,13 +124,16 @@ def _listings(sub: argparse._SubParsersAction) -> None:
 def _allow_takeover(sub: argparse._SubParsersAction) -> None:
     takeover = sub.add_parser(
         "allow-takeover",
-        help="deployment (takeover = operator): let another node take over these partitions of a running run, "
-        "once each (a replaced device)",
+        help="deployment (takeover = operator): let one node take over these partitions of a running or resumed "
+        "run, once each (a replaced device)",
     )
     takeover.add_argument("run_dir", type=Path, help="the run's results folder (the server logs it at the start)")
     takeover.add_argument("partitions", type=int, nargs="+", help="partition ids")
     takeover.add_argument(
-        "--node", type=int, help="the node id that may take them (the server's refusal line names it; default: any)"
+        "--node",
+        type=int,
+        required=True,
+        help="the node id that may take them (the server's refusal line names it); a consent always names its node",
     )
 
 

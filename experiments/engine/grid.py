@@ -63,6 +63,8 @@ class InProcessGrid(Grid):
     """`num_nodes` simulated nodes (partition ids 0..num_nodes-1) answered by `workers` worker processes, each
     running the ClientApp on `threads` torch threads (workers=0: in this process, one message at a time)."""
 
+    simulation = True  # every node is this run's own process (server_app/flower_private.is_simulation)
+
     def __init__(
         self,
         run_config: dict[str, Any],
