@@ -118,6 +118,7 @@ def test_superlink_certificate_names_the_compose_service_and_loopback(certs: Pat
 
 def test_the_control_api_is_reachable_only_inside_the_superlink_host(certs: Path) -> None:
     command = _command("superlink")
+    assert command[0] == "pflower-superlink", "the SuperLink with the store bound (server_app/linkguard.py)"
     assert command[command.index("--host") + 1] == "127.0.0.1" and command[command.index("--port") + 1] == "9092"
     for name in ("proxy", "flwr"):
         assert SERVICES[name]["network_mode"] == "service:superlink", f"{name} must share the SuperLink's loopback"
@@ -301,9 +302,11 @@ def test_supernode_unit_matches_the_setup_script_and_flower() -> None:
 
 def test_superlink_unit_flags_exist() -> None:
     exec_start = shlex.split(_unit("flower-superlink.service")["Service"]["ExecStart"])
-    assert exec_start[0] == "/opt/pflower/.venv/bin/flower-superlink"
+    assert exec_start[0] == "/opt/pflower/.venv/bin/pflower-superlink", "the SuperLink with the store bound"
+    flags = _flags("pflower-superlink")
+    assert {"--max-message-objects", "--database", "--enable-supernode-auth"} <= flags, "ours, then Flower's"
     for flag in [w for w in exec_start if w.startswith("--")]:
-        assert flag in _flags("flower-superlink"), flag
+        assert flag in flags, flag
     assert "--enable-supernode-auth" in exec_start and "--ssl-certfile" in exec_start
 
 

@@ -122,7 +122,7 @@ class TLSSuperLink(LocalSuperLink):
         )
         log_file = self.home / "superlink.log"
         command = [
-            "flower-superlink",
+            "pflower-superlink",  # flower-superlink with the per-message store bound (server_app/linkguard.py)
             "--ssl-ca-certfile",
             str(self.ca),
             "--ssl-certfile",
