@@ -130,7 +130,7 @@ def install(bounds: LinkBounds) -> None:
 
     if hasattr(fleet_handlers.push_messages, "__wrapped__"):
         return
-    fleet_handlers.push_messages, fleet_handlers.push_object = guarded(  # type: ignore[assignment]
+    fleet_handlers.push_messages, fleet_handlers.push_object = guarded(
         fleet_handlers.push_messages, fleet_handlers.push_object, bounds
     )
 
