@@ -270,6 +270,11 @@ class RunConfig:
         "`after-timeout` (any registered node, after `takeover-after` seconds)",
         choices=("operator", "after-timeout"),
     )
+    allow_unprotected: bool = hp(
+        False,
+        "deployment: start even with robust-aggregation 'none' and max-weight-ratio 0 (refused otherwise: one "
+        "device could steer the model); simulations and the in-process engine never ask",
+    )
     max_weight_ratio: float = hp(
         0.0,
         "deployment: a client counts at most this many times the median training-sample count the other clients "

@@ -18,6 +18,7 @@ from common.config import ConfigError, RunConfig, parse_run_config
 from common.data.datasets import DataError
 from common.data.federated import dataset_for
 from common.learning.models import ModelLayout, build_model
+from common.methods.robust import unprotected
 from common.seeding import derive_seed
 from common.storage.pages import StoreSpaceError
 from common.storage.persist import StateFileError
@@ -128,6 +129,11 @@ def main(grid: Grid, context: Context) -> None:
     single_threaded_math()
     speed_up_simulation()  # Flower's simulation runtime, when this process runs it (server_app/flower_private.py)
     cfg = load_config(dict(context.run_config))
+    simulated = is_simulation(grid)  # a SuperLink's nodes are devices: take-overs and protection are asked for
+    why = None if simulated else unprotected(cfg.robust_aggregation, cfg.max_weight_ratio, cfg.allow_unprotected)
+    if why is not None:
+        log(ERROR, "%s", why)
+        raise RunFailed(why)
     try:
         data = dataset_for(cfg.data)
         model = build_model(cfg.model, cfg.dataset, data.input_shape, data.num_classes, derive_seed(cfg.seed, "model"))
@@ -138,7 +144,7 @@ def main(grid: Grid, context: Context) -> None:
         max_samples=cfg.max_client_samples,
         takeover_after=cfg.takeover_after,
         max_weight_ratio=cfg.max_weight_ratio,
-        simulated=is_simulation(grid),
+        simulated=simulated,
     )
     try:
         strategy = strategy_class(cfg.algorithm)(cfg, ModelLayout.of(model), clients)

@@ -75,6 +75,18 @@ def robust_needs(method: str, per_round: int) -> str:
     )
 
 
+def unprotected(robust_aggregation: str, max_weight_ratio: float, allow_unprotected: bool) -> str | None:
+    """Why a deployment may not start with these settings (None: it may): with neither a robust rule nor a weight
+    cap, one device's key moves the global model where it likes (a boosted update, an inflated count)."""
+    if robust_aggregation != "none" or max_weight_ratio > 0 or allow_unprotected:
+        return None
+    return (
+        "a deployment without robust-aggregation and without max-weight-ratio lets one device steer the model: "
+        "set robust-aggregation='clip' and max-weight-ratio=4 as the recipes do (deploy/README.md), or "
+        "allow-unprotected=true"
+    )
+
+
 def capped_weights(weights: Sequence[float]) -> tuple[np.ndarray, int]:
     """Each weight at most the median weight of the round (no client outweighs a typical one), and how many were
     capped: under `clip` a client's share of the average stays near 1/n whatever count it declares."""
