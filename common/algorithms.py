@@ -263,6 +263,12 @@ class AlgorithmSpec:
     eval_rows: tuple[EvalRow, ...] = ()
     shares: str = "all"
     averages_models: bool = False  # the server averages uploaded weights: `robust-aggregation` and attacks apply
+    averages_updates: bool = False  # a weighted average of uploads all the same (sparse, pruned): max-update-ratio
+
+    @property
+    def bounds_updates(self) -> bool:
+        """Whether run-config `max-update-ratio` applies: the server takes a weighted average of uploads."""
+        return self.averages_models or self.averages_updates
 
 
 SPECS: dict[str, AlgorithmSpec] = {
@@ -299,6 +305,7 @@ SPECS: dict[str, AlgorithmSpec] = {
             "feddst:FedDSTStrategy",
             "feddst:FedDSTClient",
             FedDSTParams,
+            averages_updates=True,
         ),
         AlgorithmSpec(
             "dmpfl",
@@ -307,6 +314,7 @@ SPECS: dict[str, AlgorithmSpec] = {
             "dmpfl:DMPFLClient",
             DMPFLParams,
             (PLUS, GLOBAL),
+            averages_updates=True,
         ),
         AlgorithmSpec(
             "fedamp",
@@ -378,6 +386,7 @@ SPECS: dict[str, AlgorithmSpec] = {
             "dapperfl:DapperFLClient",
             DapperFLParams,
             (GLOBAL,),
+            averages_updates=True,
         ),
         AlgorithmSpec(
             "ditto",

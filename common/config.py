@@ -283,6 +283,15 @@ class RunConfig:
         "honest quantity-skewed partitions exceed 4x the median)",
         low=0.0,
     )
+    max_update_ratio: float = hp(
+        0.0,
+        "deployment: in every weighted average (FedAvg family, FLIU, DM-PFL's and FedDST's values, DapperFL) an "
+        "update (upload - the model the client started from, L2 over what it uploaded) is shortened to at most this "
+        "many times the median norm of the round's other updates, so one boosted update cannot replace the model; "
+        "the recipes set 3; 0: no bound",
+        low=0.0,
+        high=1e6,
+    )
     messages_in_flight: int = hp(
         64,
         "the most messages the server has out at once when pre-training or "
@@ -631,6 +640,12 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
                 f"run-config '{key}' applies to the weight-averaging algorithms "
                 f"({', '.join(averaging)}), not to '{algorithm}'"
             )
+    if cfg.max_update_ratio > 0 and not SPECS[algorithm].bounds_updates:
+        bounded = sorted(name for name, spec in SPECS.items() if spec.bounds_updates)
+        raise ConfigError(
+            f"run-config 'max-update-ratio' applies to the algorithms that average uploads ({', '.join(bounded)}), "
+            f"not to '{algorithm}'"
+        )
     _check_gradient_pull(cfg, params)
     _check_dp(cfg, algorithm, averaging)
     if cfg.stop_patience > 0 and not 0 < cfg.eval_every <= cfg.stop_patience:

@@ -192,12 +192,15 @@ class RoundRunner:
         accepted, failed, rejected = self.accept_train_replies(server_round, replies)
         train, started = self.round_log.train, time.perf_counter()
         self.strategy.aggregation_fields = {}  # a round that aggregates nothing reports nothing of an earlier one
+        self.strategy.peer_bound = {}
         if accepted:
             with profiling.timer("aggregate"):
                 self.strategy.aggregate(server_round, accepted)
             self.round_log.aggregate_s = time.perf_counter() - started  # a timing: kept out of `train`
         train.update(train_record(accepted, failed, rejected, train, self.cfg.rho_eps))
         train.update(self.strategy.aggregation_fields if accepted else {})
+        if accepted and self.strategy.peer_bound:
+            train["peer_bound"] = self.strategy.peer_bound
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> None:
         """Per-client accuracies at every shift degree (and the algorithm's extra rows); mean and std."""

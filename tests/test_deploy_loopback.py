@@ -128,7 +128,7 @@ def test_tls_deployment_with_authenticated_supernodes(certs, tmp_path) -> None:
         results = tmp_path / "results"
         runner = link.start_run(
             REPO,
-            f"algorithm='dmpfl' max-weight-ratio=4 iterations=1 num-rounds=6 fraction-train=1.0 "
+            f"algorithm='dmpfl' max-weight-ratio=4 max-update-ratio=3 iterations=1 num-rounds=6 fraction-train=1.0 "
             f"local-epochs=1 round-timeout=30 results-dir='{results}' run-name='deployed'",
         )
         # app verification: the open-source SuperLink attaches no verification to a submitted app, so a SuperNode

@@ -152,8 +152,17 @@ def aggregate(
 ) -> list[np.ndarray]:
     """Recover every upload to full shape from the previous global model (Eq. 6), then their sample-weighted
     average (Eq. 7). A full-shape upload (no indices: the `official` variant's) is averaged as it is."""
-    recovered = [
+    return weighted_average(recover_uploads(previous, names, uploads, indices), weights)
+
+
+def recover_uploads(
+    previous: Sequence[np.ndarray],
+    names: Sequence[str],
+    uploads: Sequence[Mapping[str, np.ndarray]],
+    indices: Sequence[Mapping[str, Mapping[int, np.ndarray]]],
+) -> list[list[np.ndarray]]:
+    """Every upload at full shape, its pruned entries taken from the previous global model (Eq. 6)."""
+    return [
         [recover(upload[name], ref, index.get(name, {})) for name, ref in zip(names, previous, strict=True)]
         for upload, index in zip(uploads, indices, strict=True)
     ]
-    return weighted_average(recovered, weights)

@@ -53,6 +53,36 @@ def clip_updates(
     return out, clipped
 
 
+def peer_scales(norms: Sequence[float] | np.ndarray, ratio: float) -> np.ndarray:
+    """Each update's factor under the peer bound: an update longer than `ratio` times the median norm of the
+    round's *other* updates is shortened to that length (factor < 1), the others kept (1). The reference leaves the
+    update itself out, so no client moves its own bound; with a single update there is no reference (1)."""
+    if not np.isfinite(ratio) or ratio <= 0:
+        raise ValueError(f"the peer bound's ratio must be a positive finite number, got {ratio}")
+    norms_array = np.asarray(norms, dtype=np.float64)
+    scales = np.ones(len(norms_array))
+    for i, norm in enumerate(norms_array):
+        others = np.delete(norms_array, i)
+        if others.size == 0 or norm <= 0:
+            continue
+        bound = ratio * float(np.median(others))
+        if norm > bound:
+            scales[i] = bound / norm
+    return scales
+
+
+def scale_updates(models: Sequence[Model], reference: Model, scales: Sequence[float]) -> list[list[np.ndarray]]:
+    """Each model moved back along its update (model - reference) by its factor (1: kept as it is)."""
+    return [
+        [np.asarray(m, np.float32) for m in model]
+        if scale >= 1.0
+        else [
+            (r + scale * (m.astype(np.float64) - r)).astype(np.float32) for m, r in zip(model, reference, strict=True)
+        ]
+        for model, scale in zip(models, scales, strict=True)
+    ]
+
+
 MIN_ROBUST_MODELS = 3  # trimmed mean and median need one update at each end besides the one they keep
 
 

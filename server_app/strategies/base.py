@@ -25,7 +25,7 @@ from common.methods.privacy import (
     accountant_installed,
     epsilon,
 )
-from common.methods.robust import robust_average, robust_clip
+from common.methods.robust import peer_scales, robust_average, robust_clip, scale_updates, update_norms
 from common.wire.messages import ARRAYS, CONFIG, FINETUNE_EPOCHS, LR_STEP, NEWCOMER_MODEL, PARTITION_ID, SERVER_ROUND
 from common.wire.records import to_record
 from common.wire.validation import read_fraction, validate_arrays
@@ -52,6 +52,7 @@ class PFLStrategy:
         self.global_arrays = list(model.initial)
         self.clients = clients
         self.aggregation_fields: dict[str, Any] = {}  # {"robust": what the rule did} after a robust aggregation
+        self.peer_bound: dict[str, Any] = {}  # what run-config max-update-ratio did this round (reset by the runner)
         self.workdir: Path | None = None  # the run folder, where large server state may live on disk (set by the app)
         self._payload: tuple[tuple[int, str], dict[str, Any]] | None = None  # round_payload's last one
         self.train_calls: dict[int, int] = {}  # training messages each client was sent (lr-decay-step client)
@@ -156,20 +157,39 @@ class PFLStrategy:
     ) -> list[np.ndarray]:
         """The uploaded models' weighted average, or the run's `robust-aggregation` rule around `reference`
         (the model the clients started from)."""
+        models = self.bound_to_peers([uploaded(r) for r in replies], reference)
         if self.cfg.dp == "central":
-            return self.dp_average(replies, reference)
+            return self.dp_average(models, reference)
         private = {"dp": self.count_local_dp(replies)} if self.cfg.dp == "local" else {}
-        averaged, report = robust_average([uploaded(r) for r in replies], weights, reference, self.cfg.robust_rule)
+        averaged, report = robust_average(models, weights, reference, self.cfg.robust_rule)
         self.aggregation_fields = {**({"robust": report} if report else {}), **private}
         if "skipped" in report:
             log(WARNING, "robust aggregation %s: %s; the model is kept", report["method"], report["skipped"])
         return averaged
 
-    def dp_average(self, replies: list[TrainReply], reference: list[np.ndarray]) -> list[np.ndarray]:
+    def bound_to_peers(
+        self, models: Sequence[Sequence[np.ndarray]], reference: Sequence[np.ndarray]
+    ) -> Sequence[Sequence[np.ndarray]]:
+        """Run-config `max-update-ratio`: each update (model - reference) at most that many times the median norm
+        of the round's other updates (common/methods/robust.peer_scales), recorded in `peer_bound`; the models as
+        they are when it is 0."""
+        if self.cfg.max_update_ratio <= 0 or not models:
+            return models
+        scales = self.peer_factors(update_norms(models, reference))
+        return scale_updates(models, reference, scales.tolist())
+
+    def peer_factors(self, norms: np.ndarray) -> np.ndarray:
+        """Each update's factor under run-config `max-update-ratio` (> 0) given the round's update norms, and the
+        round's `peer_bound` record (the ratio, how many were shortened, the longest norm)."""
+        ratio = self.cfg.max_update_ratio
+        scales = peer_scales(norms, ratio)
+        self.peer_bound = {"ratio": ratio, "clipped": int(np.sum(scales < 1.0)), "max_norm": float(np.max(norms))}
+        return scales
+
+    def dp_average(self, models: Sequence[Sequence[np.ndarray]], reference: list[np.ndarray]) -> list[np.ndarray]:
         """Central DP's aggregate (run-config `dp`): under `robust-aggregation` clip the updates are clipped to the
         robust bound first, then DP clips each to `dp-clip-norm`, averages over the planned clients and adds noise;
         sample counts do not weigh in (one client's influence is what DP bounds)."""
-        models: Sequence[Sequence[np.ndarray]] = [uploaded(r) for r in replies]
         robust: dict[str, Any] = {}
         if self.cfg.robust_aggregation == "clip":
             models, robust = robust_clip(models, reference, self.cfg.robust_rule)

@@ -18,8 +18,9 @@ import numpy as np
 from common.algorithms import DapperFLParams
 from common.config import ConfigError, RunConfig
 from common.learning.models import ModelLayout
+from common.methods.aggregate import weighted_average
 from common.methods.channels import entry_indices, keep_count, pruned_shapes
-from common.methods.dapperfl import OFFICIAL, aggregate
+from common.methods.dapperfl import OFFICIAL, recover_uploads
 from common.wire.messages import ARRAYS, CHANNEL_MASKS
 from common.wire.validation import PayloadError, validate_arrays
 
@@ -89,13 +90,10 @@ class DapperFLStrategy(PFLStrategy):
             entry["values"] = sum(int(a.size) for a in reply.payload[0].values())
             entry["train_flops"].append(reply_flops(reply.content))
         payloads: list[Any] = [r.payload for r in replies]
-        self.global_arrays = aggregate(
-            self.global_arrays,
-            self.names,
-            [p[0] for p in payloads],
-            [p[1] for p in payloads],
-            [r.weight for r in replies],
-        )
+        recovered = recover_uploads(self.global_arrays, self.names, [p[0] for p in payloads], [p[1] for p in payloads])
+        # run-config max-update-ratio: a pruned entry's update is 0 (it is the previous global's)
+        bounded = self.bound_to_peers(recovered, self.global_arrays)
+        self.global_arrays = weighted_average(bounded, [r.weight for r in replies])
 
     def round_record(self, server_round: int) -> dict[str, Any]:
         """The round's uploads by pruning ratio: clients, values uploaded per client, training FLOPs per client."""

@@ -185,6 +185,8 @@ class DMPFLStrategy(SparseGlobalStrategy):
         """Phase 1: Eq. 5 and the new m_g; phase 2: masked FedAvg; phase 3: nothing on the server."""
         phase = self.phase(server_round)
         self.count_private_uploads(replies if phase != 3 else [])
+        if phase != 3:
+            self.bound_uploads(replies)
         if phase == 1:
             uploads = [(r.payload[0], r.payload[1], r.weight) for r in replies]
             for reply in replies:

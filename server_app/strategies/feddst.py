@@ -40,6 +40,7 @@ class FedDSTStrategy(SparseGlobalStrategy):
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Eq. 5 over the union of client masks; new m_g by magnitude among positions any client kept."""
         self.count_private_uploads(replies)
+        self.bound_uploads(replies)
         if self.cfg.dp == "central":  # m_g stays: the vote would release the clients' masks
             self.set_global(self.private_masked_average(replies))
             return

@@ -167,6 +167,34 @@ class SparseGlobalStrategy(PFLStrategy):
         """Whether this round's uploads are values on the known m_g (subclasses decide)."""
         return False
 
+    def bound_uploads(self, replies: list[TrainReply]) -> None:
+        """Run-config `max-update-ratio` on sparse uploads, in place: each reply's update is its values minus the
+        global model's at the same positions (its mask's on prunable layers, whole dense layers), shortened as in
+        every weighted average (PFLStrategy.peer_factors)."""
+        if self.cfg.max_update_ratio <= 0 or not replies:
+            return
+        references = [
+            {
+                name: self.global_named[name][masks[name]] if name in masks else self.global_named[name]
+                for name in values
+            }
+            for values, masks in (r.payload for r in replies)
+        ]
+        norms = np.array(
+            [
+                np.sqrt(sum(float(np.sum((v.astype(np.float64) - ref[name]) ** 2)) for name, v in r.payload[0].items()))
+                for r, ref in zip(replies, references, strict=True)
+            ]
+        )
+        for reply, ref, scale in zip(replies, references, self.peer_factors(norms), strict=True):
+            if scale < 1.0:
+                values, masks = reply.payload
+                shortened = {
+                    name: (ref[name] + scale * (v.astype(np.float64) - ref[name])).astype(np.float32)
+                    for name, v in values.items()
+                }
+                reply.payload = (shortened, masks)
+
     def masked_average(self, replies: list[TrainReply]) -> dict[str, np.ndarray]:
         """Sample-weighted average of values-only uploads on m_g (prunable layers: the values, all on m_g's
         positions, averaged as they are, then put in place) and everywhere on dense layers."""

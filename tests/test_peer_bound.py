@@ -1,0 +1,111 @@
+"""Run-config max-update-ratio: in every weighted average an update is shortened to at most that many times the
+median norm of the round's *other* updates, so one boosted update (model replacement) cannot set the model, even
+with the weight cap and no robust rule (DM-PFL's deployment recipe)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from common.config import ConfigError, parse_run_config
+from common.methods.robust import peer_scales, scale_updates, update_norms
+
+from .inprocess import InProcessFederation
+
+
+def test_each_update_is_bounded_by_the_median_of_the_others() -> None:
+    scales = peer_scales([1.0, 2.0, 3.0, 100.0], ratio=2.0)
+    assert scales[:3].tolist() == [1.0, 1.0, 1.0]
+    assert scales[3] == pytest.approx(2.0 * 2.0 / 100.0), "others' median 2: bound 4"
+    # with two updates each one's reference is the other's norm: the attacker cannot raise its own bound
+    assert peer_scales([1.0, 10.0], ratio=3.0).tolist() == pytest.approx([1.0, 0.3])
+    assert peer_scales([5.0], ratio=1.0).tolist() == [1.0] and peer_scales([0.0, 0.0], 1.0).tolist() == [1.0, 1.0]
+    with pytest.raises(ValueError, match="positive"):
+        peer_scales([1.0], ratio=0.0)
+
+
+def test_three_colluders_of_twenty_cannot_raise_the_bound_past_the_honest_spread() -> None:
+    honest = np.linspace(1.0, 2.0, 17)
+    norms = np.concatenate([honest, [50.0, 50.0, 50.0]])
+    scales = peer_scales(norms, ratio=3.0)
+    assert np.all(scales[:17] == 1.0)
+    bounded = norms[17:] * scales[17:]
+    assert np.all(bounded <= 3.0 * np.median(honest) * 1.1), "the colluders move the others' median by one rank"
+
+
+def test_scaling_moves_a_model_back_along_its_update_exactly() -> None:
+    reference = [np.array([1.0, 1.0], np.float32)]
+    models = [[np.array([3.0, 1.0], np.float32)], [np.array([1.0, 5.0], np.float32)]]
+    out = scale_updates(models, reference, [1.0, 0.25])
+    assert out[0][0].tolist() == [3.0, 1.0] and out[1][0].tolist() == [1.0, 2.0]
+
+
+def test_the_key_is_refused_where_nothing_is_averaged() -> None:
+    assert parse_run_config({"algorithm": "dmpfl", "max-update-ratio": 3.0}).max_update_ratio == 3.0
+    with pytest.raises(ConfigError, match="'max-update-ratio' applies to the algorithms that average uploads"):
+        parse_run_config({"algorithm": "fedamp", "max-update-ratio": 3.0})
+
+
+def _replaced(bound: float) -> float:
+    """Nine honest updates of norm ~1 and one model-replacement upload (received + 10 x (target - received), target
+    10 away) under DM-PFL's recipe for averaging (equal counts within the weight cap, no robust rule): how far the
+    averaged model lands from the attacker's target."""
+    fed = InProcessFederation({"algorithm": "fedavg", "dataset": "digits", "max-update-ratio": bound}, 2)
+    rng = np.random.default_rng(0)
+    reference = [np.zeros(100, np.float32)]
+    target = [np.full(100, 1.0, np.float32)]  # norm 10
+    honest = [[rng.normal(0, 0.1, 100).astype(np.float32)] for _ in range(9)]
+    boosted = [10.0 * t for t in target]
+    replies = [SimpleNamespace(arrays=m, partition_id=i) for i, m in enumerate([*honest, boosted])]
+    averaged = fed.strategy.average(replies, [1.0] * 10, reference)
+    return float(update_norms([averaged], target)[0]), fed.strategy.peer_bound
+
+
+def test_one_boosted_update_no_longer_sets_the_global_model() -> None:
+    landed, plain = _replaced(0.0)
+    assert landed < 0.5 and plain == {}, "without the bound the average lands on the attacker's target"
+    away, report = _replaced(3.0)
+    assert report["clipped"] == 1 and report["max_norm"] == pytest.approx(100.0, rel=1e-6)
+    assert away > 9.0, "bounded to 3x the others' median norm (~1), it moves the model by ~0.3 of the 10"
+
+
+@pytest.mark.parametrize("algorithm", ["fliu", "fedper", "dapperfl"])
+def test_every_weighted_average_applies_the_bound(algorithm: str) -> None:
+    """A tiny ratio shortens every update to almost nothing: the model barely moves, whatever the algorithm."""
+
+    def moved(ratio: float) -> tuple[float, dict]:
+        raw = {"algorithm": algorithm, "dataset": "digits", "num-rounds": 2, "fraction-train": 1.0}
+        fed = InProcessFederation({**raw, "max-update-ratio": ratio} if ratio else raw, 4)
+        before = [a.copy() for a in fed.strategy.global_arrays]
+        fed.train_round(1)
+        return float(update_norms([fed.strategy.global_arrays], before)[0]), fed.round_log.train.get("peer_bound", {})
+
+    free, _ = moved(0.0)
+    tiny, report = moved(1e-3)
+    assert report["clipped"] == 4 and tiny <= 1e-3 * report["max_norm"] * 1.01 and tiny < free / 100
+
+
+def test_sparse_uploads_are_bounded_on_their_own_positions() -> None:
+    fed = InProcessFederation({"algorithm": "dmpfl", "dataset": "digits", "max-update-ratio": 2.0}, 3)
+    strategy = fed.strategy
+    names = list(strategy.global_named)
+    prunable = strategy.prunable[0]
+    mask = strategy.global_masks[prunable]
+    ref = {
+        name: strategy.global_named[name][mask] if name == prunable else strategy.global_named[name] for name in names
+    }
+
+    def upload(step: float) -> SimpleNamespace:
+        values = {name: (ref[name] + step).astype(np.float32) for name in names}
+        return SimpleNamespace(payload=(values, {prunable: mask}))
+
+    replies = [upload(0.01), upload(0.01), upload(1.0)]  # the third's update is 100x the others'
+    strategy.bound_uploads(replies)
+    assert strategy.peer_bound["clipped"] == 1
+    for reply in replies[:2]:
+        assert all(np.allclose(reply.payload[0][n], ref[n] + 0.01) for n in names), "the honest ones are kept"
+    shortened = replies[2].payload[0]
+    assert all(np.allclose(shortened[n], ref[n] + 0.02, atol=1e-6) for n in names), "twice the others' norm"
+    assert replies[2].payload[1][prunable] is mask
