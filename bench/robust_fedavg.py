@@ -15,7 +15,12 @@ SGD lr 0.05), evaluation after the last round. The table gives the final mean +/
 the attackers cost against the same mode without them, and the server's median aggregation time per round, from each
 run's summary.json.
 
-    python bench/robust_fedavg.py [--data-dir ../shared/data] [--rounds 10]
+With --colluders the attackers are 3 of 20 that train on shifted labels and send their update reversed
+(attack-boost = -1), at their true counts: every upload is as long as an honest one, inside the honest spread. The
+`peer` mode is the sample-weighted average with each update at most 3 times the median norm of the round's other
+updates (max-update-ratio = 3, as the DM-PFL recipes set it).
+
+    python bench/robust_fedavg.py [--colluders] [--data-dir ../shared/data] [--rounds 10]
 Further flags go to bench/compare.py.
 """
 
@@ -26,15 +31,24 @@ import sys
 from common.storage.run_folder import final_means, final_stds
 from experiments.benchmarks.compare import compare_args, main
 
-ATTACK = "attack-clients=0.1 attack-boost=10 attack-declare=100000"
+REPLACEMENT = "attack-clients=0.1 attack-boost=10 attack-declare=100000"
+COLLUDERS = "attack-clients=0.15 attack-boost=-1"  # 3 of 20 send their own update reversed: inside the honest spread
+ATTACK = COLLUDERS if "--colluders" in sys.argv else REPLACEMENT
+ATTACKERS = "3 colluders" if ATTACK == COLLUDERS else "2 attackers"
 DEPLOYMENT = "max-weight-ratio=4"  # what the deployment recipes set
-MODES = {"none": "no defence", "clip": "norm clipping", "trimmed-mean": "trimmed mean (20%)", "median": "median"}
+MODES = {  # name: (title, run-config overrides)
+    "none": ("no defence", "robust-aggregation='none'"),
+    "peer": ("peer bound (max-update-ratio 3)", "robust-aggregation='none' max-update-ratio=3"),
+    "clip": ("norm clipping", "robust-aggregation='clip'"),
+    "trimmed-mean": ("trimmed mean (20%)", "robust-aggregation='trimmed-mean'"),
+    "median": ("median", "robust-aggregation='median'"),
+}
 RUNS = {  # name: (title, run-config overrides); per mode, without and with the attackers
     f"{who}-{mode}": (
-        f"{'2 attackers' if who == 'attack' else 'no attacker'}, {title}",
-        " ".join(filter(None, [ATTACK if who == "attack" else "", f"robust-aggregation='{mode}'", DEPLOYMENT])),
+        f"{ATTACKERS if who == 'attack' else 'no attacker'}, {title}",
+        " ".join(filter(None, [ATTACK if who == "attack" else "", overrides, DEPLOYMENT])),
     )
-    for mode, title in MODES.items()
+    for mode, (title, overrides) in MODES.items()
     for who in ("clean", "attack")
 }
 DEFAULTS = compare_args(
@@ -68,7 +82,8 @@ def robust_table(summaries: dict[str, dict]) -> str:
         clean = summaries.get(name.replace("attack-", "clean-", 1)) if name.startswith("attack-") else None
         cost = f"{100 * final_means(clean)['acc-shift-0'] - acc:.2f}" if clean else "-"
         robust = s.get("robust") or {}
-        clipped = str(robust["clipped"]) if robust.get("method") == "clip" else "-"
+        bounded = s.get("peer_bound") or {}
+        clipped = str(robust["clipped"]) if robust.get("method") == "clip" else str(bounded.get("clipped", "-"))
         lines.append(
             f"| {title} | {acc:.2f} +/- {100 * final_stds(s)['acc-shift-0']:.2f} | {cost} | {clipped} "
             f"| {1e3 * s['aggregate_s_median']:.1f} |"
@@ -77,6 +92,6 @@ def robust_table(summaries: dict[str, dict]) -> str:
 
 
 if __name__ == "__main__":
-    results = main(DEFAULTS + sys.argv[1:])
+    results = main(DEFAULTS + [arg for arg in sys.argv[1:] if arg != "--colluders"])
     print("\nFinal mean client accuracy (no shift) and the server's aggregation cost:")
     print(robust_table(results))

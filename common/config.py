@@ -397,7 +397,11 @@ class RunConfig:
         high=1.0,
     )
     attack_boost: float = hp(
-        10.0, "the attackers' update scale (model replacement: about the number of clients averaged)", low=1.0, high=1e4
+        10.0,
+        "the attackers' update scale (model replacement: about the number of clients averaged; -1: the update "
+        "reversed, as long as an honest one: colluders inside the honest spread); at least 1 in size",
+        low=-1e4,
+        high=1e4,
     )
     attack_declare: int = hp(
         0,
@@ -640,6 +644,10 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
                 f"run-config '{key}' applies to the weight-averaging algorithms "
                 f"({', '.join(averaging)}), not to '{algorithm}'"
             )
+    if abs(cfg.attack_boost) < 1:
+        raise ConfigError(
+            f"run-config 'attack-boost' = {cfg.attack_boost:g} must be at least 1 in size (or -1 and below)"
+        )
     if cfg.max_update_ratio > 0 and not SPECS[algorithm].bounds_updates:
         bounded = sorted(name for name, spec in SPECS.items() if spec.bounds_updates)
         raise ConfigError(

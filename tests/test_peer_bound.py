@@ -109,3 +109,31 @@ def test_sparse_uploads_are_bounded_on_their_own_positions() -> None:
     shortened = replies[2].payload[0]
     assert all(np.allclose(shortened[n], ref[n] + 0.02, atol=1e-6) for n in names), "twice the others' norm"
     assert replies[2].payload[1][prunable] is mask
+
+
+def test_the_summary_counts_the_shortened_updates() -> None:
+    from server_app.results import render_markdown, summarize
+
+    records = [
+        {
+            "round": r,
+            "wall_s": 1.0,
+            "aggregate_s": 0.001,
+            "bytes": dict.fromkeys(("train_down", "train_up", "eval_down", "eval_up"), 0),
+            "train": {
+                "used": 2,
+                "sent": 2,
+                **({"peer_bound": {"ratio": 3.0, "clipped": c, "max_norm": 1.0}} if c else {}),
+            },
+        }
+        for r, c in ((1, 2), (2, 0), (3, 1))
+    ]
+    summary = summarize(records, {"algorithm": "dmpfl", "num_clients": 2})
+    assert summary["peer_bound"] == {"ratio": 3.0, "clipped": 3}
+    assert "| updates shortened by max-update-ratio 3 (all rounds) | 3 |" in render_markdown(summary)
+
+
+def test_colluders_may_send_their_update_reversed() -> None:
+    assert parse_run_config({"attack-clients": 0.15, "attack-boost": -1}).attack_boost == -1.0
+    with pytest.raises(ConfigError, match="'attack-boost' = -0.5 must be at least 1 in size"):
+        parse_run_config({"attack-boost": -0.5})

@@ -171,6 +171,11 @@ def render_markdown(summary: Summary) -> str:
         clipped = f", {robust['clipped']} updates clipped" if robust and robust["method"] == "clip" else ""
         rule = f" ({robust['method']}{clipped})" if robust else ""
         lines.append(f"| server aggregation per round (ms, median){rule} | {1e3 * aggregate_s:.1f} |")
+    bounded = summary.get("peer_bound")
+    if bounded:
+        lines.append(
+            f"| updates shortened by max-update-ratio {bounded['ratio']:g} (all rounds) | {bounded['clipped']} |"
+        )
     private = summary.get("dp")
     if private:
         clipped = f", {private['clipped']} updates clipped" if private.get("mode") != "local" else ""

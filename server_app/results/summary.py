@@ -92,6 +92,9 @@ def _aggregation_cost(records: list[RoundRecord]) -> dict[str, Any]:
     out: dict[str, Any] = {"aggregate_s_median": times[len(times) // 2] if times else None}
     if robust:
         out["robust"] = {"method": robust[-1]["method"], "clipped": sum(r.get("clipped", 0) for r in robust)}
+    bounded = [r["train"]["peer_bound"] for r in records if r["train"].get("peer_bound")]
+    if bounded:  # run-config max-update-ratio
+        out["peer_bound"] = {"ratio": bounded[-1]["ratio"], "clipped": sum(r["clipped"] for r in bounded)}
     private = [r["train"]["dp"] for r in records if r["train"].get("dp")]
     if private:  # the last round's epsilon is what the whole run spent
         last = private[-1]
