@@ -96,6 +96,7 @@ class Summary(TypedDict, total=False):
     wall_seconds: float
     aggregate_s_median: float | None
     robust: dict[str, Any]
+    peer_bound: dict[str, Any]  # run-config max-update-ratio: its ratio and the updates it shortened, all rounds
     dp: dict[str, Any]  # central DP: epsilon at delta spent, noise multiplier, clip bound, clipped updates
     by_ratio: dict[str, dict[str, Any]]
     unseen: Evaluation
