@@ -401,8 +401,11 @@ def test_a_run_records_its_commit_as_soon_as_its_folder_exists(tmp_path: Path) -
 
 
 def test_compare_args_spell_the_benchmarks_flags_and_default_the_data_to_the_shared_folder() -> None:
-    from experiments.benchmarks.compare import SHARED_DATA, compare_args
+    from experiments.benchmarks.compare import REPO, SHARED_DATA, compare_args
 
+    checkout = Path(__file__).resolve().parents[1]
+    assert REPO == checkout and (REPO / "pyproject.toml").is_file(), "the engines run the app from the checkout"
+    assert SHARED_DATA == checkout.parent / "shared" / "data", "../shared/data beside the checkout"
     assert compare_args(batch_size=64, lr=0.05) == [
         "--data-dir",
         str(SHARED_DATA),

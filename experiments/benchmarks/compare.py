@@ -30,7 +30,7 @@ from common.algorithms import eval_rows
 from common.storage.run_folder import RunFolder, Summary, final_means, final_stds
 from experiments.run.launchers import ENGINES, make_engine
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # the checkout: experiments/benchmarks/compare.py
 SHARED_DATA = REPO.parent / "shared" / "data"  # the staged data sets beside a checkout
 
 
