@@ -32,6 +32,7 @@ from common.wire.messages import (
     PARTITION_ID,
     REASON,
     REFUSED,
+    RUN_ID,
     SERVER_ROUND,
     SIMULATE_DROP,
     STATE_DIR,
@@ -82,10 +83,14 @@ def state_dir(context: Context, msg: Message, output: OutputSettings) -> StateDi
         return None
     if not is_folder_name(key):  # the server names the run's folder; it must stay inside the state dir
         raise PayloadError(f"state-key {key!r} is not a plain folder name; message refused")
+    run_id = msg.content.config_records[CONFIG].get(RUN_ID, "")
+    if not isinstance(run_id, str) or len(run_id) > 32 or any(c not in "0123456789abcdef" for c in run_id):
+        raise PayloadError("run-id is not a run id (up to 32 hex digits); message refused")
     partition_id, _ = _partition(context)
-    if root != "auto":
-        path = Path(str(root)).expanduser() / str(key) / f"partition-{partition_id}"
-        return StateDir(path, run=str(key), partition=partition_id)
+    if root != "auto":  # a device: one folder per run, so two runs of one name never share state
+        folder = f"{str(key)}.{run_id[:12]}" if run_id else str(key)
+        path = Path(str(root)).expanduser() / folder / f"partition-{partition_id}"
+        return StateDir(path, run=str(key), partition=partition_id, run_id=run_id)
     # a resumed run keeps its folder, whose name is the state key the server sends
     run_folder = Path(output.resume).expanduser() if output.resume else output.results_dir / str(key)
     path = run_folder / CLIENT_STATE_FOLDER / f"partition-{partition_id}"
@@ -97,7 +102,7 @@ def state_dir(context: Context, msg: Message, output: OutputSettings) -> StateDi
             _unwritable.add(path.parent)
             log(WARNING, "client state kept in memory: %s is not writable; set the node config's state-dir", existing)
         return None
-    return StateDir(path, run=str(key), partition=partition_id)
+    return StateDir(path, run=str(key), partition=partition_id, run_id=run_id)
 
 
 _unwritable: set[Path] = set()

@@ -117,9 +117,10 @@ class StateDir:
     and round; one whose signature does not match (changed, or moved from another of these) is refused.
     """
 
-    def __init__(self, path: Path, *, run: str, partition: int, key_file: Path | None = None) -> None:
+    def __init__(self, path: Path, *, run: str, partition: int, key_file: Path | None = None, run_id: str = "") -> None:
         self.path = Path(path)
         self.run = run
+        self.run_id = run_id  # the server's random run id ("" from a server of an older version)
         self.partition = partition
         self.key_file = Path(key_file) if key_file is not None else self.path.parent / KEY_FILE
 
@@ -133,7 +134,10 @@ class StateDir:
         return self.path / f"round-{server_round:06d}.npz"
 
     def _context(self, server_round: int) -> bytes:
-        """What the signature of round `server_round`'s file binds it to, so a copy elsewhere or a rename is refused."""
+        """What the signature of round `server_round`'s file binds it to (its run's name and id, partition and round),
+        so a copy from another run, even one of the same name, another partition or round, or a rename is refused."""
+        if self.run_id:
+            return signing_context("client-state", self.run, self.run_id, self.partition, server_round)
         return signing_context("client-state", self.run, self.partition, server_round)
 
     def load(self, server_round: int, training: bool) -> tuple[int, Tree] | None:
@@ -150,7 +154,10 @@ class StateDir:
         try:
             secret = signing_key(self.key_file, create=False)
         except StateFileError as exc:
-            raise StateFileError(f"{path}: refused: cannot be verified: {exc}") from None
+            raise StateFileError(
+                f"{path}: refused: cannot be verified: {exc}. Put the key back from a backup, or delete {self.path} to "
+                "start this client afresh (it loses what it learned)"
+            ) from None
         tree = load_tree(path, key=secret, context=self._context(versions[-1]))
         if not isinstance(tree, dict) or not all(
             isinstance(arrays, dict) and all(isinstance(a, np.ndarray) for a in arrays.values())

@@ -25,7 +25,7 @@ from common.storage.persist import StateFileError
 from common.storage.run_folder import CONFIG_FILE, RunFolder
 from common.wire.validation import is_folder_name
 
-from .checkpoint import Checkpoint, config_differences, load_checkpoint, server_key
+from .checkpoint import Checkpoint, config_differences, load_checkpoint, new_run_id, read_run_id, server_key
 from .clients import ClientRegistry, RunAborted
 from .flower_private import is_simulation, speed_up_simulation
 from .results import ResultsWriter, make_run_dir, read_run_config
@@ -87,7 +87,9 @@ def open_run_dir(cfg: RunConfig) -> tuple[Path, Checkpoint | None]:
                 server_key()
             except RunAborted as exc:
                 raise _fail(str(exc)) from None
-        return make_run_dir(cfg.resolved_results_dir, cfg.algorithm, cfg.dataset, cfg.run_name), None
+        run_dir = make_run_dir(cfg.resolved_results_dir, cfg.algorithm, cfg.dataset, cfg.run_name)
+        new_run_id(run_dir)  # binds the checkpoints and the clients' state to this run
+        return run_dir, None
     run_dir = Path(cfg.resume).expanduser().resolve()
     if not is_folder_name(run_dir.name):  # the folder's name keys the clients' state dirs
         raise _fail(f"resume: the run folder's name {run_dir.name!r} must be letters, digits, '.', '_' and '-'")
@@ -159,6 +161,11 @@ def main(grid: Grid, context: Context) -> None:
     runner = RoundRunner(
         cfg, strategy, clients, writer, run_dir.name, resume_from=checkpoint, before_checkpoint=before_checkpoint
     )
+    if not simulated:  # devices keep state outside the run folder: each run's in its own folder, signed with its id
+        try:  # (a simulation's clients keep theirs in the run folder; its messages stay those of every other run)
+            runner.run_id = read_run_id(run_dir)
+        except StateFileError as exc:
+            raise _fail(f"resume: {exc}") from None
     log(INFO, "results folder: %s", run_dir)
     for method in ("send_and_receive", "push_messages", "pull_messages"):  # bench/round_profile.py only
         profiling.time_method(grid, method, "flower")

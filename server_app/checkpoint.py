@@ -7,13 +7,23 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
-from common.storage.persist import CHECKPOINT_FILE, StateFileError, load_tree, save_tree, signing_context, signing_key
+from common.storage.persist import (
+    CHECKPOINT_FILE,
+    StateFileError,
+    atomic_write_text,
+    load_tree,
+    private_folder,
+    save_tree,
+    signing_context,
+    signing_key,
+)
 from common.storage.run_folder import RoundRecord
 
 from .clients import RunAborted
@@ -70,10 +80,63 @@ def server_key() -> bytes:
         raise RunAborted(f"cannot sign the checkpoint: {exc} (set {KEY_DIR_ENV} to a private folder)") from None
 
 
+RUN_ID_FILE = "run-id"  # in the run folder: the run's random id, made at its start
+RUN_ID_CHARS = 32  # hex digits
+ROUNDS_FOLDER = "runs"  # beside the server's key: per run id, the last round a checkpoint was written for
+
+
+def new_run_id(run_dir: Path) -> str:
+    """Make the run's random id and keep it in the run folder (a new file, mode 0600); returns it."""
+    run_id = secrets.token_hex(RUN_ID_CHARS // 2)
+    fd = os.open(Path(run_dir) / RUN_ID_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(run_id + "\n")
+    return run_id
+
+
+def read_run_id(run_dir: Path) -> str:
+    """The run folder's id; "" for a folder an older version made (none was kept); StateFileError when the file is
+    not an id."""
+    path = Path(run_dir) / RUN_ID_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        raise StateFileError(f"{path}: cannot be read ({exc.strerror}; a link is refused)") from None
+    with os.fdopen(fd) as handle:
+        text = handle.read(RUN_ID_CHARS + 2).strip()
+    if len(text) != RUN_ID_CHARS or any(c not in "0123456789abcdef" for c in text):
+        raise StateFileError(f"{path}: damaged (not a run id)")
+    return text
+
+
 def checkpoint_context(run_dir: Path) -> bytes:
-    """What a checkpoint's signature binds it to: its run folder (by name, the clients' state key), so a checkpoint
-    copied from another run's folder is refused."""
-    return signing_context("checkpoint", Path(run_dir).resolve().name)
+    """What a checkpoint's signature binds it to: its run folder's name (the clients' state key) and random run id,
+    so a checkpoint copied from another run's folder, even one of the same name, is refused."""
+    run_id = read_run_id(run_dir)
+    name = Path(run_dir).resolve().name
+    return signing_context("checkpoint", name, run_id) if run_id else signing_context("checkpoint", name)
+
+
+def _rounds_file(run_id: str) -> Path:
+    """Where the last checkpointed round of run `run_id` is kept: beside the server's key, out of the run folder."""
+    return server_key_file().parent / ROUNDS_FOLDER / run_id
+
+
+def last_checkpoint_round(run_id: str) -> int | None:
+    """The round of the last checkpoint this user's server wrote for the run (None: not known here)."""
+    try:
+        return int(_rounds_file(run_id).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _note_checkpoint_round(run_id: str, server_round: int) -> None:
+    """Keep the round of the checkpoint just written, so an older one put back is refused on resume."""
+    path = _rounds_file(run_id)
+    private_folder(path.parent)
+    atomic_write_text(path, f"{server_round}\n")
 
 
 def save_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> int:
@@ -88,7 +151,11 @@ def save_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> int:
         # node ids are Flower's unsigned 64-bit ids: the whole table is uint64
         "clients": np.array([[pid, *row] for pid, row in sorted(checkpoint.clients.items())], np.uint64).reshape(-1, 4),
     }
-    return save_tree(Path(run_dir) / CHECKPOINT_FILE, tree, key=server_key(), context=checkpoint_context(run_dir))
+    size = save_tree(Path(run_dir) / CHECKPOINT_FILE, tree, key=server_key(), context=checkpoint_context(run_dir))
+    run_id = read_run_id(run_dir)
+    if run_id:
+        _note_checkpoint_round(run_id, checkpoint.round)
+    return size
 
 
 def load_checkpoint(run_dir: Path) -> Checkpoint:
@@ -115,6 +182,13 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
         rounds = [int(record["round"]) for record in checkpoint.records]
     except (KeyError, TypeError, ValueError, RecursionError) as exc:  # json's errors are ValueErrors
         raise StateFileError(f"{path}: damaged checkpoint ({type(exc).__name__}: {exc})") from None
+    run_id = read_run_id(run_dir)
+    written = last_checkpoint_round(run_id) if run_id else None
+    if written is not None and checkpoint.round < written:
+        raise StateFileError(
+            f"{path}: refused: it holds round {checkpoint.round}, but this run wrote a checkpoint of round {written} "
+            f"({_rounds_file(run_id)}): an older checkpoint was put back"
+        )
     if checkpoint.round < 1 or rounds != list(range(1, checkpoint.round + 1)) or not isinstance(checkpoint.state, dict):
         raise StateFileError(
             f"{path}: damaged checkpoint (round {checkpoint.round} with records of rounds "

@@ -21,7 +21,7 @@ from flwr.supercore import log
 from common import profiling
 from common.config import RunConfig, due
 from common.learning.evaluate import shifted_metric_keys
-from common.wire.messages import CHECKPOINT_ROUND, CONFIG, SIMULATE_DROP, STATE_KEY
+from common.wire.messages import CHECKPOINT_ROUND, CONFIG, RUN_ID, SIMULATE_DROP, STATE_KEY
 from common.wire.validation import PayloadError, echo_values, printable
 
 from .checkpoint import Checkpoint, restore, save_checkpoint
@@ -52,6 +52,7 @@ class RoundRunner:
     ) -> None:
         self.cfg, self.strategy, self.clients, self.writer = cfg, strategy, clients, writer
         self.state_key = state_key  # names the clients' state dirs for this run (the run folder's name)
+        self.run_id = ""  # a deployment's run id (server_app/checkpoint.py), sent with the state key; "" elsewhere
         self.resume_from = resume_from
         self.before_checkpoint = before_checkpoint  # e.g. the in-process engine writing the client state it keeps
         self.checkpoint_round = 0  # last round whose checkpoint was written
@@ -87,6 +88,8 @@ class RoundRunner:
             config = content.config_records[CONFIG]
             if self.state_key:
                 config[STATE_KEY] = self.state_key
+                if self.run_id:
+                    config[RUN_ID] = self.run_id
             if cfg.checkpoint_every > 0:
                 config[CHECKPOINT_ROUND] = self.checkpoint_round
             if pid in drops:

@@ -139,7 +139,8 @@ def test_tls_deployment_with_authenticated_supernodes(certs, tmp_path) -> None:
         assert "App verification is not supported by the connected SuperLink" in verifier_log.read_text()
         stop_process_tree(verifier)
         # kill -9 SuperNode 1 (and its ClientApp process) once it has saved its state of round 2, then restart it
-        saved = tmp_path / "state-1" / "deployed" / "partition-1"
+        (folder,) = (tmp_path / "state-1").glob("deployed.*")  # the run's name and the start of its run id
+        saved = folder / "partition-1"
         deadline = time.monotonic() + 300
         while not list(saved.glob("round-00000[2-9].npz")) and time.monotonic() < deadline and runner.poll() is None:
             time.sleep(0.05)

@@ -62,6 +62,12 @@ DP_NOISE_FLOOR = _key(
 )
 NUM_PARTITIONS = _key("num-partitions", ("metrics", "node"), "how many partitions the data set is split into")
 STATE_KEY = _key("state-key", ("config",), "names the run's client state folders (the run folder's name)")
+RUN_ID = _key(
+    "run-id",
+    ("config",),
+    "the run's random id, made at its start: a device's state folder and every state file's signature name it, so "
+    "two runs of one name never share client state",
+)
 CHECKPOINT_ROUND = _key(
     "checkpoint-round", ("config",), "the server's last checkpointed round: client state a resume may need is kept"
 )

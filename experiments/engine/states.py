@@ -35,7 +35,7 @@ class StateBlock:
     entries: tuple[Entry, ...]
     server_round: int
     checkpoint_round: int | None
-    store: tuple[str, str, int] | None
+    store: tuple[str, str, int, str] | None  # the StateDir's path, run, partition and run id
     dirty: bool
 
 
@@ -50,7 +50,9 @@ def pack(kept: Kept) -> StateBlock:
                 parts.append((offset, array.reshape(-1).view(np.uint8).data))
             offset += -(-array.nbytes // ALIGN) * ALIGN
     ref = write(parts, offset) if offset else None
-    store = None if kept.store is None else (str(kept.store.path), kept.store.run, kept.store.partition)
+    store = (
+        None if kept.store is None else (str(kept.store.path), kept.store.run, kept.store.partition, kept.store.run_id)
+    )
     return StateBlock(ref, tuple(entries), kept.server_round, kept.checkpoint_round, store, kept.dirty)
 
 
@@ -68,7 +70,7 @@ def unpack(block: StateBlock) -> Kept:
         read_into(block.ref, parts)
     store = None
     if block.store is not None:
-        store = StateDir(Path(block.store[0]), run=block.store[1], partition=block.store[2])
+        store = StateDir(Path(block.store[0]), run=block.store[1], partition=block.store[2], run_id=block.store[3])
     return Kept(block.server_round, tree, block.checkpoint_round, store, block.dirty)
 
 
