@@ -17,7 +17,7 @@ from common.data.partitioners import PARTITION_SPECS, partition_help
 from common.data.settings import DataSettings, SplitSettings
 from common.hparams import ConfigError, KeyInfo, as_dict, choice, describe, hp, parse_fields
 from common.learning.model_specs import MODEL_SPECS
-from common.methods.privacy import CENTRAL_DP_ON_GLOBAL_MASK, CENTRAL_DP_REFUSED, DP_MODES
+from common.methods.privacy import CENTRAL_DP_ON_GLOBAL_MASK, CENTRAL_DP_RECOVERED, CENTRAL_DP_REFUSED, DP_MODES
 from common.methods.robust import ROBUST_METHODS, RobustRule
 from common.sections import EvaluationSettings, FaultSettings, OutputSettings, PrivacySettings, TrainingSettings
 from common.storage.run_folder import MESSAGES_FILE
@@ -590,9 +590,12 @@ def _check_dp(cfg: RunConfig, algorithm: str, averaging: list[str]) -> None:
             f"run-config 'dp' = '{cfg.dp}' cannot apply to '{algorithm}': {CENTRAL_DP_REFUSED[algorithm]}"
         )
     on_global_mask = algorithm in CENTRAL_DP_ON_GLOBAL_MASK  # sparse: DP on the positions each upload carries
-    if not on_global_mask and (not SPECS[algorithm].averages_models or algorithm in CENTRAL_DP_REFUSED):
+    recovered = cfg.dp == "central" and algorithm in CENTRAL_DP_RECOVERED  # pruned: DP on the recovered updates
+    if not (on_global_mask or recovered) and (not SPECS[algorithm].averages_models or algorithm in CENTRAL_DP_REFUSED):
         supported = ", ".join(a for a in averaging if a not in CENTRAL_DP_REFUSED)
         supported += ", " + ", ".join(CENTRAL_DP_ON_GLOBAL_MASK)
+        if cfg.dp == "central":
+            supported += ", " + ", ".join(CENTRAL_DP_RECOVERED)
         raise ConfigError(
             f"run-config 'dp' = '{cfg.dp}' is built for the algorithms whose server averages what the clients upload "
             f"({supported}), not yet for '{algorithm}'"

@@ -27,7 +27,7 @@ BASE = {"dataset": "digits", "num-rounds": 3, "fraction-train": 0.5, "local-epoc
     [
         ({"algorithm": "fedamp"}, "cannot apply to 'fedamp': its server needs each client's own model"),
         ({"algorithm": "fliu"}, "cannot apply to 'fliu'"),
-        ({"algorithm": "dapperfl"}, "not yet for 'dapperfl'"),
+        ({"algorithm": "dapperfl", "dp": "local", "dp-noise-multiplier": 1.0}, "not yet for 'dapperfl'"),
         ({"dp-noise-multiplier": 1.0, "dp-target-epsilon": 4.0}, "needs exactly one of"),
         ({}, "needs exactly one of"),
         ({"dp-noise-multiplier": 1.0, "robust-aggregation": "median"}, "no bounded sensitivity"),
@@ -298,3 +298,32 @@ def test_a_device_below_its_floor_refuses_the_handshake_and_training_in_one_repl
     reply = train(msg, _Context())  # type: ignore[arg-type]
     assert reply.has_error() and reply.error.code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION
     assert "only under local DP" in reply.error.reason
+
+
+def test_dapperfl_releases_the_clipped_noised_mean_of_its_recovered_updates() -> None:
+    """Central DP for pruned uploads: each is recovered to full shape from the previous global model (its update is 0
+    where it pruned), clipped to dp-clip-norm, averaged over the planned clients and noised on every coordinate."""
+    raw = {**BASE, "algorithm": "dapperfl", "fraction-train": 1.0, "dp": "central", "dp-clip-norm": 0.05}
+    fed = InProcessFederation({**raw, "dp-noise-multiplier": 1.1, "dp-noise-seed": 11}, 4)
+    strategy = fed.strategy
+    reference = [a.copy() for a in strategy.global_arrays]
+    captured: dict = {}
+    original = strategy.private_mean
+
+    def recording(models, previous, supports=None, shared=None):
+        captured["models"] = [[a.copy() for a in m] for m in models]
+        return original(models, previous, supports, shared)
+
+    strategy.private_mean = recording
+    fed.train_round(1)
+    assert len(captured["models"]) == 4
+    dp = CentralDp(1.1, 0.0, 1e-5, 4, 4, 4, 11)
+    expected, _ = dp.aggregate(captured["models"], reference, 0, 0.05)
+    for got, want in zip(strategy.global_arrays, expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+    record = fed.round_log.train["dp"]
+    assert record["clipped"] >= 1 and record["epsilon"] == pytest.approx(epsilon(1.1, 1.0, 1, 1e-5))
+    norms = [
+        np.sqrt(sum(float(np.sum((m - r) ** 2)) for m, r in zip(model, reference))) for model in captured["models"]
+    ]
+    assert record["clipped"] == sum(n > 0.05 for n in norms), "the clip counts the full-shape updates"

@@ -35,6 +35,11 @@ CENTRAL_DP_REFUSED = {
 # local DP noises each upload on the positions it carries.
 CENTRAL_DP_ON_GLOBAL_MASK = ("dmpfl", "feddst")
 
+# Pruned uploads the server recovers to full shape from its previous model (DapperFL, Eq. 6: the update is 0 on what
+# a client pruned): central DP clips each recovered update and noises every coordinate of the released model. Local
+# DP is not built for them yet (a client would clip and noise its pruned model against the pruned global).
+CENTRAL_DP_RECOVERED = ("dapperfl",)
+
 Update = Sequence[np.ndarray]
 Support = Sequence[np.ndarray | None]  # per array: the boolean mask of the coordinates sent (None: every one)
 

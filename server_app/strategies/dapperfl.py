@@ -93,7 +93,10 @@ class DapperFLStrategy(PFLStrategy):
         recovered = recover_uploads(self.global_arrays, self.names, [p[0] for p in payloads], [p[1] for p in payloads])
         # run-config max-update-ratio: a pruned entry's update is 0 (it is the previous global's)
         bounded = self.bound_to_peers(recovered, self.global_arrays)
-        self.global_arrays = weighted_average(bounded, [r.weight for r in replies])
+        if self.cfg.dp == "central":  # each recovered update clipped (0 where pruned), noise on every coordinate
+            self.global_arrays = self.private_mean(bounded, self.global_arrays)
+        else:
+            self.global_arrays = weighted_average(bounded, [r.weight for r in replies])
 
     def round_record(self, server_round: int) -> dict[str, Any]:
         """The round's uploads by pruning ratio: clients, values uploaded per client, training FLOPs per client."""
