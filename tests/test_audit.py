@@ -87,6 +87,8 @@ def test_the_audit_command_writes_its_table_scores_and_figure(tmp_path, capsys) 
     ("option", "message"),
     [
         (["--uploads", "sparse:2"], "the density must be a number in (0, 1]"),
+        (["--uploads", "pruned:1"], "the ratio must be in [0, 1)"),
+        (["--uploads", "pruned"], "pruned:RATIO"),
         (["--uploads", "everything"], "one of dense, sparse:DENSITY"),
         (["--attacks", "magic"], "ig, dlg or both"),
         (["--batch-sizes", "0"], "each 1 or more"),
@@ -121,3 +123,20 @@ def test_a_batch_larger_than_the_classes_gets_a_label_for_every_image() -> None:
     assert labels.shape == (32,) and set(labels.tolist()) == set(range(10))
     assert labels.tolist().count(4) == 4 and labels.tolist().count(8) == 3  # the largest first, the smallest last
     assert idlg_labels(bias_update, 3).tolist() == [0, 4, 9]
+
+
+def test_a_pruned_upload_carries_whole_channels_as_dapperfl_sends_them() -> None:
+    """pruned:R: the kept channels' rows in the producing layer and their columns in the consuming one, whole."""
+    from experiments.audit.run import upload_masks
+
+    model, params, *_ = _setting(1)
+    masks = upload_masks("pruned:0.5", params, [], model)
+    carried = {name: mask for name, mask in masks.items() if mask is not None}
+    assert carried, "pruning touches some layers"
+    for name, mask in carried.items():
+        kept = mask.numpy()
+        if kept.ndim == 2:  # a row or a column is carried whole or not at all
+            rows, cols = kept.any(axis=1), kept.any(axis=0)
+            assert np.array_equal(kept, np.outer(rows, cols)), name
+    first = next(m for n, m in carried.items() if n.endswith(".weight") and m.numpy().any(axis=1).mean() < 1)
+    assert first.numpy().any(axis=1).mean() == pytest.approx(0.5, abs=0.05), "half the output channels kept"

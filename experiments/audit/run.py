@@ -5,7 +5,10 @@ then uploads the update in one of the wire forms the algorithms use:
 - `dense`: every coordinate (FedAvg);
 - `sparse:D`: the coordinates of a mask of density D on every prunable layer, as DM-PFL's and FedDST's uploads
   carry (a magnitude mask of the starting weights: what a server can know);
-- `body` / `head`: only those layers (FedPer and FedRep send the body, LG-FedAvg the head).
+- `body` / `head`: only those layers (FedPer and FedRep send the body, LG-FedAvg the head);
+- `pruned:R`: DapperFL's upload at pruning ratio R: the client trains the model with the channels of lowest l1
+  norm (of the starting weights) removed, and sends the kept channels' entries; the server knows which were kept
+  (the upload names them).
 The server runs iDLG for the labels, then Inverting Gradients or DLG on what it saw. The results are PSNR and SSIM
 per image (best match) and label accuracy, as a mean and 95% interval over the attacked clients and seeds: a
 markdown table (`audit.md`, `audit.json`) and a figure of true images beside their reconstructions
@@ -27,6 +30,8 @@ from common.config import parse_run_config
 from common.data.federated import dataset_for
 from common.hparams import ConfigError
 from common.learning.models import build_model
+from common.methods.channels import channel_groups, entry_indices
+from common.methods.dapperfl import select_channels
 from common.methods.masks import prunable_names
 from common.methods.privacy import local_dp_update
 from common.storage.persist import atomic_write_text
@@ -34,7 +39,8 @@ from experiments.analysis.stats import fmt_ci, mean_ci
 from experiments.audit.attacks import Attack, KnownRound, Masks, idlg_labels, invert, local_update, observed
 from experiments.audit.scores import image_scores, label_accuracy
 
-UPLOADS = ("dense", "sparse", "body", "head")
+UPLOADS = ("dense", "sparse", "body", "head", "pruned")
+FORMS = "dense, sparse:DENSITY (e.g. sparse:0.1), body, head, pruned:RATIO (e.g. pruned:0.5)"
 
 
 @dataclass(frozen=True)
@@ -50,8 +56,31 @@ class Row:
     seconds: list[float]
 
 
-def upload_masks(upload: str, params: dict[str, torch.Tensor], prunable: list[str]) -> Masks:
-    """What an upload form carries of each parameter (see the module's docstring)."""
+def pruned_masks(model: torch.nn.Module, params: dict[str, torch.Tensor], ratio: float) -> Masks:
+    """DapperFL's upload at pruning ratio `ratio`: per parameter the entries of the kept channels (l1 selection on
+    the starting weights, common/methods/dapperfl.select_channels); None where pruning does not touch it."""
+    groups = channel_groups(model)
+    state = {name: value.numpy() for name, value in params.items()}
+    indices = entry_indices(
+        groups, select_channels(state, groups, ratio), [(n, tuple(v.shape)) for n, v in state.items()]
+    )
+    masks: dict[str, torch.Tensor | None] = {}
+    for name, value in params.items():
+        keep = np.ones(tuple(value.shape), dtype=bool)
+        for dim, kept in indices.get(name, {}).items():
+            along = np.zeros(value.shape[dim], dtype=bool)
+            along[kept] = True
+            keep &= along.reshape([-1 if d == dim else 1 for d in range(value.dim())])
+        masks[name] = None if keep.all() else torch.from_numpy(keep)
+    return masks
+
+
+def upload_masks(
+    upload: str, params: dict[str, torch.Tensor], prunable: list[str], model: torch.nn.Module | None = None
+) -> Masks:
+    """What an upload form carries of each parameter (see the module's docstring; `pruned` needs the model)."""
+    if upload.startswith("pruned:") and model is not None:
+        return pruned_masks(model, params, float(upload.split(":", 1)[1]))
     if upload == "dense":
         return dict.fromkeys(params)
     if upload in ("body", "head"):
@@ -67,22 +96,24 @@ def upload_masks(upload: str, params: dict[str, torch.Tensor], prunable: list[st
             else:
                 masks[name] = None
         return masks
-    raise ConfigError(f"upload {upload!r}: one of dense, sparse:DENSITY (e.g. sparse:0.1), body, head")
+    raise ConfigError(f"upload {upload!r}: one of {FORMS}")
 
 
 def check_uploads(uploads: list[str]) -> None:
-    """ConfigError naming the first upload form that is not one of UPLOADS (sparse with a density in (0, 1])."""
+    """ConfigError naming the first upload form that is not one of UPLOADS (sparse with a density in (0, 1], pruned
+    with a ratio in [0, 1))."""
     for upload in uploads:
-        kind, _, density = upload.partition(":")
-        if kind not in UPLOADS or (kind == "sparse") != bool(density):
-            raise ConfigError(f"upload {upload!r}: one of dense, sparse:DENSITY (e.g. sparse:0.1), body, head")
-        if density:
+        kind, _, value = upload.partition(":")
+        if kind not in UPLOADS or (kind in ("sparse", "pruned")) != bool(value):
+            raise ConfigError(f"upload {upload!r}: one of {FORMS}")
+        if value:
             try:
-                ok = 0 < float(density) <= 1
+                ok = 0 < float(value) <= 1 if kind == "sparse" else 0 <= float(value) < 1
             except ValueError:
                 ok = False
             if not ok:
-                raise ConfigError(f"upload {upload!r}: the density must be a number in (0, 1]")
+                what = "the density must be a number in (0, 1]" if kind == "sparse" else "the ratio must be in [0, 1)"
+                raise ConfigError(f"upload {upload!r}: {what}")
 
 
 def audit(
@@ -118,7 +149,9 @@ def audit(
                 for seed in seeds:
                     model = build_model("auto", dataset, data.input_shape, data.num_classes, seed)
                     params = {name: value.detach() for name, value in model.named_parameters()}
-                    masks = upload_masks(upload, params, prunable_names(model))
+                    masks = upload_masks(upload, params, prunable_names(model), model)
+                    if upload.startswith("pruned:"):  # the client trains the pruned model: removed entries are 0
+                        params = {n: v if (m := masks.get(n)) is None else v * m for n, v in params.items()}
                     picks = np.random.default_rng(seed).permutation(len(data.y))[: clients * batch]
                     for client in range(clients):
                         index = picks[client * batch : (client + 1) * batch]

@@ -97,7 +97,11 @@ def _privacy(sub: argparse._SubParsersAction) -> None:
     )
     privacy.add_argument("--dataset", default="digits", help="digits (embedded), mnist, fashion-mnist or cifar10")
     privacy.add_argument("--data-dir", default="", help="the data sets' folder (default $PFL_DATA_DIR)")
-    privacy.add_argument("--uploads", default="dense,sparse:0.1,body,head", help="upload forms (comma-separated)")
+    privacy.add_argument(
+        "--uploads",
+        default="dense,sparse:0.1,body,head",
+        help="upload forms (comma-separated): dense, sparse:DENSITY, body, head, pruned:RATIO (DapperFL)",
+    )
     privacy.add_argument("--batch-sizes", default="1,8", help="comma-separated")
     privacy.add_argument("--attacks", default="ig,dlg", help="ig (Inverting Gradients), dlg (comma-separated)")
     privacy.add_argument("--seeds", default="0,1,2", help="comma-separated; each a fresh model and clients")
