@@ -139,11 +139,16 @@ def test_tls_deployment_with_authenticated_supernodes(certs, tmp_path) -> None:
         assert "App verification is not supported by the connected SuperLink" in verifier_log.read_text()
         stop_process_tree(verifier)
         # kill -9 SuperNode 1 (and its ClientApp process) once it has saved its state of round 2, then restart it
-        (folder,) = (tmp_path / "state-1").glob("deployed.*")  # the run's name and the start of its run id
-        saved = folder / "partition-1"
+        states = tmp_path / "state-1"  # <state-dir>/deployed.<the start of the run id>/partition-1
         deadline = time.monotonic() + 300
-        while not list(saved.glob("round-00000[2-9].npz")) and time.monotonic() < deadline and runner.poll() is None:
+        while (
+            not list(states.glob("deployed.*/partition-1/round-00000[2-9].npz"))
+            and time.monotonic() < deadline
+            and runner.poll() is None
+        ):
             time.sleep(0.05)
+        (saved,) = states.glob("deployed.*/partition-1")
+        assert re.fullmatch(r"deployed\.[0-9a-f]{12}", saved.parent.name), "one folder per run, named by its id"
         assert list(saved.glob("round-*.npz")), "SuperNode 1 never wrote its state"
         killed_in_round = len((results / "deployed" / "metrics.jsonl").read_text().splitlines()) + 1
         stop_process_tree(nodes[1][0], graceful=False)
