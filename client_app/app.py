@@ -19,7 +19,7 @@ from common.config import ConfigError, RunConfig, due, parse_run_config
 from common.data.datasets import DataError
 from common.data.federated import client_data
 from common.sections import OutputSettings
-from common.storage.persist import CLIENT_STATE_FOLDER, StateFileError
+from common.storage.persist import CLIENT_STATE_FOLDER, StateFileError, is_hex
 from common.wire.messages import (
     CHECKPOINT_ROUND,
     CONFIG,
@@ -84,7 +84,7 @@ def state_dir(context: Context, msg: Message, output: OutputSettings) -> StateDi
     if not is_folder_name(key):  # the server names the run's folder; it must stay inside the state dir
         raise PayloadError(f"state-key {key!r} is not a plain folder name; message refused")
     run_id = msg.content.config_records[CONFIG].get(RUN_ID, "")
-    if not isinstance(run_id, str) or len(run_id) > 32 or any(c not in "0123456789abcdef" for c in run_id):
+    if not isinstance(run_id, str) or len(run_id) > 32 or (run_id and not is_hex(run_id)):
         raise PayloadError("run-id is not a run id (up to 32 hex digits); message refused")
     partition_id, _ = _partition(context)
     if root != "auto":  # a device: one folder per run, so two runs of one name never share state

@@ -18,11 +18,13 @@ from common.storage.persist import (
     CHECKPOINT_FILE,
     StateFileError,
     atomic_write_text,
+    is_hex,
     load_tree,
     private_folder,
     save_tree,
     signing_context,
     signing_key,
+    write_new,
 )
 from common.storage.run_folder import RoundRecord
 
@@ -88,9 +90,7 @@ ROUNDS_FOLDER = "runs"  # beside the server's key: per run id, the last round a 
 def new_run_id(run_dir: Path) -> str:
     """Make the run's random id and keep it in the run folder (a new file, mode 0600); returns it."""
     run_id = secrets.token_hex(RUN_ID_CHARS // 2)
-    fd = os.open(Path(run_dir) / RUN_ID_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(run_id + "\n")
+    write_new(Path(run_dir) / RUN_ID_FILE, f"{run_id}\n".encode())
     return run_id
 
 
@@ -106,15 +106,16 @@ def read_run_id(run_dir: Path) -> str:
         raise StateFileError(f"{path}: cannot be read ({exc.strerror}; a link is refused)") from None
     with os.fdopen(fd) as handle:
         text = handle.read(RUN_ID_CHARS + 2).strip()
-    if len(text) != RUN_ID_CHARS or any(c not in "0123456789abcdef" for c in text):
+    if len(text) != RUN_ID_CHARS or not is_hex(text):
         raise StateFileError(f"{path}: damaged (not a run id)")
     return text
 
 
-def checkpoint_context(run_dir: Path) -> bytes:
-    """What a checkpoint's signature binds it to: its run folder's name (the clients' state key) and random run id,
-    so a checkpoint copied from another run's folder, even one of the same name, is refused."""
-    run_id = read_run_id(run_dir)
+def checkpoint_context(run_dir: Path, run_id: str | None = None) -> bytes:
+    """What a checkpoint's signature binds it to: its run folder's name (the clients' state key) and random run id
+    (`run_id` as read already, else read here), so a checkpoint copied from another run's folder, even one of the
+    same name, is refused."""
+    run_id = read_run_id(run_dir) if run_id is None else run_id
     name = Path(run_dir).resolve().name
     return signing_context("checkpoint", name, run_id) if run_id else signing_context("checkpoint", name)
 
@@ -151,8 +152,9 @@ def save_checkpoint(run_dir: Path, checkpoint: Checkpoint) -> int:
         # node ids are Flower's unsigned 64-bit ids: the whole table is uint64
         "clients": np.array([[pid, *row] for pid, row in sorted(checkpoint.clients.items())], np.uint64).reshape(-1, 4),
     }
-    size = save_tree(Path(run_dir) / CHECKPOINT_FILE, tree, key=server_key(), context=checkpoint_context(run_dir))
     run_id = read_run_id(run_dir)
+    context = checkpoint_context(run_dir, run_id)
+    size = save_tree(Path(run_dir) / CHECKPOINT_FILE, tree, key=server_key(), context=context)
     if run_id:
         _note_checkpoint_round(run_id, checkpoint.round)
     return size
@@ -171,8 +173,9 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
         key = signing_key(server_key_file(), create=False)
     except StateFileError as exc:
         raise StateFileError(f"{path}: cannot be verified: {exc} ({KEY_DIR_ENV} names the key's folder)") from None
+    run_id = read_run_id(run_dir)
     try:
-        tree = load_tree(path, map_from_bytes=MAP_FROM_BYTES, key=key, context=checkpoint_context(run_dir))
+        tree = load_tree(path, map_from_bytes=MAP_FROM_BYTES, key=key, context=checkpoint_context(run_dir, run_id))
     except RecursionError:
         raise StateFileError(f"{path}: damaged checkpoint (nested too deeply)") from None
     if not isinstance(tree, dict) or tree.get("format") != FORMAT:
@@ -182,7 +185,6 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
         rounds = [int(record["round"]) for record in checkpoint.records]
     except (KeyError, TypeError, ValueError, RecursionError) as exc:  # json's errors are ValueErrors
         raise StateFileError(f"{path}: damaged checkpoint ({type(exc).__name__}: {exc})") from None
-    run_id = read_run_id(run_dir)
     written = last_checkpoint_round(run_id) if run_id else None
     if written is not None and checkpoint.round < written:
         raise StateFileError(

@@ -42,15 +42,10 @@ def clip_updates(
     (`norms`: the update norms when already computed)."""
     if not np.isfinite(bound) or bound < 0:
         raise ValueError(f"clip bound must be a finite non-negative number, got {bound}")
-    out, clipped = [], 0
-    for model, norm in zip(models, update_norms(models, reference) if norms is None else norms, strict=True):
-        if norm > bound:
-            scale = bound / norm
-            out.append([(r + scale * (m.astype(np.float64) - r)).astype(np.float32) for m, r in zip(model, reference)])
-            clipped += 1
-        else:
-            out.append([np.asarray(m, dtype=np.float32) for m in model])
-    return out, clipped
+    norms = update_norms(models, reference) if norms is None else np.asarray(norms, dtype=np.float64)
+    longer = norms > bound
+    scales = np.where(longer, bound / np.where(longer, norms, 1.0), 1.0)
+    return scale_updates(models, reference, scales.tolist()), int(longer.sum())
 
 
 def peer_scales(norms: Sequence[float] | np.ndarray, ratio: float) -> np.ndarray:

@@ -203,7 +203,7 @@ def _create_key(path: Path) -> None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         key = os.urandom(KEY_BYTES)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
-        _write_new(tmp, key)
+        write_new(tmp, key)
         try:
             os.link(tmp, path)  # never replaces a key another process made meanwhile
         except FileExistsError:
@@ -214,7 +214,7 @@ def _create_key(path: Path) -> None:
             # No hard links here: made in place, so a process reading it in the instant before its bytes are
             # written is refused (a short key) rather than handed an incomplete one.
             try:
-                _write_new(path, key)
+                write_new(path, key)
             except FileExistsError:
                 pass
         finally:
@@ -223,7 +223,7 @@ def _create_key(path: Path) -> None:
         raise StateFileError(f"{path}: cannot create the key file ({exc})") from None
 
 
-def _write_new(path: Path, data: bytes) -> None:
+def write_new(path: Path, data: bytes) -> None:
     """`data` in a new file of mode 0600 on disk (FileExistsError if `path` exists); nothing left where it fails."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
@@ -235,6 +235,11 @@ def _write_new(path: Path, data: bytes) -> None:
         raise
     finally:
         os.close(fd)
+
+
+def is_hex(text: str) -> bool:
+    """True for lowercase hexadecimal digits only (a run id; an empty string is not one)."""
+    return bool(text) and all(c in "0123456789abcdef" for c in text)
 
 
 def signing_context(*parts: str | int) -> bytes:

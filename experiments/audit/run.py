@@ -30,7 +30,7 @@ from common.config import parse_run_config
 from common.data.federated import dataset_for
 from common.hparams import ConfigError
 from common.learning.models import build_model
-from common.methods.channels import channel_groups, entry_indices
+from common.methods.channels import channel_groups, entry_indices, recover, take
 from common.methods.dapperfl import select_channels
 from common.methods.masks import prunable_names
 from common.methods.privacy import local_dp_update
@@ -66,11 +66,9 @@ def pruned_masks(model: torch.nn.Module, params: dict[str, torch.Tensor], ratio:
     )
     masks: dict[str, torch.Tensor | None] = {}
     for name, value in params.items():
-        keep = np.ones(tuple(value.shape), dtype=bool)
-        for dim, kept in indices.get(name, {}).items():
-            along = np.zeros(value.shape[dim], dtype=bool)
-            along[kept] = True
-            keep &= along.reshape([-1 if d == dim else 1 for d in range(value.dim())])
+        dims = indices.get(name, {})
+        empty = np.zeros(tuple(value.shape), dtype=np.float32)  # the kept entries put back in place (Eq. 6) are 1
+        keep = recover(np.ones_like(take(empty, dims)), empty, dims) > 0
         masks[name] = None if keep.all() else torch.from_numpy(keep)
     return masks
 

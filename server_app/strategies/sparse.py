@@ -16,6 +16,7 @@ from common.learning.models import ModelLayout
 from common.methods.aggregate import weighted_sum
 from common.methods.masked_ops import scatter, select
 from common.methods.masks import erk_densities, random_masks
+from common.methods.robust import scale_updates, update_norms
 from common.seeding import derive_seed
 from common.wire.codec import decode_model, encode_model
 from common.wire.messages import ARRAYS, CONFIG, GLOBAL_MODEL, GLOBAL_VERSION
@@ -173,27 +174,18 @@ class SparseGlobalStrategy(PFLStrategy):
         every weighted average (PFLStrategy.peer_factors)."""
         if self.cfg.max_update_ratio <= 0 or not replies:
             return
+        uploads = [(list(values), list(values.values()), masks) for values, masks in (r.payload for r in replies)]
         references = [
-            {
-                name: self.global_named[name][masks[name]] if name in masks else self.global_named[name]
-                for name in values
-            }
-            for values, masks in (r.payload for r in replies)
+            [self.global_named[name][masks[name]] if name in masks else self.global_named[name] for name in names]
+            for names, _, masks in uploads
         ]
-        norms = np.array(
-            [
-                np.sqrt(sum(float(np.sum((v.astype(np.float64) - ref[name]) ** 2)) for name, v in r.payload[0].items()))
-                for r, ref in zip(replies, references, strict=True)
-            ]
-        )
-        for reply, ref, scale in zip(replies, references, self.peer_factors(norms), strict=True):
+        norms = np.array([update_norms([u], ref)[0] for (_, u, _), ref in zip(uploads, references, strict=True)])
+        for reply, (names, upload, masks), ref, scale in zip(
+            replies, uploads, references, self.peer_factors(norms), strict=True
+        ):
             if scale < 1.0:
-                values, masks = reply.payload
-                shortened = {
-                    name: (ref[name] + scale * (v.astype(np.float64) - ref[name])).astype(np.float32)
-                    for name, v in values.items()
-                }
-                reply.payload = (shortened, masks)
+                (shortened,) = scale_updates([upload], ref, [scale])
+                reply.payload = (dict(zip(names, shortened, strict=True)), masks)
 
     def masked_average(self, replies: list[TrainReply]) -> dict[str, np.ndarray]:
         """Sample-weighted average of values-only uploads on m_g (prunable layers: the values, all on m_g's
