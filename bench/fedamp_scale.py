@@ -89,8 +89,8 @@ def run(m: int, d: int, fraction: float, loop_clients: int, heur: bool, repeats:
     matrix = ModelMatrix(m, np.zeros(d, np.float32))
     for start in range(0, m, 64):  # fill rows in blocks (random models around a common point)
         stop = min(m, start + 64)
-        matrix.W[start:stop] = 0.01 * rng.standard_normal((stop - start, d), dtype=np.float32) + 0.1
-    matrix.G = gram_rows(matrix.W)
+        matrix.set_rows(list(range(start, stop)), 0.01 * rng.standard_normal((stop - start, d), dtype=np.float32) + 0.1)
+    assert matrix.G.shape == (m, m)  # the first read computes the whole Gram matrix, before the timings
     incremental, full = [], []
     peak_inc = peak_full = 0.0
     for _ in range(repeats):

@@ -142,6 +142,20 @@ class AMPParams:
     pretrain_epochs: int = hp(
         1, "local epochs every client trains from the common initialization before round 1", low=0, high=10_000
     )
+    pretrain_when: str = hp(
+        "round-0",
+        "round-0: every client pre-trains in a round 0 before round 1 (the spec's reading); first-sampled: a client "
+        "pre-trains the first round it is sampled and its model takes part in the attention from then on (not "
+        "the paper's schedule: spreads round 0's work, every client's training, over the rounds)",
+        choices=("round-0", "first-sampled"),
+    )
+    fedamp_attend: str = hp(
+        "all",
+        "all: attention over every client's latest model (the paper's algorithm); round: over the round's "
+        "participants only, as PFLlib does (not the paper's algorithm; k^2 instead of k x clients model products, "
+        "no Gram matrix of all clients)",
+        choices=("all", "round"),
+    )
 
 
 @dataclass(frozen=True)

@@ -193,6 +193,7 @@ def test_lone_active_client_keeps_itself() -> None:
         (lambda W: heurfedamp_weights(W, 1.0, 1.5), "tau"),
         (lambda W: fedamp_weights(W[0], 1.0, 1.0), "clients x params"),
         (lambda W: cloud_models(np.eye(3), W), "expected"),
+        (lambda W: attention.mix_rows(np.ones((2, 3)), W, [0, 1]), r"expected \(k, 2\)"),
         (lambda W: fedamp_weights(W, 1.0, 1.0, active=np.ones(3, bool)), "one flag per client"),
     ],
 )
@@ -241,18 +242,22 @@ def test_gram_and_cloud_models_are_the_same_bits_on_any_number_of_threads(tmp_pa
                     attention.gram_rows(W, [2]),
                     cloud_models(xi, W),
                     cloud_models(xi, W, [5, 0]),
+                    attention.gram_among(W, [4, 1, 5]),
+                    attention.mix_rows(xi[:2, :3], W, [4, 1, 5]),
                 )
             )
     for other in results[1:]:
         for first, again in zip(results[0], other):
             assert first.tobytes() == again.tobytes()
-    whole, most, one, cloud, some = results[0]
+    whole, most, one, cloud, some, among, mixed = results[0]
     exact = W.astype(np.float64) @ W.astype(np.float64).T
     np.testing.assert_allclose(whole, exact, rtol=1e-12)
     assert np.array_equal(most, whole[[4, 1, 5]]), "half the rows or more: rows of the whole symmetric product"
     np.testing.assert_allclose(one, exact[[2]], rtol=1e-12)
     np.testing.assert_allclose(cloud, xi @ W.astype(np.float64), rtol=1e-4, atol=1e-4)
     assert np.array_equal(some, cloud[[5, 0]])
+    np.testing.assert_allclose(among, exact[np.ix_([4, 1, 5], [4, 1, 5])], rtol=1e-12)  # those rows only
+    np.testing.assert_allclose(mixed, xi[:2, :3] @ W[[4, 1, 5]].astype(np.float64), rtol=1e-4, atol=1e-4)
 
 
 def test_map_blocks_keeps_the_order_and_takes_no_block_before_its_scratch_is_free() -> None:

@@ -25,7 +25,7 @@ def _server_key_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     monkeypatch.setenv(KEY_DIR_ENV, str(tmp_path_factory.mktemp("server-keys")))
 
 
-def _federation(algorithm: str, state_dir: str) -> InProcessFederation:
+def _federation(algorithm: str, state_dir: str, **overrides: str) -> InProcessFederation:
     raw = {
         "algorithm": algorithm,
         "dataset": "digits",
@@ -36,6 +36,7 @@ def _federation(algorithm: str, state_dir: str) -> InProcessFederation:
         "iterations": 1,
         "client-state-dir": state_dir,
         "readjust-interval": 2,
+        **overrides,
     }
     return InProcessFederation(raw, CLIENTS)
 
@@ -64,9 +65,13 @@ def _state_bytes(state: dict) -> str:
     return json.dumps(walk(state), sort_keys=True)
 
 
-@pytest.mark.parametrize("algorithm", sorted(SPECS))
+VARIANTS = {"fedamp-lazy-round": ("fedamp", {"pretrain-when": "first-sampled", "fedamp-attend": "round"})}
+
+
+@pytest.mark.parametrize("algorithm", sorted(SPECS) + sorted(VARIANTS))
 def test_resumed_run_continues_exactly(algorithm: str, tmp_path) -> None:
-    fed = _federation(algorithm, str(tmp_path / "clients"))
+    algorithm, overrides = VARIANTS.get(algorithm, (algorithm, {}))
+    fed = _federation(algorithm, str(tmp_path / "clients"), **overrides)
     for rnd in (1, 2):
         fed.train_round(rnd)
     save_checkpoint(tmp_path, Checkpoint(2, fed.strategy.state_dict(), [{"round": 1}, {"round": 2}], 1.5, []))
@@ -74,7 +79,7 @@ def test_resumed_run_continues_exactly(algorithm: str, tmp_path) -> None:
         _store(tmp_path, pid).save(2, record, checkpoint_round=2)
     uninterrupted = [fed.train_round(rnd) for rnd in (3, 4)] + [fed.evaluate(4)]
 
-    resumed = _federation(algorithm, str(tmp_path / "clients"))
+    resumed = _federation(algorithm, str(tmp_path / "clients"), **overrides)
     checkpoint = load_checkpoint(tmp_path)
     assert checkpoint.round == 2 and checkpoint.records == [{"round": 1}, {"round": 2}]
     resumed.strategy.load_state_dict(checkpoint.state)

@@ -55,6 +55,19 @@ def test_incremental_gram_equals_the_full_product() -> None:
         matrix.set_rows([2, 2], rng.normal(size=(2, 40)))
 
 
+def test_gram_matrix_does_not_depend_on_how_the_writes_were_split() -> None:
+    rng = np.random.default_rng(5)
+    initial, rows = rng.normal(size=30), rng.normal(size=(6, 30))
+    at_once, in_windows = ModelMatrix(6, initial), ModelMatrix(6, initial)
+    at_once.set_rows([0, 1, 2, 3, 4, 5], rows)
+    in_windows.set_rows([4, 1], rows[[4, 1]])  # a pre-training round's windows, read only after the last
+    in_windows.set_rows([0, 5, 2, 3], rows[[0, 5, 2, 3]])
+    np.testing.assert_array_equal(in_windows.G, at_once.G)
+    np.testing.assert_allclose(at_once.G, _gram(at_once.W), rtol=1e-12)
+    in_windows.set_rows([2], rows[[2]] + 1.0)  # a row written after a read: brought up to date at the next one
+    np.testing.assert_allclose(in_windows.G, _gram(in_windows.W), rtol=1e-12, atol=1e-9)
+
+
 def test_rows_written_from_arrays_equal_rows_set_from_a_stack() -> None:
     rng = np.random.default_rng(3)
     initial = rng.normal(size=12)
@@ -90,6 +103,57 @@ def test_each_client_receives_exactly_its_weighted_combination(algorithm: str) -
     assert not np.array_equal(payloads[0], payloads[1]), "a different cloud model per client"
     config = strategy.train_content(1, 0, shared).config_records["config"]
     assert config["prox-mu"] == pytest.approx(strategy.amp.fedamp_lambda / strategy.alpha_k(1))
+
+
+@pytest.mark.parametrize("algorithm", ["fedamp", "heurfedamp"])
+def test_attention_over_the_round_gives_each_participant_the_mix_of_the_participants(algorithm: str) -> None:
+    fed = _federation(algorithm, 6, **{"fedamp-attend": "round", "fedamp-sigma": 50.0, "heurfedamp-sigma": 5.0})
+    strategy = fed.strategy
+    matrix = strategy.ensure_matrix()
+    assert matrix.G.shape == (0, 0), "no Gram matrix of every client is kept"
+    rng = np.random.default_rng(2)
+    matrix.set_rows(list(range(6)), matrix.W + 0.05 * rng.normal(size=matrix.W.shape).astype(np.float32))
+    sampled = strategy.sample(1)
+    rows = [strategy.rows[pid] for pid in sampled]
+    W = matrix.W[rows].copy()
+    xi = fedamp_weights(W, strategy.alpha_k(1), 50.0)[0] if algorithm == "fedamp" else heurfedamp_weights(W, 5.0, 0.95)
+    shared = strategy.shared_payload(1)
+    for at, pid in enumerate(sampled):
+        u = flatten(_arrays(strategy.train_content(1, pid, shared)))
+        np.testing.assert_allclose(u, (xi[at][:, None] * W.astype(np.float64)).sum(axis=0), rtol=0, atol=1e-6)
+    assert sorted(strategy.artifacts()["attention_clients"].tolist()) == sorted(sampled)
+
+
+def test_first_sampled_pretraining_spreads_round_0_and_leaves_unheard_rows_out_of_the_attention() -> None:
+    fed = _federation("fedamp", 6, **{"pretrain-when": "first-sampled", "fedamp-sigma": 50.0})
+    strategy = fed.strategy
+    assert not strategy.warmup_round()
+    initial = flatten(strategy.global_arrays)
+    fed.train_round(1)
+    first = sorted(fed.sent[1])
+    for pid in first:  # everyone is new in round 1: the common initialization, to pre-train from
+        content = fed.sent[1][pid]
+        assert content.config_records["config"]["pretrain"] is True
+        np.testing.assert_array_equal(flatten(_arrays(content)), initial)
+    assert strategy.round_record(1)["pretrained"] == len(first)
+    matrix = strategy.matrix
+    assert sorted(np.flatnonzero(matrix.heard).tolist()) == sorted(strategy.rows[pid] for pid in first)
+    shared = strategy.shared_payload(2)
+    heard = matrix.heard.copy()
+    xi = fedamp_weights(matrix.W.copy(), strategy.alpha_k(2), 50.0, active=heard)[0]
+    second = strategy.sample(2)
+    assert 0 < sum(heard[strategy.rows[pid]] for pid in second) < len(second), "the seed gives both kinds"
+    for pid in second:
+        content = strategy.train_content(2, pid, shared)
+        config = content.config_records["config"]
+        if not heard[strategy.rows[pid]]:
+            assert config["pretrain"] is True and "prox-mu" not in config
+            continue
+        assert "pretrain" not in config
+        row = strategy.rows[pid]
+        assert np.all(xi[row][~heard] == 0.0), "a row never uploaded gives no weight"
+        expected = (xi[row][:, None] * matrix.W.astype(np.float64)).sum(axis=0)
+        np.testing.assert_allclose(flatten(_arrays(content)), expected, rtol=0, atol=1e-6)
 
 
 def test_fedamp_stores_uploads_as_rows_and_keeps_stale_ones() -> None:

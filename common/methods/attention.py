@@ -28,12 +28,14 @@ def _check_models(W: np.ndarray) -> np.ndarray:
     return W
 
 
-def _over_column_blocks(W: np.ndarray, itemsize: int, work: Callable[[tuple[int, np.ndarray]], R]) -> Iterator[R]:
-    """work((start, columns)) for W's column blocks (_GRAM_BLOCK_BYTES at `itemsize` bytes a value), on
-    block_threads() threads, results in the blocks' order."""
+def _over_column_blocks(
+    W: np.ndarray, itemsize: int, work: Callable[[tuple[int, np.ndarray]], R], rows: Sequence[int] | None = None
+) -> Iterator[R]:
+    """work((start, columns)) for W's column blocks (of the given `rows` only, when given; _GRAM_BLOCK_BYTES at
+    `itemsize` bytes a value), on block_threads() threads, results in the blocks' order."""
     threads = block_threads()
-    width = max(1024, _GRAM_BLOCK_BYTES // (itemsize * W.shape[0]))
-    return map_blocks(work, column_blocks(W, width, buffers=threads), threads)
+    width = max(1024, _GRAM_BLOCK_BYTES // (itemsize * (W.shape[0] if rows is None else max(len(rows), 1))))
+    return map_blocks(work, column_blocks(W, width, buffers=threads, rows=rows), threads)
 
 
 def gram_rows(W: np.ndarray, rows: np.ndarray | list[int] | None = None) -> np.ndarray:
@@ -57,6 +59,21 @@ def gram_rows(W: np.ndarray, rows: np.ndarray | list[int] | None = None) -> np.n
     for part in _over_column_blocks(W, 8, product):
         out += part
     return out if rows is None or not whole else out[picked]
+
+
+def gram_among(W: np.ndarray, rows: Sequence[int]) -> np.ndarray:
+    """W[rows] W[rows]^T in float64 (len(rows)^2 d multiply-adds), column block by column block of those rows only."""
+    W = _check_models(W)
+    k = len(rows)
+
+    def product(item: tuple[int, np.ndarray]) -> np.ndarray:
+        block = item[1].astype(np.float64)
+        return block @ block.T
+
+    out = np.zeros((k, k), dtype=np.float64)
+    for part in _over_column_blocks(W, 8, product, list(rows)):
+        out += part
+    return out
 
 
 def _gram(W: np.ndarray) -> np.ndarray:
@@ -90,10 +107,12 @@ def copy_to_store(W: np.ndarray, path: Path) -> np.ndarray:
 
 
 class ModelMatrix:
-    """Every client's latest model as one float32 row of an (m x d) matrix, with W W^T kept current.
+    """Every client's latest model as one float32 row of an (m x d) matrix, with W W^T current whenever it is read.
 
-    Replacing k rows costs one (k x d) by (d x m) product, not a new Gram matrix: a round that hears
-    from 10% of the clients updates 10% of it.
+    Rows written are only marked; reading `G` brings their Gram rows and columns up to date, all of them in one
+    product: k rows written since the last read cost one (k x d) by (d x m) product (a round that hears from 10% of
+    the clients updates 10% of it), and once at least half the rows changed (a pre-training round, written a window
+    at a time) one symmetric W W^T instead of a product per window.
     """
 
     def __init__(
@@ -105,7 +124,8 @@ class ModelMatrix:
         self.W = model_store(num_clients, initial, path)
         self.track_gram = track_gram
         norm2 = float(np.dot(initial.astype(np.float64), initial.astype(np.float64)))
-        self.G = np.full((num_clients, num_clients) if track_gram else (0, 0), norm2, dtype=np.float64)
+        self._gram = np.full((num_clients, num_clients) if track_gram else (0, 0), norm2, dtype=np.float64)
+        self._stale: set[int] = set()  # rows written since the Gram matrix was last brought up to date
         self.heard = np.zeros(num_clients, dtype=bool)  # rows replaced by an upload at least once
 
     @classmethod
@@ -116,13 +136,15 @@ class ModelMatrix:
         rows are copied block by block into a new memory-mapped store there."""
         matrix = cls.__new__(cls)
         matrix.W = np.ascontiguousarray(W, dtype=np.float32) if path is None else copy_to_store(W, path)
-        matrix.G = np.ascontiguousarray(G, dtype=np.float64)
+        matrix._gram = np.ascontiguousarray(G, dtype=np.float64)
+        matrix._stale = set()
         matrix.heard = np.asarray(heard, dtype=bool)
         matrix.track_gram = track_gram
         m = matrix.W.shape[0]
-        if matrix.heard.shape != (m,) or matrix.G.shape != ((m, m) if track_gram else (0, 0)):
+        if matrix.heard.shape != (m,) or matrix._gram.shape != ((m, m) if track_gram else (0, 0)):
             raise ValueError(
-                f"inconsistent model matrix state: W {matrix.W.shape}, G {matrix.G.shape}, heard {matrix.heard.shape}"
+                f"inconsistent model matrix state: W {matrix.W.shape}, G {matrix._gram.shape}, "
+                f"heard {matrix.heard.shape}"
             )
         return matrix
 
@@ -162,17 +184,25 @@ class ModelMatrix:
         return rows_arr
 
     def _refresh(self, rows_arr: np.ndarray) -> None:
-        """After rows were written: their Gram rows and columns, and mark them heard."""
+        """After rows were written: mark them heard, and their Gram rows stale (see `G`)."""
         release_pages(self.W)  # the rows just written (a store's data is kept in its file)
-        if len(rows_arr) == 0:
-            return
         if self.track_gram:
-            block = gram_rows(self.W, rows_arr)
-            self.G[rows_arr, :] = block
-            self.G[:, rows_arr] = block.T
-            inner = self.G[np.ix_(rows_arr, rows_arr)]
-            self.G[np.ix_(rows_arr, rows_arr)] = 0.5 * (inner + inner.T)  # exactly symmetric
+            self._stale.update(int(r) for r in rows_arr)
         self.heard[rows_arr] = True
+
+    @property
+    def G(self) -> np.ndarray:
+        """W W^T (float64, (0 x 0) when the matrix does not track it), the rows written since the last read
+        brought up to date first (in increasing row order: the result does not depend on how writes were split)."""
+        if self._stale:
+            rows_arr = np.asarray(sorted(self._stale), dtype=np.int64)
+            block = gram_rows(self.W, rows_arr)
+            self._gram[rows_arr, :] = block
+            self._gram[:, rows_arr] = block.T
+            inner = self._gram[np.ix_(rows_arr, rows_arr)]
+            self._gram[np.ix_(rows_arr, rows_arr)] = 0.5 * (inner + inner.T)  # exactly symmetric
+            self._stale.clear()
+        return self._gram
 
 
 def _distances_from_gram(G: np.ndarray) -> np.ndarray:
@@ -290,19 +320,28 @@ def heurfedamp_weights_from_gram(
 
 
 def cloud_models(xi: np.ndarray, W: np.ndarray, rows: list[int] | None = None) -> np.ndarray:
-    """U = xi W (only `rows` of it when given), row i client i's cloud model u_i: float32 products of column blocks
-    of W, on block_threads() threads (each block's columns of U depend on that block alone)."""
+    """U = xi W (only `rows` of it when given), row i client i's cloud model u_i (see mix_rows)."""
     W = _check_models(W)
     xi = np.asarray(xi)
     if xi.shape != (W.shape[0], W.shape[0]):
         raise ValueError(f"xi has shape {xi.shape}, expected {(W.shape[0], W.shape[0])}")
-    weights = (xi if rows is None else xi[np.asarray(rows, dtype=np.int64)]).astype(np.float32)
+    return mix_rows(xi if rows is None else xi[np.asarray(rows, dtype=np.int64)], W)
+
+
+def mix_rows(weights: np.ndarray, W: np.ndarray, peers: Sequence[int] | None = None) -> np.ndarray:
+    """weights @ W[peers] (all of W's rows when `peers` is None): float32 products of column blocks of those rows,
+    on block_threads() threads (each block's columns of the result depend on that block alone)."""
+    W = _check_models(W)
+    weights = np.asarray(weights, dtype=np.float32)  # float32: a float64 GEMM would copy every block
+    width = W.shape[0] if peers is None else len(peers)
+    if weights.ndim != 2 or weights.shape[1] != width:
+        raise ValueError(f"weights have shape {weights.shape}, expected (k, {width})")
     out = np.empty((weights.shape[0], W.shape[1]), dtype=np.float32)
 
-    def fill(item: tuple[int, np.ndarray]) -> None:  # float32: a float64 GEMM would copy every block
+    def fill(item: tuple[int, np.ndarray]) -> None:
         start, columns = item
         np.matmul(weights, columns, out=out[:, start : start + columns.shape[1]])
 
-    for _ in _over_column_blocks(W, 4, fill):
+    for _ in _over_column_blocks(W, 4, fill, None if peers is None else list(peers)):
         pass
     return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import mmap
 import os
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -97,8 +97,11 @@ def store_file(W: np.ndarray) -> tuple[str, int] | None:
     return None
 
 
-def column_blocks(W: np.ndarray, width: int, buffers: int = 1) -> Iterator[tuple[int, np.ndarray]]:
-    """(start, W[:, start:start + width]) for consecutive column blocks.
+def column_blocks(
+    W: np.ndarray, width: int, buffers: int = 1, rows: Sequence[int] | None = None
+) -> Iterator[tuple[int, np.ndarray]]:
+    """(start, W[:, start:start + width]) for consecutive column blocks (only the given `rows` of it, in their
+    order, when given).
 
     A memory-mapped store's blocks are read with pread into `buffers` scratch blocks in turn, never through the
     mapping: the kernel maps a file's pages in large folios (~2 MB here), so touching a few columns of every row
@@ -106,20 +109,22 @@ def column_blocks(W: np.ndarray, width: int, buffers: int = 1) -> Iterator[tuple
     later: be done with it before asking for that one.
     """
     located = store_file(W)
+    picked = None if rows is None else np.asarray(rows, dtype=np.int64)
     if located is None:
         for start in range(0, W.shape[1], width):
-            yield start, W[:, start : start + width]
+            yield start, (W[:, start : start + width] if picked is None else W[picked, start : start + width])
         return
     path, offset = located
-    rows, cols = W.shape
-    scratches = [np.empty((rows, min(width, cols)), dtype=np.float32) for _ in range(max(1, buffers))]
+    cols = W.shape[1]
+    read = range(W.shape[0]) if picked is None else [int(r) for r in picked]
+    scratches = [np.empty((len(read), min(width, cols)), dtype=np.float32) for _ in range(max(1, buffers))]
     with open(path, "rb", buffering=0) as fh:
         for index, start in enumerate(range(0, cols, width)):
             block = scratches[index % len(scratches)][:, : min(width, cols - start)]
             nbytes = block.shape[1] * 4
-            for row in range(rows):
+            for at, row in enumerate(read):
                 position = offset + (row * cols + start) * 4
-                if os.preadv(fh.fileno(), [memoryview(block[row])], position) != nbytes:
+                if os.preadv(fh.fileno(), [memoryview(block[at])], position) != nbytes:
                     raise OSError(f"{path}: short read of row {row} of the model store")
             yield start, block
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord
@@ -25,7 +25,7 @@ class ClientModelsStrategy(PFLStrategy):
     """Rows of a ModelMatrix (all at the common initialization until a client uploads), indexed by partition; in a
     memory-mapped file of the run folder when the app gave one (`workdir`), so memory does not grow with clients."""
 
-    track_gram: ClassVar[bool] = True  # keep W W^T current (FedAMP's attention needs it)
+    track_gram: bool = True  # keep W W^T current (FedAMP's attention over every client needs it)
 
     def __init__(self, cfg: RunConfig, model: ModelLayout, clients: ClientRegistry) -> None:
         super().__init__(cfg, model, clients)

@@ -15,7 +15,7 @@ from flwr.supercore import log
 from common.algorithms import AMPParams, FedAMPParams, HeurFedAMPParams
 from common.config import RunConfig
 from common.learning.models import ModelLayout
-from common.methods.attention import cloud_models, fedamp_weights_from_gram, heurfedamp_weights_from_gram
+from common.methods.attention import fedamp_weights_from_gram, gram_among, heurfedamp_weights_from_gram, mix_rows
 from common.wire.messages import ARRAYS, CONFIG, PRETRAIN, PROX_MU
 
 from ..clients import ClientRegistry
@@ -29,6 +29,9 @@ class FedAMPStrategy(ClientModelsStrategy):
 
     Round 0 (when `pretrain-epochs` > 0): every client trains from the common initialization; that becomes its
     row. Clients not heard from in a round (not sampled, dropped, rejected) are used with their stored, stale rows.
+    Variants: `pretrain-when` first-sampled (a client pre-trains the first round it is sampled instead of in round 0;
+    until it has uploaded, its row takes no part in the attention) and `fedamp-attend` round (the attention of a
+    round is over its participants only).
     """
 
     sends_weights_for_eval = False
@@ -36,23 +39,36 @@ class FedAMPStrategy(ClientModelsStrategy):
     def __init__(self, cfg: RunConfig, model: ModelLayout, clients: ClientRegistry) -> None:
         super().__init__(cfg, model, clients)
         self.amp = cfg.params_as(AMPParams)
+        self.per_round = self.amp.fedamp_attend == "round"
+        self.track_gram = not self.per_round  # over the round's participants, their Gram matrix is made per round
+        self.lazy = self.amp.pretrain_when == "first-sampled" and self.amp.pretrain_epochs > 0
         self._guard = False
         self._self_weight: float | None = None
-        self._stored = (0, 0)  # (round, rows it updated)
-        self._last_xi: np.ndarray | None = None
+        self._stored = (0, 0, 0)  # (round, rows it updated, of which first uploads)
+        self._last_xi: tuple[np.ndarray, list[int]] | None = None  # the last attention and its rows' partitions
 
     # ----- attention -------------------------------------------------------------------------------
     def alpha_k(self, server_round: int) -> float:
         """alpha_k: the initial alpha times `fedamp-decay` every `fedamp-decay-every` rounds."""
         return self.amp.fedamp_alpha * self.amp.fedamp_decay ** ((server_round - 1) // self.amp.fedamp_decay_every)
 
-    def attention(self, server_round: int) -> np.ndarray:
-        """xi over all clients from the cached Gram matrix (FedAMP: exp-distance with the guard)."""
+    def attention(self, server_round: int, peers: list[int] | None = None) -> np.ndarray:
+        """xi over the given rows (all when None): from the Gram matrix of every row kept current, or made from the
+        peers' rows alone. Under `pretrain-when` first-sampled, rows never uploaded take no part."""
+        matrix = self.ensure_matrix()
+        if peers is None:
+            gram, rows = matrix.G, list(range(matrix.num_clients))
+        else:
+            gram, rows = gram_among(matrix.W, peers), peers
+        xi = self.weights_from_gram(gram, server_round, matrix.heard[rows] if self.lazy else None)
+        self._last_xi = (xi, [self.pids[r] for r in rows])
+        return xi
+
+    def weights_from_gram(self, gram: np.ndarray, server_round: int, active: np.ndarray | None) -> np.ndarray:
+        """FedAMP's exp-distance attention (with the guard, logged) over the rows of `gram`."""
         params = self.cfg.params_as(FedAMPParams)
         tau = params.fedamp_tau if params.fedamp_tau >= 0 else None
-        xi, self._guard = fedamp_weights_from_gram(
-            self.ensure_matrix().G, self.alpha_k(server_round), params.fedamp_sigma, tau=tau
-        )
+        xi, self._guard = fedamp_weights_from_gram(gram, self.alpha_k(server_round), params.fedamp_sigma, active, tau)
         if self._guard:
             log(
                 WARNING,
@@ -60,19 +76,44 @@ class FedAMPStrategy(ClientModelsStrategy):
                 "(lower fedamp-alpha or raise fedamp-sigma to avoid it)",
                 server_round,
             )
-        self._last_xi = xi
         return xi
+
+    def cloud_for(
+        self, server_round: int, participants: list[int], targets: list[int], note: bool = True
+    ) -> dict[int, np.ndarray]:
+        """u_i of the `targets` (partition ids) with attention over every row, or over the `participants'` rows
+        (`fedamp-attend` round); `note`: the median self-weight goes in the round's record."""
+        if not targets:
+            return {}
+        matrix = self.ensure_matrix()
+        if not self.per_round:
+            xi = self.attention(server_round)
+            picked = [self.rows[pid] for pid in targets]
+            mixed = mix_rows(xi[picked], matrix.W)
+        else:
+            peers = [self.rows[pid] for pid in participants]
+            xi = self.attention(server_round, peers)
+            picked = [participants.index(pid) for pid in targets]
+            mixed = mix_rows(xi[picked], matrix.W, peers)
+        # how much of u_i is w_i itself: ~1 means local training, ~1/m uniform averaging (tune sigma by it)
+        if note:
+            self._self_weight = float(np.median(xi[picked, picked]))
+        return dict(zip(targets, mixed))
 
     def artifacts(self) -> dict[str, np.ndarray]:
         """The last attention matrix xi and its rows' partition ids (the report's heatmap)."""
         if self._last_xi is None:
             return {}
-        return {"attention": self._last_xi, "attention_clients": np.asarray(self.pids)}
+        return {"attention": self._last_xi[0], "attention_clients": np.asarray(self._last_xi[1])}
 
     # ----- messages --------------------------------------------------------------------------------
     def warmup_round(self) -> bool:
-        """Round 0 is the clients' local pre-training (`pretrain-epochs` > 0)."""
-        return self.amp.pretrain_epochs > 0
+        """Round 0 is the clients' local pre-training (`pretrain-epochs` > 0, `pretrain-when` round-0)."""
+        return self.amp.pretrain_epochs > 0 and not self.lazy
+
+    def pretrains(self, server_round: int, partition_id: int) -> bool:
+        """Whether this client's training message of the round is its pre-training."""
+        return server_round == 0 or (self.lazy and not self.ensure_matrix().heard[self.rows[partition_id]])
 
     def round_config(self, server_round: int, partition_id: int) -> ConfigRecord:
         """Adds the proximal coefficient lambda / alpha_k (or, in round 0, the pre-training flag)."""
@@ -88,46 +129,58 @@ class FedAMPStrategy(ClientModelsStrategy):
         return {"global": self.global_record()} if server_round == 0 else {}
 
     def train_content(self, server_round: int, partition_id: int, shared: dict[str, Any]) -> RecordDict:
-        """u_i for this client (all the round's u_i come from one xi and one GEMM)."""
-        config = self.round_config(server_round, partition_id)
-        if server_round == 0:
+        """u_i for this client (all the round's u_i come from one xi and one GEMM), or the common initialization to
+        pre-train from."""
+        if self.pretrains(server_round, partition_id):
+            if "global" not in shared:
+                shared["global"] = self.global_record()
+            config = super().round_config(server_round, partition_id)
+            config[PRETRAIN] = True
             return RecordDict({ARRAYS: shared["global"], CONFIG: config})
-        matrix = self.ensure_matrix()
+        config = self.round_config(server_round, partition_id)
         if "cloud" not in shared:
-            wanted = sorted(set(self.sample(server_round)) | {partition_id})
-            rows = [self.rows[pid] for pid in wanted]
-            xi = self.attention(server_round)
-            # how much of u_i is w_i itself: ~1 means local training, ~1/m uniform averaging (tune sigma by it)
-            self._self_weight = float(np.median(np.diag(xi)[rows]))
-            shared["cloud"] = dict(zip(wanted, cloud_models(xi, matrix.W, rows)))
+            participants = sorted(set(self.sample(server_round)) | {partition_id})
+            targets = [pid for pid in participants if not self.pretrains(server_round, pid)]
+            shared["cloud"] = self.cloud_for(server_round, self.attended(participants), targets)
         u = shared["cloud"].get(partition_id)
-        if u is None:
-            u = cloud_models(self.attention(server_round), matrix.W, [self.rows[partition_id]])[0]
+        if u is None:  # a client outside the round's sample (its u_i alone)
+            participants = sorted(set(self.sample(server_round)) | {partition_id})
+            u = self.cloud_for(server_round, self.attended(participants), [partition_id], note=False)[partition_id]
         return RecordDict({ARRAYS: self.model_record(u), CONFIG: config})
+
+    def attended(self, participants: list[int]) -> list[int]:
+        """The participants whose models take part in the round's attention under `fedamp-attend` round (those
+        who uploaded at least once, under `pretrain-when` first-sampled)."""
+        heard = self.ensure_matrix().heard
+        return [pid for pid in participants if not self.lazy or heard[self.rows[pid]]]
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Store each reply as its client's new row (and the Gram matrix's row/column)."""
+        heard = self.ensure_matrix().heard
+        first = sum(1 for r in replies if r.partition_id in self.rows and not heard[self.rows[r.partition_id]])
         self.store_replies(replies)
-        self._stored = (server_round, len(replies))
+        self._stored = (server_round, len(replies), first)
 
     def round_record(self, server_round: int) -> dict[str, Any]:
-        """alpha_k, whether the guard fired, and how many rows are stale or never updated."""
+        """alpha_k, whether the guard fired, and how many rows are stale or never updated (and, under
+        `pretrain-when` first-sampled, how many clients pre-trained this round)."""
         matrix = self.ensure_matrix()
-        updated = self._stored[1] if self._stored[0] == server_round else 0
-        return {
+        updated, first = self._stored[1:] if self._stored[0] == server_round else (0, 0)
+        record = {
             "alpha_k": self.alpha_k(server_round),
             "guard": self._guard,
             "self_weight_median": self._self_weight,
             "stale_rows": matrix.num_clients - updated,
             "never_heard": int((~matrix.heard).sum()),
         }
+        return {**record, "pretrained": first} if self.lazy else record
 
 
 class HeurFedAMPStrategy(FedAMPStrategy):
     """HeurFedAMP (Alg. 2): u_i = (1 - tau) w_i + tau * sum_{j != i} softmax_j(sigma cos(w_i, w_j)) w_j."""
 
-    def attention(self, server_round: int) -> np.ndarray:
-        """xi from cosine similarities of the cached Gram matrix."""
+    def weights_from_gram(self, gram: np.ndarray, server_round: int, active: np.ndarray | None) -> np.ndarray:
+        """xi from the cosine similarities of the Gram matrix's rows."""
         params = self.cfg.params_as(HeurFedAMPParams)
         self._guard = False
-        return heurfedamp_weights_from_gram(self.ensure_matrix().G, params.heurfedamp_sigma, params.heurfedamp_tau)
+        return heurfedamp_weights_from_gram(gram, params.heurfedamp_sigma, params.heurfedamp_tau, active)
