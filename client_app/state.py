@@ -166,10 +166,18 @@ class StateDir:
             raise StateFileError(f"{path}: refused: damaged (not a tree of named arrays)")
         return versions[-1], {str(key): {str(name): a for name, a in arrays.items()} for key, arrays in tree.items()}
 
-    def save(self, server_round: int, tree: Tree, checkpoint_round: int | None) -> None:
-        """Write the state of `server_round` atomically and drop versions no resume can need."""
+    def save(self, server_round: int, tree: Tree, checkpoint_round: int | None, durable: bool = True) -> None:
+        """Write the state of `server_round` atomically and drop versions no resume can need; `durable`: on disk
+        before this returns (fsync), else once the server's barrier before its next checkpoint has run (a
+        simulation's clients: see sync_client_states)."""
         private_folder(self.path)
-        save_tree(self._file(server_round), tree, key=signing_key(self.key_file), context=self._context(server_round))
+        save_tree(
+            self._file(server_round),
+            tree,
+            key=signing_key(self.key_file),
+            context=self._context(server_round),
+            durable=durable,
+        )
         older = [v for v in self.versions() if v < server_round]
         if checkpoint_round is None:
             keep = set()
@@ -273,7 +281,9 @@ class StateDirStore:
         return ClientState() if loaded is None else ClientState(loaded[1])
 
     def persist(self, state: ClientState, server_round: int, checkpoint_round: int | None, due: bool) -> None:
-        self.folder.save(server_round, state.tree, checkpoint_round)
+        # a device's state is on disk before it replies; a simulation's server makes all of its clients' writes
+        # durable at once before each checkpoint (the only point a resume goes back to)
+        self.folder.save(server_round, state.tree, checkpoint_round, durable=not _answers_for_many_clients())
 
 
 @dataclass
@@ -298,7 +308,7 @@ class RuntimeStore:
         # in a round the server checkpoints, the state also goes to the state dir now, on this worker
         written = self.folder is not None and due
         if self.folder is not None and due:
-            self.folder.save(server_round, state.tree, checkpoint_round)
+            self.folder.save(server_round, state.tree, checkpoint_round, durable=False)  # the server syncs them
         self.host.outgoing = Kept(server_round, state.tree, checkpoint_round, self.folder, dirty=not written)
 
 

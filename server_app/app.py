@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from logging import ERROR, INFO
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -25,7 +26,15 @@ from common.storage.persist import StateFileError
 from common.storage.run_folder import CONFIG_FILE, RunFolder
 from common.wire.validation import is_folder_name
 
-from .checkpoint import Checkpoint, config_differences, load_checkpoint, new_run_id, read_run_id, server_key
+from .checkpoint import (
+    Checkpoint,
+    config_differences,
+    load_checkpoint,
+    new_run_id,
+    read_run_id,
+    server_key,
+    synced_client_states,
+)
 from .clients import ClientRegistry, RunAborted
 from .flower_private import is_simulation, speed_up_simulation
 from .results import ResultsWriter, make_run_dir, read_run_config
@@ -157,7 +166,14 @@ def main(grid: Grid, context: Context) -> None:
     strategy.workdir = run_dir
     clients.consent = AfterTimeout() if cfg.takeover == "after-timeout" else OperatorConsent(run_dir)
     writer = ResultsWriter(run_dir, cfg.to_dict(), resume=checkpoint is not None)
-    before_checkpoint = grid.persist_client_state if isinstance(grid, KeepsClientState) else None
+    before_checkpoint: Callable[[int | None], None] | None = (
+        grid.persist_client_state if isinstance(grid, KeepsClientState) else None
+    )
+    state_root = cfg.output.client_state_dir
+    if simulated and state_root != "memory":
+        before_checkpoint = synced_client_states(
+            before_checkpoint, run_dir if state_root == "auto" else Path(state_root).expanduser()
+        )
     runner = RoundRunner(
         cfg, strategy, clients, writer, run_dir.name, resume_from=checkpoint, before_checkpoint=before_checkpoint
     )

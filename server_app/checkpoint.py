@@ -8,6 +8,7 @@ import json
 import math
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -24,6 +25,7 @@ from common.storage.persist import (
     save_tree,
     signing_context,
     signing_key,
+    sync_file_system,
     write_new,
 )
 from common.storage.run_folder import RoundRecord
@@ -244,3 +246,17 @@ def restore(strategy: PFLStrategy, writer: ResultsWriter | None, checkpoint: Che
     if writer is not None:
         writer.restart_from(checkpoint.records)
     return [*checkpoint.resumes, checkpoint.round]
+
+
+def synced_client_states(persist: Callable[[int | None], None] | None, folder: Path) -> Callable[[int | None], None]:
+    """A simulation's step before each checkpoint: `persist` (a runtime writing the client state it keeps), then
+    one barrier that puts on disk every client state file written so far in `folder`'s file system (a
+    simulation's clients write theirs without an fsync each: the checkpoint is what a resume goes back to, and
+    every state it needs was written before it)."""
+
+    def before_checkpoint(checkpoint_round: int | None) -> None:
+        if persist is not None:
+            persist(checkpoint_round)
+        sync_file_system(folder)
+
+    return before_checkpoint

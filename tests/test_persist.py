@@ -12,7 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client_app.state import ClientState, StateDir, Tree
+import client_app.state as client_state
+import common.storage.persist as persist
+import server_app.checkpoint as server_checkpoint
+from client_app.state import ClientState, StateDir, StateDirStore, Tree
 from common.storage.persist import (
     StateFileError,
     atomic_write_bytes,
@@ -220,3 +223,54 @@ def test_tests_keep_the_server_key_out_of_the_home_folder(tmp_path_factory: pyte
     key_file = server_key_file()
     assert key_file.is_relative_to(tmp_path_factory.getbasetemp())
     assert os.environ["PFL_KEY_DIR"] == str(key_file.parent)  # os.environ: the processes tests start inherit it
+
+
+def _count_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(persist.os, "fsync", lambda fd: (calls.append(fd), real(fd))[1])
+    return calls
+
+
+def test_a_state_written_not_durable_is_complete_signed_and_never_fsynced(tmp_path, monkeypatch) -> None:
+    store = StateDir(tmp_path / "state" / "partition-1", run="r", partition=1)
+    signing_key(store.key_file)  # made once, durably, on first use
+    fsyncs = _count_fsyncs(monkeypatch)
+    tree: Tree = {"w": {"0": np.arange(5, dtype=np.float32)}}
+    store.save(3, tree, None, durable=False)
+    assert fsyncs == []
+    loaded = store.load(4, training=True)
+    assert loaded is not None and loaded[0] == 3
+    np.testing.assert_array_equal(loaded[1]["w"]["0"], tree["w"]["0"])
+    store.save(4, tree, None)  # durable (a device's): the file and its folder's rename
+    assert len(fsyncs) >= 2
+
+
+def test_a_simulations_clients_leave_the_fsync_to_the_servers_barrier(tmp_path, monkeypatch) -> None:
+    folder = StateDir(tmp_path / "partition-0", run="r", partition=0)
+    signing_key(folder.key_file)
+    fsyncs = _count_fsyncs(monkeypatch)
+    state = ClientState({"w": {"0": np.ones(3, dtype=np.float32)}})
+    monkeypatch.setattr(client_state, "_answers_for_many_clients", lambda: True)
+    StateDirStore(folder).persist(state, 1, None, due=True)
+    assert fsyncs == []
+    monkeypatch.setattr(client_state, "_answers_for_many_clients", lambda: False)  # a device
+    StateDirStore(folder).persist(state, 2, None, due=False)
+    assert fsyncs, "a device's state is on disk before it replies"
+
+
+def test_the_barrier_runs_after_the_runtime_wrote_its_states(tmp_path, monkeypatch) -> None:
+    order: list[str] = []
+    monkeypatch.setattr(server_checkpoint, "sync_file_system", lambda path: order.append(f"sync {Path(path).name}"))
+    step = server_checkpoint.synced_client_states(lambda rnd: order.append(f"persist {rnd}"), tmp_path / "run")
+    step(4)
+    assert order == ["persist 4", "sync run"]
+
+
+def test_sync_file_system_falls_back_to_a_sync_of_everything(tmp_path, monkeypatch) -> None:
+    synced: list[bool] = []
+    monkeypatch.setattr(persist.os, "sync", lambda: synced.append(True))
+    persist.sync_file_system(tmp_path)  # syncfs of the folder's file system: no fallback
+    assert synced == []
+    persist.sync_file_system(tmp_path / "missing")
+    assert synced == [True]

@@ -5,6 +5,7 @@ arXiv:2007.03797."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -38,6 +39,22 @@ def _over_column_blocks(
     return map_blocks(work, column_blocks(W, width, buffers=threads, rows=rows), threads)
 
 
+def _float64_scratch() -> Callable[[np.ndarray], np.ndarray]:
+    """A converter of float32 blocks to float64 into one buffer per thread, reused block after block: a fresh
+    array per block (tens of MB, each mapped anew and page-faulted in) costs more than its product."""
+    local = threading.local()
+
+    def as_float64(block: np.ndarray) -> np.ndarray:
+        buffer = getattr(local, "buffer", None)
+        if buffer is None or buffer.size < block.size:
+            buffer = local.buffer = np.empty(block.size, dtype=np.float64)
+        out = buffer[: block.size].reshape(block.shape)
+        np.copyto(out, block)
+        return out
+
+    return as_float64
+
+
 def gram_rows(W: np.ndarray, rows: np.ndarray | list[int] | None = None) -> np.ndarray:
     """(W[rows] W^T) in float64, column block by column block (all rows when `rows` is None), the blocks' products
     on block_threads() threads and summed in block order.
@@ -50,9 +67,10 @@ def gram_rows(W: np.ndarray, rows: np.ndarray | list[int] | None = None) -> np.n
     m = W.shape[0]
     picked = np.arange(m) if rows is None else np.asarray(rows, dtype=np.int64)
     whole = 2 * len(picked) >= m
+    as_float64 = _float64_scratch()
 
     def product(item: tuple[int, np.ndarray]) -> np.ndarray:
-        block = item[1].astype(np.float64)
+        block = as_float64(item[1])
         return block @ block.T if whole else block[picked] @ block.T  # A @ A.T is computed symmetric
 
     out = np.zeros((m if whole else len(picked), m), dtype=np.float64)
@@ -65,9 +83,10 @@ def gram_among(W: np.ndarray, rows: Sequence[int]) -> np.ndarray:
     """W[rows] W[rows]^T in float64 (len(rows)^2 d multiply-adds), column block by column block of those rows only."""
     W = _check_models(W)
     k = len(rows)
+    as_float64 = _float64_scratch()
 
     def product(item: tuple[int, np.ndarray]) -> np.ndarray:
-        block = item[1].astype(np.float64)
+        block = as_float64(item[1])
         return block @ block.T
 
     out = np.zeros((k, k), dtype=np.float64)

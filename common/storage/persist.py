@@ -3,6 +3,7 @@ signed with HMAC-SHA256 under a key only its writer can read."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import hashlib
 import hmac
@@ -78,10 +79,11 @@ def open_for_append(path: Path) -> IO[str]:
 
 
 @contextmanager
-def atomic_file(path: Path) -> Iterator[BinaryIO]:
-    """A file handle whose content replaces `path` only once it is complete and on disk: a crash leaves
-    either the old file or the new one, never a torn one. The temporary file has a random name and is made
-    0600, exclusively and never through a link; the rename replaces a link at `path` rather than following it."""
+def atomic_file(path: Path, durable: bool = True) -> Iterator[BinaryIO]:
+    """A file handle whose content replaces `path` only once it is complete (and, when `durable`, on disk): a
+    crash of the process leaves either the old file or the new one, never a torn one; with `durable` so does a
+    power cut. The temporary file has a random name and is made 0600, exclusively and never through a link; the
+    rename replaces a link at `path` rather than following it."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(8)}")
     try:
@@ -89,11 +91,14 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
         with os.fdopen(fd, "w+b") as fh:  # readable too: save_tree signs what it wrote
             yield fh
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    if not durable:
+        return
     try:
         dir_fd = os.open(path.parent, os.O_RDONLY)
     except OSError:
@@ -223,6 +228,22 @@ def _create_key(path: Path) -> None:
         raise StateFileError(f"{path}: cannot create the key file ({exc})") from None
 
 
+def sync_file_system(path: Path) -> None:
+    """Everything written so far to the file system holding `path` reaches the disk (syncfs where the C library
+    has it, else a sync of every file system): one barrier for many files written without fsync."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        os.sync()
+        return
+    try:
+        syncfs = getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)
+        if syncfs is None or syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
+
+
 def write_new(path: Path, data: bytes) -> None:
     """`data` in a new file of mode 0600 on disk (FileExistsError if `path` exists); nothing left where it fails."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -281,10 +302,11 @@ def _verify(fh: BinaryIO, key: bytes, path: Path, context: bytes) -> None:
         )
 
 
-def save_tree(path: Path, tree: Any, key: bytes | None = None, context: bytes = b"") -> int:
-    """Pack `tree` into an .npz (uncompressed, as np.savez writes it) written atomically and streamed to disk, with no
-    copy in memory; with `key`, signed together with `context` (its zip comment); returns its size."""
-    with atomic_file(path) as fh:
+def save_tree(path: Path, tree: Any, key: bytes | None = None, context: bytes = b"", durable: bool = True) -> int:
+    """Pack `tree` into an .npz (uncompressed, as np.savez writes it) written atomically (see atomic_file) and
+    streamed to disk, with no copy in memory; with `key`, signed together with `context` (its zip comment); returns
+    its size."""
+    with atomic_file(path, durable) as fh:
         with zipfile.ZipFile(fh, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
             if key is not None:
                 archive.comment = SIGNATURE_PREFIX + bytes(SIGNATURE_HEX)  # written last; its bytes filled in below

@@ -126,7 +126,7 @@ class HeldStates:
         kept = unpack(block)
         assert kept.store is not None
         rounds = [r for r in (block.checkpoint_round, checkpoint_round) if r is not None]
-        kept.store.save(kept.server_round, kept.tree, max(rounds) if rounds else None)
+        kept.store.save(kept.server_round, kept.tree, max(rounds) if rounds else None, durable=False)  # synced next
         self._blocks[node] = replace(block, dirty=False)
         return True
 
