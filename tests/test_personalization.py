@@ -128,6 +128,7 @@ def test_first_sampled_pretraining_spreads_round_0_and_leaves_unheard_rows_out_o
     fed = _federation("fedamp", 6, **{"pretrain-when": "first-sampled", "fedamp-sigma": 50.0})
     strategy = fed.strategy
     assert not strategy.warmup_round()
+    assert not strategy.ensure_matrix().W.any(), "no row is filled before its client uploads"
     initial = flatten(strategy.global_arrays)
     fed.train_round(1)
     first = sorted(fed.sent[1])

@@ -26,6 +26,7 @@ class ClientModelsStrategy(PFLStrategy):
     memory-mapped file of the run folder when the app gave one (`workdir`), so memory does not grow with clients."""
 
     track_gram: bool = True  # keep W W^T current (FedAMP's attention over every client needs it)
+    rows_start_at_initial: bool = True  # False: a row is only read after its client uploaded (zeros until then)
 
     def __init__(self, cfg: RunConfig, model: ModelLayout, clients: ClientRegistry) -> None:
         super().__init__(cfg, model, clients)
@@ -39,7 +40,9 @@ class ClientModelsStrategy(PFLStrategy):
             self.pids = self.clients.ids()
             self.rows = {pid: row for row, pid in enumerate(self.pids)}
             store = self.workdir / MODEL_STORE if self.workdir is not None else None
-            self.matrix = ModelMatrix(len(self.pids), flatten(self.global_arrays), self.track_gram, store)
+            self.matrix = ModelMatrix(
+                len(self.pids), flatten(self.global_arrays), self.track_gram, store, self.rows_start_at_initial
+            )
         return self.matrix
 
     def close(self) -> None:

@@ -42,6 +42,7 @@ class FedAMPStrategy(ClientModelsStrategy):
         self.per_round = self.amp.fedamp_attend == "round"
         self.track_gram = not self.per_round  # over the round's participants, their Gram matrix is made per round
         self.lazy = self.amp.pretrain_when == "first-sampled" and self.amp.pretrain_epochs > 0
+        self.rows_start_at_initial = not self.lazy  # a row never uploaded takes no part: no need to fill it
         self._guard = False
         self._self_weight: float | None = None
         self._stored = (0, 0, 0)  # (round, rows it updated, of which first uploads)
