@@ -590,12 +590,10 @@ def _check_dp(cfg: RunConfig, algorithm: str, averaging: list[str]) -> None:
             f"run-config 'dp' = '{cfg.dp}' cannot apply to '{algorithm}': {CENTRAL_DP_REFUSED[algorithm]}"
         )
     on_global_mask = algorithm in CENTRAL_DP_ON_GLOBAL_MASK  # sparse: DP on the positions each upload carries
-    recovered = cfg.dp == "central" and algorithm in CENTRAL_DP_RECOVERED  # pruned: DP on the recovered updates
+    recovered = algorithm in CENTRAL_DP_RECOVERED  # pruned: DP on the updates the server recovers
     if not (on_global_mask or recovered) and (not SPECS[algorithm].averages_models or algorithm in CENTRAL_DP_REFUSED):
         supported = ", ".join(a for a in averaging if a not in CENTRAL_DP_REFUSED)
-        supported += ", " + ", ".join(CENTRAL_DP_ON_GLOBAL_MASK)
-        if cfg.dp == "central":
-            supported += ", " + ", ".join(CENTRAL_DP_RECOVERED)
+        supported += ", " + ", ".join(CENTRAL_DP_ON_GLOBAL_MASK + CENTRAL_DP_RECOVERED)
         raise ConfigError(
             f"run-config 'dp' = '{cfg.dp}' is built for the algorithms whose server averages what the clients upload "
             f"({supported}), not yet for '{algorithm}'"

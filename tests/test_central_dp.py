@@ -27,7 +27,6 @@ BASE = {"dataset": "digits", "num-rounds": 3, "fraction-train": 0.5, "local-epoc
     [
         ({"algorithm": "fedamp"}, "cannot apply to 'fedamp': its server needs each client's own model"),
         ({"algorithm": "fliu"}, "cannot apply to 'fliu'"),
-        ({"algorithm": "dapperfl", "dp": "local", "dp-noise-multiplier": 1.0}, "not yet for 'dapperfl'"),
         ({"dp-noise-multiplier": 1.0, "dp-target-epsilon": 4.0}, "needs exactly one of"),
         ({}, "needs exactly one of"),
         ({"dp-noise-multiplier": 1.0, "robust-aggregation": "median"}, "no bounded sensitivity"),
@@ -327,3 +326,35 @@ def test_dapperfl_releases_the_clipped_noised_mean_of_its_recovered_updates() ->
         np.sqrt(sum(float(np.sum((m - r) ** 2)) for m, r in zip(model, reference))) for model in captured["models"]
     ]
     assert record["clipped"] == sum(n > 0.05 for n in norms), "the clip counts the full-shape updates"
+
+
+@pytest.mark.parametrize(("clip", "noise"), [(0.05, 0.8), (1e-3, 1e-9)])
+def test_dapperfl_local_dp_bounds_the_update_the_server_recovers(clip: float, noise: float) -> None:
+    """Under dp = local a DapperFL client clips and noises its pruned model's update against the global model cut to
+    its kept channels (the update the server recovers, 0 where it pruned): with almost no noise the update's norm is
+    the clip bound; with noise its entries move by z * C; the upload keeps its pruned shapes and masks."""
+    from common.methods.channels import entry_indices, take
+    from common.wire.messages import CHANNEL_MASKS
+    from common.wire.validation import record_to_numpy
+
+    raw = {**BASE, "algorithm": "dapperfl", "dp-noise-seed": 5}
+    plain = InProcessFederation(raw, 4).train_round(1)
+    fed = InProcessFederation({**raw, "dp": "local", "dp-clip-norm": clip, "dp-noise-multiplier": noise}, 4)
+    start = {name: a.copy() for (name, _), a in zip(fed.strategy.specs, fed.strategy.global_arrays)}
+    replies = fed.train_round(1)
+    assert sorted(replies) == sorted(plain)
+    for pid, reply in replies.items():
+        arrays, without = record_to_numpy(reply[ARRAYS]), record_to_numpy(plain[pid][ARRAYS])
+        assert {k: a.shape for k, a in arrays.items()} == {k: a.shape for k, a in without.items()}
+        flags = record_to_numpy(reply[CHANNEL_MASKS])
+        groups = fed.strategy.groups
+        indices = entry_indices(groups, [flags[f"group-{i}"] > 0 for i in range(len(groups))], fed.strategy.specs)
+        step = np.concatenate(
+            [(np.asarray(a, np.float64) - take(start[k], indices.get(k, {}))).ravel() for k, a in arrays.items()]
+        )
+        if noise < 1e-6:
+            assert np.linalg.norm(step) == pytest.approx(clip, rel=1e-2), pid
+        else:
+            assert np.std(step) == pytest.approx(noise * clip, rel=0.05), pid
+    report = fed.round_log.train["dp"]
+    assert report["mode"] == "local" and report["uploads_max"] == 1

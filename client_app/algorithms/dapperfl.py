@@ -22,11 +22,13 @@ from common.algorithms import GLOBAL, DapperFLParams
 from common.learning.flops import flops_per_sample, training_flops
 from common.learning.models import SplitModel, build_model, get_arrays, set_arrays
 from common.learning.train import ExtraLoss, TrainStats, train
-from common.methods.channels import channel_groups, pruned_model
+from common.methods.channels import channel_groups, entry_indices, pruned_model, take
 from common.methods.dapperfl import OFFICIAL, dar_loss, fusion_factor, official_prune, pruning_input, select_channels
-from common.wire.messages import CHANNEL_MASKS
-from common.wire.records import to_plain_record
+from common.wire.messages import ARRAYS, CHANNEL_MASKS
+from common.wire.records import to_plain_record, to_record
+from common.wire.validation import record_to_numpy
 
+from ..privacy import private_weights
 from .base import ClientAlgorithm
 
 LOCAL = "dapperfl-local"  # the last pruned local model
@@ -129,6 +131,26 @@ class DapperFLClient(ClientAlgorithm):
             extra_losses=extra,
             device=self.env.device,
         )
+
+    def private_reply(self, server_round: int, content: RecordDict, reply: RecordDict) -> RecordDict:
+        """Under `dp` = local, the paper variant's pruned upload: its update against the received global model cut
+        to the same channels (what the server recovers it against, Eq. 6: 0 on every pruned entry, so this is the
+        norm the server's update has) clipped to `dp-clip-norm` and noised on every entry it sends; the official
+        variant's full-shape upload as any algorithm's."""
+        if self.cfg.privacy.dp != "local" or CHANNEL_MASKS not in reply.array_records:
+            return super().private_reply(server_round, content, reply)
+        groups = self.layout().channels
+        flags = record_to_numpy(reply.array_records[CHANNEL_MASKS])
+        masks = [flags[f"group-{i}"] > 0 for i in range(len(groups))]
+        received = record_to_numpy(content.array_records[ARRAYS])
+        sent = record_to_numpy(reply.array_records[ARRAYS])
+        indices = entry_indices(groups, masks, [(name, a.shape) for name, a in received.items()])
+        reference = {name: take(received[name], indices.get(name, {})) for name in sent}
+        noised = private_weights(
+            self.cfg.privacy, reference, sent, dict.fromkeys(sent), self.env.partition_id, server_round
+        )
+        reply[ARRAYS] = to_record(list(sent), [noised[name] for name in sent])
+        return reply
 
     def flops_per_sample(self, kept: tuple[int, ...]) -> float:
         """Training FLOPs of one sample for the model keeping `kept` channels of each group (cached)."""

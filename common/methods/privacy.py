@@ -36,8 +36,8 @@ CENTRAL_DP_REFUSED = {
 CENTRAL_DP_ON_GLOBAL_MASK = ("dmpfl", "feddst")
 
 # Pruned uploads the server recovers to full shape from its previous model (DapperFL, Eq. 6: the update is 0 on what
-# a client pruned): central DP clips each recovered update and noises every coordinate of the released model. Local
-# DP is not built for them yet (a client would clip and noise its pruned model against the pruned global).
+# a client pruned): central DP clips each recovered update and noises every coordinate of the released model; local
+# DP clips and noises the pruned model's update against the global model cut to the same channels (the same norm).
 CENTRAL_DP_RECOVERED = ("dapperfl",)
 
 Update = Sequence[np.ndarray]

@@ -97,6 +97,8 @@ class DapperFLStrategy(PFLStrategy):
             self.global_arrays = self.private_mean(bounded, self.global_arrays)
         else:
             self.global_arrays = weighted_average(bounded, [r.weight for r in replies])
+            if self.cfg.dp == "local":
+                self.aggregation_fields = {"dp": self.count_local_dp(replies)}
 
     def round_record(self, server_round: int) -> dict[str, Any]:
         """The round's uploads by pruning ratio: clients, values uploaded per client, training FLOPs per client."""
