@@ -123,6 +123,7 @@ class RoundLog:
     eval: Evaluation | None = None
     unseen: Evaluation | None = None  # the held-out clients' evaluation (newcomers), when the run has them
     aggregate_s: float | None = None  # server time of the round's aggregation
+    evaluate_s: float | None = None  # wall time of the round's evaluation (every client asked, replies checked)
     digests: list[dict[str, Any]] | None = None  # run-config message-digests: one entry per message (else None)
 
     @classmethod

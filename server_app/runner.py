@@ -307,7 +307,9 @@ class RoundRunner:
             self.pretrain(grid)
         self.train(grid, rnd)
         if self.should_evaluate(rnd):
+            started = time.monotonic()
             self.evaluate(grid, rnd)
+            self.round_log.evaluate_s = time.monotonic() - started  # a timing: kept out of `eval`
         elapsed = time.monotonic() - start
         record = round_record(rnd, time.monotonic() - t0, elapsed, self.round_log, self.strategy.round_record(rnd))
         if self.writer is not None:

@@ -197,6 +197,9 @@ def test_a_killed_run_resumes_on_the_in_process_engine_to_the_uninterrupted_mess
     config = {**BASE, "algorithm": "dmpfl", "num-rounds": 6, "drop-rate": 0.0, "straggler-rate": 0.0, "run-name": "run"}
     assert serve({**config, "results-dir": str(tmp_path / "a")}, CLIENTS, workers=2)
     reference = _digests(tmp_path / "a" / "run")
+    records = [json.loads(line) for line in (tmp_path / "a" / "run" / "metrics.jsonl").read_text().splitlines()]
+    timed = [r["round"] for r in records if r.get("evaluate_s", -1.0) > 0]
+    assert timed == [r["round"] for r in records if r["eval"] is not None] and timed, "each evaluation is timed"
 
     run_dir = tmp_path / "b" / "run"
     command = [

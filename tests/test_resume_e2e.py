@@ -17,7 +17,8 @@ from .harness.local_superlink import LocalSuperLink
 
 pytestmark = pytest.mark.e2e
 NODES = 6
-VARYING = ("wall_s", "elapsed_s", "aggregate_s", "bytes", "bytes_per_client")  # times; sizes of random ids
+# times; sizes of random ids
+VARYING = ("wall_s", "elapsed_s", "aggregate_s", "evaluate_s", "bytes", "bytes_per_client")
 
 
 def _config(results: Path, states: Path, extra: str = "") -> str:

@@ -60,6 +60,7 @@ class RoundRecord(TypedDict, total=False):
     bytes_per_client: Required[dict[str, dict[str, int]]]  # partition id -> up, down
     eval: Required[Evaluation | None]
     aggregate_s: float
+    evaluate_s: float  # wall seconds of the round's evaluation, when it had one
     unseen: Evaluation  # the held-out clients' (newcomers') evaluation
     by_ratio: dict[str, dict[str, Any]]
     phase: int

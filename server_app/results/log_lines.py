@@ -22,6 +22,7 @@ def round_record(server_round: int, wall: float, elapsed: float, log: RoundLog, 
         "bytes_per_client": {str(k): v for k, v in sorted(log.per_client_bytes.items())},
         "eval": log.eval,
         **({"aggregate_s": log.aggregate_s} if log.aggregate_s is not None else {}),
+        **({"evaluate_s": log.evaluate_s} if log.evaluate_s is not None else {}),
         **({"unseen": log.unseen} if log.unseen else {}),
         **extra,
     }
