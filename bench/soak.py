@@ -150,12 +150,9 @@ def newest_state_round(home: Path, index: int) -> int | None:
     return max(rounds) if rounds else None
 
 
-def rounds_done(run_dir: Path) -> list[dict[str, Any]]:
+def rounds_done(run_dir: Path) -> list[Any]:
     """The run's round records so far."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return RunFolder(run_dir).rounds() if run_dir.exists() else []
 
 
 def soak_config(args: argparse.Namespace, algorithm: str) -> dict[str, Any]:
@@ -223,7 +220,7 @@ def soak(args: argparse.Namespace, algorithm: str, certs: Path) -> dict[str, Any
                 fault["recovered_s"] = now - fault["at_s"]  # the next round completed after it
                 pending_recovery.remove(fault)
             if runner.poll() is not None:
-                if done >= args.rounds and (run_dir / "summary.json").exists():
+                if done >= args.rounds and RunFolder(run_dir).finished():
                     break
                 unexpected += 1  # the run ended by itself before its last round: resumed, a few times at most
                 if unexpected > 3:
@@ -286,7 +283,7 @@ def report(
 ) -> dict[str, Any]:
     """The soak's figures: rounds, replies, resumes, accuracy, client state across restarts, memory, recovery."""
     records = rounds_done(run_dir)
-    summary = RunFolder(run_dir).summary() if (run_dir / "summary.json").exists() else None
+    summary = RunFolder(run_dir).summary() if RunFolder(run_dir).finished() else None
     restarts = [(n.index, e) for n in deployment.nodes for e in n.events]
     answered, fresh = [], []
     for index, event in restarts:  # what each restarted SuperNode did: answered messages, from the state it saved?

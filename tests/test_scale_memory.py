@@ -189,6 +189,7 @@ def test_checkpoint_and_resume_of_the_store_stay_out_of_resident_memory(
     store_kib = 4 * CLIENTS * VALUES // 1024
     matrix = ModelMatrix(CLIENTS, np.full(VALUES, 0.5, np.float32), True, tmp_path / "store.npy")
     matrix.set_rows([3, 7], np.stack([np.full(VALUES, 1.0, np.float32), np.full(VALUES, 2.0, np.float32)]))
+    assert matrix.G[3, 7] == 2.0 * VALUES  # the Gram rows of the rows written, brought up to date before measuring
     try:
         _reset_peak_rss()
     except OSError:
