@@ -114,12 +114,17 @@ class Deployment:
 
     def start(self) -> None:
         """The SuperLink and proxy, every key registered, every SuperNode started."""
+        self.start_link()
+        for node in self.nodes:
+            self.start_node(node)
+
+    def start_link(self) -> None:
+        """The SuperLink and proxy, with every node's key registered."""
         self.link.start()
         for node in self.nodes:
             done = self.link.register(self.certs / "nodes" / f"node-{node.index}.pub")
             if done.returncode != 0 and "already" not in (done.stdout + done.stderr):
                 raise SystemExit(f"registering node-{node.index} failed: {done.stdout[-300:]}{done.stderr[-300:]}")
-            self.start_node(node)
 
     def node_config(self, node: Node) -> str:
         """Partition, partition count and state dir of a SuperNode."""
@@ -328,11 +333,7 @@ def load(args: argparse.Namespace, certs: Path, counts: list[int]) -> list[dict[
         deployment = Deployment(home, certs, count)
         row: dict[str, Any] = {"nodes": count}
         try:
-            deployment.link.start()
-            for node in deployment.nodes:
-                done = deployment.link.register(certs / "nodes" / f"node-{node.index}.pub")
-                if done.returncode != 0:
-                    raise SystemExit(f"registering node-{node.index} failed: {done.stdout[-300:]}")
+            deployment.start_link()
             for node in deployment.nodes:
                 if available_mb() < args.reserve_mb:
                     row["stopped"] = f"memory: {available_mb():.0f} MB available after {node.index} SuperNodes"

@@ -169,7 +169,7 @@ class StateDir:
     def save(self, server_round: int, tree: Tree, checkpoint_round: int | None, durable: bool = True) -> None:
         """Write the state of `server_round` atomically and drop versions no resume can need; `durable`: on disk
         before this returns (fsync), else once the server's barrier before its next checkpoint has run (a
-        simulation's clients: see sync_client_states)."""
+        simulation's clients: server_app/checkpoint.synced_client_states)."""
         private_folder(self.path)
         save_tree(
             self._file(server_round),

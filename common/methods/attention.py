@@ -55,6 +55,22 @@ def _float64_scratch() -> Callable[[np.ndarray], np.ndarray]:
     return as_float64
 
 
+def _summed_products(W: np.ndarray, read: Sequence[int] | None, picked: np.ndarray | None) -> np.ndarray:
+    """The float64 sum over W's column blocks (of the rows `read` only, when given) of B[picked] B^T, or of the
+    symmetric B B^T when `picked` is None: each block's product on block_threads() threads, summed in block order."""
+    as_float64 = _float64_scratch()
+
+    def product(item: tuple[int, np.ndarray]) -> np.ndarray:
+        block = as_float64(item[1])
+        return block @ block.T if picked is None else block[picked] @ block.T  # A @ A.T is computed symmetric
+
+    n = W.shape[0] if read is None else len(read)
+    out = np.zeros((n if picked is None else len(picked), n), dtype=np.float64)
+    for part in _over_column_blocks(W, 8, product, read):
+        out += part
+    return out
+
+
 def gram_rows(W: np.ndarray, rows: np.ndarray | list[int] | None = None) -> np.ndarray:
     """(W[rows] W^T) in float64, column block by column block (all rows when `rows` is None), the blocks' products
     on block_threads() threads and summed in block order.
@@ -64,35 +80,16 @@ def gram_rows(W: np.ndarray, rows: np.ndarray | list[int] | None = None) -> np.n
     (2 k m d), and its rows are returned.
     """
     W = _check_models(W)
-    m = W.shape[0]
-    picked = np.arange(m) if rows is None else np.asarray(rows, dtype=np.int64)
-    whole = 2 * len(picked) >= m
-    as_float64 = _float64_scratch()
-
-    def product(item: tuple[int, np.ndarray]) -> np.ndarray:
-        block = as_float64(item[1])
-        return block @ block.T if whole else block[picked] @ block.T  # A @ A.T is computed symmetric
-
-    out = np.zeros((m if whole else len(picked), m), dtype=np.float64)
-    for part in _over_column_blocks(W, 8, product):
-        out += part
-    return out if rows is None or not whole else out[picked]
+    picked = np.arange(W.shape[0]) if rows is None else np.asarray(rows, dtype=np.int64)
+    if 2 * len(picked) >= W.shape[0]:
+        whole = _summed_products(W, None, None)
+        return whole if rows is None else whole[picked]
+    return _summed_products(W, None, picked)
 
 
 def gram_among(W: np.ndarray, rows: Sequence[int]) -> np.ndarray:
     """W[rows] W[rows]^T in float64 (len(rows)^2 d multiply-adds), column block by column block of those rows only."""
-    W = _check_models(W)
-    k = len(rows)
-    as_float64 = _float64_scratch()
-
-    def product(item: tuple[int, np.ndarray]) -> np.ndarray:
-        block = as_float64(item[1])
-        return block @ block.T
-
-    out = np.zeros((k, k), dtype=np.float64)
-    for part in _over_column_blocks(W, 8, product, list(rows)):
-        out += part
-    return out
+    return _summed_products(_check_models(W), list(rows), None)
 
 
 def _gram(W: np.ndarray) -> np.ndarray:

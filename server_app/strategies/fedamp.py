@@ -94,7 +94,8 @@ class FedAMPStrategy(ClientModelsStrategy):
         else:
             peers = [self.rows[pid] for pid in participants]
             xi = self.attention(server_round, peers)
-            picked = [participants.index(pid) for pid in targets]
+            position = {pid: at for at, pid in enumerate(participants)}
+            picked = [position[pid] for pid in targets]
             mixed = mix_rows(xi[picked], matrix.W, peers)
         # how much of u_i is w_i itself: ~1 means local training, ~1/m uniform averaging (tune sigma by it)
         if note:
@@ -140,14 +141,18 @@ class FedAMPStrategy(ClientModelsStrategy):
             return RecordDict({ARRAYS: shared["global"], CONFIG: config})
         config = self.round_config(server_round, partition_id)
         if "cloud" not in shared:
-            participants = sorted(set(self.sample(server_round)) | {partition_id})
+            participants = self.participants(server_round, partition_id)
             targets = [pid for pid in participants if not self.pretrains(server_round, pid)]
             shared["cloud"] = self.cloud_for(server_round, self.attended(participants), targets)
         u = shared["cloud"].get(partition_id)
         if u is None:  # a client outside the round's sample (its u_i alone)
-            participants = sorted(set(self.sample(server_round)) | {partition_id})
+            participants = self.participants(server_round, partition_id)
             u = self.cloud_for(server_round, self.attended(participants), [partition_id], note=False)[partition_id]
         return RecordDict({ARRAYS: self.model_record(u), CONFIG: config})
+
+    def participants(self, server_round: int, partition_id: int) -> list[int]:
+        """The round's sampled clients and this one, sorted."""
+        return sorted(set(self.sample(server_round)) | {partition_id})
 
     def attended(self, participants: list[int]) -> list[int]:
         """The participants whose models take part in the round's attention under `fedamp-attend` round (those
