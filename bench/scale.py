@@ -1,17 +1,18 @@
 """Scale on one machine: seconds per training round, the evaluation of every client, and the peak memory of the whole
 process tree, with many clients, on the in-process engine (default) or Flower's simulation.
 
-Setting: MNIST, Dirichlet(alpha), 10% of the clients per round, 1 local epoch, batch 32, cnn-mnist, 4 rounds, every
-client evaluated after the last one. Memory is sampled every 0.5 s from /proc: `RSS` is all resident memory
-(memory-mapped files included: FedAMP's model store is such a file, which the kernel can drop under pressure),
-`anon` only the private memory that cannot be dropped; both include the shared memory in use (/dev/shm: the
-in-process engine's message blocks and the clients' state it holds between messages). A training round's rate is
-given as a share of the raw training loop's (experiments/benchmarks/measure.py: its rate on one core alone, times
-the workers).
+Setting: MNIST, Dirichlet(alpha), 10% of the clients per round (--fraction), 1 local epoch, batch 32, cnn-mnist
+(--model), 4 rounds, every client evaluated after the last one. Memory is sampled every 0.5 s from /proc: `RSS` is
+all resident memory (memory-mapped files included: FedAMP's model store is such a file, which the kernel can drop
+under pressure), `anon` only the private memory that cannot be dropped; both include the shared memory in use
+(/dev/shm: the in-process engine's message blocks and the clients' state it holds between messages). `disk` is the
+most the run's file system filled beyond its use at the start (client state spilled or checkpointed, FedAMP's model
+store). A training round's rate is given as a share of the raw training loop's (experiments/benchmarks/measure.py:
+its rate on one core alone, times the workers).
 
     python bench/scale.py --data-dir ../shared/data [--clients 1000] [--alphas 0.3,1.0]
                           [--algorithms fedavg,dmpfl,fedamp] [--engine inprocess|simulation]
-    python bench/scale.py --data-dir ../shared/data --clients 10000 --model mlp --algorithms fedavg
+    python bench/scale.py --data-dir ../shared/data --clients 10000 --fraction 0.01 --model cnn-cifar --alphas 0.3
     python bench/scale.py --data-dir ../shared/data --alphas 0.3 --algorithms fedamp,fedamp+pretrain-when=first-sampled
 
 The evaluation's seconds are the round record's `evaluate_s` (the last round may also train: DM-PFL's Algorithm 3
@@ -57,19 +58,20 @@ def run_one(config: dict, clients: int, home: Path, engine: str, workers: int) -
         log = home.with_suffix(".log")
         with log.open("w") as out:
             process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-            with PeakMemory(process.pid) as memory:
+            with PeakMemory(process.pid, disk=home.parent) as memory:
                 returncode = process.wait(timeout=7200)
         output, ok = log.read_text(), returncode == 0
     else:
         with LocalSuperLink(home) as link:
             assert link.process is not None
-            with PeakMemory(link.process.pid) as memory:
+            with PeakMemory(link.process.pid, disk=home.parent) as memory:
                 outcome = link.run(REPO, run_config_text(config), num_supernodes=clients, timeout=7200)
         output, ok = outcome.output, outcome.status == "finished:completed"
     total = time.monotonic() - started
     run_dir = Path(config["results-dir"]) / config["run-name"]
     if not ok or not RunFolder(run_dir).finished():
-        return {"failed": (output.strip().splitlines() or ["no output"])[-1][-200:], "peak": memory.peak}
+        failed = (output.strip().splitlines() or ["no output"])[-1][-200:]
+        return {"failed": failed, "peak": memory.peak, "disk": memory.peak_disk}
     records = RunFolder(run_dir).rounds()
     training = [r for r in records if not evaluation(r)]
     steady = [r for r in training if r["round"] > 1] or training
@@ -87,6 +89,7 @@ def run_one(config: dict, clients: int, home: Path, engine: str, workers: int) -
         "total_s": total,
         "evaluated": evaluated_clients(last),
         "peak": memory.peak,
+        "disk": memory.peak_disk,
         "accuracy": final_means(summary).get("acc-shift-0", float("nan")),
     }
 
@@ -103,6 +106,7 @@ def main() -> None:
         help="comma-separated; an algorithm may carry run-config keys: fedamp+pretrain-when=first-sampled",
     )
     parser.add_argument("--model", default="cnn-mnist")
+    parser.add_argument("--fraction", type=float, default=0.1, help="share of the clients trained in a round")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--engine", choices=("inprocess", "simulation"), default="inprocess")
     parser.add_argument("--workers", type=int, default=available_cores(), help="cores to use (default: all)")
@@ -118,7 +122,7 @@ def main() -> None:
         "data-dir": str(Path(args.data_dir).resolve()),
         "partition": "dirichlet",
         "num-rounds": args.rounds,
-        "fraction-train": 0.1,
+        "fraction-train": args.fraction,
         "local-epochs": 1,
         "batch-size": 32,
         "lr": 0.05,
@@ -148,25 +152,30 @@ def main() -> None:
                 print(variant, alpha, json.dumps(result), flush=True)
     print(
         f"\n{args.clients} clients on the {args.engine} engine ({args.workers} workers), {args.model}, MNIST "
-        f"Dir(alpha), 10% per round, 1 epoch, batch 32, {args.rounds} rounds, every client evaluated after the last "
+        f"Dir(alpha), {args.fraction:.0%} per round ({round(args.clients * args.fraction)} clients), 1 epoch, "
+        f"batch 32, "
+        f"{args.rounds} rounds, every client evaluated after the last "
         f"at shift degrees {args.shift_degrees}\n"
     )
     print(
         "| algorithm | alpha | first round (s) | s / training round | share of raw loop | evaluation of all clients "
-        "(s) | x a training round | last round (s) | clients evaluated | peak RSS (GiB) | peak anon (GiB) | accuracy |"
+        "(s) | x a training round | last round (s) | clients evaluated | peak RSS (GiB) | peak anon (GiB) | peak disk "
+        "(GiB) | accuracy |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for algorithm, alpha, r in rows:
         rss, anon = (v / 2**30 for v in r["peak"])
+        disk = r["disk"] / 2**30
         if "failed" in r:
-            print(f"| {algorithm} | {alpha:g} | failed: {r['failed']} | | | | | | | {rss:.2f} | {anon:.2f} | |")
+            memory = f"{rss:.2f} | {anon:.2f} | {disk:.2f}"
+            print(f"| {algorithm} | {alpha:g} | failed: {r['failed']} | | | | | | | {memory} | |")
             continue
         share = r["samples"] / r["round_s"] / raw
         accuracy = "-" if math.isnan(r["accuracy"]) else f"{100 * r['accuracy']:.2f}"
         print(
             f"| {algorithm} | {alpha:g} | {r['first_s']:.1f} | {r['round_s']:.1f} | {100 * share:.0f}% | "
             f"{r['eval_s']:.1f} | {r['eval_s'] / r['round_s']:.1f} | {r['last_s']:.1f} | {r['evaluated']} | "
-            f"{rss:.2f} | {anon:.2f} | {accuracy} |"
+            f"{rss:.2f} | {anon:.2f} | {disk:.2f} | {accuracy} |"
         )
 
 

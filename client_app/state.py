@@ -25,9 +25,24 @@ from common.storage.persist import (
 Tree = dict[str, dict[str, np.ndarray]]  # state key -> array name -> array (a list is kept as names "0", "1", ...)
 
 
+def immutable_root(array: np.ndarray) -> bytes | None:
+    """The bytes object an array is a read-only view of (what a received payload decodes to: no one can ever change
+    it, numpy refuses to make such a view writable), or None for an array that may change."""
+    base: object = array
+    while isinstance(base, np.ndarray):
+        if base.flags.writeable:
+            return None
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    return base if type(base) is bytes else None
+
+
 class ClientState:
     """Named arrays a client keeps across rounds, as a plain tree of numpy arrays; `dirty` once changed. Saving
-    copies the arrays and loading gives read-only views of them, so what is kept cannot change behind its back."""
+    copies the arrays (except views of immutable bytes, which cannot change: a received global model is kept as
+    it came, and the in-process engine lets the clients that keep the same one share it) and loading gives
+    read-only views of them, so what is kept cannot change behind its back."""
 
     def __init__(self, tree: Tree | None = None) -> None:
         self.tree: Tree = {} if tree is None else tree
@@ -78,7 +93,7 @@ class ClientState:
 
     def save_named(self, key: str, arrays: dict[str, np.ndarray]) -> None:
         """Replace the named arrays saved under `key` (any dtype: weights, bool masks, counters)."""
-        self.tree[key] = {name: np.array(a, order="C", copy=True) for name, a in arrays.items()}
+        self.tree[key] = {name: _kept_copy(a) for name, a in arrays.items()}
         self.changed.add(key)
 
     def forget(self, key: str) -> None:
@@ -89,6 +104,13 @@ class ClientState:
     def has(self, key: str) -> bool:
         """Whether anything is saved under `key`."""
         return key in self.tree
+
+
+def _kept_copy(array: np.ndarray) -> np.ndarray:
+    """What saving keeps of an array: itself when it is a C-ordered view of immutable bytes, else a copy."""
+    if array.flags.c_contiguous and immutable_root(array) is not None:
+        return array
+    return np.array(array, order="C", copy=True)
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

@@ -438,7 +438,8 @@ class RunConfig:
         "algorithm state): `auto`: in files in the run folder (`client-state/`), so memory "
         "grows with one round's clients, not with all, and a resumed run continues them "
         "(the in-process engine holds them in shared memory between messages, up to "
-        "PFLOWER_STATE_MEMORY_MB, 2048 by default, and writes them for each checkpoint); "
+        "PFLOWER_STATE_MEMORY_MB, by default a quarter of the memory and at least 2048, and "
+        "writes them for each checkpoint); "
         "`memory`: in the simulation's memory; or a folder (absolute path). On a device the "
         "node config's `state-dir` does this",
     )

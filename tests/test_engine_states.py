@@ -258,3 +258,110 @@ def test_another_users_block_with_the_engines_prefix_is_left_alone(monkeypatch) 
         monkeypatch.undo()
         planted.unlink()
         lock.unlink()
+
+
+def _received(values: np.ndarray) -> dict[str, np.ndarray]:
+    """Arrays as a received payload decodes to them: read-only views of immutable bytes."""
+    data = values.tobytes()
+    return {"w": np.frombuffer(data, values.dtype).reshape(values.shape), "b": np.frombuffer(data[:64], np.int32)}
+
+
+def _links(content_name: str) -> int:
+    return os.stat(f"/dev/shm/{content_name}").st_nlink
+
+
+def test_states_holding_the_same_received_arrays_share_one_content_block(tmp_path: Path) -> None:
+    from experiments.engine.states import CONTENT_FROM_BYTES, forget_contents
+
+    forget_contents()
+    weights = np.arange(CONTENT_FROM_BYTES // 4 + 10, dtype=np.float32)
+    received = _received(weights)
+    held = HeldStates(limit=1 << 30)
+    blocks = []
+    for pid in range(3):
+        kept = _kept(tmp_path, float(pid), 2, pid)
+        kept.tree["global"] = received
+        blocks.append(pack(kept))
+        held.put(pid, blocks[-1])
+    origins = {c.origin for b in blocks for c in b.contents}
+    assert len(origins) == 1 and all(len(b.contents) == 1 for b in blocks)
+    content_size = blocks[0].contents[0].ref.size
+    assert content_size >= weights.nbytes
+    assert held.held_bytes == sum(b.ref.size for b in blocks if b.ref) + content_size  # the content counted once
+    for pid, block in enumerate(blocks):
+        back = unpack(block)
+        expected = {**_tree(float(pid)), "global": {"w": weights, "b": np.frombuffer(weights.tobytes()[:64], np.int32)}}
+        assert _same(back.tree, expected)
+        assert not back.tree["global"]["w"].flags.writeable
+    name = blocks[0].contents[0].ref.name
+    assert _links(name) == 4  # three states and the worker's own link
+    held.discard(0)
+    assert _links(blocks[1].contents[0].ref.name) == 3 and not os.path.exists(f"/dev/shm/{name}")
+    forget_contents()
+    held.close()
+    assert not any(os.path.exists(f"/dev/shm/{c.ref.name}") for b in blocks for c in b.contents)
+    assert held.held_bytes == 0
+
+
+def test_a_state_read_by_a_worker_and_kept_again_links_the_same_content(tmp_path: Path) -> None:
+    from experiments.engine.states import CONTENT_FROM_BYTES, forget_contents
+
+    forget_contents()
+    kept = _kept(tmp_path, 1.0, 1)
+    kept.tree["global"] = _received(np.ones(CONTENT_FROM_BYTES // 4, np.float32))
+    first = pack(kept)
+    forget_contents()  # another worker: it knows the block only from the state it is handed
+    again = unpack(first, share=True)
+    again.tree["mine"] = {"x": np.zeros(3)}
+    second = pack(again)
+    assert second.contents[0].origin == first.contents[0].origin and second.contents[0].ref != first.contents[0].ref
+    assert _same(unpack(second).tree, {**unpack(first).tree, "mine": {"x": np.zeros(3)}})
+    held = HeldStates(limit=1 << 30)
+    held.put(0, first)
+    held.put(0, second)  # the old state's link freed, the content stays for the new one
+    assert _same({"g": unpack(second).tree["global"]}, {"g": dict(kept.tree["global"])})
+    forget_contents()
+    held.close()
+
+
+def test_small_or_writable_arrays_stay_in_the_state_own_block(tmp_path: Path) -> None:
+    from experiments.engine.states import CONTENT_FROM_BYTES
+
+    kept = _kept(tmp_path, 1.0, 1)
+    kept.tree["small"] = _received(np.ones(16, np.float32))  # immutable but small: not worth a block
+    kept.tree["writable"] = {"w": np.ones(CONTENT_FROM_BYTES, np.float32)}
+    block = pack(kept)
+    assert block.contents == () and _same(unpack(block).tree, kept.tree)
+    assert block.ref is not None
+    drop(block.ref)
+
+
+def test_a_spilled_state_writes_its_shared_content_to_its_state_dir(tmp_path: Path) -> None:
+    from experiments.engine.states import CONTENT_FROM_BYTES, forget_contents
+
+    weights = np.arange(CONTENT_FROM_BYTES // 4, dtype=np.float32)
+    kept = _kept(tmp_path, 3.0, 2)
+    kept.tree["global"] = _received(weights)
+    held = HeldStates(limit=1)
+    held.put(0, pack(kept))
+    held.put(1, pack(_kept(tmp_path, 4.0, 2, pid=1)))  # over the budget: node 0 goes to disk
+    assert held.get(0) is None and held.written == 1
+    loaded = StateDir(tmp_path / "run" / "partition-0", run="run", partition=0).load(3, training=True)
+    assert loaded is not None and np.array_equal(loaded[1]["global"]["w"], weights)
+    forget_contents()
+    held.close()
+
+
+def test_saving_keeps_immutable_views_as_they_are_and_copies_the_rest() -> None:
+    from client_app.state import ClientState, immutable_root
+
+    received = _received(np.arange(8, dtype=np.float32))["w"]
+    mine = np.arange(8, dtype=np.float32)
+    writable_view_made_read_only = mine.view()
+    writable_view_made_read_only.flags.writeable = False  # its base can still change: not immutable
+    assert immutable_root(received) is not None and immutable_root(writable_view_made_read_only) is None
+    state = ClientState()
+    state.save_named("k", {"received": received, "mine": writable_view_made_read_only})
+    mine[:] = -1
+    assert state.tree["k"]["received"] is received
+    assert np.array_equal(state.tree["k"]["mine"], np.arange(8, dtype=np.float32))

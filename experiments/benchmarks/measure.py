@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import statistics
 import threading
 import time
@@ -115,10 +116,13 @@ def shared_memory_in_use() -> int:
 
 class PeakMemory:
     """Samples a process tree's memory in a thread; `peak` holds the largest (RSS, anon) seen, each with the shared
-    memory in use added (blocks no process maps between two messages are resident all the same)."""
+    memory in use added (blocks no process maps between two messages are resident all the same); `peak_disk` the
+    most the file system holding `disk` (when given) filled beyond its use at the start."""
 
-    def __init__(self, pid: int, every: float = 0.5) -> None:
+    def __init__(self, pid: int, every: float = 0.5, disk: Path | None = None) -> None:
         self.pid, self.every, self.peak = pid, every, (0, 0)
+        self.disk, self.peak_disk = disk, 0
+        self._disk_start = shutil.disk_usage(disk).used if disk is not None else 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -128,6 +132,8 @@ class PeakMemory:
             shared = shared_memory_in_use()
             rss, anon = rss + shared, anon + shared
             self.peak = (max(self.peak[0], rss), max(self.peak[1], anon))
+            if self.disk is not None:
+                self.peak_disk = max(self.peak_disk, shutil.disk_usage(self.disk).used - self._disk_start)
             self._stop.wait(self.every)
 
     def __enter__(self) -> PeakMemory:

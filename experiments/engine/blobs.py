@@ -56,6 +56,13 @@ def write(parts: list[tuple[int, memoryview]], size: int) -> BlobRef:
     return BlobRef(name, size)
 
 
+def link(ref: BlobRef) -> BlobRef:
+    """A new name for a block's content (a hard link: the content is freed with its last name), for its new owner."""
+    name = prefix() + secrets.token_hex(8)
+    os.link(_path(ref.name), _path(name), follow_symlinks=False)
+    return BlobRef(name, ref.size)
+
+
 def put(data: bytes) -> BlobRef:
     """Copy `data` into a new shared-memory block; the receiver (or the sender, with `drop`) frees it."""
     return write([(0, memoryview(data))], len(data))

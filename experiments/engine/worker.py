@@ -18,7 +18,7 @@ from flwr.common.constant import ErrorCode
 
 from client_app.state import StateHost, host_state
 from experiments.engine.blobs import put
-from experiments.engine.states import StateBlock, pack, unpack
+from experiments.engine.states import StateBlock, forget_contents, pack, unpack
 from experiments.engine.transport import Records, records_in, records_out
 from server_app.flower_private import set_task_identity, stamp
 
@@ -70,6 +70,7 @@ def start(run_config: dict[str, Any], threads: int, log_level: int) -> None:
         serve_export(Path(os.environ[ENV]))
     _APP, _RUN_CONFIG = app, dict(run_config)
     _HOST = StateHost()
+    forget_contents()  # an inline worker starting for another grid: the last one's blocks are gone
     logging.getLogger("flwr").setLevel(log_level)
 
 
@@ -98,7 +99,7 @@ def answer(task: Task) -> Outcome:
     )
     content: Records | None = None
     error: tuple[int, str] | None = None
-    _HOST.begin(unpack(task.kept) if task.kept is not None else None)
+    _HOST.begin(unpack(task.kept, share=True) if task.kept is not None else None)
     host_state(_HOST)  # for this message only: an inline worker shares its process with the server
     try:
         reply = _APP(msg, context)
