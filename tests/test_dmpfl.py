@@ -7,7 +7,7 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
-from client_app.algorithms.dmpfl import BASE_ENTROPY_C, BASE_ENTROPY_G, PERSONAL
+from client_app.algorithms.dmpfl import BASE_ENTROPY_C, BASE_ENTROPY_G, PARTIAL_CUT, PARTIAL_ID, PERSONAL
 from client_app.algorithms.sparse import StaleGlobalModel
 from client_app.state import ClientState
 from common.learning.stages import SCOPES, stage_key
@@ -446,3 +446,38 @@ def test_denser_mask_than_allowed_is_rejected(caplog) -> None:
     with caplog.at_level("WARNING"):
         fed.runner.aggregate_train(1, [FakeReply(1000, bad)])
     assert fed.round_log.train["rejected"] == 1 and "than the" in caplog.text and "its density allows" in caplog.text
+
+
+def test_a_client_holding_the_whole_model_keeps_no_cut_of_it_and_trains_as_with_the_cut() -> None:
+    """An evaluation leaves the whole global model in client state: the cut of that version is dropped (it would be
+    a third of the state at 10,000 clients), and a phase-3 message that names the cut without sending it is served
+    from the whole model, exactly as from the cut."""
+    fed = _federation("dmpfl")
+    for rnd in range(1, 5):
+        fed.train_round(rnd)
+    strategy = fed.strategy
+    pid = next(p for p in strategy.clients.ids() if strategy.personal_masks.get(p) is not None)
+    content = strategy.train_content(5, pid, strategy.shared_payload(5))
+    assert "global-partial" in content.array_records and strategy.phase(5) == 3
+    strategy.delivered.pop(pid, None)
+    evaluation = strategy.eval_content(5, pid, strategy.shared_payload(5))
+    assert "global" in evaluation.array_records
+    holder = fed.client(pid)
+    holder.fit(5, content)  # holds the cut of this version now
+    assert holder.env.state.has(PARTIAL_CUT)
+    holder.evaluate(5, evaluation)
+    assert not holder.env.state.has(PARTIAL_CUT) and not holder.env.state.has(PARTIAL_ID)
+
+    with_cut = fed.client(pid)
+    trained_with_cut = with_cut.fit(5, content)
+    from_whole = fed.client(pid)
+    from_whole.evaluate(5, evaluation)
+    bare = RecordDict({"config": content.config_records["config"]})  # the server believes the cut delivered
+    trained_from_whole = from_whole.fit(5, bare)
+    assert dict(trained_from_whole.metric_records["metrics"]) == dict(trained_with_cut.metric_records["metrics"])
+    got, want = from_whole.env.state.load_named(PERSONAL), with_cut.env.state.load_named(PERSONAL)
+    assert got is not None and want is not None and got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    with pytest.raises(StaleGlobalModel, match="no cut"):
+        fed.client(pid).fit(5, bare)  # holds neither the cut nor this version whole
