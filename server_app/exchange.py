@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
+from logging import WARNING
 
 from flwr.app import Message
 from flwr.serverapp import Grid
+from flwr.supercore import log
 
 from common import profiling
 
@@ -27,21 +29,33 @@ def _wait() -> None:
 def exchange(grid: Grid, targets: list[int], build: Build, window: int, timeout: float) -> Iterator[list[Message]]:
     """The replies to messages for `targets` (clients' partition ids; node ids in the handshake), as lists of those
     that arrived together, with at most `window` messages out at once (a window as large as the list builds every
-    message at once, before any reply is read); a message unanswered `timeout` seconds after it was sent is given
-    up."""
+    message at once, before any reply is read); a message unanswered `timeout` seconds after it was sent (not after
+    its batch began to be built: FedAMP's first cloud models at 10,000 clients take longer than the timeout) is
+    given up, with a warning."""
     todo = list(targets)
     pending: dict[str, float] = {}  # message id -> deadline
+    given_up = 0
     while todo or pending:
         if todo and len(pending) < window:
             batch, todo = todo[: window - len(pending)], todo[window - len(pending) :]
+            messages = build(batch)
+            sent = grid.push_messages(messages)
             deadline = time.monotonic() + timeout
-            pending.update((mid, deadline) for mid in grid.push_messages(build(batch)))
+            pending.update((mid, deadline) for mid in sent)
         replies = list(grid.pull_messages(list(pending)))
         for reply in replies:
             pending.pop(reply.metadata.reply_to_message_id, None)
         now = time.monotonic()
         for mid in [mid for mid, due in pending.items() if due <= now]:
             del pending[mid]
+            given_up += 1
+        if given_up and not pending and not todo:
+            log(
+                WARNING,
+                "%d message(s) unanswered %g s after they were sent (round-timeout): given up",
+                given_up,
+                timeout,
+            )
         if replies:
             yield replies
         elif pending:

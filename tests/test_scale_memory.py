@@ -4,6 +4,7 @@ chunks of `messages-in-flight`."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tracemalloc
 from collections.abc import Iterator
@@ -103,6 +104,31 @@ def test_large_sends_keep_a_window_of_messages_in_flight(clients: int, in_flight
     assert answered == list(range(clients)) and sum(sender.built, []) == list(range(clients)), "each once, in order"
     assert grid.most_outstanding == min(in_flight, clients), "never more than messages-in-flight out at once"
     assert per_pull == 0 or len(sender.built) > clients // in_flight, "freed slots refilled before the window drains"
+
+
+def test_a_message_slow_to_build_still_has_the_whole_timeout_for_its_reply(caplog) -> None:
+    """The timeout runs from when a message is sent, not from when its batch began to be built (FedAMP's first
+    cloud models at 10,000 clients took longer than round-timeout: every reply of the round was given up); a
+    message left unanswered is given up with a warning."""
+    import time
+
+    def slow(pids):
+        time.sleep(0.3)
+        return list(pids)
+
+    grid = PushPullGrid(lambda pids: [FakeReply(pid) for pid in pids])
+    answered = [r.metadata.src_node_id for r in each_reply(exchange(grid, [1, 2, 3], slow, 3, 0.2))]
+    assert answered == [1, 2, 3]
+
+    class Silent(PushPullGrid):  # node 2 never answers
+        def pull_messages(self, message_ids):
+            return [r for r in super().pull_messages(message_ids) if r.metadata.src_node_id != 2]
+
+    silent = Silent(lambda pids: [FakeReply(pid) for pid in pids])
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        got = [r.metadata.src_node_id for r in each_reply(exchange(silent, [1, 2, 3], list, 3, 0.2))]
+    assert got == [1, 3]
+    assert "1 message(s) unanswered 0.2 s after they were sent (round-timeout): given up" in caplog.text
 
 
 def test_pretraining_hands_the_strategy_a_window_of_replies_at_a_time() -> None:
