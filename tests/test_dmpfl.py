@@ -267,7 +267,8 @@ def test_a_resumed_dmpfl_server_without_masks_in_its_checkpoint_sends_whole_mode
     assert restored is not None and kept is not None and all(np.array_equal(restored[n], kept[n]) for n in kept)
 
 
-def test_a_partial_download_for_another_mask_is_stale_and_then_sent_whole() -> None:
+def _phase3_cut() -> tuple[InProcessFederation, int, RecordDict]:
+    """After 4 rounds (phases 1, 1, 2, 2): a client whose m_c the server knows and its round-5 message (a cut)."""
     fed = _federation("dmpfl")
     for rnd in range(1, 5):
         fed.train_round(rnd)
@@ -275,6 +276,13 @@ def test_a_partial_download_for_another_mask_is_stale_and_then_sent_whole() -> N
     pid = next(p for p in strategy.clients.ids() if strategy.personal_masks.get(p) is not None)
     content = strategy.train_content(5, pid, strategy.shared_payload(5))
     assert "global-partial" in content.array_records and "global" not in content.array_records
+    assert strategy.phase(5) == 3
+    return fed, pid, content
+
+
+def test_a_partial_download_for_another_mask_is_stale_and_then_sent_whole() -> None:
+    fed, pid, content = _phase3_cut()
+    strategy = fed.strategy
     fed.set_state(pid, {})  # the device lost its m_c
     with pytest.raises(StaleGlobalModel, match="personal mask"):
         fed.client(pid).fit(5, content)
@@ -452,13 +460,8 @@ def test_a_client_holding_the_whole_model_keeps_no_cut_of_it_and_trains_as_with_
     """An evaluation leaves the whole global model in client state: the cut of that version is dropped (it would be
     a third of the state at 10,000 clients), and a phase-3 message that names the cut without sending it is served
     from the whole model, exactly as from the cut."""
-    fed = _federation("dmpfl")
-    for rnd in range(1, 5):
-        fed.train_round(rnd)
+    fed, pid, content = _phase3_cut()
     strategy = fed.strategy
-    pid = next(p for p in strategy.clients.ids() if strategy.personal_masks.get(p) is not None)
-    content = strategy.train_content(5, pid, strategy.shared_payload(5))
-    assert "global-partial" in content.array_records and strategy.phase(5) == 3
     strategy.delivered.pop(pid, None)
     evaluation = strategy.eval_content(5, pid, strategy.shared_payload(5))
     assert "global" in evaluation.array_records
