@@ -153,8 +153,7 @@ def main() -> None:
     print(
         f"\n{args.clients} clients on the {args.engine} engine ({args.workers} workers), {args.model}, MNIST "
         f"Dir(alpha), {args.fraction:.0%} per round ({round(args.clients * args.fraction)} clients), 1 epoch, "
-        f"batch 32, "
-        f"{args.rounds} rounds, every client evaluated after the last "
+        f"batch 32, {args.rounds} rounds, every client evaluated after the last "
         f"at shift degrees {args.shift_degrees}\n"
     )
     print(
@@ -165,9 +164,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for algorithm, alpha, r in rows:
         rss, anon = (v / 2**30 for v in r["peak"])
-        disk = r["disk"] / 2**30
+        memory = f"{rss:.2f} | {anon:.2f} | {r['disk'] / 2**30:.2f}"
         if "failed" in r:
-            memory = f"{rss:.2f} | {anon:.2f} | {disk:.2f}"
             print(f"| {algorithm} | {alpha:g} | failed: {r['failed']} | | | | | | | {memory} | |")
             continue
         share = r["samples"] / r["round_s"] / raw
@@ -175,7 +173,7 @@ def main() -> None:
         print(
             f"| {algorithm} | {alpha:g} | {r['first_s']:.1f} | {r['round_s']:.1f} | {100 * share:.0f}% | "
             f"{r['eval_s']:.1f} | {r['eval_s'] / r['round_s']:.1f} | {r['last_s']:.1f} | {r['evaluated']} | "
-            f"{rss:.2f} | {anon:.2f} | {disk:.2f} | {accuracy} |"
+            f"{memory} | {accuracy} |"
         )
 
 

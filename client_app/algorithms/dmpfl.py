@@ -111,9 +111,9 @@ class DMPFLClient(SparseGlobalClient):
         held, stored = state.load_named(PARTIAL_ID), state.load_named(PARTIAL_CUT)
         if held is not None and held["id"].tolist() == [version, expected] and stored is not None:
             return decode_partial_global(stored, self.shapes, m_c)
-        whole = state.load_named(GLOBAL_VERSION_KEY)
-        if whole is not None and int(whole["version"][0]) == version and (model := self.load_sparse(GLOBAL_KEY)):
-            return decode_partial_global(encode_partial_global(*model, m_c), self.shapes, m_c)  # the cut it holds
+        whole = self.held_global(version)
+        if whole is not None:
+            return decode_partial_global(encode_partial_global(*whole, m_c), self.shapes, m_c)  # the cut it holds
         raise StaleGlobalModel(f"client holds no cut of global version {version} for its personal mask")
 
     def _train(

@@ -52,14 +52,21 @@ class SparseGlobalClient(ClientAlgorithm):
             state.save_named(GLOBAL, arrays)
             state.save_named(GLOBAL_VERSION_KEY, {"version": np.array([version], np.int64)})
             return dict(weights), dict(masks)
-        held = state.load_named(GLOBAL_VERSION_KEY)
-        have = int(held["version"][0]) if held else None
-        if have != version:
-            raise StaleGlobalModel(f"client holds global version {have}, the server expects {version}")
-        stored = self.load_sparse(GLOBAL)
+        stored = self.held_global(version)
         if stored is None:
+            held = state.load_named(GLOBAL_VERSION_KEY)
+            have = int(held["version"][0]) if held else None
+            if have != version:
+                raise StaleGlobalModel(f"client holds global version {have}, the server expects {version}")
             raise StaleGlobalModel(f"client state lacks the global model of version {version}")
         return stored
+
+    def held_global(self, version: int) -> tuple[Named, Named] | None:
+        """(w_g, m_g) of the global model kept in client state, if it is of `version`."""
+        held = self.env.state.load_named(GLOBAL_VERSION_KEY)
+        if held is None or int(held["version"][0]) != version:
+            return None
+        return self.load_sparse(GLOBAL)
 
     def _decode_global(self, record: ArrayRecord) -> tuple[Named, Named, Named]:
         """The global model's arrays as sent, and its weights and masks, validated; read-only (the results are

@@ -263,8 +263,7 @@ class InProcessGrid(Grid):
             _, _, future, _ = self._pending[message_id]
             if future.done() and not future.cancelled() and future.exception() is None:
                 outcome = future.result()
-                kept = [] if outcome.kept is None else [c.ref for c in outcome.kept.contents]
-                kept += [outcome.kept.ref] if outcome.kept is not None and outcome.kept.ref is not None else []
+                kept = [] if outcome.kept is None else outcome.kept.blocks()
                 for ref in blob_refs(outcome.content) + kept:
                     drop(ref)
         self._pending.clear()

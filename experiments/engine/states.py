@@ -58,6 +58,10 @@ class StateBlock:
     dirty: bool
     contents: tuple[Content, ...] = ()
 
+    def blocks(self) -> list[BlobRef]:
+        """Every shared-memory name this state owns (its block, its links to content blocks)."""
+        return ([] if self.ref is None else [self.ref]) + [content.ref for content in self.contents]
+
 
 def _layout(named: dict[str, np.ndarray], key: str, part: int, start: int, entries: list[Entry]) -> tuple[list, int]:
     """Append the arrays' entries, laid out back to back from `start` in block `part`; their (offset, bytes) parts
@@ -258,10 +262,9 @@ class HeldStates:
         block = self._blocks.pop(node, None)
         if block is not None:
             self.held_bytes -= _size(block)
-            if block.ref is not None:
-                drop(block.ref)
+            for ref in block.blocks():
+                drop(ref)
             for content in block.contents:
-                drop(content.ref)
                 self._linked[content.origin] -= 1
                 if not self._linked[content.origin]:
                     del self._linked[content.origin]
