@@ -101,3 +101,33 @@ def test_the_model_registry_is_what_the_run_config_offers_and_what_builds() -> N
         models.build_model("cnn-cifar", "digits", (1, 8, 8), 10, seed=0)
     with pytest.raises(ConfigError, match="allowed values: auto, mlp"):
         models.build_model("vgg", "digits", (1, 8, 8), 10, seed=0)
+
+
+@pytest.mark.parametrize(
+    "name, shape",
+    [("mlp", (1, 8, 8)), ("cnn-mnist-bn", (1, 28, 28)), ("resnet10-s", (3, 32, 32)), ("dnn-har-bn", (9, 128))],
+)
+def test_a_model_built_from_arrays_is_what_a_deep_copy_and_set_arrays_make(name: str, shape: tuple[int, ...]) -> None:
+    template = build_model(name, "mnist", shape, 10, seed=0)
+    arrays = [a + 1 for a in get_arrays(build_model(name, "mnist", shape, 10, seed=1))]
+    built = build_model(name, "mnist", shape, 10, seed=0, arrays=arrays)
+    expected = copy.deepcopy(template)
+    set_arrays(expected, arrays)
+    assert [type(m) for m in built.modules()] == [type(m) for m in expected.modules()]
+    assert [n for n, _ in built.named_modules()] == [n for n, _ in expected.named_modules()]
+    assert all(torch.equal(a, b) for a, b in zip(built.state_dict().values(), expected.state_dict().values()))
+    assert [p.requires_grad for p in built.parameters()] == [p.requires_grad for p in expected.parameters()]
+    x = torch.randn((4, *shape))
+    built.eval(), expected.eval()
+    assert torch.equal(built(x), expected(x))
+    # nothing shared with the process's template or another build: parameters, buffers, containers, hooks
+    again = build_model(name, "mnist", shape, 10, seed=0, arrays=arrays)
+    for a, b in zip(built.state_dict().values(), again.state_dict().values()):
+        assert a.data_ptr() != b.data_ptr()
+    fresh = build_model(name, "mnist", shape, 10, seed=0)
+    built.train()
+    assert not fresh.training or all(m.training for m in fresh.modules())
+    built.register_forward_hook(lambda *args: None)
+    assert not again._forward_hooks and not fresh._forward_hooks
+    next(iter(built.parameters())).data.add_(1.0)
+    assert torch.equal(next(iter(fresh.parameters())), next(iter(template.parameters())))

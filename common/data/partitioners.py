@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -27,10 +28,13 @@ class FederatedSplit:
     domain_of: tuple[int, ...] = ()  # multi-domain data: each client's domain
     domain_test: tuple[np.ndarray, ...] = ()  # and each domain's held-out test indices
 
-    @property
+    @cached_property
     def pool(self) -> np.ndarray:
-        """Pooled test data of all clients: the meta-distribution test-time shift draws from."""
-        return np.concatenate(self.test)
+        """Pooled test data of all clients: the meta-distribution test-time shift draws from (made once a split:
+        every client's data asks for it, and at 1,000 clients joining the test sets took 0.5 ms a time)."""
+        pool = np.concatenate(self.test)
+        pool.flags.writeable = False
+        return pool
 
 
 Split = Callable[[SplitSettings, DatasetArrays, int], FederatedSplit]  # settings, whole data set, clients -> split

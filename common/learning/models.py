@@ -227,8 +227,9 @@ def build_model(
     seed: int,
     arrays: Sequence[np.ndarray] | None = None,
 ) -> SplitModel:
-    """A freshly initialized model; `auto` picks the dataset's usual one; the init depends only on `seed`. Given
-    `arrays` (state-dict order), the model holds copies of them instead, as set_arrays would load them."""
+    """A freshly initialized model (a copy of the seeded one this process built once); `auto` picks the dataset's
+    usual one; the init depends only on `seed`. Given `arrays` (state-dict order), the model holds copies of them
+    instead, as set_arrays would load them."""
     resolved = DATASET_SPECS[dataset].default_model if name == "auto" else name
     spec = MODEL_SPECS.get(resolved)
     if spec is None:
@@ -238,12 +239,14 @@ def build_model(
     if spec.min_side and min(input_shape[1:]) < spec.min_side:
         raise ConfigError(f"model '{resolved}' needs larger images than {input_shape} of dataset '{dataset}'")
     template = _initialized(resolved, tuple(input_shape), num_classes, seed)
-    return copy.deepcopy(template) if arrays is None else _holding(template, arrays)
+    if arrays is None:
+        arrays = [entry.detach().numpy() for entry in template.state_dict().values()]
+    return _holding(template, arrays)
 
 
 def _holding(template: SplitModel, arrays: Sequence[np.ndarray]) -> SplitModel:
     """deepcopy(template) + set_arrays(arrays), without first copying the template's tensors: each state-dict entry
-    is handed to deepcopy's memo as a copy of its array, in the entry's dtype."""
+    becomes a copy of its array, in the entry's dtype."""
     state = template.state_dict(keep_vars=True)
     if len(state) != len(arrays):
         raise ValueError(f"expected {len(state)} arrays, got {len(arrays)}")
@@ -253,7 +256,34 @@ def _holding(template: SplitModel, arrays: Sequence[np.ndarray]) -> SplitModel:
             raise ValueError(f"array for '{key}' has shape {tuple(np.shape(array))}, expected {tuple(entry.shape)}")
         value = torch.tensor(np.asarray(array), dtype=entry.dtype)
         memo[id(entry)] = nn.Parameter(value, entry.requires_grad) if isinstance(entry, nn.Parameter) else value
-    return copy.deepcopy(template, memo)
+    return _clone(template, memo)
+
+
+_IMMUTABLE = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, frozenset)
+
+
+def _clone(module: nn.Module, memo: dict[int, Any]) -> Any:
+    """What copy.deepcopy(module, memo) makes of a model whose parameters and buffers are all in `memo`, without
+    deepcopy's walk of every attribute (4 ms of every message's model build): submodules cloned, parameter,
+    buffer and hook dicts rebuilt, other containers copied, immutable values shared; anything else deep-copied."""
+    clone = module.__class__.__new__(module.__class__)
+    for key, value in module.__dict__.items():
+        if key == "_modules":
+            value = value.__class__((name, None if sub is None else _clone(sub, memo)) for name, sub in value.items())
+        elif key in ("_parameters", "_buffers"):
+            value = value.__class__((name, None if t is None else memo[id(t)]) for name, t in value.items())
+        elif isinstance(value, (dict, set, list)) and all(isinstance(item, _IMMUTABLE) for item in _items(value)):
+            value = copy.copy(value)
+        elif isinstance(value, tuple) and all(isinstance(item, _IMMUTABLE) for item in value):
+            pass
+        elif not isinstance(value, _IMMUTABLE):
+            value = copy.deepcopy(value, memo)
+        clone.__dict__[key] = value
+    return clone
+
+
+def _items(container: dict | set | list) -> list[Any]:
+    return [*container.keys(), *container.values()] if isinstance(container, dict) else list(container)
 
 
 @lru_cache(maxsize=4)

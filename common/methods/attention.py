@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from common.storage.pages import block_threads, column_blocks, map_blocks, new_store, release_pages, row_blocks
+from common.storage.pages import block_threads, map_column_blocks, new_store, release_pages, row_blocks
 
 # Bytes of a float64 column block of the Gram matrix (a float32 one for cloud models: half the columns) handled by
 # one thread at a time: bounds the extra memory instead of a float64 copy of the whole (m x d) matrix. Fixed, not
@@ -34,9 +34,8 @@ def _over_column_blocks(
 ) -> Iterator[R]:
     """work((start, columns)) for W's column blocks (of the given `rows` only, when given; _GRAM_BLOCK_BYTES at
     `itemsize` bytes a value), on block_threads() threads, results in the blocks' order."""
-    threads = block_threads()
     width = max(1024, _GRAM_BLOCK_BYTES // (itemsize * (W.shape[0] if rows is None else max(len(rows), 1))))
-    return map_blocks(work, column_blocks(W, width, buffers=threads, rows=rows), threads)
+    return map_column_blocks(work, W, width, block_threads(), rows)
 
 
 def _float64_scratch() -> Callable[[np.ndarray], np.ndarray]:

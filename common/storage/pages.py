@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -15,6 +16,9 @@ import numpy as np
 
 # Bytes of a memory-mapped store's rows handled at a time by row_blocks.
 _RESIDENT_BYTES = 256 << 20
+# A store's columns are read (pread) this many bytes of a row at a time at least, into at most this much scratch a
+# thread.
+_READ_ROW_BYTES, _READ_SCRATCH_BYTES = 64 << 10, 64 << 20
 # Threads for block products (each on a one-thread BLAS): the cores the process may use, at most this many.
 _MAX_BLOCK_THREADS = 8
 
@@ -97,36 +101,59 @@ def store_file(W: np.ndarray) -> tuple[str, int] | None:
     return None
 
 
-def column_blocks(
-    W: np.ndarray, width: int, buffers: int = 1, rows: Sequence[int] | None = None
-) -> Iterator[tuple[int, np.ndarray]]:
-    """(start, W[:, start:start + width]) for consecutive column blocks (only the given `rows` of it, in their
-    order, when given).
+def map_column_blocks(
+    work: Callable[[tuple[int, np.ndarray]], R],
+    W: np.ndarray,
+    width: int,
+    threads: int,
+    rows: Sequence[int] | None = None,
+) -> Iterator[R]:
+    """work((start, W[:, start:start + width])) for W's consecutive column blocks (only the given `rows` of it, in
+    their order, when given), on `threads` threads, results in the blocks' order.
 
-    A memory-mapped store's blocks are read with pread into `buffers` scratch blocks in turn, never through the
-    mapping: the kernel maps a file's pages in large folios (~2 MB here), so touching a few columns of every row
-    through the mapping would make the whole store resident. A block's scratch is overwritten `buffers` blocks
-    later: be done with it before asking for that one.
+    A memory-mapped store's columns are read with pread by the thread that works on them, never through the mapping
+    (the kernel maps a file's pages in large folios, ~2 MB here, so touching a few columns of every row through it
+    would make the whole store resident). A read takes several consecutive blocks' columns of a row at once (a few
+    KB a call cost more in calls than in copying), each block still handed to `work` on its own: the blocks, and so
+    any sums over them, do not change. A block's array is the thread's scratch: `work` must be done with it when it
+    returns.
     """
     located = store_file(W)
     picked = None if rows is None else np.asarray(rows, dtype=np.int64)
+    cols = W.shape[1]
     if located is None:
-        for start in range(0, W.shape[1], width):
-            yield start, (W[:, start : start + width] if picked is None else W[picked, start : start + width])
+        views = (
+            (start, W[:, start : start + width] if picked is None else W[picked, start : start + width])
+            for start in range(0, cols, width)
+        )
+        yield from map_blocks(work, views, threads)
         return
     path, offset = located
-    cols = W.shape[1]
-    read = range(W.shape[0]) if picked is None else [int(r) for r in picked]
-    scratches = [np.empty((len(read), min(width, cols)), dtype=np.float32) for _ in range(max(1, buffers))]
+    read = list(range(W.shape[0])) if picked is None else [int(r) for r in picked]
+    row_bytes = width * 4
+    group = max(1, min(_READ_ROW_BYTES // row_bytes, _READ_SCRATCH_BYTES // max(len(read) * row_bytes, 1)))
+    local = threading.local()
+
+    def read_and_work(span: tuple[int, int]) -> list[R]:
+        first, stop = span
+        scratch = getattr(local, "scratch", None)
+        if scratch is None:
+            scratch = local.scratch = np.empty((len(read), min(group * width, cols)), dtype=np.float32)
+        columns = scratch[:, : stop - first]
+        nbytes = columns.shape[1] * 4
+        for at, row in enumerate(read):
+            if os.preadv(fd, [memoryview(columns[at])], offset + (row * cols + first) * 4) != nbytes:
+                raise OSError(f"{path}: short read of row {row} of the model store")
+        return [
+            work((start, columns[:, start - first : min(start + width, stop) - first]))
+            for start in range(first, stop, width)
+        ]
+
+    spans = [(first, min(first + group * width, cols)) for first in range(0, cols, group * width)]
     with open(path, "rb", buffering=0) as fh:
-        for index, start in enumerate(range(0, cols, width)):
-            block = scratches[index % len(scratches)][:, : min(width, cols - start)]
-            nbytes = block.shape[1] * 4
-            for at, row in enumerate(read):
-                position = offset + (row * cols + start) * 4
-                if os.preadv(fh.fileno(), [memoryview(block[at])], position) != nbytes:
-                    raise OSError(f"{path}: short read of row {row} of the model store")
-            yield start, block
+        fd = fh.fileno()
+        for results in map_blocks(read_and_work, spans, threads):
+            yield from results
 
 
 def row_blocks(W: np.ndarray, rows: np.ndarray | None = None) -> Iterator[np.ndarray]:
