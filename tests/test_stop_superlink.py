@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import main
-from experiments.run.superlink import flower_local_superlinks, stop_flower_local_superlink
+from experiments.run.superlink import descendants, flower_local_superlinks, stop_flower_local_superlink
 
 PORT = "39191"
 # Sleeps like a SuperLink; with --child it first starts a child process, as a SuperLink starts a simulation.
@@ -96,7 +96,9 @@ def test_stops_only_the_superlink_of_this_environment_home_and_port(tmp_path: Pa
     ]
     assert _listed(home, fake_bin) == [target.pid]
     assert flower_local_superlinks(home, PORT, fake_bin)[1] == [another_environment.pid]
-    time.sleep(0.5)  # the target's child has started
+    deadline = time.monotonic() + 30  # the target's child has started (a busy machine takes seconds to start it)
+    while not descendants(target.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
     text = stop_flower_local_superlink(home, PORT, wait=5.0, bin_dir=fake_bin)
 
