@@ -274,9 +274,9 @@ def _clone(module: nn.Module, memo: dict[int, Any]) -> Any:
             value = value.__class__((name, None if t is None else memo[id(t)]) for name, t in value.items())
         elif isinstance(value, (dict, set, list)) and all(isinstance(item, _IMMUTABLE) for item in _items(value)):
             value = copy.copy(value)
-        elif isinstance(value, tuple) and all(isinstance(item, _IMMUTABLE) for item in value):
-            pass
-        elif not isinstance(value, _IMMUTABLE):
+        elif not isinstance(value, _IMMUTABLE) and not (
+            isinstance(value, tuple) and all(isinstance(item, _IMMUTABLE) for item in value)
+        ):
             value = copy.deepcopy(value, memo)
         clone.__dict__[key] = value
     return clone

@@ -59,7 +59,7 @@ def block_threads() -> int:
 
 def map_blocks(work: Callable[[T], R], blocks: Iterable[T], threads: int) -> Iterator[R]:
     """work(block) for each block, on `threads` threads, results in the blocks' order; at most `threads` blocks are
-    taken from `blocks` ahead of the result being yielded (so column_blocks(..., buffers=threads) is safe).
+    taken from `blocks` ahead of the result being yielded (so `threads` scratch buffers reused in turn are safe).
 
     Each block's work is done whole by one thread, so with a one-thread BLAS (the server's) the numbers are the same
     for any thread count: the split is the blocks', fixed by the caller, not the machine's.
