@@ -301,7 +301,11 @@ class RunConfig:
         low=1,
     )
     round_timeout: float = hp(
-        600.0, "seconds to wait for replies; a round goes on with those that arrived", low=0.0, low_open=True
+        600.0,
+        "seconds to wait for each reply, from when the message was sent (in-process engine: from when a worker "
+        "took it up, not while it waited for one); a round goes on with those that arrived",
+        low=0.0,
+        low_open=True,
     )
     drop_rate: float = hp(
         0.0,

@@ -26,14 +26,25 @@ def _wait() -> None:
     profiling.add("flower", PULL_INTERVAL_S)
 
 
-def exchange(grid: Grid, targets: list[int], build: Build, window: int, timeout: float) -> Iterator[list[Message]]:
+def exchange(
+    grid: Grid,
+    targets: list[int],
+    build: Build,
+    window: int,
+    timeout: float,
+    on_given_up: Callable[[int], None] | None = None,
+) -> Iterator[list[Message]]:
     """The replies to messages for `targets` (clients' partition ids; node ids in the handshake), as lists of those
     that arrived together, with at most `window` messages out at once (a window as large as the list builds every
     message at once, before any reply is read); a message unanswered `timeout` seconds after it was sent (not after
     its batch began to be built: FedAMP's first cloud models at 10,000 clients take longer than the timeout) is
-    given up, with a warning."""
+    given up, with a warning. On a grid that says when a message starts (the in-process engine's
+    `message_started`), the timeout runs from then: a message queued behind others for the same few worker
+    processes is not late, so a loaded machine's longer queues do not change which replies a run uses.
+    `on_given_up` hears how many were given up, as they are (the round's record counts them)."""
+    started: Callable[[str], bool] | None = getattr(grid, "message_started", None)
     todo = list(targets)
-    pending: dict[str, float] = {}  # message id -> deadline
+    pending: dict[str, float | None] = {}  # message id -> deadline (None: still queued, not started)
     given_up = 0
     while todo or pending:
         if todo and len(pending) < window:
@@ -41,14 +52,20 @@ def exchange(grid: Grid, targets: list[int], build: Build, window: int, timeout:
             messages = build(batch)
             sent = grid.push_messages(messages)
             deadline = time.monotonic() + timeout
-            pending.update((mid, deadline) for mid in sent)
+            pending.update((mid, deadline if started is None else None) for mid in sent)
         replies = list(grid.pull_messages(list(pending)))
         for reply in replies:
             pending.pop(reply.metadata.reply_to_message_id, None)
         now = time.monotonic()
-        for mid in [mid for mid, due in pending.items() if due <= now]:
+        if started is not None:
+            for mid in [mid for mid, due in pending.items() if due is None and started(mid)]:
+                pending[mid] = now + timeout
+        expired = [mid for mid, due in pending.items() if due is not None and due <= now]
+        for mid in expired:
             del pending[mid]
-            given_up += 1
+        given_up += len(expired)
+        if expired and on_given_up is not None:
+            on_given_up(len(expired))
         if given_up and not pending and not todo:
             log(
                 WARNING,

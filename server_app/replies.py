@@ -125,6 +125,8 @@ class RoundLog:
     aggregate_s: float | None = None  # server time of the round's aggregation
     evaluate_s: float | None = None  # wall time of the round's evaluation (every client asked, replies checked)
     digests: list[dict[str, Any]] | None = None  # run-config message-digests: one entry per message (else None)
+    timed_out: dict[str, int] = field(default_factory=dict)  # messages given up unanswered (round-timeout), by
+    # what they were sent as: train_down, eval_down, eval_down/newcomers
 
     @classmethod
     def starting(cls, keep_digests: bool) -> RoundLog:
@@ -136,6 +138,10 @@ class RoundLog:
         self.bytes[kind] += num_bytes
         per = self.per_client_bytes.setdefault(partition_id, {"down": 0, "up": 0})
         per["down" if kind.endswith("down") else "up"] += num_bytes
+
+    def add_timed_out(self, sent_as: str, count: int) -> None:
+        """Count messages given up unanswered after the round timeout."""
+        self.timed_out[sent_as] = self.timed_out.get(sent_as, 0) + count
 
     def add_message(self, kind: str, partition_id: int, message: Message, num_bytes: int | None = None) -> None:
         """Count a message's bytes (its serialized size unless given) and keep its digest when digests are kept."""

@@ -124,12 +124,14 @@ class RoundRunner:
     ) -> Iterator[list[Message]]:
         """One phase's exchange (server_app/exchange.py) of this runner's messages to the given clients, at most
         `window` (default `messages-in-flight`) out at once."""
+        sent_as = f"{kind}/newcomers" if newcomers else kind
         return exchange(
             grid,
             partition_ids,
             lambda batch: self.messages(server_round, batch, message_type, kind, newcomers),
             window or self.cfg.messages_in_flight,
             self.cfg.round_timeout,
+            lambda count: self.round_log.add_timed_out(sent_as, count),
         )
 
     # ----- replies ---------------------------------------------------------------------------------------
@@ -201,6 +203,8 @@ class RoundRunner:
                 self.strategy.aggregate(server_round, accepted)
             self.round_log.aggregate_s = time.perf_counter() - started  # a timing: kept out of `train`
         train.update(train_record(accepted, failed, rejected, train, self.cfg.rho_eps))
+        if timed_out := self.round_log.timed_out.pop("train_down", 0):  # not received: in no count above
+            train["timed_out"] = timed_out
         train.update(self.strategy.aggregation_fields if accepted else {})
         if accepted and self.strategy.peer_bound:
             train["peer_bound"] = self.strategy.peer_bound
@@ -208,6 +212,7 @@ class RoundRunner:
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> None:
         """Per-client accuracies at every shift degree (and the algorithm's extra rows); mean and std."""
         good, failed, oversized = self.sort_replies(server_round, replies, "eval_up")
+        failed += self.round_log.timed_out.get("eval_down", 0)
         with profiling.timer("aggregate"):
             per_client, rejected = evaluation_rows(
                 good,
@@ -229,6 +234,8 @@ class RoundRunner:
         train = self.round_log.train
         faults: dict[str, Any] = {"late": train.pop("late", 0)}
         faults.update((key, train.pop(key)) for key in ("dropped", "stragglers") if key in train)
+        if timed_out := self.round_log.timed_out.pop("train_down", 0):
+            faults["timed_out"] = timed_out
         train["pretrain"] = {"sent": len(clients), **stats, **faults}
         log(INFO, "pre-training: %d of %d clients trained from the common initialization", stats["used"], len(clients))
 
@@ -238,6 +245,7 @@ class RoundRunner:
         if pids:
             chunks = self.send(grid, server_round, pids, MessageType.EVALUATE, "eval_down", newcomers=True)
             good, failed, oversized = self.sort_replies(server_round, list(each_reply(chunks)), "eval_up")
+            failed += self.round_log.timed_out.get("eval_down/newcomers", 0)
             self.round_log.unseen = newcomer_statistics(good, failed + oversized, self.cfg.evaluation)
 
     def train(self, grid: Grid, server_round: int) -> None:

@@ -147,7 +147,15 @@ def test_tls_deployment_with_authenticated_supernodes(certs, tmp_path) -> None:
             and runner.poll() is None
         ):
             time.sleep(0.05)
-        (saved,) = states.glob("deployed.*/partition-1")
+        saved_states = list(states.glob("deployed.*/partition-1"))
+        if not saved_states:  # say why: the run ended (its log) or it was too slow (the SuperNode's log)
+            run_log = "\n".join(path.read_text() for path in link.home.glob("run-*.log"))
+            ended = f"the run ended (exit {runner.poll()})" if runner.poll() is not None else "300 s passed"
+            pytest.fail(
+                f"SuperNode 1 wrote no state of round 2 before {ended}:\n{run_log[-2000:]}\n"
+                + nodes[1][1].read_text()[-2000:]
+            )
+        (saved,) = saved_states
         assert re.fullmatch(r"deployed\.[0-9a-f]{12}", saved.parent.name), "one folder per run, named by its id"
         assert list(saved.glob("round-*.npz")), "SuperNode 1 never wrote its state"
         killed_in_round = len((results / "deployed" / "metrics.jsonl").read_text().splitlines()) + 1

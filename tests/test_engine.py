@@ -119,6 +119,25 @@ def test_the_grid_answers_queries_and_a_message_to_an_unknown_node_gets_an_error
         grid.close()
 
 
+def test_a_message_waiting_for_a_busy_worker_has_not_started(tmp_path: Path) -> None:
+    """The round timeout runs from when a worker takes a message up (server_app/exchange.py): messages queued
+    behind a busy worker say they have not started; answered ones say they have."""
+    grid = InProcessGrid({"dataset": "digits", "results-dir": str(tmp_path)}, 5, workers=1)
+    try:
+        assert not _replies(grid, list(grid.push_messages([_query(FIRST_NODE_ID)])))[0].has_error()
+        (pid,) = list(grid._pool._processes)  # type: ignore[attr-defined]
+        os.kill(pid, signal.SIGSTOP)  # busy: nothing it holds is answered
+        try:
+            ids = list(grid.push_messages([_query(FIRST_NODE_ID + node) for node in range(1, 5)]))
+            time.sleep(0.5)  # the pool hands the worker what its call queue holds (two items for one worker)
+            assert grid.message_started(ids[0]) and not grid.message_started(ids[-1])
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert len(_replies(grid, ids)) == 4 and all(grid.message_started(i) for i in ids)
+    finally:
+        grid.close()
+
+
 def test_a_worker_that_dies_gives_error_replies_and_the_pool_is_replaced(tmp_path: Path) -> None:
     grid = InProcessGrid({"dataset": "digits", "results-dir": str(tmp_path)}, 2, workers=1)
     try:
@@ -141,7 +160,7 @@ BASE = {
     "dataset": "digits",
     "num-rounds": 3,
     "iterations": 1,
-    "fraction-train": 0.5,
+    "fraction-train": 1.0,  # 4 training clients a round (one held out): 1 dropped, 1 late, 2 replies aggregated
     "local-epochs": 1,
     "lr": 0.1,
     "readjust-ratio": 0.2,
@@ -154,7 +173,7 @@ BASE = {
     "holdout-finetune-epochs": 1,
     "eval-every": 1,
 }
-CLIENTS = 4
+CLIENTS = 5
 
 
 _digests = message_digests
@@ -182,6 +201,13 @@ def test_every_algorithm_sends_the_same_messages_on_both_engines(algorithm: str,
     kinds = {line.split()[1] for line in simulated}
     assert {"train_down", "train_up", "eval_down", "eval_up"} <= kinds
     assert in_process == simulated
+    used = [r["train"]["used"] for r in _records(tmp_path / "sim" / "run")]
+    assert used == [r["train"]["used"] for r in _records(tmp_path / "inp" / "run")]
+    assert min(used) >= 2, f"every round must aggregate replies (faults took them all: {used})"
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def _checkpointed_round(run_dir: Path) -> int:

@@ -405,6 +405,28 @@ def test_stragglers_are_other_clients_whose_replies_are_set_aside() -> None:
     assert all(np.array_equal(a, b) for a, b in zip(before, fed.strategy.global_arrays)), "late replies change nothing"
 
 
+def test_messages_given_up_after_the_round_timeout_are_counted_in_the_round(caplog) -> None:
+    """A client that never answers: its training message is given up after round-timeout and counted as timed out
+    (its reply was not received: in no other count), the summary's late replies include it, and its evaluation
+    message counts as a failed one."""
+    from server_app.results.log_lines import round_record
+    from server_app.results.summary import summarize
+
+    fed = _federation("fedavg", 4, **{"fraction-train": 1.0, "round-timeout": 0.3})
+    silent = 1000 + 2  # partition 2's node
+    pull = fed.grid.pull_messages
+    fed.grid.pull_messages = lambda ids: [r for r in pull(ids) if r.metadata.src_node_id != silent]  # type: ignore
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        fed.train_round(1)
+        fed.evaluate(1)
+    train = fed.round_log.train
+    assert train["timed_out"] == 1 and train["used"] == 3 and train["received"] == 3
+    assert fed.round_log.eval is not None and fed.round_log.eval["failed"] == 1
+    assert "1 message(s) unanswered 0.3 s after they were sent (round-timeout): given up" in caplog.text
+    summary = summarize([round_record(1, 1.0, 1.0, fed.round_log, {})], {"num_clients": 4})
+    assert summary["replies_late"] == [1] and summary["replies_used"] == [3]
+
+
 def test_dropped_client_is_told_in_its_message() -> None:
     fed = _federation("fedavg", 10, **{"drop-rate": 0.5})
     sampled = fed.strategy.sample(1)

@@ -131,6 +131,43 @@ def test_a_message_slow_to_build_still_has_the_whole_timeout_for_its_reply(caplo
     assert "1 message(s) unanswered 0.2 s after they were sent (round-timeout): given up" in caplog.text
 
 
+class _OneWorker(PushPullGrid):
+    """One worker answering its queue in order, each message STEP_S after the worker took it up."""
+
+    STEP_S = 0.2
+
+    def __init__(self) -> None:
+        super().__init__(lambda pids: [FakeReply(pid) for pid in pids], per_pull=1)
+        self.head_since: float | None = None  # when the worker took the message at the head of the queue up
+
+    def pull_messages(self, message_ids):
+        import time
+
+        now = time.monotonic()
+        if self.head_since is None:
+            self.head_since = now
+        if now < self.head_since + self.STEP_S:
+            return []
+        self.head_since = now
+        return super().pull_messages(message_ids)
+
+
+class _SaysWhenStarted(_OneWorker):
+    def message_started(self, message_id: str) -> bool:
+        return not self.waiting or self.waiting[0][0] == message_id or message_id not in dict(self.waiting)
+
+
+def test_a_message_queued_for_a_busy_worker_is_not_late(caplog) -> None:
+    """Four messages for one worker that takes 0.2 s each, round-timeout 0.6 s: timed from the push, the fourth is
+    given up (it is answered 0.8 s after); timed from when the worker takes each up (the in-process engine's
+    `message_started`), every reply is used, however long the queue waited."""
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        from_push = [r.metadata.src_node_id for r in each_reply(exchange(_OneWorker(), [1, 2, 3, 4], list, 4, 0.6))]
+    assert 4 not in from_push and "unanswered 0.6 s after they were sent" in caplog.text
+    from_start = [r.metadata.src_node_id for r in each_reply(exchange(_SaysWhenStarted(), [1, 2, 3, 4], list, 4, 0.6))]
+    assert from_start == [1, 2, 3, 4]
+
+
 def test_pretraining_hands_the_strategy_a_window_of_replies_at_a_time() -> None:
     """Replies come one per pull; FedAMP's step touches every Gram row, so it runs once per window, not per reply."""
     from server_app.warmup import pretrain_round

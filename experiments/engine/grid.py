@@ -167,6 +167,12 @@ class InProcessGrid(Grid):
                 self._collect(mid)
         return [self._ready.pop(mid) for mid in wanted if mid in self._ready]
 
+    def message_started(self, message_id: str) -> bool:
+        """Whether a worker took the message up (or it was answered): until then it waits in the pool's queue, and
+        the round timeout does not run for it (server_app/exchange.py)."""
+        entry = self._pending.get(message_id)
+        return entry is None or entry[2].running() or entry[2].done()
+
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         """Push the messages and pull their replies until all came or `timeout` seconds passed."""
         pending = set(self.push_messages(messages))

@@ -43,7 +43,7 @@ def summarize(records: list[RoundRecord], info: dict[str, Any]) -> Summary:
         "replies_used": [r["train"]["used"] for r in records],
         "replies_sent": [r["train"]["sent"] for r in records],
         "replies_failed": [r["train"].get("failed", 0) for r in records],
-        "replies_late": [r["train"].get("late", 0) for r in records],
+        "replies_late": [r["train"].get("late", 0) + r["train"].get("timed_out", 0) for r in records],
         "replies_rejected": [r["train"].get("rejected", 0) for r in records],
         "wall_seconds": sum(r["wall_s"] for r in records),
         **_aggregation_cost(records),
