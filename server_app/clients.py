@@ -48,6 +48,10 @@ def refusal(msg: Message) -> str | None:
     return printable(text)
 
 
+FIRST_HANDSHAKE_TIMEOUT_S = 120.0  # the run's first message starts each node's ClientApp (a FAB installed, torch
+# imported: tens of seconds on a loaded machine or a Raspberry Pi): a shorter round-timeout does not cut it off
+
+
 class RunAborted(RuntimeError):
     """The run cannot go on (e.g. no client answered the handshake); the message says why."""
 
@@ -164,7 +168,12 @@ class ClientRegistry:
         sizes: set[int] = set()
         replaced: list[int] = []
         failures: Counter[str] = Counter()  # reason -> nodes: a fault every node shares is logged once
-        for msg in each_reply(exchange(grid, nodes, queries, len(nodes), timeout)):
+        silent = [0]  # nodes whose query was given up unanswered
+
+        def count_silent(count: int) -> None:
+            silent[0] += count
+
+        for msg in each_reply(exchange(grid, nodes, queries, len(nodes), timeout, count_silent)):
             node = msg.metadata.src_node_id
             why = refusal(msg)
             if why is not None:
@@ -181,7 +190,9 @@ class ClientRegistry:
             if took_over:
                 replaced.append(info.partition_id)
         if not joining and not self.by_partition:
-            why = f": {failures.most_common(1)[0][0]}" if failures else " (see the warnings above)"
+            reasons = [failures.most_common(1)[0][0]] if failures else []
+            reasons += [f"{silent[0]} node(s) did not answer within {timeout:g} s"] if silent[0] else []
+            why = ": " + "; ".join(reasons) if reasons else " (see the warnings above)"
             raise RunAborted(f"no client answered the handshake{why}")
         for reason, count in failures.items():
             log(WARNING, "%d node(s) failed the handshake: %s", count, reason)
@@ -294,7 +305,7 @@ class ClientRegistry:
         partitions another node took over from their holders before a resume."""
         if resumed is not None:
             self.expect(resumed)
-        replaced = self.handshake(grid, cfg.round_timeout)
+        replaced = self.handshake(grid, max(cfg.round_timeout, FIRST_HANDSHAKE_TIMEOUT_S))
         self.hold_out(cfg.holdout_clients, cfg.seed)
         per_round = sample_size(len(self.ids()), cfg.fraction_train, cfg.min_train_clients)
         if cfg.robust_aggregation != "none" and per_round < MIN_ROBUST_MODELS:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
@@ -345,3 +346,54 @@ def test_a_resumed_run_holds_out_the_same_clients_when_some_are_offline() -> Non
     part.handshake(ClaimGrid({100 + pid: pid for pid in range(0, 8, 2)}), timeout=5)  # half are offline
     part.hold_out(0.25, seed=3)
     assert part.held_out == full.held_out and len(full.held_out) == 2
+
+
+class SlowStartGrid(ClaimGrid):
+    """Nodes answer a query `delay` s after it was sent (a ClientApp process starting); `silent` nodes never do,
+    `failing` ones answer with an error."""
+
+    def __init__(self, claims: dict[int, int], delay: float, silent=(), failing=()) -> None:
+        super().__init__(claims)
+        self.delay, self.silent, self.failing = delay, set(silent), set(failing)
+        self.sent_at: dict[str, float] = {}
+        self.by_id: dict[str, int] = {}
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        ids = super().push_messages(messages)
+        self.sent_at.update(dict.fromkeys(ids, time.monotonic()))
+        self.by_id.update((mid, m.metadata.dst_node_id) for mid, m in zip(ids, messages))
+        return ids
+
+    def pull_messages(self, message_ids):
+        now = time.monotonic()
+        ready = [m for m in message_ids if now >= self.sent_at[m] + self.delay and self.by_id[m] not in self.silent]
+        return super().pull_messages(ready)
+
+    def send_and_receive(self, messages, timeout):
+        return [
+            FakeReply(m.metadata.dst_node_id, error="The FAB could not be verified.")
+            if m.metadata.dst_node_id in self.failing
+            else reply
+            for m, reply in zip(messages, super().send_and_receive(messages, timeout))
+        ]
+
+
+def test_the_first_handshake_waits_for_client_apps_to_start_beyond_a_short_round_timeout(monkeypatch) -> None:
+    """The run's first message starts every node's ClientApp (tens of seconds on a loaded machine or a Pi): the
+    first handshake waits at least FIRST_HANDSHAKE_TIMEOUT_S, whatever round-timeout says."""
+    monkeypatch.setattr(clients_module, "FIRST_HANDSHAKE_TIMEOUT_S", 1.5)
+    cfg = parse_run_config({"round-timeout": 0.1})
+    clients = ClientRegistry()
+    clients.start(SlowStartGrid({1: 0, 2: 1}, delay=0.4), cfg)
+    assert clients.ids() == [0, 1]
+
+
+def test_a_handshake_nobody_answers_names_the_failures_and_the_silent_nodes() -> None:
+    grid = SlowStartGrid({1: 0, 2: 1, 3: 2}, delay=0.0, silent={2, 3}, failing={1})
+    with pytest.raises(
+        clients_module.RunAborted,
+        match=r"no client answered the handshake: The FAB could not be verified\.; 2 node\(s\) did not answer within "
+        r"0\.3 s",
+    ):
+        ClientRegistry().handshake(grid, timeout=0.3)
