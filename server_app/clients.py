@@ -168,12 +168,8 @@ class ClientRegistry:
         sizes: set[int] = set()
         replaced: list[int] = []
         failures: Counter[str] = Counter()  # reason -> nodes: a fault every node shares is logged once
-        silent = [0]  # nodes whose query was given up unanswered
-
-        def count_silent(count: int) -> None:
-            silent[0] += count
-
-        for msg in each_reply(exchange(grid, nodes, queries, len(nodes), timeout, count_silent)):
+        silent: list[int] = []  # counts of queries given up unanswered
+        for msg in each_reply(exchange(grid, nodes, queries, len(nodes), timeout, silent.append)):
             node = msg.metadata.src_node_id
             why = refusal(msg)
             if why is not None:
@@ -191,7 +187,7 @@ class ClientRegistry:
                 replaced.append(info.partition_id)
         if not joining and not self.by_partition:
             reasons = [failures.most_common(1)[0][0]] if failures else []
-            reasons += [f"{silent[0]} node(s) did not answer within {timeout:g} s"] if silent[0] else []
+            reasons += [f"{sum(silent)} node(s) did not answer within {timeout:g} s"] if silent else []
             why = ": " + "; ".join(reasons) if reasons else " (see the warnings above)"
             raise RunAborted(f"no client answered the handshake{why}")
         for reason, count in failures.items():
