@@ -433,6 +433,7 @@ def main() -> None:
     parser.add_argument("--load", default="", help="SuperNode counts to ramp through instead of the soak: 10,50")
     parser.add_argument("--reserve-mb", type=float, default=1500, help="the load ramp stops below this available")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `kill` stops the deployment too (the finally blocks)
     if nginx_binary() is None:
         raise SystemExit("nginx is not installed (Debian: apt-get install nginx): the soak runs behind the proxy")
     out = Path(args.out).resolve()

@@ -303,8 +303,8 @@ class RunConfig:
     round_timeout: float = hp(
         600.0,
         "seconds to wait for each reply, from when the message was sent (in-process engine: from when a worker "
-        "took it up, not while it waited for one; the run's first handshake waits at least 120 s); a round goes on "
-        "with those that arrived",
+        "took it up, not while it waited for one; the run's first handshake waits at least 120 s, counted again from "
+        "each node's answer); a round goes on with those that arrived",
         low=0.0,
         low_open=True,
     )

@@ -150,7 +150,8 @@ class ClientRegistry:
 
     def handshake(self, grid: Grid, timeout: float, node_ids: list[int] | None = None) -> list[int]:
         """Ask connected nodes (all, or the joining `node_ids`) for their partition and data sizes; keep consistent
-        answers. Returns the partitions a joining node took over."""
+        answers. The first handshake (no `node_ids`) gives a node up `timeout` s after the last answer of any node,
+        joiners `timeout` s after their query. Returns the partitions a joining node took over."""
         joining = node_ids is not None
         connected = set(grid.get_node_ids())
         nodes = sorted(connected) if node_ids is None else sorted(node_ids)
@@ -169,7 +170,8 @@ class ClientRegistry:
         replaced: list[int] = []
         failures: Counter[str] = Counter()  # reason -> nodes: a fault every node shares is logged once
         silent: list[int] = []  # counts of queries given up unanswered
-        for msg in each_reply(exchange(grid, nodes, queries, len(nodes), timeout, silent.append)):
+        replies = exchange(grid, nodes, queries, len(nodes), timeout, silent.append, renew_on_reply=not joining)
+        for msg in each_reply(replies):
             node = msg.metadata.src_node_id
             why = refusal(msg)
             if why is not None:

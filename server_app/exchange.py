@@ -33,6 +33,7 @@ def exchange(
     window: int,
     timeout: float,
     on_given_up: Callable[[int], None] | None = None,
+    renew_on_reply: bool = False,
 ) -> Iterator[list[Message]]:
     """The replies to messages for `targets` (clients' partition ids; node ids in the handshake), as lists of those
     that arrived together, with at most `window` messages out at once (a window as large as the list builds every
@@ -41,7 +42,10 @@ def exchange(
     given up, with a warning. On a grid that says when a message starts (the in-process engine's
     `message_started`), the timeout runs from then: a message queued behind others for the same few worker
     processes is not late, so a loaded machine's longer queues do not change which replies a run uses.
-    `on_given_up` hears how many were given up, as they are (the round's record counts them)."""
+    `on_given_up` hears how many were given up, as they are (the round's record counts them). With
+    `renew_on_reply`, every reply restarts the wait of the messages still out: the run's first handshake waits as
+    long as nodes keep answering (20 ClientApps starting at once on 2 cores answer one after another for minutes),
+    and `timeout` after the last answer at most."""
     started: Callable[[str], bool] | None = getattr(grid, "message_started", None)
     todo = list(targets)
     pending: dict[str, float | None] = {}  # message id -> deadline (None: still queued, not started)
@@ -57,6 +61,8 @@ def exchange(
         for reply in replies:
             pending.pop(reply.metadata.reply_to_message_id, None)
         now = time.monotonic()
+        if replies and renew_on_reply:
+            pending = {mid: None if due is None else now + timeout for mid, due in pending.items()}
         if started is not None:
             for mid in [mid for mid, due in pending.items() if due is None and started(mid)]:
                 pending[mid] = now + timeout

@@ -349,12 +349,13 @@ def test_a_resumed_run_holds_out_the_same_clients_when_some_are_offline() -> Non
 
 
 class SlowStartGrid(ClaimGrid):
-    """Nodes answer a query `delay` s after it was sent (a ClientApp process starting); `silent` nodes never do,
-    `failing` ones answer with an error."""
+    """Nodes answer a query `delay` s after it was sent (a ClientApp process starting; a dict: per node); `silent`
+    nodes never do, `failing` ones answer with an error."""
 
-    def __init__(self, claims: dict[int, int], delay: float, silent=(), failing=()) -> None:
+    def __init__(self, claims: dict[int, int], delay: float | dict[int, float], silent=(), failing=()) -> None:
         super().__init__(claims)
-        self.delay, self.silent, self.failing = delay, set(silent), set(failing)
+        self.delay = delay if isinstance(delay, dict) else dict.fromkeys(claims, delay)
+        self.silent, self.failing = set(silent), set(failing)
         self.sent_at: dict[str, float] = {}
         self.by_id: dict[str, int] = {}
 
@@ -367,7 +368,11 @@ class SlowStartGrid(ClaimGrid):
 
     def pull_messages(self, message_ids):
         now = time.monotonic()
-        ready = [m for m in message_ids if now >= self.sent_at[m] + self.delay and self.by_id[m] not in self.silent]
+        ready = [
+            m
+            for m in message_ids
+            if now >= self.sent_at[m] + self.delay[self.by_id[m]] and self.by_id[m] not in self.silent
+        ]
         return super().pull_messages(ready)
 
     def send_and_receive(self, messages, timeout):
@@ -387,6 +392,27 @@ def test_the_first_handshake_waits_for_client_apps_to_start_beyond_a_short_round
     clients = ClientRegistry()
     clients.start(SlowStartGrid({1: 0, 2: 1}, delay=0.4), cfg)
     assert clients.ids() == [0, 1]
+
+
+def test_the_first_handshake_waits_while_nodes_keep_answering_and_stops_after_the_last(monkeypatch, caplog) -> None:
+    """20 ClientApps starting at once on 2 cores answer one after another, the last minutes after the query: each
+    answer starts the first handshake's wait again, so none of them is left out of the run (its partitions are fixed
+    then); a node that never answers is given up the wait after the last answer. Joiners keep their own timeout."""
+    monkeypatch.setattr(clients_module, "FIRST_HANDSHAKE_TIMEOUT_S", 0.5)
+    delays = {node: 0.3 * node for node in range(1, 6)}  # 0.3 .. 1.5 s: all but the first later than 0.5 s alone
+    grid = SlowStartGrid({node: node - 1 for node in range(1, 7)}, delay={**delays, 6: 0.0}, silent={6})
+    clients = ClientRegistry()
+    begun = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        clients.start(grid, parse_run_config({"round-timeout": 0.1}))
+    assert clients.ids() == [0, 1, 2, 3, 4]
+    assert time.monotonic() - begun >= 1.5 + 0.5  # node 6 given up 0.5 s after the last answer, not before
+    assert "1 message(s) unanswered 0.5 s" in caplog.text
+    caplog.clear()
+    late = SlowStartGrid({7: 0, 8: 1, 9: 2}, delay={7: 0.3, 8: 1.0, 9: 1.5})
+    with caplog.at_level(logging.WARNING):
+        clients.handshake(late, timeout=0.5, node_ids=[7, 8, 9])
+    assert "2 message(s) unanswered 0.5 s" in caplog.text  # joiners: an answer does not extend the others' wait
 
 
 def test_a_handshake_nobody_answers_names_the_failures_and_the_silent_nodes() -> None:
