@@ -109,7 +109,8 @@ class Deployment:
     def __init__(self, home: Path, certs: Path, nodes: int) -> None:
         self.home = home
         self.certs = certs
-        self.link = TLSSuperLink(home / "link", certs, database=home / "link" / "state.db")
+        # Every SuperNode here reaches the proxy from 127.0.0.1: its per-address limits are scaled to their number.
+        self.link = TLSSuperLink(home / "link", certs, database=home / "link" / "state.db", nodes_per_address=nodes)
         self.nodes = [Node(i) for i in range(nodes)]
 
     def start(self) -> None:
@@ -174,7 +175,7 @@ def soak_config(args: argparse.Namespace, algorithm: str) -> dict[str, Any]:
         "batch-size": 32,
         "lr": 0.05,
         "eval-every": args.eval_every,
-        "round-timeout": 120,
+        "round-timeout": 300,  # an evaluation round starts 20 ClientApps at once on 2 cores here
         "checkpoint-every": 1,
         "max-weight-ratio": 4,
         "max-update-ratio": 3,
@@ -422,8 +423,8 @@ def main() -> None:
     parser.add_argument("--out", default="results/soak")
     parser.add_argument("--nodes", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=100)
-    parser.add_argument("--fraction", type=float, default=0.5, help="fraction-train of the soak's runs")
-    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--fraction", type=float, default=0.25, help="fraction-train of the soak's runs")
+    parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--algorithms", default="dmpfl,fedamp")
     parser.add_argument("--kill-every", type=int, default=7, help="rounds between two SuperNode kills")
     parser.add_argument("--down-rounds", type=int, default=3, help="rounds a killed SuperNode stays down")

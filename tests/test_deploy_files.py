@@ -461,3 +461,14 @@ def test_the_recipes_run_weight_averaging_algorithms_with_norm_clipping() -> Non
             assert raw.get("robust-aggregation") == "clip", command
             assert parse_run_config(raw).robust_rule.method == "clip"
     assert averaging, "no weight-averaging command found in deploy/README.md"
+
+
+def test_the_loopback_proxy_scales_the_per_address_limits_to_the_supernodes_behind_one_address(tmp_path: Path) -> None:
+    """Every loopback SuperNode comes from 127.0.0.1 (the NAT case): the harness multiplies the shipped per-address
+    limits by their number; one node per address keeps the shipped file's values."""
+    shipped = FleetProxy(tmp_path, tmp_path, 9092).config()
+    assert "limit_conn pflower_fleet_conn 16;" in shipped and "rate=50r/s" in shipped and "burst=500 " in shipped
+    assert "worker_connections 256;" in shipped
+    scaled = FleetProxy(tmp_path, tmp_path, 9092, nodes_per_address=20).config()
+    assert "limit_conn pflower_fleet_conn 320;" in scaled and "rate=1000r/s" in scaled and "burst=10000 " in scaled
+    assert "worker_connections 320;" in scaled

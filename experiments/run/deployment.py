@@ -20,6 +20,7 @@ CONNECTION = "deploy"  # the operator's connection in FLWR_HOME/config.toml: the
 OUTSIDE = "outside"  # the same CLI pointed at the proxy, as anyone holding only ca.crt could
 PROXY_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "pflower-fleet.conf"  # in the repository
 SHIPPED_LISTEN, SHIPPED_UPSTREAM, SHIPPED_CERTS = "listen 9093 ", "127.0.0.1:9092", "/etc/pflower/certs/"
+PER_ADDRESS_LIMITS = (("limit_conn pflower_fleet_conn ", 16), ("rate=", 50), ("burst=", 500))  # shipped, one address
 
 
 def nginx_binary() -> str | None:
@@ -28,10 +29,13 @@ def nginx_binary() -> str | None:
 
 
 class FleetProxy:
-    """nginx running the shipped pflower-fleet.conf, its port and paths rewritten for this machine."""
+    """nginx running the shipped pflower-fleet.conf, its port and paths rewritten for this machine; its per-address
+    limits times `nodes_per_address` (every SuperNode here comes from 127.0.0.1: the NAT case the shipped file's
+    comment tells operators to raise them for)."""
 
-    def __init__(self, home: Path, certs: Path, upstream_port: int) -> None:
+    def __init__(self, home: Path, certs: Path, upstream_port: int, nodes_per_address: int = 1) -> None:
         self.home, self.certs, self.upstream_port = Path(home), Path(certs), upstream_port
+        self.nodes_per_address = nodes_per_address
         self.port = free_port()
         self.process: subprocess.Popen | None = None
 
@@ -45,10 +49,14 @@ class FleetProxy:
             .replace(SHIPPED_UPSTREAM, f"127.0.0.1:{self.upstream_port}")
             .replace(SHIPPED_CERTS, f"{self.certs}/")
         )
+        for token, shipped_value in PER_ADDRESS_LIMITS:
+            assert f"{token}{shipped_value}" in server, f"{PROXY_CONF} no longer holds {token}{shipped_value}"
+            server = server.replace(f"{token}{shipped_value}", f"{token}{shipped_value * self.nodes_per_address}")
         temp = self.home / "nginx-temp"
         return (
             f"user {getpass.getuser()};\nworker_processes 1;\npid {self.home / 'nginx.pid'};\n"
-            f"events {{ worker_connections 256; }}\nhttp {{\n    access_log {self.home / 'nginx-access.log'};\n"
+            f"events {{ worker_connections {max(256, 16 * self.nodes_per_address)}; }}\n"
+            f"http {{\n    access_log {self.home / 'nginx-access.log'};\n"
             + "".join(
                 f"    {kind}_temp_path {temp / kind};\n"
                 for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
@@ -101,12 +109,12 @@ class TLSSuperLink(LocalSuperLink):
     the same CLI at the proxy.
     """
 
-    def __init__(self, home: Path, certs: Path, database: Path | None = None) -> None:
+    def __init__(self, home: Path, certs: Path, database: Path | None = None, nodes_per_address: int = 1) -> None:
         super().__init__(home)
         self.certs = Path(certs).resolve()
         self.database = database  # the SuperLink's state on disk (runs, registered keys): survives its restart
         self.supernodes: list[tuple[subprocess.Popen, Path]] = []
-        self.proxy = FleetProxy(self.home, self.certs, self.http_port)
+        self.proxy = FleetProxy(self.home, self.certs, self.http_port, nodes_per_address)
 
     @property
     def ca(self) -> Path:
