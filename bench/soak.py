@@ -10,7 +10,9 @@ resumes, the final accuracy against the same run without faults (the in-process 
 messages), whether every restarted SuperNode went on from the state it had saved (none silently fresh), the resident
 memory of the SuperLink and the ServerApp over the run (first against last quarter; a figure), and each fault's
 recovery time. Load: the most SuperNodes one SuperLink serves here with the `mlp` model, seconds per round at each
-count, stopping where memory runs short.
+count, stopping where memory runs short. Every SuperNode stays connected (polling and sending heartbeats through the
+proxy) while a round trains and evaluates `--load-clients` of them: on one machine every ClientApp would otherwise
+be a process of ~0.8 GB at once, and 100 of them exhaust the memory before the SuperLink is measured.
 
     python bench/soak.py --data-dir ../shared/data [--nodes 20] [--rounds 100] [--algorithms dmpfl,fedamp]
     python bench/soak.py --data-dir ../shared/data --load 10,50,100,200
@@ -55,6 +57,15 @@ def resident_mb(pid: int | None) -> float:
         return 0.0
     match = re.search(r"VmRSS:\s+(\d+) kB", status)
     return int(match.group(1)) / 1024 if match else 0.0
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """A process's CPU time so far, user and system (s; 0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, TypeError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def available_mb() -> float:
@@ -326,9 +337,11 @@ def report(
 
 
 def load(args: argparse.Namespace, certs: Path, counts: list[int]) -> list[dict[str, Any]]:
-    """Seconds per round with n SuperNodes (the `mlp` model, every client every round, 3 rounds) for each count,
-    until the machine's memory runs short (fewer than --reserve-mb available) or SuperNodes stop being admitted."""
+    """Seconds per round with n SuperNodes connected (the `mlp` model, `--load-clients` of them trained and
+    evaluated a round, 3 rounds) for each count, until the machine's memory runs short (fewer than --reserve-mb
+    available, plus ~1 GB for each ClientApp a round starts) or SuperNodes stop being admitted."""
     rows: list[dict[str, Any]] = []
+    reserve_mb = args.reserve_mb + 1000 * args.load_clients
     for count in counts:
         home = Path(args.out).resolve() / f"load-{count}"
         deployment = Deployment(home, certs, count)
@@ -336,7 +349,7 @@ def load(args: argparse.Namespace, certs: Path, counts: list[int]) -> list[dict[
         try:
             deployment.start_link()
             for node in deployment.nodes:
-                if available_mb() < args.reserve_mb:
+                if available_mb() < reserve_mb:
                     row["stopped"] = f"memory: {available_mb():.0f} MB available after {node.index} SuperNodes"
                     break
                 deployment.start_node(node)
@@ -348,17 +361,23 @@ def load(args: argparse.Namespace, certs: Path, counts: list[int]) -> list[dict[
                 **soak_config(args, "fedavg"),
                 "model": "mlp",
                 "num-rounds": 3,
-                "fraction-train": 1.0,
+                "fraction-train": min(1.0, args.load_clients / count),
+                "fraction-evaluate": min(1.0, args.load_clients / count),
+                "min-train-clients": min(count, args.load_clients),
                 "eval-every": 3,
                 "checkpoint-every": 0,
                 "results-dir": str(home / "results"),
                 "run-name": "load",
             }
-            least = available_mb()
+            least, link_mb = available_mb(), 0.0
+            link_pid = deployment.link.process.pid if deployment.link.process else None
+            cpu_before, wall_before = cpu_seconds(link_pid), time.monotonic()
             runner = deployment.link.start_run(REPO, run_config_text(config))
             while runner.poll() is None and time.monotonic() < deadline + 600:
-                least = min(least, available_mb())
+                least, link_mb = min(least, available_mb()), max(link_mb, resident_mb(link_pid))
                 time.sleep(1.0)
+            row["link_cpu_pct"] = 100 * (cpu_seconds(link_pid) - cpu_before) / (time.monotonic() - wall_before)
+            row["link_mb"] = link_mb
             records = rounds_done(home / "results" / "load")
             row["round_s"] = statistics.median(r["wall_s"] for r in records[1:2] or records) if records else None
             row["eval_round_s"] = records[-1]["wall_s"] if len(records) == 3 else None
@@ -433,6 +452,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=available_cores(), help="the fault-free reference's workers")
     parser.add_argument("--load", default="", help="SuperNode counts to ramp through instead of the soak: 10,50")
     parser.add_argument("--reserve-mb", type=float, default=1500, help="the load ramp stops below this available")
+    parser.add_argument("--load-clients", type=int, default=5, help="clients a load round trains and evaluates")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `kill` stops the deployment too (the finally blocks)
     if nginx_binary() is None:
@@ -443,13 +463,18 @@ def main() -> None:
     certs = make_certs(out / "certs", max(counts + [args.nodes]))
     if counts:
         rows = load(args, certs, counts)
-        print("\n| SuperNodes | admitted | s / round | evaluation round (s) | replies used | least available MB |")
-        print("|---|---|---|---|---|---|")
+        print(
+            f"\n{args.load_clients} clients trained and evaluated a round, every SuperNode connected\n\n"
+            "| SuperNodes | admitted | s / round | evaluation round (s) | replies used | SuperLink CPU (% of a core) | "
+            "SuperLink MB | least available MB |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
         for row in rows:
             round_s = "-" if row.get("round_s") is None else f"{row['round_s']:.1f}"
             eval_s = "-" if row.get("eval_round_s") is None else f"{row['eval_round_s']:.1f}"
             print(
                 f"| {row['nodes']} | {row.get('admitted', '-')} | {round_s} | {eval_s} | {row.get('used', '-')} | "
+                f"{row.get('link_cpu_pct', 0):.0f} | {row.get('link_mb', 0):.0f} | "
                 f"{row.get('least_available_mb', 0):.0f} |" + (f" {row['stopped']}" if "stopped" in row else "")
             )
         return
