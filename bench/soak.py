@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,7 +192,17 @@ def soak_config(args: argparse.Namespace, algorithm: str) -> dict[str, Any]:
         "max-weight-ratio": 4,
         "max-update-ratio": 3,
         "seed": args.seed,
+        **dict(args.set),
     }
+
+
+def run_config_pair(text: str) -> tuple[str, Any]:
+    """A `--set KEY=VALUE` (VALUE in TOML: 3, 0.5, 'sampled') as a run-config pair."""
+    key, sep, value = text.partition("=")
+    try:
+        return key.strip(), tomllib.loads(f"value = {value}")["value"]
+    except tomllib.TOMLDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"--set {text!r}: want KEY=VALUE with a TOML value ({exc})") from exc
 
 
 def reference_accuracy(args: argparse.Namespace, algorithm: str) -> float | None:
@@ -452,6 +463,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=available_cores(), help="the fault-free reference's workers")
     parser.add_argument("--load", default="", help="SuperNode counts to ramp through instead of the soak: 10,50")
     parser.add_argument("--reserve-mb", type=float, default=1500, help="the load ramp stops below this available")
+    parser.add_argument(
+        "--set",
+        type=run_config_pair,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another run-config key for every run, e.g. --set \"dmpfl-phase3='sampled'\" (repeatable)",
+    )
     parser.add_argument("--load-clients", type=int, default=5, help="clients a load round trains and evaluates")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `kill` stops the deployment too (the finally blocks)
