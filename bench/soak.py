@@ -247,7 +247,10 @@ def soak(args: argparse.Namespace, algorithm: str, certs: Path) -> dict[str, Any
             for fault in [f for f in pending_recovery if done > f["round"]]:
                 fault["recovered_s"] = now - fault["at_s"]  # the next round completed after it
                 pending_recovery.remove(fault)
-            if runner.poll() is not None:
+            # `flwr run --stream` can stop streaming while its ServerApp goes on (it did in a 414 s evaluation round):
+            # the run has ended only when its ServerApp has; resuming a live run would start a second ServerApp on
+            # the same run folder.
+            if runner.poll() is not None and serverapp_pid(deployment.link) is None:
                 if done >= args.rounds and RunFolder(run_dir).finished():
                     break
                 unexpected += 1  # the run ended by itself before its last round: resumed, a few times at most
