@@ -33,15 +33,16 @@ import statistics
 import subprocess
 import sys
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.hparams import ConfigError
 from common.storage.run_folder import RunFolder, final_means
 from experiments.engine.serve import available_cores, serve
 from experiments.run.deployment import TLSSuperLink, nginx_binary
 from experiments.run.presets import run_config_text
+from experiments.run.runs import parse_assignment
 from experiments.run.superlink import descendants, stop_process_tree
 
 REPO = Path(__file__).resolve().parent.parent
@@ -197,12 +198,11 @@ def soak_config(args: argparse.Namespace, algorithm: str) -> dict[str, Any]:
 
 
 def run_config_pair(text: str) -> tuple[str, Any]:
-    """A `--set KEY=VALUE` (VALUE in TOML: 3, 0.5, 'sampled') as a run-config pair."""
-    key, sep, value = text.partition("=")
+    """A `--set KEY=VALUE` as `pflower run --set` reads it (int, float, true/false or a string)."""
     try:
-        return key.strip(), tomllib.loads(f"value = {value}")["value"]
-    except tomllib.TOMLDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"--set {text!r}: want KEY=VALUE with a TOML value ({exc})") from exc
+        return parse_assignment(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def reference_accuracy(args: argparse.Namespace, algorithm: str) -> float | None:
