@@ -24,6 +24,7 @@ from common.seeding import derive_seed
 from common.storage.pages import StoreSpaceError
 from common.storage.persist import StateFileError
 from common.storage.run_folder import CONFIG_FILE, RunFolder
+from common.storage.run_lock import RunFolderBusy, RunLock
 from common.wire.validation import is_folder_name
 
 from .checkpoint import (
@@ -40,7 +41,7 @@ from .flower_private import is_simulation, speed_up_simulation
 from .results import ResultsWriter, make_run_dir, read_run_config
 from .results.tracking import check_installed
 from .runner import RoundRunner
-from .strategies import strategy_class
+from .strategies import PFLStrategy, strategy_class
 from .takeover import AfterTimeout, OperatorConsent
 
 app = ServerApp()
@@ -88,8 +89,19 @@ def _fail(message: str) -> RunFailed:
     return RunFailed(message)
 
 
-def open_run_dir(cfg: RunConfig) -> tuple[Path, Checkpoint | None]:
-    """A new results folder, or with `resume` the given run folder and its checkpoint (checked against cfg)."""
+def _hold(run_dir: Path) -> RunLock:
+    """The run folder held by this server for the run's life (RunFailed naming the holder when another has it)."""
+    try:
+        return RunLock(run_dir).acquire()
+    except RunFolderBusy as exc:
+        raise _fail(f"resume: {exc}") from None
+    except OSError as exc:
+        raise _fail(f"cannot lock the run folder {run_dir}: {exc}") from None
+
+
+def open_run_dir(cfg: RunConfig) -> tuple[Path, Checkpoint | None, RunLock]:
+    """A new results folder, or with `resume` the given run folder and its checkpoint (checked against cfg); held
+    by this server (the lock returned) until it releases it."""
     if not cfg.resume:
         if cfg.checkpoint_every > 0:  # an unusable key folder stops the run now, not after its first round
             try:
@@ -97,13 +109,28 @@ def open_run_dir(cfg: RunConfig) -> tuple[Path, Checkpoint | None]:
             except RunAborted as exc:
                 raise _fail(str(exc)) from None
         run_dir = make_run_dir(cfg.resolved_results_dir, cfg.algorithm, cfg.dataset, cfg.run_name)
-        new_run_id(run_dir)  # binds the checkpoints and the clients' state to this run
-        return run_dir, None
+        lock = _hold(run_dir)
+        try:
+            new_run_id(run_dir)  # binds the checkpoints and the clients' state to this run
+        except BaseException:
+            lock.release()
+            raise
+        return run_dir, None, lock
     run_dir = Path(cfg.resume).expanduser().resolve()
     if not is_folder_name(run_dir.name):  # the folder's name keys the clients' state dirs
         raise _fail(f"resume: the run folder's name {run_dir.name!r} must be letters, digits, '.', '_' and '-'")
     if not RunFolder(run_dir).is_run():
         raise _fail(f"resume: {run_dir} is not a run folder (it has no {CONFIG_FILE})")
+    lock = _hold(run_dir)  # before its checkpoint is read: a live server may be writing it
+    try:
+        return run_dir, _resumable_checkpoint(cfg, run_dir), lock
+    except RunFailed:
+        lock.release()
+        raise
+
+
+def _resumable_checkpoint(cfg: RunConfig, run_dir: Path) -> Checkpoint:
+    """The run folder's checkpoint, when the run config is the run's and rounds are left (RunFailed saying why not)."""
     recorded = read_run_config(run_dir)
     differ = config_differences(recorded, cfg.to_dict())
     if differ:
@@ -121,7 +148,7 @@ def open_run_dir(cfg: RunConfig) -> tuple[Path, Checkpoint | None]:
             f"resume: the run already finished round {checkpoint.round} of num-rounds={cfg.num_rounds}; "
             "raise num-rounds to train on"
         )
-    return run_dir, checkpoint
+    return checkpoint
 
 
 def single_threaded_math() -> None:
@@ -162,7 +189,23 @@ def main(grid: Grid, context: Context) -> None:
     except (ConfigError, ValueError) as exc:
         log(ERROR, "%s", exc)
         raise RunFailed(str(exc)) from None
-    run_dir, checkpoint = open_run_dir(cfg)
+    run_dir, checkpoint, lock = open_run_dir(cfg)
+    try:
+        run_in_folder(grid, cfg, strategy, clients, run_dir, checkpoint)
+    finally:
+        lock.release()  # the next server may resume the folder (an in-process engine's, in this process)
+
+
+def run_in_folder(
+    grid: Grid,
+    cfg: RunConfig,
+    strategy: PFLStrategy,
+    clients: ClientRegistry,
+    run_dir: Path,
+    checkpoint: Checkpoint | None,
+) -> None:
+    """Run the rounds into the held run folder (from the checkpoint, when resuming), then write its summary."""
+    simulated = is_simulation(grid)
     strategy.workdir = run_dir
     clients.consent = AfterTimeout() if cfg.takeover == "after-timeout" else OperatorConsent(run_dir)
     writer = ResultsWriter(run_dir, cfg.to_dict(), resume=checkpoint is not None)

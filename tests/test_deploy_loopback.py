@@ -126,10 +126,13 @@ def test_tls_deployment_with_authenticated_supernodes(certs, tmp_path) -> None:
         )
 
         results = tmp_path / "results"
+        # round-timeout: each message starts a ClientApp process (8 s of imports on an idle core, over 30 s beside a
+        # busy test worker, when every reply came late); a killed node's message ends sooner, with the SuperLink's
+        # node-unavailable reply once its heartbeats lapse
         runner = link.start_run(
             REPO,
             f"algorithm='dmpfl' max-weight-ratio=4 max-update-ratio=3 iterations=1 num-rounds=6 fraction-train=1.0 "
-            f"local-epochs=1 round-timeout=30 results-dir='{results}' run-name='deployed'",
+            f"local-epochs=1 round-timeout=90 results-dir='{results}' run-name='deployed'",
         )
         # app verification: the open-source SuperLink attaches no verification to a submitted app, so a SuperNode
         # started with --trusted-entities refuses every app, the operator's own included (deploy/README.md)

@@ -39,7 +39,8 @@ def _run(results: Path, rounds: int = 1) -> Path:
     """A new run folder named 'run' under `results` (as the app makes it, with its id) and checkpoints."""
     from server_app.app import open_run_dir
 
-    run_dir, _ = open_run_dir(parse_run_config({**RAW, "results-dir": str(results), "run-name": "run"}))
+    run_dir, _, lock = open_run_dir(parse_run_config({**RAW, "results-dir": str(results), "run-name": "run"}))
+    lock.release()
     for rnd in range(1, rounds + 1):
         save_checkpoint(
             run_dir, Checkpoint(rnd, {"x": np.full(2, float(rnd))}, [{"round": r} for r in range(1, rnd + 1)])
@@ -82,7 +83,10 @@ def test_a_resumed_run_keeps_its_id_and_sends_it_with_the_state_key(tmp_path: Pa
 
     run_dir = _run(tmp_path, rounds=1)
     (run_dir / "config.json").write_text(json.dumps(parse_run_config({**RAW, "results-dir": str(tmp_path)}).to_dict()))
-    resumed, checkpoint = open_run_dir(parse_run_config({**RAW, "results-dir": str(tmp_path), "resume": str(run_dir)}))
+    resumed, checkpoint, lock = open_run_dir(
+        parse_run_config({**RAW, "results-dir": str(tmp_path), "resume": str(run_dir)})
+    )
+    lock.release()
     assert resumed == run_dir and checkpoint is not None and checkpoint.round == 1
     assert read_run_id(resumed) == read_run_id(run_dir)
 

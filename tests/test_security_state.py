@@ -103,7 +103,9 @@ def test_a_resume_from_a_changed_checkpoint_stops_with_one_error_line(tmp_path: 
     raw = {**FEDAMP, "results-dir": str(tmp_path)}
     (run_dir / "config.json").write_text(json.dumps(parse_run_config(raw).to_dict()))
     cfg = parse_run_config({**raw, "resume": str(run_dir)})
-    assert open_run_dir(cfg)[1] is not None  # untouched: resumes
+    _, checkpoint, lock = open_run_dir(cfg)
+    lock.release()
+    assert checkpoint is not None  # untouched: resumes
     _tamper(run_dir / CHECKPOINT_FILE, "own-key")
     with caplog.at_level(logging.ERROR, logger="flwr"), pytest.raises(RunFailed):
         open_run_dir(cfg)
@@ -186,7 +188,9 @@ def test_an_unusable_key_folder_stops_a_new_run_before_its_folder_is_made(
     monkeypatch.setenv(KEY_DIR_ENV, str(tmp_path / "a-file" / "keys"))
     cfg = parse_run_config({**FEDAMP, "results-dir": str(tmp_path / "results"), "checkpoint-every": every})
     if not every:  # no checkpoints: no key needed
-        assert open_run_dir(cfg)[0].is_dir()
+        run_dir, _, lock = open_run_dir(cfg)
+        lock.release()
+        assert run_dir.is_dir()
         return
     with caplog.at_level(logging.ERROR, logger="flwr"), pytest.raises(RunFailed):
         open_run_dir(cfg)
@@ -201,7 +205,7 @@ def test_a_new_run_makes_the_server_key_when_its_folder_is_opened(tmp_path: Path
 
     cfg = parse_run_config({**FEDAMP, "results-dir": str(tmp_path / "results"), "checkpoint-every": 1})
     assert not server_key_file().exists()
-    open_run_dir(cfg)
+    open_run_dir(cfg)[2].release()
     assert server_key_file().stat().st_mode & 0o777 == 0o600  # before any round, not at the first checkpoint
 
 

@@ -2,7 +2,8 @@
 
 A run folder holds, as the run goes: `config.json` (the run config, dashed keys), `metrics.jsonl` (one round record
 a line), `messages.jsonl` (the messages' digests, when the run keeps them), `checkpoint.npz` (the server's signed
-checkpoint) and `client-state/` (simulated clients' state); at the end `summary.json`, `summary.md`, the plots and
+checkpoint), `client-state/` (simulated clients' state) and `run.lock` (held by its live server,
+common/storage/run_lock.py); at the end `summary.json`, `summary.md`, the plots and
 `artifacts.npz` (the algorithm's arrays); a sweep adds `code.json` (the commits that made it). docs/architecture.md
 describes the records.
 """

@@ -16,6 +16,7 @@ from common.config import parse_run_config
 from common.hparams import ConfigError
 from common.storage.persist import open_for_append, private_folder
 from common.storage.run_folder import RunFolder, Summary
+from common.storage.run_lock import holder
 from experiments.run.launchers import FINISHED, Engine
 from experiments.run.output import plain
 from experiments.run.presets import Preset
@@ -122,10 +123,13 @@ def plan(
 
 
 def run_state(run_dir: Path) -> str:
-    """'finished' (its summary written), 'resumable' (a checkpoint), 'incomplete' (neither) or 'new'."""
+    """'finished' (its summary written), 'running' (a live server holds it), 'resumable' (a checkpoint),
+    'incomplete' (neither) or 'new'."""
     folder = RunFolder(run_dir)
     if folder.finished():
         return "finished"
+    if holder(run_dir) is not None:
+        return "running"
     if folder.resumable():
         return "resumable"
     return "incomplete" if run_dir.exists() else "new"
@@ -187,6 +191,9 @@ def execute(
     state = run_state(run_dir)
     if state == "finished":
         return RunResult(spec, "skipped", run_dir, 0.0)
+    if state == "running":  # another sweep's (or pflower run's) server: neither resumed nor set aside under it
+        who = holder(run_dir) or "another server"
+        return RunResult(spec, "failed", run_dir, 0.0, reason=f"its folder is in use by {who}")
     if state == "incomplete":  # stopped before its first checkpoint: nothing to resume, set it aside
         aside = out_dir / "incomplete" / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         private_folder(aside.parent)

@@ -29,14 +29,16 @@ def read_run_config(run_dir: Path) -> dict[str, Any]:
 def make_run_dir(base: Path, algorithm: str, dataset: str, run_name: str) -> Path:
     """A new folder under `base` named after the run (or algorithm-dataset-timestamp); never reuses one."""
     stem = run_name or f"{algorithm}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path = base / stem
-    suffix = 1
-    while path.exists():
-        suffix += 1
-        path = base / f"{stem}-{suffix}"
-    private_folder(path.parent)
-    path.mkdir(mode=PRIVATE_FOLDER)  # another local user can neither list nor read the run's files
-    return path
+    private_folder(base)
+    path, suffix = base / stem, 1
+    while True:
+        try:
+            path.mkdir(mode=PRIVATE_FOLDER)  # another local user can neither list nor read the run's files
+        except FileExistsError:  # an earlier run's, or one another server made this instant
+            suffix += 1
+            path = base / f"{stem}-{suffix}"
+            continue
+        return path
 
 
 class ResultsWriter:
