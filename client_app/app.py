@@ -8,7 +8,6 @@ from logging import ERROR, WARNING
 from pathlib import Path
 
 import torch
-import torch._dynamo  # optimizers import it on their first step (1-1.5 s): paid here, at the handshake, not in round 1
 from flwr.app import ConfigRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode

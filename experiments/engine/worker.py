@@ -63,6 +63,10 @@ def start(run_config: dict[str, Any], threads: int, log_level: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
+    # optimizers and the FLOP counter import torch._dynamo at their first use (1-1.5 s): a long-lived worker pays it
+    # at its start, not in round 1 (a device's ClientApp, a process per message, pays it only for training)
+    import torch._dynamo
+
     from client_app.app import app
     from experiments.run.exports import ENV, serve_export
 
