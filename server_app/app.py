@@ -89,12 +89,12 @@ def _fail(message: str) -> RunFailed:
     return RunFailed(message)
 
 
-def _hold(run_dir: Path) -> RunLock:
+def _hold(run_dir: Path, resuming: bool) -> RunLock:
     """The run folder held by this server for the run's life (RunFailed naming the holder when another has it)."""
     try:
         return RunLock(run_dir).acquire()
     except RunFolderBusy as exc:
-        raise _fail(f"resume: {exc}") from None
+        raise _fail(f"resume: {exc}" if resuming else str(exc)) from None
     except OSError as exc:
         raise _fail(f"cannot lock the run folder {run_dir}: {exc}") from None
 
@@ -109,7 +109,7 @@ def open_run_dir(cfg: RunConfig) -> tuple[Path, Checkpoint | None, RunLock]:
             except RunAborted as exc:
                 raise _fail(str(exc)) from None
         run_dir = make_run_dir(cfg.resolved_results_dir, cfg.algorithm, cfg.dataset, cfg.run_name)
-        lock = _hold(run_dir)
+        lock = _hold(run_dir, resuming=False)
         try:
             new_run_id(run_dir)  # binds the checkpoints and the clients' state to this run
         except BaseException:
@@ -121,10 +121,10 @@ def open_run_dir(cfg: RunConfig) -> tuple[Path, Checkpoint | None, RunLock]:
         raise _fail(f"resume: the run folder's name {run_dir.name!r} must be letters, digits, '.', '_' and '-'")
     if not RunFolder(run_dir).is_run():
         raise _fail(f"resume: {run_dir} is not a run folder (it has no {CONFIG_FILE})")
-    lock = _hold(run_dir)  # before its checkpoint is read: a live server may be writing it
+    lock = _hold(run_dir, resuming=True)  # before its checkpoint is read: a live server may be writing it
     try:
         return run_dir, _resumable_checkpoint(cfg, run_dir), lock
-    except RunFailed:
+    except BaseException:
         lock.release()
         raise
 
