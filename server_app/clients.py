@@ -32,7 +32,7 @@ from common.wire.messages import (
 )
 from common.wire.validation import PayloadError, printable, read_count
 
-from .exchange import each_reply, exchange
+from .exchange import each_reply, exchange, patient
 from .takeover import AfterTimeout, OperatorConsent
 
 
@@ -153,7 +153,7 @@ class ClientRegistry:
         answers. The first handshake (no `node_ids`) gives a node up `timeout` s after the last answer of any node,
         joiners `timeout` s after their query. Returns the partitions a joining node took over."""
         joining = node_ids is not None
-        connected = set(grid.get_node_ids())
+        connected = set(patient(grid.get_node_ids, "the connected nodes"))
         nodes = sorted(connected) if node_ids is None else sorted(node_ids)
         if not nodes:
             raise RunAborted("no SuperNode is connected")
@@ -323,7 +323,7 @@ class ClientRegistry:
     def refresh(self, grid: Grid, timeout: float) -> list[int]:
         """Note which holders are connected; handshake nodes that connected since the last round (new or restarted
         SuperNodes; a refused one again after `takeover_after` s). Returns the partitions taken over."""
-        now, connected = self.clock(), set(grid.get_node_ids())
+        now, connected = self.clock(), set(patient(grid.get_node_ids, "the connected nodes"))
         for pid, info in self.by_partition.items():
             if info.node_id in connected:
                 self.last_seen[pid] = now

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from logging import WARNING
+from typing import TypeVar
 
+import httpx
 from flwr.app import Message
 from flwr.serverapp import Grid
 from flwr.supercore import log
@@ -18,6 +21,48 @@ from common import profiling
 
 Build = Callable[[list[int]], list[Message]]  # the messages to a batch of targets, in their order
 PULL_INTERVAL_S = 0.05  # between two looks for replies while none came
+PATIENCE_S = 300.0  # how long a read of the SuperLink's is retried while it answers with a server error
+T = TypeVar("T")
+
+
+def _transient(exc: Exception) -> bool:
+    """A SuperLink error worth asking again: a 5xx answer (its database busy: 'database is locked' under load) or a
+    dropped connection; Flower itself retries only 502-504 and raises the rest into the ServerApp."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code >= 500
+    return isinstance(exc, httpx.TransportError)
+
+
+def patient(
+    read: Callable[[], T], what: str, patience: float = PATIENCE_S, sleep: Callable[[float], None] | None = None
+) -> T:
+    """`read()` (a read of the SuperLink's: replies, connected nodes), asked again with backoff (0.5 s doubling to
+    30 s) while it fails with a transient server error, for `patience` seconds at most: a busy SuperLink delays a
+    round instead of ending the run. Reads only, never a push (pushing again could store a message twice); replies
+    that a failed pull had already taken from the SuperLink's store do not come again and are given up at the
+    round-timeout like any late reply."""
+    waited, wait = 0.0, 0.5
+    while True:
+        try:
+            return read()
+        except Exception as exc:
+            if not _transient(exc) or waited >= patience:
+                raise
+            log(WARNING, "the SuperLink failed to answer %s (%s): asking again in %.1f s", what, _short(exc), wait)
+            (sleep or time.sleep)(wait)
+            waited += wait
+            wait = min(2 * wait, 30.0)
+
+
+def _pull(grid: Grid, message_ids: list[str]) -> list[Message]:
+    return list(grid.pull_messages(message_ids))
+
+
+def _short(exc: Exception) -> str:
+    """An error in one line: an HTTP status and its reason, or the exception's name."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code}"
+    return type(exc).__name__
 
 
 def _wait() -> None:
@@ -57,7 +102,7 @@ def exchange(
             sent = grid.push_messages(messages)
             deadline = time.monotonic() + timeout
             pending.update((mid, deadline if started is None else None) for mid in sent)
-        replies = list(grid.pull_messages(list(pending)))
+        replies = patient(partial(_pull, grid, list(pending)), "a pull of replies")
         for reply in replies:
             pending.pop(reply.metadata.reply_to_message_id, None)
         now = time.monotonic()
