@@ -8,6 +8,11 @@ ServerApp sees it (and before this project's reply limits can), and it has no bo
 with Flower 1.42.0). A proxy cannot count objects inside a protobuf body: one 6 MiB request carries a tree of
 80,000 object ids. Checked against the handlers of `flwr.superlink.servicer.fleet.fleet_handlers`, which both the
 Fleet HTTP API and the legacy gRPC servicer call through the module.
+
+It also lets the SuperLink's SQLite store wait up to `SQLITE_BUSY_TIMEOUT_MS` for a write lock instead of Flower's 5 s:
+under load (20 SuperNodes' ClientApps starting on 2 cores) requests waited longer than 5 s, got HTTP 500 ('database
+is locked'), and Flower's clients retry only 502-504: a ServerApp died of one on a pull, and the SuperLink's own
+ServerApp executor (`flower-superexec`) of one on its acquire-task, after which no run could start.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 DEFAULT_MAX_OBJECTS = 4_096  # a reply of this project: ~1 object per array, per 5 MiB chunk and per record
 DEFAULT_MAX_BYTES = 512 << 20  # a 128M-parameter float32 model and its masks; devices here send far less
 SESSIONS_KEPT = 100_000  # sessions whose bytes are counted (the oldest forgotten first)
+SQLITE_BUSY_TIMEOUT_MS = 60_000  # how long a request waits for the store's write lock before 'database is locked'
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,17 @@ def install(bounds: LinkBounds) -> None:
     )
 
 
+def patient_store(timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> None:
+    """Every SQLite connection the SuperLink opens from now on waits `timeout_ms` for a lock (PRAGMA busy_timeout),
+    Flower's other pragmas kept."""
+    from flwr.supercore import sql_mixin
+
+    pragmas = tuple(
+        (name, str(timeout_ms) if name == "busy_timeout" else value) for name, value in sql_mixin.SQLITE_PRAGMAS
+    )
+    vars(sql_mixin)["SQLITE_PRAGMAS"] = pragmas  # the global that each new connection's pragma hook reads
+
+
 def parse(argv: list[str]) -> tuple[LinkBounds, list[str]]:
     """This command's own options, and the rest for flower-superlink."""
     parser = argparse.ArgumentParser(
@@ -168,6 +185,7 @@ def main() -> None:
     """The `pflower-superlink` command."""
     bounds, rest = parse(sys.argv[1:])
     install(bounds)
+    patient_store()
     from flwr.superlink.cli import flower_superlink
 
     sys.argv = ["flower-superlink", *rest]

@@ -104,3 +104,30 @@ def test_the_command_installs_the_guard_on_flowers_fleet_handlers(monkeypatch) -
     assert fleet_handlers.push_messages.__wrapped__ is original, "installed once"
     with pytest.raises(SystemExit):
         linkguard.parse(["--max-message-bytes", "0"])
+
+
+def test_the_superlinks_store_waits_a_minute_for_a_lock_not_five_seconds(monkeypatch) -> None:
+    """Under load Flower's 5 s busy timeout turned waits for the store's write lock into HTTP 500s that ended a
+    ServerApp and the SuperLink's ServerApp executor; `pflower-superlink` raises it, keeping Flower's other pragmas."""
+    import sqlite3
+
+    from flwr.supercore import sql_mixin
+
+    from server_app.linkguard import SQLITE_BUSY_TIMEOUT_MS, patient_store
+
+    flowers = dict(sql_mixin.SQLITE_PRAGMAS)
+    monkeypatch.setattr(sql_mixin, "SQLITE_PRAGMAS", sql_mixin.SQLITE_PRAGMAS)  # restored after the test
+
+    def busy_timeout() -> int:
+        connection = sqlite3.connect(":memory:")
+        sql_mixin._set_sqlite_pragmas(connection, None)
+        (value,) = connection.execute("PRAGMA busy_timeout").fetchone()
+        connection.close()
+        return int(value)
+
+    assert busy_timeout() == int(flowers["busy_timeout"]) == 5000, "Flower's own, as checked with Flower 1.42"
+    patient_store()
+    assert busy_timeout() == SQLITE_BUSY_TIMEOUT_MS == 60_000
+    assert {k: v for k, v in sql_mixin.SQLITE_PRAGMAS if k != "busy_timeout"} == {
+        k: v for k, v in flowers.items() if k != "busy_timeout"
+    }
