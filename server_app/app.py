@@ -24,7 +24,7 @@ from common.seeding import derive_seed
 from common.storage.pages import StoreSpaceError
 from common.storage.persist import StateFileError
 from common.storage.run_folder import CONFIG_FILE, RunFolder
-from common.storage.run_lock import RunFolderBusy, RunLock
+from common.storage.run_lock import ForeignLockFile, RunFolderBusy, RunLock
 from common.wire.validation import is_folder_name
 
 from .checkpoint import (
@@ -93,7 +93,7 @@ def _hold(run_dir: Path, resuming: bool) -> RunLock:
     """The run folder held by this server for the run's life (RunFailed naming the holder when another has it)."""
     try:
         return RunLock(run_dir).acquire()
-    except RunFolderBusy as exc:
+    except (RunFolderBusy, ForeignLockFile) as exc:
         raise _fail(f"resume: {exc}" if resuming else str(exc)) from None
     except OSError as exc:
         raise _fail(f"cannot lock the run folder {run_dir}: {exc}") from None

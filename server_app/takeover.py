@@ -14,15 +14,15 @@ with a warning, never as an error of the run."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import stat
-import time
 from collections.abc import Iterator
 from logging import WARNING
 from pathlib import Path
 
 from flwr.supercore import log
+
+from common.storage.run_lock import ForeignLockFile, open_locked
 
 CONSENT_FILE = "takeover-allowed"
 Grant = tuple[int, int]  # (partition, the node that may take it)
@@ -82,22 +82,14 @@ def _locked(run_dir: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
     for at most `timeout` seconds (ConsentError after)."""
     path = run_dir / f".{CONSENT_FILE}.lock"
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fd, held = open_locked(path, timeout)
+    except ForeignLockFile as exc:
+        raise ConsentError(str(exc)) from None
     except OSError as exc:
         raise ConsentError(f"{path} cannot be opened ({exc.strerror}; a link is refused)") from None
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-            raise ConsentError(f"{path} is not a regular file of this user's: remove it")
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise ConsentError(f"{path} stayed locked by another process for {timeout:g} s") from None
-                time.sleep(0.05)
+        if not held:
+            raise ConsentError(f"{path} stayed locked by another process for {timeout:g} s")
         yield
     finally:
         os.close(fd)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 from types import TracebackType
@@ -26,8 +27,25 @@ class RunFolderBusy(RuntimeError):
     """The run folder is held by another live server; the message names it."""
 
 
-def _open(path: Path) -> int:
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, PRIVATE_FILE)
+class ForeignLockFile(ValueError):
+    """A lock path that is not a regular file of this user's (another user's file could be held forever)."""
+
+
+def open_locked(path: Path, timeout: float) -> tuple[int, bool]:
+    """A descriptor of the lock file `path` (made 0600 if missing, never through a link: OSError) and whether this
+    process now holds its exclusive flock, tried without blocking for `timeout` s; the caller closes it (which lets
+    the lock go). ForeignLockFile when the path is not a regular file of this user's."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, PRIVATE_FILE)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        os.close(fd)
+        raise ForeignLockFile(f"{path} is not a regular file of this user's: remove it")
+    deadline = time.monotonic() + timeout
+    while not _try_lock(fd):
+        if time.monotonic() >= deadline:
+            return fd, False
+        time.sleep(0.05)
+    return fd, True
 
 
 def _try_lock(fd: int) -> bool:
@@ -59,18 +77,16 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:
-        """Hold the folder, writing who holds it; RunFolderBusy naming the holder when a live process has it."""
-        fd = _open(self.path)
-        deadline = time.monotonic() + RETRY_S
-        while not _try_lock(fd):
-            if time.monotonic() >= deadline:
-                holder = _describe(fd)
-                os.close(fd)
-                raise RunFolderBusy(
-                    f"{self.path.parent} is in use by another server ({holder}): one run folder takes one ServerApp "
-                    "at a time; wait for that run to end, or stop it, then resume"
-                )
-            time.sleep(0.1)
+        """Hold the folder, writing who holds it; RunFolderBusy naming the holder when a live process has it
+        (ForeignLockFile when its lock file is not this user's)."""
+        fd, held = open_locked(self.path, RETRY_S)
+        if not held:
+            holder = _describe(fd)
+            os.close(fd)
+            raise RunFolderBusy(
+                f"{self.path.parent} is in use by another server ({holder}): one run folder takes one ServerApp "
+                "at a time; wait for that run to end, or stop it, then resume"
+            )
         who = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S %z")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(who) + "\n").encode(), 0)
