@@ -12,7 +12,8 @@ Fleet HTTP API and the legacy gRPC servicer call through the module.
 It also lets the SuperLink's SQLite store wait up to `SQLITE_BUSY_TIMEOUT_MS` for a write lock instead of Flower's 5 s:
 under load (20 SuperNodes' ClientApps starting on 2 cores) requests waited longer than 5 s, got HTTP 500 ('database
 is locked'), and Flower's clients retry only 502-504: a ServerApp died of one on a pull, and the SuperLink's own
-ServerApp executor (`flower-superexec`) of one on its acquire-task, after which no run could start.
+ServerApp executor (`flower-superexec`) of one on its acquire-task, after which no run could start. The command also
+starts that executor again when it dies (server_app/executor_watch.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from logging import WARNING
 from typing import Any
+
+from server_app import executor_watch
 
 DEFAULT_MAX_OBJECTS = 4_096  # a reply of this project: ~1 object per array, per 5 MiB chunk and per record
 DEFAULT_MAX_BYTES = 512 << 20  # a 128M-parameter float32 model and its masks; devices here send far less
@@ -186,6 +189,7 @@ def main() -> None:
     bounds, rest = parse(sys.argv[1:])
     install(bounds)
     patient_store()
+    executor_watch.install()
     from flwr.superlink.cli import flower_superlink
 
     sys.argv = ["flower-superlink", *rest]
