@@ -49,6 +49,7 @@ REPO = Path(__file__).resolve().parent.parent
 ADMITTED = "SuperNode ID:"
 RESTORED = re.compile(r"client state restored from \S+partition-(\d+) \(round (\d+)\)")
 ANSWERED = re.compile(r"Receiving: (?:train|evaluate) message")
+EXECUTOR_BACK = "the ServerApp executor runs again"  # server_app/executor_watch.py
 
 
 def resident_mb(pid: int | None) -> float:
@@ -247,6 +248,17 @@ def soak(args: argparse.Namespace, algorithm: str, certs: Path) -> dict[str, Any
             for fault in [f for f in pending_recovery if done > f["round"]]:
                 fault["recovered_s"] = now - fault["at_s"]  # the next round completed after it
                 pending_recovery.remove(fault)
+            if deployment.link.process is not None and deployment.link.process.poll() is not None:
+                # pflower-superlink ended by itself (code 3: its ServerApp executor kept dying): restarted as
+                # systemd's Restart=on-failure would, and the run resumed
+                code = deployment.link.process.returncode
+                fault = {"kind": f"superlink exited with {code}", "round": done, "at_s": now}
+                faults.append(fault)
+                pending_recovery.append(fault)
+                deployment.link.start_link()
+                stop_process_tree(runner, graceful=False)
+                runner = deployment.link.start_run(REPO, f"{config} resume='{run_dir}'")
+                continue
             # `flwr run --stream` can stop streaming while its ServerApp goes on (it did in a 414 s evaluation round):
             # the run has ended only when its ServerApp has; resuming a live run would start a second ServerApp on
             # the same run folder.
@@ -326,6 +338,7 @@ def report(
             answered.append(index)
             if event["saved_round"] is not None and not any(r >= event["saved_round"] for r in rounds):
                 fresh.append(index)
+    link_log = home / "link" / "superlink.log"
     quarter = max(1, len(memory) // 4)
     link_mb = [m[2] for m in memory if m[2] > 0]
     server_mb = [m[3] for m in memory if m[3] > 0]
@@ -344,6 +357,7 @@ def report(
             statistics.mean(server_mb[:quarter] or [0]),
             statistics.mean(server_mb[-quarter:] or [0]),
         ),
+        "executor_restarts": link_log.read_text(errors="replace").count(EXECUTOR_BACK) if link_log.exists() else 0,
         "faults": faults,
         "memory": memory,
         "node_events": {n.index: n.events for n in deployment.nodes if n.events},
@@ -431,8 +445,8 @@ def soak_table(reports: list[dict[str, Any]]) -> str:
     lines = [
         "| algorithm | rounds | replies used / lost | resumes | accuracy (%) | without faults (%) | SuperNode restarts "
         "(answered again / of them fresh) | SuperLink MB (first / last quarter) | ServerApp MB (first / last "
-        "quarter) | recovery (s, median / max) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "quarter) | recovery (s, median / max) | executor restarts |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in reports:
         recovery = [f["recovered_s"] for f in r["faults"] if "recovered_s" in f]
@@ -444,7 +458,8 @@ def soak_table(reports: list[dict[str, Any]]) -> str:
             f"{r['resumes']} | {acc} | {ref} | {r['supernode_restarts']} "
             f"({len(r['restarted_answered'])} / {len(r['restarted_fresh'])}) | "
             f"{r['link_mb_first_last'][0]:.0f} / {r['link_mb_first_last'][1]:.0f} | "
-            f"{r['serverapp_mb_first_last'][0]:.0f} / {r['serverapp_mb_first_last'][1]:.0f} | {rec} |"
+            f"{r['serverapp_mb_first_last'][0]:.0f} / {r['serverapp_mb_first_last'][1]:.0f} | {rec} | "
+            f"{r.get('executor_restarts', 0)} |"
         )
     return "\n".join(lines)
 
