@@ -294,7 +294,7 @@ class RunConfig:
     )
     messages_in_flight: int = hp(
         64,
-        "the most messages the server has out at once when pre-training or "
+        "the most messages the server has out at once when handshaking, pre-training or "
         "evaluating more clients than this: a sliding window, each freed slot refilled "
         "(server memory bounded at thousands of clients; a message unanswered "
         "`round-timeout` seconds after it was sent is given up)",

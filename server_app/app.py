@@ -183,6 +183,7 @@ def main(grid: Grid, context: Context) -> None:
         takeover_after=cfg.takeover_after,
         max_weight_ratio=cfg.max_weight_ratio,
         simulated=simulated,
+        window=cfg.messages_in_flight,
     )
     try:
         strategy = strategy_class(cfg.algorithm)(cfg, ModelLayout.of(model), clients)

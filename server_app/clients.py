@@ -93,6 +93,7 @@ class ClientRegistry:
     expected: dict[int, ClientInfo] = field(default_factory=dict)  # a resumed run's partitions, from its checkpoint
     resumed_at: float = 0.0  # when the resumed run's registry was made (a holder before the restart is gone since)
     simulated: bool = False  # every node is the run's own (a simulation: new node ids at each start, no attacker)
+    window: int = 0  # run-config messages-in-flight: handshake queries out at once (0: every node's at once)
 
     def add(self, info: ClientInfo) -> None:
         """Register (or replace) the client of a partition."""
@@ -170,7 +171,8 @@ class ClientRegistry:
         replaced: list[int] = []
         failures: Counter[str] = Counter()  # reason -> nodes: a fault every node shares is logged once
         silent: list[int] = []  # counts of queries given up unanswered
-        replies = exchange(grid, nodes, queries, len(nodes), timeout, silent.append, renew_on_reply=not joining)
+        window = self.window or len(nodes)
+        replies = exchange(grid, nodes, queries, window, timeout, silent.append, renew_on_reply=not joining)
         for msg in each_reply(replies):
             node = msg.metadata.src_node_id
             why = refusal(msg)

@@ -51,6 +51,30 @@ class ClaimGrid(BlockingGrid):
         ]
 
 
+class CountingClaimGrid(ClaimGrid):
+    """A ClaimGrid that notes the most queries out at once."""
+
+    most_out = 0
+
+    def push_messages(self, messages):
+        ids = super().push_messages(messages)
+        self.most_out = max(self.most_out, len(self.__dict__["_pushed"]))
+        return ids
+
+
+def test_the_handshake_keeps_at_most_messages_in_flight_queries_out() -> None:
+    """Every SuperNode's ClientApp starts when its query arrives: on one machine hosting many (a test rig, the load
+    bench) a handshake of all at once needs ~0.5 GB per node together; messages-in-flight bounds it as it bounds
+    a round's messages."""
+    claims = {100 + i: i for i in range(7)}
+    windowed, unbounded = CountingClaimGrid(claims), CountingClaimGrid(claims)
+    bounded_registry = ClientRegistry(window=3)
+    bounded_registry.handshake(windowed, timeout=5)
+    ClientRegistry().handshake(unbounded, timeout=5)
+    assert windowed.most_out == 3 and sorted(bounded_registry.ids()) == list(range(7))
+    assert unbounded.most_out == 7
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0
