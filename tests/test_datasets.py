@@ -39,6 +39,71 @@ def test_mnist_from_local_folder(data_dir, tmp_path, monkeypatch) -> None:
     clear_dataset_cache()
 
 
+def _idx(shape: tuple[int, ...], values: np.ndarray, magic_type: int = 0x08) -> bytes:
+    header = bytes((0, 0, magic_type, len(shape))) + np.asarray(shape, ">u4").tobytes()
+    return header + values.astype(np.uint8).tobytes()
+
+
+def test_idx_files_are_read_plain_or_gzipped_and_bad_ones_refused(tmp_path) -> None:
+    import gzip
+
+    from common.data.readers import read_idx
+
+    images = np.arange(2 * 3 * 4).reshape(2, 3, 4) % 256
+    (tmp_path / "x").write_bytes(_idx((2, 3, 4), images))
+    (tmp_path / "x.gz").write_bytes(gzip.compress(_idx((2, 3, 4), images)))
+    assert np.array_equal(read_idx(tmp_path / "x", 3), images) and read_idx(tmp_path / "x", 3).dtype == np.uint8
+    assert np.array_equal(read_idx(tmp_path / "x.gz", 3), images)
+    bad = {
+        "truncated": _idx((2, 3, 4), images)[:-1],
+        "too long": _idx((2, 3, 4), images) + b"\0",
+        "int32 values": _idx((2, 3, 4), images, magic_type=0x0C),
+        "header only": b"\0\0\x08",
+    }
+    for name, content in bad.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(DataError, match=str(tmp_path / name)):
+            read_idx(tmp_path / name, 3)
+    with pytest.raises(DataError, match="dimension"):
+        read_idx(tmp_path / "x", 1)
+    (tmp_path / "broken.gz").write_bytes(b"not gzip")
+    with pytest.raises(DataError, match="cannot be read"):
+        read_idx(tmp_path / "broken.gz", 3)
+
+
+@pytest.mark.parametrize("folder", ["MNIST", "FashionMNIST"])
+def test_mnist_like_arrays_are_torchvisions_without_importing_it(data_dir, tmp_path, folder: str) -> None:
+    """The IDX files are read here (a deployment's ClientApp process saves ~4 CPU-s of torchvision imports per
+    message); the arrays are those torchvision's own MNIST classes read, the process never imports torchvision."""
+    import shutil
+    import subprocess
+    import sys
+
+    from torchvision import datasets
+
+    name = {"MNIST": "mnist", "FashionMNIST": "fashion-mnist"}[folder]
+    script = (
+        "import sys, numpy as np\n"
+        "from common.data.datasets import load_dataset\n"
+        f"d = load_dataset({name!r}, sys.argv[1], False)\n"
+        "np.save(sys.argv[2], d.x); np.save(sys.argv[3], d.y)\n"
+        "assert 'torchvision' not in sys.modules, 'torchvision imported'\n"
+    )
+    out_x, out_y = tmp_path / "x.npy", tmp_path / "y.npy"
+    env = {"PFL_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(data_dir), str(out_x), str(out_y)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    (tmp_path / "tv" / folder / "raw").mkdir(parents=True)
+    for gz in (data_dir / folder / "raw").glob("*.gz"):
+        shutil.copyfile(gz, tmp_path / "tv" / folder / "raw" / gz.name)
+    cls = getattr(datasets, folder)
+    train, test = (cls(str(tmp_path / "tv"), train=t, download=True) for t in (True, False))
+    assert np.array_equal(np.load(out_x)[:, 0], np.concatenate([train.data.numpy(), test.data.numpy()]))
+    assert np.array_equal(np.load(out_y), np.concatenate([train.targets.numpy(), test.targets.numpy()]))
+
+
 def test_cifar10_all_staged_batches_from_local_folder(data_dir) -> None:
     data = load_dataset("cifar10", str(data_dir), False)
     assert data.x.shape[1:] == (3, 32, 32) and len(data.y) == 60000  # batches 1-5 plus the test batch

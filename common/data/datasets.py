@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache, partial
@@ -15,7 +14,7 @@ import numpy as np
 
 from common.data.arrays import DataError, DatasetArrays
 from common.data.domains import digit_domains, digit_domains_cached, usps_missing
-from common.data.readers import decode_cifar_batch, femnist, femnist_digits, files_missing, har, usps
+from common.data.readers import decode_cifar_batch, femnist, femnist_digits, files_missing, har, read_idx, usps
 
 _MNIST_FILES = (
     "train-images-idx3-ubyte.gz",
@@ -41,50 +40,61 @@ def _digits() -> DatasetArrays:
     return DatasetArrays("digits", x, bunch.target.astype(np.int64), 10, mean, std, 16.0)
 
 
-def _mnist_missing(name: str, data_dir: Path, cache_dir: Path) -> DataError | None:
-    """The error for MNIST-like files that are neither in data_dir (extracted or .gz) nor in the cache copy."""
+def _idx_file(raw: Path, name: str) -> Path | None:
+    """One of the MNIST-like files in `raw`, extracted or as its `.gz`; None when neither is there."""
+    return next((p for p in (raw / name.removesuffix(".gz"), raw / name) if p.is_file()), None)
+
+
+def _mnist_raw(name: str, data_dir: Path, cache_dir: Path) -> Path | None:
+    """The folder holding the four MNIST-like files: data_dir's, else the cache's (where a download goes)."""
     folder = _TORCHVISION_NAMES[name]
-    raw, cached_raw = data_dir / folder / "raw", cache_dir / folder / "raw"
-    found = (
-        all((raw / f.removesuffix(".gz")).exists() for f in _MNIST_FILES)
-        or all((raw / f).exists() for f in _MNIST_FILES)
-        or all((cached_raw / f).exists() for f in _MNIST_FILES)
-    )
-    if found:
+    for raw in (data_dir / folder / "raw", cache_dir / folder / "raw"):
+        if all(_idx_file(raw, f) is not None for f in _MNIST_FILES):
+            return raw
+    return None
+
+
+def _mnist_missing(name: str, data_dir: Path, cache_dir: Path) -> DataError | None:
+    """The error for MNIST-like files that are neither in data_dir (extracted or .gz) nor in the cache."""
+    if _mnist_raw(name, data_dir, cache_dir) is not None:
         return None
+    folder = _TORCHVISION_NAMES[name]
     return DataError(
-        f"{name}: expected {', '.join(_MNIST_FILES)} in {raw} (set run-config 'data-dir' or "
+        f"{name}: expected {', '.join(_MNIST_FILES)} in {data_dir / folder / 'raw'} (set run-config 'data-dir' or "
         f"$PFL_DATA_DIR to the folder holding '{folder}/raw', or allow-download=true)"
     )
 
 
-def _mnist_like(name: str, data_dir: Path, cache_dir: Path, allow_download: bool) -> DatasetArrays:
+def _download_mnist(name: str, cache_dir: Path) -> None:
+    """torchvision's download of an MNIST-like dataset into the cache (its checksums checked by torchvision)."""
     from torchvision import datasets
 
-    folder = _TORCHVISION_NAMES[name]
-    cls = getattr(datasets, folder)
-    raw = data_dir / folder / "raw"
-    extracted = all((raw / f.removesuffix(".gz")).exists() for f in _MNIST_FILES)
-    if extracted:
-        root = data_dir
-    else:
-        # torchvision extracts the .gz next to them; the data dir may be read-only, so work in a cache copy.
-        cached_raw = cache_dir / folder / "raw"
-        if all((raw / f).exists() for f in _MNIST_FILES):
-            cached_raw.mkdir(parents=True, exist_ok=True)
-            for f in _MNIST_FILES:
-                if not (cached_raw / f).exists():
-                    shutil.copyfile(raw / f, cached_raw / f)
-        elif not allow_download and (missing := _mnist_missing(name, data_dir, cache_dir)):
-            raise missing
-        root = cache_dir
+    cls = getattr(datasets, _TORCHVISION_NAMES[name])
     try:
-        train = cls(str(root), train=True, download=not extracted)
-        test = cls(str(root), train=False, download=not extracted)
+        for train in (True, False):
+            cls(str(cache_dir), train=train, download=True)
     except (RuntimeError, OSError) as exc:
-        raise DataError(f"{name}: could not load from {root}: {exc}") from exc
-    x = np.concatenate([train.data.numpy(), test.data.numpy()])[:, None, :, :]
-    y = np.concatenate([train.targets.numpy(), test.targets.numpy()]).astype(np.int64)
+        raise DataError(f"{name}: could not download into {cache_dir}: {exc}") from exc
+
+
+def _mnist_like(name: str, data_dir: Path, cache_dir: Path, allow_download: bool) -> DatasetArrays:
+    raw = _mnist_raw(name, data_dir, cache_dir)
+    if raw is None:
+        if not allow_download:
+            raise _mnist_missing(name, data_dir, cache_dir) or DataError(f"{name}: files missing")
+        _download_mnist(name, cache_dir)
+        raw = _mnist_raw(name, data_dir, cache_dir)
+        if raw is None:
+            raise DataError(f"{name}: the download left no {', '.join(_MNIST_FILES)} in {cache_dir}")
+    train_x, train_y, test_x, test_y = (
+        read_idx(_idx_file(raw, f) or raw / f, ndim) for f, ndim in zip(_MNIST_FILES, (3, 1, 3, 1), strict=True)
+    )
+    if len(train_x) != len(train_y) or len(test_x) != len(test_y):
+        raise DataError(f"{name}: images and labels in {raw} differ in number")
+    x = np.concatenate([train_x, test_x])[:, None, :, :]
+    y = np.concatenate([train_y, test_y]).astype(np.int64)
+    if y.size and y.max() >= 10:
+        raise DataError(f"{name}: a label in {raw} is {y.max()}, not one of the 10 classes")
     mean, std = _NORMALIZATION[name]
     return DatasetArrays(name, x, y, 10, mean, std, 255.0)
 

@@ -1,12 +1,14 @@
 """FEMNIST (LEAF, by writer; all 62 classes or its digits only), UCI HAR (inertial signals, by subject) and USPS
 read from the data folder into DatasetArrays; samples keep their files' order (the order `partition='file'` indices
 refer to). CIFAR-10's python batches are decoded here from bytes already checked, by an unpickler that admits
-nothing but numpy arrays."""
+nothing but numpy arrays; MNIST's IDX files are read here too."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import lzma
+import math
 import pickle
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,25 @@ def files_missing(dataset: str, data_dir: Path) -> DataError | None:
     except DataError as exc:
         return exc
     return None
+
+
+def read_idx(path: Path, ndim: int) -> np.ndarray:
+    """An IDX file of unsigned bytes with `ndim` dimensions (MNIST's and Fashion-MNIST's format), plain or gzipped
+    (by its `.gz` name), its magic number and sizes checked: the array torchvision's MNIST reads from the same file.
+    Read here, not through torchvision, because a deployment starts a process per message and importing torchvision
+    costs ~4 CPU-seconds of each on x86 (far more on a Raspberry Pi)."""
+    try:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as file:
+            data = file.read()
+    except (OSError, EOFError) as exc:
+        raise DataError(f"{path}: cannot be read: {exc}") from exc
+    header = 4 + 4 * ndim
+    if len(data) < header or data[:4] != bytes((0, 0, 0x08, ndim)):
+        raise DataError(f"{path}: not an IDX file of unsigned bytes with {ndim} dimension(s)")
+    shape = tuple(int(d) for d in np.frombuffer(data, ">u4", count=ndim, offset=4))
+    if len(data) - header != math.prod(shape):
+        raise DataError(f"{path}: {len(data) - header} bytes of data for the declared shape {shape}")
+    return np.frombuffer(data, np.uint8, offset=header).reshape(shape)
 
 
 def _npz(dataset: str, path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
