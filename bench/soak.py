@@ -11,8 +11,10 @@ messages), whether every restarted SuperNode went on from the state it had saved
 memory of the SuperLink and the ServerApp over the run (first against last quarter; a figure), and each fault's
 recovery time. Load: the most SuperNodes one SuperLink serves here with the `mlp` model, seconds per round at each
 count, stopping where memory runs short. Every SuperNode stays connected (polling and sending heartbeats through the
-proxy) while a round trains and evaluates `--load-clients` of them: on one machine every ClientApp would otherwise
-be a process of ~0.8 GB at once, and 100 of them exhaust the memory before the SuperLink is measured.
+proxy) while a round trains and evaluates `--load-clients` of them, and the first handshake keeps as many queries
+out at once (messages-in-flight): on one machine every ClientApp would otherwise be a process of ~0.5-0.8 GB at once,
+and 100 of them exhaust the memory before the SuperLink is measured. Each SuperNode here is ~270 MB (its process and
+its ClientApp executor) before any message.
 
     python bench/soak.py --data-dir ../shared/data [--nodes 20] [--rounds 100] [--algorithms dmpfl,fedamp]
     python bench/soak.py --data-dir ../shared/data --load 10,50,100,200
@@ -392,6 +394,8 @@ def load(args: argparse.Namespace, certs: Path, counts: list[int]) -> list[dict[
                 "fraction-train": min(1.0, args.load_clients / count),
                 "fraction-evaluate": min(1.0, args.load_clients / count),
                 "min-train-clients": min(count, args.load_clients),
+                # the first handshake queries every node: one ClientApp (~0.5 GB) per message, on this one machine
+                "messages-in-flight": args.load_clients,
                 "eval-every": 3,
                 "checkpoint-every": 0,
                 "results-dir": str(home / "results"),
