@@ -50,6 +50,7 @@ class ExecutorWatch:
     start: Callable[[], Process | None]
     give_up: Callable[[int], None]
     poll_s: float = 1.0
+    grace_s: float = 3.0  # a death this close before the SuperLink's stop is that stop (systemd signals both)
     clock: Callable[[], float] = time.monotonic
     restarts: int = 0
     _stopping: threading.Event = field(default_factory=threading.Event)
@@ -65,7 +66,7 @@ class ExecutorWatch:
             code = process.poll()
             if code is None:
                 continue
-            if self._stopping.is_set():
+            if self._stopping.wait(self.grace_s):
                 return
             lived = self.clock() - started
             deaths_in_a_row = deaths_in_a_row + 1 if lived < QUICK_DEATH_S else 1

@@ -62,7 +62,7 @@ def test_a_dead_executor_is_started_again_and_the_superlink_goes_on(monkeypatch,
         return started[-1]
 
     # every executor lives 100 s of this clock: each death is a first one, never a reason to give up
-    watch = ExecutorWatch(start=start, give_up=given_up.append, poll_s=0.0, clock=Clock(100.0))
+    watch = ExecutorWatch(start=start, give_up=given_up.append, poll_s=0.0, grace_s=0.0, clock=Clock(100.0))
     with caplog.at_level("INFO", logger="flwr"):
         watch.watch(FakeProcess(pid=99, lives=3))
     assert [p.pid for p in started] == [100, 101, 102] and watch.restarts == 2
@@ -81,7 +81,7 @@ def test_an_executor_that_keeps_dying_ends_the_superlink_with_its_code(monkeypat
         count += 1
         return FakeProcess(pid=count, lives=1, code=2)
 
-    watch = ExecutorWatch(start=start, give_up=given_up.append, poll_s=0.0, clock=Clock(1.0))
+    watch = ExecutorWatch(start=start, give_up=given_up.append, poll_s=0.0, grace_s=0.0, clock=Clock(1.0))
     watch.watch(FakeProcess(pid=0, lives=1, code=2))
     assert given_up == [EXIT_EXECUTOR_FAILED] and watch.restarts == MAX_DEATHS_IN_A_ROW - 1
     assert f"exited {MAX_DEATHS_IN_A_ROW} times in a row" in caplog.text
@@ -94,9 +94,24 @@ def test_a_shutdown_stops_the_executor_without_a_restart(monkeypatch) -> None:
         starts.append(1)
 
     watch = ExecutorWatch(start=start, give_up=lambda code: None, poll_s=0.0)
-    watch.stop()
+    watch.stop()  # e.g. systemd's stop: SIGTERM to the SuperLink and its executor at once
     watch.watch(FakeProcess(pid=1, lives=1))
     assert starts == []
+
+
+def test_an_executor_stopped_with_the_superlink_is_neither_restarted_nor_reported(caplog) -> None:
+    """systemd's stop signals the SuperLink and its executor at once: the executor may die before the SuperLink's
+    shutdown begins; a death followed by the stop within the grace is that stop."""
+    import threading
+
+    def start() -> FakeProcess:
+        raise AssertionError("started again during a stop")
+
+    watch = ExecutorWatch(start=start, give_up=lambda code: None, poll_s=0.0, grace_s=30.0)
+    threading.Timer(0.2, watch.stop).start()
+    began = time.monotonic()
+    watch.watch(FakeProcess(pid=1, lives=1, code=-15))
+    assert time.monotonic() - began < 10 and "exited" not in caplog.text
 
 
 def _children(pid: int) -> dict[int, str]:
