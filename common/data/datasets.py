@@ -45,18 +45,20 @@ def _idx_file(raw: Path, name: str) -> Path | None:
     return next((p for p in (raw / name.removesuffix(".gz"), raw / name) if p.is_file()), None)
 
 
-def _mnist_raw(name: str, data_dir: Path, cache_dir: Path) -> Path | None:
-    """The folder holding the four MNIST-like files: data_dir's, else the cache's (where a download goes)."""
+def _mnist_files(name: str, data_dir: Path, cache_dir: Path) -> list[Path] | None:
+    """The four MNIST-like files (extracted or .gz, in _MNIST_FILES' order): data_dir's, else the cache's (where a
+    download goes); None when neither folder holds all four."""
     folder = _TORCHVISION_NAMES[name]
     for raw in (data_dir / folder / "raw", cache_dir / folder / "raw"):
-        if all(_idx_file(raw, f) is not None for f in _MNIST_FILES):
-            return raw
+        found = [_idx_file(raw, f) for f in _MNIST_FILES]
+        if all(found):
+            return [p for p in found if p is not None]
     return None
 
 
 def _mnist_missing(name: str, data_dir: Path, cache_dir: Path) -> DataError | None:
     """The error for MNIST-like files that are neither in data_dir (extracted or .gz) nor in the cache."""
-    if _mnist_raw(name, data_dir, cache_dir) is not None:
+    if _mnist_files(name, data_dir, cache_dir) is not None:
         return None
     folder = _TORCHVISION_NAMES[name]
     return DataError(
@@ -78,17 +80,16 @@ def _download_mnist(name: str, cache_dir: Path) -> None:
 
 
 def _mnist_like(name: str, data_dir: Path, cache_dir: Path, allow_download: bool) -> DatasetArrays:
-    raw = _mnist_raw(name, data_dir, cache_dir)
-    if raw is None:
+    files = _mnist_files(name, data_dir, cache_dir)
+    if files is None:
         if not allow_download:
             raise _mnist_missing(name, data_dir, cache_dir) or DataError(f"{name}: files missing")
         _download_mnist(name, cache_dir)
-        raw = _mnist_raw(name, data_dir, cache_dir)
-        if raw is None:
+        files = _mnist_files(name, data_dir, cache_dir)
+        if files is None:
             raise DataError(f"{name}: the download left no {', '.join(_MNIST_FILES)} in {cache_dir}")
-    train_x, train_y, test_x, test_y = (
-        read_idx(_idx_file(raw, f) or raw / f, ndim) for f, ndim in zip(_MNIST_FILES, (3, 1, 3, 1), strict=True)
-    )
+    raw = files[0].parent
+    train_x, train_y, test_x, test_y = (read_idx(p, ndim) for p, ndim in zip(files, (3, 1, 3, 1), strict=True))
     if len(train_x) != len(train_y) or len(test_x) != len(test_y):
         raise DataError(f"{name}: images and labels in {raw} differ in number")
     x = np.concatenate([train_x, test_x])[:, None, :, :]
