@@ -444,6 +444,26 @@ def figure(reports: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def load_figure(rows: list[dict[str, Any]], path: Path) -> None:
+    """Seconds per round and the SuperLink's resident memory against the SuperNodes connected."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measured = [r for r in rows if r.get("round_s") is not None]
+    nodes = [r["nodes"] for r in measured]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+    left.plot(nodes, [r["round_s"] for r in measured], marker="o", label="training round")
+    left.plot(nodes, [r.get("eval_round_s") or float("nan") for r in measured], marker="s", label="evaluation round")
+    left.set(xlabel="SuperNodes connected", ylabel="seconds", title="seconds per round")
+    left.legend()
+    right.plot(nodes, [r.get("link_mb", 0) for r in measured], marker="o")
+    right.set(xlabel="SuperNodes connected", ylabel="MB", title="SuperLink resident memory")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def soak_table(reports: list[dict[str, Any]]) -> str:
     """Markdown: one row per algorithm."""
     lines = [
@@ -518,14 +538,17 @@ def main() -> None:
                 f"{row.get('link_cpu_pct', 0):.0f} | {row.get('link_mb', 0):.0f} | "
                 f"{row.get('least_available_mb', 0):.0f} |" + (f" {row['stopped']}" if "stopped" in row else "")
             )
+        (out / "load.json").write_text(json.dumps(rows, indent=1))
+        load_figure(rows, out / "load.png")
+        print(f"\nfigure: {out / 'load.png'}")
         return
-    reports = []
     for algorithm in args.algorithms.split(","):
         rep = soak(args, algorithm, certs)
         rep["reference"] = reference_accuracy(args, algorithm)
         (out / f"soak-{algorithm}.json").write_text(json.dumps(rep, indent=1, default=str))
-        reports.append(rep)
         print(json.dumps({k: v for k, v in rep.items() if k != "memory"}, default=str), flush=True)
+    # every soak written to this folder, earlier runs of other algorithms too: one table, one figure
+    reports = [json.loads(p.read_text()) for p in sorted(out.glob("soak-*.json"))]
     figure(reports, out / "soak-memory.png")
     print(
         f"\n{args.nodes} SuperNodes, {args.rounds} rounds, MNIST Dir(0.3), {100 * args.fraction:.0f}% a round; a "
