@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.algorithms import SPECS
 from common.hparams import ConfigError
 from common.storage.run_folder import RunFolder, final_means
 from experiments.engine.serve import available_cores, serve
@@ -193,8 +194,8 @@ def soak_config(args: argparse.Namespace, algorithm: str) -> dict[str, Any]:
         "eval-every": args.eval_every,
         "round-timeout": 300,  # an evaluation round starts 20 ClientApps at once on 2 cores here
         "checkpoint-every": 1,
-        "max-weight-ratio": 4,
-        "max-update-ratio": 3,
+        "max-weight-ratio": 4,  # the deployment recipes' settings
+        **({"max-update-ratio": 3} if SPECS[algorithm].bounds_updates else {}),
         "seed": args.seed,
         **dict(args.set),
     }
