@@ -278,11 +278,24 @@ class AlgorithmSpec:
     shares: str = "all"
     averages_models: bool = False  # the server averages uploaded weights: `robust-aggregation` and attacks apply
     averages_updates: bool = False  # a weighted average of uploads all the same (sparse, pruned): max-update-ratio
+    mixes_models: bool = False  # each client gets its own mix of the uploads, no sample counts (FedAMP's u_i)
 
     @property
     def bounds_updates(self) -> bool:
-        """Whether run-config `max-update-ratio` applies: the server takes a weighted average of uploads."""
-        return self.averages_models or self.averages_updates
+        """Whether run-config `max-update-ratio` applies: the server averages or mixes uploads."""
+        return self.averages_models or self.averages_updates or self.mixes_models
+
+    @property
+    def protected_by(self) -> tuple[str, ...]:
+        """The run-config keys, any one of which on lets a deployment of this algorithm start (allow-unprotected
+        otherwise): the rule that stops one device's key from steering what the others receive. None where the
+        server mixes no upload into another client's model by a rule of its own (Local; FedFomo's clients weigh
+        each peer's model by their own validation gain)."""
+        if self.averages_models:
+            return ("robust-aggregation", "max-weight-ratio")
+        if self.averages_updates:
+            return ("max-weight-ratio",)
+        return ("max-update-ratio",) if self.mixes_models else ()
 
 
 SPECS: dict[str, AlgorithmSpec] = {
@@ -337,6 +350,7 @@ SPECS: dict[str, AlgorithmSpec] = {
             "fedamp:FedAMPClient",
             FedAMPParams,
             (CLOUD,),
+            mixes_models=True,
         ),
         AlgorithmSpec(
             "heurfedamp",
@@ -345,6 +359,7 @@ SPECS: dict[str, AlgorithmSpec] = {
             "fedamp:FedAMPClient",
             HeurFedAMPParams,
             (CLOUD,),
+            mixes_models=True,
         ),
         AlgorithmSpec(
             "fliu",

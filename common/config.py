@@ -272,8 +272,10 @@ class RunConfig:
     )
     allow_unprotected: bool = hp(
         False,
-        "deployment: start even with robust-aggregation 'none' and max-weight-ratio 0 (refused otherwise: one "
-        "device could steer the model); simulations and the in-process engine never ask",
+        "deployment: start even with none of the keys that protect the algorithm on (robust-aggregation or "
+        "max-weight-ratio for the averaging ones, max-weight-ratio for DM-PFL, FedDST and DapperFL, "
+        "max-update-ratio for FedAMP and HeurFedAMP; refused otherwise: one device could steer the models); "
+        "simulations and the in-process engine never ask",
     )
     max_weight_ratio: float = hp(
         0.0,
@@ -288,7 +290,8 @@ class RunConfig:
         "deployment: in every weighted average (FedAvg family, FLIU, DM-PFL's and FedDST's values, DapperFL) an "
         "update (upload - the model the client started from, L2 over what it uploaded) is shortened to at most this "
         "many times the median norm of the round's other updates, so one boosted update cannot replace the model; "
-        "the recipes set 3; 0: no bound",
+        "in FedAMP and HeurFedAMP the update is measured from the client's previous upload, before it enters the "
+        "others' u_i; the recipes set 3; 0: no bound",
         low=0.0,
         high=1e6,
     )

@@ -15,6 +15,7 @@ from flwr.supercore import log
 from threadpoolctl import threadpool_limits
 
 from common import profiling
+from common.algorithms import SPECS
 from common.config import ConfigError, RunConfig, parse_run_config
 from common.data.datasets import DataError
 from common.data.federated import dataset_for
@@ -151,6 +152,20 @@ def _resumable_checkpoint(cfg: RunConfig, run_dir: Path) -> Checkpoint:
     return checkpoint
 
 
+def unprotected_deployment(cfg: RunConfig) -> str | None:
+    """Why this run may not start on a SuperLink (None: it may): no key that protects its algorithm is on."""
+    active = {
+        key
+        for key, on in (
+            ("robust-aggregation", cfg.robust_aggregation != "none"),
+            ("max-weight-ratio", cfg.max_weight_ratio > 0),
+            ("max-update-ratio", cfg.max_update_ratio > 0),
+        )
+        if on
+    }
+    return unprotected(cfg.algorithm, SPECS[cfg.algorithm].protected_by, active, cfg.allow_unprotected)
+
+
 def single_threaded_math() -> None:
     """The server's numpy and torch math on one thread. How a BLAS splits a product over threads changes its last
     bits (FedAMP's Gram matrix differed by 1e-16 between one and two threads), so one thread gives the same numbers
@@ -168,7 +183,7 @@ def main(grid: Grid, context: Context) -> None:
     speed_up_simulation()  # Flower's simulation runtime, when this process runs it (server_app/flower_private.py)
     cfg = load_config(dict(context.run_config))
     simulated = is_simulation(grid)  # a SuperLink's nodes are devices: take-overs and protection are asked for
-    why = None if simulated else unprotected(cfg.robust_aggregation, cfg.max_weight_ratio, cfg.allow_unprotected)
+    why = None if simulated else unprotected_deployment(cfg)
     if why is not None:
         log(ERROR, "%s", why)
         raise RunFailed(why)

@@ -445,18 +445,23 @@ def test_nginx_passes_the_largest_fleet_request_and_refuses_a_larger_body(certs:
 
 def test_the_recipes_run_weight_averaging_algorithms_with_norm_clipping() -> None:
     """The recommended deployment mode (`clip`) is what every weight-averaging command of the recipes sets, every
-    command caps a client's weight (`max-weight-ratio=4`), and each command's run config parses."""
+    command of a sample-weighted algorithm caps a client's weight (`max-weight-ratio=4`), each command's run config
+    parses, and each passes the deployment's protection check as written."""
     from common.algorithms import SPECS
     from common.config import parse_run_config
     from experiments.run.runs import parse_assignment
+    from server_app.app import unprotected_deployment
 
     text = (DEPLOY / "README.md").read_text()
     commands = re.findall(r'flwr run [^\n]*?deploy --stream \\?\s*--run-config "([^"<]+)"', text)
     averaging = []
     for command in commands:
         raw = dict(parse_assignment(item) for item in command.split())
-        assert raw.get("max-weight-ratio") == 4, command  # a device's declared count buys little
-        if SPECS[str(raw.get("algorithm", "fedavg"))].averages_models:
+        spec = SPECS[str(raw.get("algorithm", "fedavg"))]
+        assert unprotected_deployment(parse_run_config(raw)) is None, command
+        if spec.averages_models or spec.averages_updates:
+            assert raw.get("max-weight-ratio") == 4, command  # a device's declared count buys little
+        if spec.averages_models:
             averaging.append(raw)
             assert raw.get("robust-aggregation") == "clip", command
             assert parse_run_config(raw).robust_rule.method == "clip"

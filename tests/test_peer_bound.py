@@ -8,9 +8,12 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from flwr.app import RecordDict
 
 from common.config import ConfigError, parse_run_config
 from common.methods.robust import peer_scales, scale_updates, update_norms
+from common.wire.records import unflatten
+from server_app.replies import TrainReply
 
 from .inprocess import InProcessFederation
 
@@ -44,8 +47,43 @@ def test_scaling_moves_a_model_back_along_its_update_exactly() -> None:
 
 def test_the_key_is_refused_where_nothing_is_averaged() -> None:
     assert parse_run_config({"algorithm": "dmpfl", "max-update-ratio": 3.0}).max_update_ratio == 3.0
+    assert parse_run_config({"algorithm": "heurfedamp", "max-update-ratio": 3.0}).max_update_ratio == 3.0
     with pytest.raises(ConfigError, match="'max-update-ratio' applies to the algorithms that average uploads"):
-        parse_run_config({"algorithm": "fedamp", "max-update-ratio": 3.0})
+        parse_run_config({"algorithm": "fedfomo", "max-update-ratio": 3.0})
+
+
+def _boosted_cloud(algorithm: str, ratio: float) -> tuple[float, dict]:
+    """Five clients uploaded once; then four move their model by ~0.01 and the fifth uploads 100 x its model. How
+    many times longer than an honest client's model the victims' next u_i is (1: unaffected)."""
+    raw = {"algorithm": algorithm, "dataset": "digits", "num-rounds": 3, "fraction-train": 1.0}
+    fed = InProcessFederation({**raw, "max-update-ratio": ratio} if ratio else raw, 5)
+    fed.warmup()
+    fed.train_round(1)
+    strategy = fed.strategy
+    matrix = strategy.ensure_matrix()
+    shapes = [shape for _, shape in strategy.specs]
+    rng = np.random.default_rng(0)
+    replies = []
+    for pid in range(5):
+        row = np.array(matrix.W[strategy.rows[pid]], dtype=np.float32)
+        model = 100.0 * row if pid == 4 else row + rng.normal(0, 0.01 / np.sqrt(row.size), row.size).astype(np.float32)
+        replies.append(TrainReply(pid, 10, 0.0, RecordDict(), arrays=unflatten(model, shapes)))
+    honest = float(np.linalg.norm(matrix.W[strategy.rows[0]]))
+    strategy.peer_bound = {}
+    strategy.aggregate(2, replies)
+    cloud = strategy.cloud_for(3, list(range(5)), list(range(4)))
+    return max(float(np.linalg.norm(u)) for u in cloud.values()) / honest, strategy.peer_bound
+
+
+@pytest.mark.parametrize("algorithm", ["heurfedamp", "fedamp"])
+def test_one_boosted_upload_no_longer_inflates_the_others_cloud_models(algorithm: str) -> None:
+    """HeurFedAMP's cosine attention gives 100 x w the weight of w: unbounded, every victim's u_i grows many times
+    over. FedAMP's distance attention already gives it almost none; the bound keeps both near 1."""
+    inflated, plain = _boosted_cloud(algorithm, 0.0)
+    kept, report = _boosted_cloud(algorithm, 3.0)
+    if algorithm == "heurfedamp":
+        assert inflated > 5.0 and plain == {}, "without the bound the attacker's scale reaches every u_i"
+    assert report["clipped"] == 1 and kept < 1.1
 
 
 def _replaced(bound: float) -> float:

@@ -100,14 +100,22 @@ def robust_needs(method: str, per_round: int) -> str:
     )
 
 
-def unprotected(robust_aggregation: str, max_weight_ratio: float, allow_unprotected: bool) -> str | None:
-    """Why a deployment may not start with these settings (None: it may): with neither a robust rule nor a weight
-    cap, one device's key moves the global model where it likes (a boosted update, an inflated count)."""
-    if robust_aggregation != "none" or max_weight_ratio > 0 or allow_unprotected:
+RECIPES = {  # what deploy/README.md's recipes set, by the key that protects
+    "robust-aggregation": "robust-aggregation='clip' and max-weight-ratio=4",
+    "max-weight-ratio": "max-weight-ratio=4 and max-update-ratio=3",
+    "max-update-ratio": "max-update-ratio=3",
+}
+
+
+def unprotected(algorithm: str, protected_by: Sequence[str], active: set[str], allow_unprotected: bool) -> str | None:
+    """Why a deployment of `algorithm` may not start (None: it may): none of the run-config keys that protect it
+    (`protected_by`, AlgorithmSpec.protected_by) is among those set (`active`), so one device's key moves the models
+    the others receive where it likes (a boosted update, an inflated count)."""
+    if not protected_by or active & set(protected_by) or allow_unprotected:
         return None
     return (
-        "a deployment without robust-aggregation and without max-weight-ratio lets one device steer the model: "
-        "set robust-aggregation='clip' and max-weight-ratio=4 as the recipes do (deploy/README.md), or "
+        f"a deployment of {algorithm} without {' or '.join(protected_by)} lets one device steer the models the "
+        f"others receive: set {RECIPES[protected_by[0]]} as the recipes do (deploy/README.md), or "
         "allow-unprotected=true"
     )
 

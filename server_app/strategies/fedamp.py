@@ -16,10 +16,13 @@ from common.algorithms import AMPParams, FedAMPParams, HeurFedAMPParams
 from common.config import RunConfig
 from common.learning.models import ModelLayout
 from common.methods.attention import fedamp_weights_from_gram, gram_among, heurfedamp_weights_from_gram, mix_rows
+from common.methods.robust import scale_updates, update_norms
 from common.wire.messages import ARRAYS, CONFIG, PRETRAIN, PROX_MU
+from common.wire.records import flatten, unflatten
 
 from ..clients import ClientRegistry
 from ..replies import TrainReply
+from .base import uploaded
 from .client_models import ClientModelsStrategy
 
 
@@ -161,11 +164,33 @@ class FedAMPStrategy(ClientModelsStrategy):
         return [pid for pid in participants if not self.lazy or heard[self.rows[pid]]]
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
-        """Store each reply as its client's new row (and the Gram matrix's row/column)."""
+        """Store each reply as its client's new row (and the Gram matrix's row/column), bounded first."""
         heard = self.ensure_matrix().heard
         first = sum(1 for r in replies if r.partition_id in self.rows and not heard[self.rows[r.partition_id]])
+        self.bound_to_rows([r for r in replies if r.partition_id in self.rows])
         self.store_replies(replies)
         self._stored = (server_round, len(replies), first)
+
+    def bound_to_rows(self, replies: list[TrainReply]) -> None:
+        """Run-config `max-update-ratio`, in place: each upload's update, measured from its client's stored row (its
+        previous upload; the common initialization before the first: the server keeps no copy of the u_i it sent),
+        at most that many times the median of the round's other updates (PFLStrategy.peer_factors). Without it, one
+        device's upload c * w enters every u_i: HeurFedAMP's cosine attention does not see the scale c."""
+        if self.cfg.max_update_ratio <= 0 or not replies:
+            return
+        matrix = self.ensure_matrix()
+        initial = flatten(self.global_arrays)
+        shapes = [shape for _, shape in self.specs]
+        references = [
+            unflatten(np.array(matrix.W[self.rows[r.partition_id]]), shapes)
+            if matrix.heard[self.rows[r.partition_id]]
+            else unflatten(initial, shapes)
+            for r in replies
+        ]
+        norms = np.array([update_norms([uploaded(r)], ref)[0] for r, ref in zip(replies, references, strict=True)])
+        for reply, ref, scale in zip(replies, references, self.peer_factors(norms), strict=True):
+            if scale < 1.0:
+                (reply.arrays,) = scale_updates([uploaded(reply)], ref, [scale])
 
     def round_record(self, server_round: int) -> dict[str, Any]:
         """alpha_k, whether the guard fired, and how many rows are stale or never updated (and, under
