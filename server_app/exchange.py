@@ -92,6 +92,7 @@ def exchange(
     long as nodes keep answering (20 ClientApps starting at once on 2 cores answer one after another for minutes),
     and `timeout` after the last answer at most."""
     started: Callable[[str], bool] | None = getattr(grid, "message_started", None)
+    forget: Callable[[list[str]], None] | None = getattr(grid, "forget_messages", None)  # the in-process engine's
     todo = list(targets)
     pending: dict[str, float | None] = {}  # message id -> deadline (None: still queued, not started)
     given_up = 0
@@ -114,6 +115,8 @@ def exchange(
         expired = [mid for mid, due in pending.items() if due is not None and due <= now]
         for mid in expired:
             del pending[mid]
+        if expired and forget is not None:
+            forget(expired)
         given_up += len(expired)
         if expired and on_given_up is not None:
             on_given_up(len(expired))

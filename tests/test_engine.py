@@ -119,6 +119,24 @@ def test_the_grid_answers_queries_and_a_message_to_an_unknown_node_gets_an_error
         grid.close()
 
 
+def test_replies_the_server_gave_up_are_not_kept(tmp_path: Path) -> None:
+    """A message given up at the round timeout (server_app/exchange.py tells the grid) leaves no reply behind, whether
+    it was answered before or after: late replies do not pile up over a long run; the node's state is kept."""
+    grid = InProcessGrid({"dataset": "digits", "results-dir": str(tmp_path)}, 2, workers=0)  # answered at the push
+    try:
+        late, answered_first = list(grid.push_messages([_query(FIRST_NODE_ID), _query(FIRST_NODE_ID + 1)]))
+        grid.forget_messages([late])
+        assert grid.pull_messages([]) == [] and late not in grid._pending and late not in grid._ready
+        (kept,) = grid.push_messages([_query(FIRST_NODE_ID + 1)])  # collects the earlier one: a reply not yet read
+        assert answered_first in grid._ready
+        grid.forget_messages([answered_first])
+        assert answered_first not in grid._ready
+        assert [r.metadata.reply_to_message_id for r in _replies(grid, [kept])] == [kept]
+        assert not grid._pending and not grid._ready and not grid._forgotten
+    finally:
+        grid.close()
+
+
 def test_a_message_waiting_for_a_busy_worker_has_not_started(tmp_path: Path) -> None:
     """The round timeout runs from when a worker takes a message up (server_app/exchange.py): messages queued
     behind a busy worker say they have not started; answered ones say they have."""

@@ -130,6 +130,16 @@ def test_a_message_slow_to_build_still_has_the_whole_timeout_for_its_reply(caplo
     assert got == [1, 3]
     assert "1 message(s) unanswered 0.2 s after they were sent (round-timeout): given up" in caplog.text
 
+    class Forgetting(Silent):  # a grid that keeps replies until told (the in-process engine) hears what was given up
+        forgotten: list[str] = []
+
+        def forget_messages(self, message_ids):
+            self.forgotten.extend(message_ids)
+
+    forgetting = Forgetting(lambda pids: [FakeReply(pid) for pid in pids])
+    assert [r.metadata.src_node_id for r in each_reply(exchange(forgetting, [1, 2, 3], list, 3, 0.2))] == [1, 3]
+    assert len(forgetting.forgotten) == 1
+
 
 class _OneWorker(PushPullGrid):
     """One worker answering its queue in order, each message STEP_S after the worker took it up."""

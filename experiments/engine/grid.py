@@ -85,6 +85,7 @@ class InProcessGrid(Grid):
         self._pending: dict[str, tuple[int, Message, Future[Outcome], list[BlobRef]]] = {}  # message id -> node,
         # the message, its outcome to come and the shared-memory blocks it uses
         self._ready: dict[str, Message] = {}  # replies collected but not pulled yet
+        self._forgotten: set[str] = set()  # pending messages the server gave up: their replies are not kept
         self._latest: dict[int, str] = {}  # node -> the id of its latest message still pending
         self.clientapp_seconds = 0.0  # time the ClientApps took, summed over messages
         self.bytes_moved = 0  # serialized bytes of messages and replies (states aside)
@@ -162,10 +163,19 @@ class InProcessGrid(Grid):
             futures = [self._pending[mid][2] for mid in wanted if mid in self._pending]
             if futures:
                 wait(futures, timeout=PULL_WAIT_S, return_when=FIRST_COMPLETED)
-        for mid in wanted:
+        for mid in wanted + [mid for mid in self._forgotten if self._pending[mid][2].done()]:
             if mid in self._pending and self._pending[mid][2].done():
                 self._collect(mid)
         return [self._ready.pop(mid) for mid in wanted if mid in self._ready]
+
+    def forget_messages(self, message_ids: Iterable[str]) -> None:
+        """The server gave these messages up (round-timeout, server_app/exchange.py): a reply already collected is
+        dropped, one still to come is dropped when its worker is done (its node's new state is kept), so late
+        replies do not pile up over a long run."""
+        for mid in message_ids:
+            self._ready.pop(mid, None)
+            if mid in self._pending:
+                self._forgotten.add(mid)
 
     def message_started(self, message_id: str) -> bool:
         """Whether a worker took the message up (or it was answered): until then it waits in the pool's queue, and
@@ -209,6 +219,8 @@ class InProcessGrid(Grid):
         """Wait for a pending message's outcome; keep its node's new state and its reply (an error reply when the
         worker could not answer: it died, or the outcome could not be sent back)."""
         node, msg, future, shared = self._pending.pop(message_id)
+        forgotten = message_id in self._forgotten
+        self._forgotten.discard(message_id)
         if self._latest.get(node) == message_id:
             del self._latest[node]
         try:
@@ -216,13 +228,18 @@ class InProcessGrid(Grid):
         except Exception as exc:  # the pool broke (a worker killed, e.g. out of memory) or a transfer failed
             self._shared.release(shared)
             log(ERROR, "node %s: no reply from its worker process: %s: %s", node, type(exc).__name__, exc)
-            self._ready[message_id] = _error(msg, f"worker process failed: {type(exc).__name__}: {exc}")
+            if not forgotten:
+                self._ready[message_id] = _error(msg, f"worker process failed: {type(exc).__name__}: {exc}")
             self._restart_if_broken()
             return
         self._shared.release(shared)
         self.clientapp_seconds += outcome.seconds
         if outcome.kept is not None:
             self.held.put(node, outcome.kept, busy=self._latest)
+        if forgotten:  # nobody will read the reply: free its shared blocks unread
+            for ref in blob_refs(outcome.content):
+                drop(ref)
+            return
         if outcome.content is None:
             code, reason = outcome.error or (ErrorCode.UNKNOWN, "no reply")
             reply = Message(Error(code=code, reason=reason), reply_to=msg)
@@ -273,6 +290,7 @@ class InProcessGrid(Grid):
                 for ref in blob_refs(outcome.content) + kept:
                     drop(ref)
         self._pending.clear()
+        self._forgotten.clear()
         self._shared.close()
         self.held.close()
         sweep(self._prefix, keep=self._prefix + LOCK_SUFFIX)  # blocks of replies never read (a worker died mid-message)
