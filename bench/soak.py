@@ -42,6 +42,7 @@ from typing import Any
 from common.algorithms import SPECS
 from common.hparams import ConfigError
 from common.storage.run_folder import RunFolder, final_means
+from experiments.analysis.figures import pyplot
 from experiments.engine.serve import available_cores, serve
 from experiments.run.deployment import TLSSuperLink, nginx_binary
 from experiments.run.presets import run_config_text
@@ -427,11 +428,7 @@ def load(args: argparse.Namespace, certs: Path, counts: list[int]) -> list[dict[
 
 def figure(reports: list[dict[str, Any]], path: Path) -> None:
     """Resident memory of the SuperLink and the ServerApp over each soak's rounds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(reports), figsize=(6 * len(reports), 3.5), squeeze=False)
     for ax, rep in zip(axes[0], reports):
         seconds = [m[0] / 60 for m in rep["memory"]]
@@ -447,11 +444,7 @@ def figure(reports: list[dict[str, Any]], path: Path) -> None:
 
 def load_figure(rows: list[dict[str, Any]], path: Path) -> None:
     """Seconds per round and the SuperLink's resident memory against the SuperNodes connected."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     measured = [r for r in rows if r.get("round_s") is not None]
     nodes = [r["nodes"] for r in measured]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))

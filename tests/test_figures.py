@@ -20,7 +20,7 @@ def _record_error_bars(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[str, str],
     from experiments.analysis import figures
 
     drawn: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
-    real = figures._plt
+    real = figures.pyplot
 
     def recording():  # type: ignore[no-untyped-def]
         plt = real()
@@ -37,7 +37,7 @@ def _record_error_bars(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[str, str],
         monkeypatch.setattr(plt.Figure, "savefig", savefig)
         return plt
 
-    monkeypatch.setattr(figures, "_plt", recording)
+    monkeypatch.setattr(figures, "pyplot", recording)
     return drawn
 
 
@@ -98,7 +98,7 @@ def test_the_shift_figure_draws_the_best_round_only_where_it_differs(
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         (run / "summary.json").write_text(json.dumps(summary))
     labels: list[str] = []
-    real = figures._plt
+    real = figures.pyplot
 
     def recording():  # type: ignore[no-untyped-def]
         plt = real()
@@ -111,7 +111,7 @@ def test_the_shift_figure_draws_the_best_round_only_where_it_differs(
         monkeypatch.setattr(plt.Figure, "savefig", savefig)
         return plt
 
-    monkeypatch.setattr(figures, "_plt", recording)
+    monkeypatch.setattr(figures, "pyplot", recording)
     figures.accuracy_vs_shift(group_runs(find_runs([tmp_path])), tmp_path)
     assert sorted(labels) == ["better-earlier (best round)", "better-earlier (last)", "same (last)"]
 

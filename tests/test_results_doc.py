@@ -330,9 +330,9 @@ def test_cost_ratios_pair_each_seed_with_the_baselines_run_of_that_seed(tmp_path
 
 
 def test_a_figure_of_many_panels_wraps_into_rows_of_five() -> None:
-    from experiments.analysis.figures import PANELS_PER_ROW, _panels, _plt
+    from experiments.analysis.figures import PANELS_PER_ROW, _panels, pyplot
 
-    plt = _plt()
+    plt = pyplot()
     for count, rows in ((3, 1), (5, 1), (7, 2), (10, 2)):
         fig, axes = _panels(plt, count, 4.0, 3.0)
         grid = fig.axes

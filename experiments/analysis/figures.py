@@ -27,7 +27,8 @@ def figures_available() -> bool:
     return True
 
 
-def _plt() -> Any:
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,7 +80,7 @@ def accuracy_vs_shift(groups: list[Group], out: Path, rows: list[tuple[Group, st
 
     rows: (group, metric prefix, label) of each line, e.g. a table's DM-PFL+ row (prefix 'plus-'); default: each
     group's main model."""
-    plt = _plt()
+    plt = pyplot()
     series = rows if rows is not None else [(g, "", g.label) for g in groups]
     degrees = [float(d) for d in series[0][0].runs[0].summary.get("shift_degrees", [0.0])]
     fig, ax = plt.subplots(figsize=(9, 4.5), layout="constrained")
@@ -119,7 +120,7 @@ def corruption_figure(groups: list[Group], found: dict[str, list[int]], out: Pat
     """One panel per experiment: accuracy by severity (0 = clean), a line per corruption."""
     if not found:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, axes = _panels(plt, len(groups), 4.2, 4, sharey=True, layout="constrained")
     for ax, g in zip(axes, groups):
         clean = _seed_mean(g, lambda r: r.final.get(shift_key(0.0)))[0]
@@ -148,7 +149,7 @@ def _scaled(values: list[float]) -> tuple[list[float], str]:
 
 def costs_figure(groups: list[Group], base: Group | None, out: Path) -> str:
     """MB and training FLOPs per client, bars labelled with their ratio to the baseline."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 1.4 * len(groups) + 4), 4.5), layout="constrained")
     for ax, value, title, unit in (
         (axes[0], attrgetter("mb_per_client"), "MB per client\n(train, down + up)", "MB"),
@@ -202,7 +203,7 @@ def plain_axes(ax: Any, x: list[float]) -> None:
 
 def frontier_figure(groups: list[Group], out: Path) -> str:
     """Accuracy against MB per client, the Pareto frontier (more accuracy for fewer bytes) drawn through."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8.5, 4.5), layout="constrained")
     points = []
     for index, g in enumerate(groups):
@@ -241,7 +242,7 @@ def privacy_figure(rows: list[tuple[Group, str, str]], out: Path) -> str | None:
     reached = [e for found in points.values() for e, _, _ in found if e > 0 and math.isfinite(e)]
     if not reached:
         return None
-    plt = _plt()
+    plt = pyplot()
     no_dp = max(reached) * 4  # where the runs without DP sit
     degrees = [float(d) for d in rows[0][0].runs[0].summary.get("shift_degrees", [0.0])]
     shifts = sorted({degrees[0], degrees[-1]})
@@ -285,7 +286,7 @@ def matrix_figure(
     found = [(g, a) for g, a in found if key in a]
     if not found:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, axes = _panels(plt, len(found), 4.6, 4)
     for ax, (g, arrays) in zip(axes, found):
         matrix = np.array(arrays[key], dtype=np.float64)
@@ -319,7 +320,7 @@ def global_per_round(groups: list[Group], out: Path) -> str:
     algorithm's `global-acc-shift-0` where it reports one (DM-PFL's theta_g), else its accuracy (FedAvg, FedDST)."""
     if not groups:
         return ""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
     for index, group in enumerate(groups):
         evaluated = [(r["round"], evaluation_means(r)) for run in group.runs for r in run.records if evaluation(r)]

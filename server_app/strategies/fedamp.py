@@ -18,7 +18,7 @@ from common.learning.models import ModelLayout
 from common.methods.attention import fedamp_weights_from_gram, gram_among, heurfedamp_weights_from_gram, mix_rows
 from common.methods.robust import scale_updates, update_norms
 from common.wire.messages import ARRAYS, CONFIG, PRETRAIN, PROX_MU
-from common.wire.records import flatten, unflatten
+from common.wire.records import unflatten
 
 from ..clients import ClientRegistry
 from ..replies import TrainReply
@@ -179,12 +179,12 @@ class FedAMPStrategy(ClientModelsStrategy):
         if self.cfg.max_update_ratio <= 0 or not replies:
             return
         matrix = self.ensure_matrix()
-        initial = flatten(self.global_arrays)
         shapes = [shape for _, shape in self.specs]
+        initial = self.global_arrays  # the common initialization: the reference of a row never uploaded
         references = [
             unflatten(np.array(matrix.W[self.rows[r.partition_id]]), shapes)
             if matrix.heard[self.rows[r.partition_id]]
-            else unflatten(initial, shapes)
+            else initial
             for r in replies
         ]
         norms = np.array([update_norms([uploaded(r)], ref)[0] for r, ref in zip(replies, references, strict=True)])
