@@ -54,6 +54,7 @@ ADMITTED = "SuperNode ID:"
 RESTORED = re.compile(r"client state restored from \S+partition-(\d+) \(round (\d+)\)")
 ANSWERED = re.compile(r"Receiving: (?:train|evaluate) message")
 EXECUTOR_BACK = "the ServerApp executor runs again"  # server_app/executor_watch.py
+RESTART_S = 15.0  # deploy/systemd/flower-supernode.service: Restart=always, RestartSec=15
 
 
 def resident_mb(pid: int | None) -> float:
@@ -118,6 +119,8 @@ class Node:
     down_since: float | None = None
     restart_at_round: int | None = None
     saved_round: int | None = None  # its newest state file when it was killed
+    exited_at: float | None = None  # when its process was seen ended by itself (not restarted yet)
+    restarts: int = 0  # restarts after it ended by itself
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -155,6 +158,20 @@ class Deployment:
         node.process, node.log = self.link.start_supernode(
             self.certs / "nodes" / f"node-{node.index}", self.node_config(node), max_retries=None
         )
+
+    def keep_up(self, node: Node) -> None:
+        """Restart a SuperNode that ended by itself RESTART_S after it did, as the shipped systemd unit would
+        (e.g. exit 305: its activation timed out under load, and the retry was refused while the first
+        activation still counts as online); its process group (its ClientApp executor) is stopped first."""
+        if node.process is None or node.process.poll() is None:
+            return
+        if node.exited_at is None:
+            stop_process_tree(node.process, graceful=False)
+            node.exited_at = time.monotonic()
+        elif time.monotonic() - node.exited_at >= RESTART_S:
+            node.exited_at = None
+            node.restarts += 1
+            self.start_node(node)
 
     def admitted(self, node: Node) -> bool:
         """Whether the node's current process got its SuperNode id (after a start or a restart)."""
@@ -276,10 +293,15 @@ def soak(args: argparse.Namespace, algorithm: str, certs: Path) -> dict[str, Any
                 continue
             for node in deployment.nodes:  # restarts due, and admissions of restarted nodes
                 if node.restart_at_round is not None and done >= node.restart_at_round:
-                    if node.process is None or node.process.poll() is not None:
+                    if "restarted_s" not in node.events[-1]:
                         deployment.start_node(node)
-                        node.events[-1].setdefault("restarted_s", now)
-                        node.events[-1].setdefault("logs", []).append(str(node.log))
+                        node.events[-1]["restarted_s"] = now
+                        node.events[-1]["logs"] = [str(node.log)]
+                    elif not deployment.admitted(node):
+                        log = node.log
+                        deployment.keep_up(node)  # refused while its killed session counted as online
+                        if node.log != log:
+                            node.events[-1]["logs"].append(str(node.log))
                     if deployment.admitted(node):
                         node.events[-1]["admitted_s"] = now
                         node.restart_at_round = None
@@ -385,10 +407,16 @@ def load(args: argparse.Namespace, certs: Path, counts: list[int]) -> list[dict[
                     row["stopped"] = f"memory: {available_mb():.0f} MB available after {node.index} SuperNodes"
                     break
                 deployment.start_node(node)
-            deadline = time.monotonic() + 600
-            while time.monotonic() < deadline and not all(deployment.admitted(n) for n in deployment.nodes if n.log):
+            started = [n for n in deployment.nodes if n.log]
+            began = time.monotonic()
+            deadline = began + 600
+            while time.monotonic() < deadline and not all(deployment.admitted(n) for n in started):
+                for node in started:
+                    deployment.keep_up(node)
                 time.sleep(1.0)
-            row["admitted"] = sum(deployment.admitted(n) for n in deployment.nodes if n.log)
+            row["admitted"] = sum(deployment.admitted(n) for n in started)
+            row["admit_s"] = time.monotonic() - began
+            row["restarts_to_admit"] = sum(n.restarts for n in started)
             config = {
                 **soak_config(args, "fedavg"),
                 "model": "mlp",
@@ -407,8 +435,11 @@ def load(args: argparse.Namespace, certs: Path, counts: list[int]) -> list[dict[
             link_pid = deployment.link.process.pid if deployment.link.process else None
             cpu_before, wall_before = cpu_seconds(link_pid), time.monotonic()
             runner = deployment.link.start_run(REPO, run_config_text(config))
-            while runner.poll() is None and time.monotonic() < deadline + 600:
+            run_deadline = time.monotonic() + 900  # its own: the admission may have taken all of its 600 s
+            while runner.poll() is None and time.monotonic() < run_deadline:
                 least, link_mb = min(least, available_mb()), max(link_mb, resident_mb(link_pid))
+                for node in started:
+                    deployment.keep_up(node)
                 time.sleep(1.0)
             row["link_cpu_pct"] = 100 * (cpu_seconds(link_pid) - cpu_before) / (time.monotonic() - wall_before)
             row["link_mb"] = link_mb
@@ -417,6 +448,10 @@ def load(args: argparse.Namespace, certs: Path, counts: list[int]) -> list[dict[
             row["eval_round_s"] = records[-1]["wall_s"] if len(records) == 3 else None
             row["used"] = records[-1]["train"].get("used") if records else 0
             row["least_available_mb"] = least
+            if row["admitted"] < len(started):
+                row["stopped"] = f"{row['admitted']} of {len(started)} admitted within 600 s"
+            elif runner.poll() is None:
+                row["stopped"] = "the run did not end within 900 s"
         finally:
             deployment.stop()
         rows.append(row)
@@ -520,15 +555,16 @@ def main() -> None:
         rows = load(args, certs, counts)
         print(
             f"\n{args.load_clients} clients trained and evaluated a round, every SuperNode connected\n\n"
-            "| SuperNodes | admitted | s / round | evaluation round (s) | replies used | SuperLink CPU (% of a core) | "
-            "SuperLink MB | least available MB |"
+            "| SuperNodes | admitted (s; restarts) | s / round | evaluation round (s) | replies used | "
+            "SuperLink CPU (% of a core) | SuperLink MB | least available MB |"
         )
         print("|---|---|---|---|---|---|---|---|")
         for row in rows:
             round_s = "-" if row.get("round_s") is None else f"{row['round_s']:.1f}"
             eval_s = "-" if row.get("eval_round_s") is None else f"{row['eval_round_s']:.1f}"
             print(
-                f"| {row['nodes']} | {row.get('admitted', '-')} | {round_s} | {eval_s} | {row.get('used', '-')} | "
+                f"| {row['nodes']} | {row.get('admitted', '-')} ({row.get('admit_s', 0):.0f} s; "
+                f"{row.get('restarts_to_admit', 0)}) | {round_s} | {eval_s} | {row.get('used', '-')} | "
                 f"{row.get('link_cpu_pct', 0):.0f} | {row.get('link_mb', 0):.0f} | "
                 f"{row.get('least_available_mb', 0):.0f} |" + (f" {row['stopped']}" if "stopped" in row else "")
             )
