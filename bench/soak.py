@@ -449,9 +449,9 @@ def load(args: argparse.Namespace, certs: Path, counts: list[int]) -> list[dict[
             row["used"] = records[-1]["train"].get("used") if records else 0
             row["least_available_mb"] = least
             if row["admitted"] < len(started):
-                row["stopped"] = f"{row['admitted']} of {len(started)} admitted within 600 s"
+                row.setdefault("stopped", f"{row['admitted']} of {len(started)} admitted within 600 s")
             elif runner.poll() is None:
-                row["stopped"] = "the run did not end within 900 s"
+                row.setdefault("stopped", "the run did not end within 900 s")
         finally:
             deployment.stop()
         rows.append(row)
