@@ -159,19 +159,23 @@ class Deployment:
             self.certs / "nodes" / f"node-{node.index}", self.node_config(node), max_retries=None
         )
 
-    def keep_up(self, node: Node) -> None:
+    def keep_up(self, node: Node) -> bool:
         """Restart a SuperNode that ended by itself RESTART_S after it did, as the shipped systemd unit would
         (e.g. exit 305: its activation timed out under load, and the retry was refused while the first
-        activation still counts as online); its process group (its ClientApp executor) is stopped first."""
+        activation still counts as online); its process group (its ClientApp executor) is stopped first.
+        Returns whether it was started again now (with a new log)."""
         if node.process is None or node.process.poll() is None:
-            return
+            return False
         if node.exited_at is None:
             stop_process_tree(node.process, graceful=False)
             node.exited_at = time.monotonic()
-        elif time.monotonic() - node.exited_at >= RESTART_S:
-            node.exited_at = None
-            node.restarts += 1
-            self.start_node(node)
+            return False
+        if time.monotonic() - node.exited_at < RESTART_S:
+            return False
+        node.exited_at = None
+        node.restarts += 1
+        self.start_node(node)
+        return True
 
     def admitted(self, node: Node) -> bool:
         """Whether the node's current process got its SuperNode id (after a start or a restart)."""
@@ -297,11 +301,9 @@ def soak(args: argparse.Namespace, algorithm: str, certs: Path) -> dict[str, Any
                         deployment.start_node(node)
                         node.events[-1]["restarted_s"] = now
                         node.events[-1]["logs"] = [str(node.log)]
-                    elif not deployment.admitted(node):
-                        log = node.log
-                        deployment.keep_up(node)  # refused while its killed session counted as online
-                        if node.log != log:
-                            node.events[-1]["logs"].append(str(node.log))
+                    elif not deployment.admitted(node) and deployment.keep_up(node):
+                        # it was refused while its killed session still counted as online
+                        node.events[-1]["logs"].append(str(node.log))
                     if deployment.admitted(node):
                         node.events[-1]["admitted_s"] = now
                         node.restart_at_round = None
