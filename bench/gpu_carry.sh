@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# What a GPU machine with Python 3.12 and torch, but neither Flower nor network access, needs to run a sweep, made
+# here and kept out of git: the wheels of what this project imports beyond torch, numpy, scipy and grpcio (Flower and
+# its crypto, the DP accountant) in .gpu/whl, and the sweep's data export in parts (.gpu/part-00, -01, ...) that each
+# fit an upload of 64 MiB beside the working tree (the last one beside the wheels too; PART_BYTES=N for another
+# size). Prints the command to run there (bench/gpu_sweep.py); nothing here needs the GPU.
+#   PFL_DATA_DIR=../shared/data bash bench/gpu_carry.sh bench/sweeps/paper_cifar.toml [--experiments 'cifar-ditto']
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -ge 1 ] && [ -f "$1" ] || { echo "usage: bash bench/gpu_carry.sh SWEEP.toml [pflower export options]" >&2; exit 2; }
+sweep=$1; shift
+grep -qxF '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+rm -rf .gpu && mkdir -p .gpu/whl
+# The image's python3 is 3.12 with torch, numpy, scipy, grpcio, protobuf, matplotlib (its list: the device notes).
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/whl \
+  flwr==1.42.0 cryptography cffi pycparser pycryptodome iterators grpcio-health-checking dill dp-accounting dm-tree
+python3 -m experiments.cli export "$sweep" --webp --out .gpu/data.npz "$@"
+tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+wheels=$(du -sb .gpu/whl | cut -f1)
+limit=$((64 * 1024 * 1024 - 2 * 1024 * 1024 - tree))  # 2 MiB spare for what the tree gains meanwhile
+size=$(stat -c %s .gpu/data.npz)
+# Every part fits a call with the tree; the last one also carries the wheels.
+part=${PART_BYTES:-$((limit - wheels))}
+n=$(((size + part - 1) / part))
+for ((k = 0; k < n; k++)); do
+  mkdir -p ".gpu/part-$(printf %02d "$k")"
+  dd if=.gpu/data.npz of=".gpu/part-$(printf %02d "$k")/data" bs=1M iflag=skip_bytes,count_bytes \
+    skip=$((k * part)) count=$part status=none
+done
+sha=$(sha256sum .gpu/data.npz | cut -d' ' -f1)
+rm .gpu/data.npz
+echo "export: $size bytes in $n parts (sha256 $sha); wheels: $wheels bytes; tree: $tree bytes"
+echo "upload the working tree with .gpu/whl and .gpu/part-* (one part an upload where uploads are limited to 64 MiB;"
+echo "the last part with the wheels), then run from its root there (add --only '...' as the sweep needs):"
+echo "  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl && export PYTHONPATH=/tmp/site:\$PWD && cat .gpu/part-*/data > /tmp/data.npz && echo '$sha  /tmp/data.npz' | sha256sum -c - && PYTHONUNBUFFERED=1 python3 bench/gpu_sweep.py $sweep --shards 5 --workers 3 --deadline-s 500 --data-export /tmp/data.npz --pack \$OUT"
+echo "(OUT: a folder that comes back). Back here: cat runs.tgz* | tar xz -C results/NAME (NAME: the sweep's name)."
+echo "The same command again there resumes what the deadline stopped."
