@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -73,10 +76,13 @@ def run_side_by_side(
         if len(ends) == len(processes):
             break
         if elapsed >= deadline_s:
-            for k, process in enumerate(processes, start=1):
-                if k not in ends:
-                    stop_process_tree(process)
-                    ends[k] = ShardEnd(k, None, time.monotonic() - started)
+            running = [(k, p) for k, p in enumerate(processes, start=1) if k not in ends]
+            for _, process in running:  # all at once, so that their 15 s of grace overlap
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGTERM)
+            for k, process in running:
+                stop_process_tree(process)
+                ends[k] = ShardEnd(k, None, time.monotonic() - started)
             break
         if on_poll is not None:
             on_poll(elapsed)
