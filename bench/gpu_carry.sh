@@ -6,18 +6,21 @@
 # size). Prints the command to run there (bench/gpu_sweep.py); nothing here needs the GPU.
 #   PFL_DATA_DIR=../shared/data bash bench/gpu_carry.sh bench/sweeps/paper_cifar.toml [--experiments 'cifar-ditto']
 set -euo pipefail
-cd "$(dirname "$0")/.."
 [ $# -ge 1 ] && [ -f "$1" ] || { echo "usage: bash bench/gpu_carry.sh SWEEP.toml [pflower export options]" >&2; exit 2; }
-sweep=$1; shift
-grep -qxF '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+root=$(cd "$(dirname "$0")/.." && pwd)
+sweep=$(realpath --relative-to="$root" "$1"); shift  # as the command run from the tree's root there names it
+cd "$root"
+gitdir=$(git rev-parse --git-dir 2>/dev/null) \
+  || { echo "bench/gpu_carry.sh: run it in a git checkout of the project (it counts the tree it uploads)" >&2; exit 2; }
+mkdir -p "$gitdir/info" && { grep -qxF '/.gpu/' "$gitdir/info/exclude" 2>/dev/null || echo '/.gpu/' >> "$gitdir/info/exclude"; }
 rm -rf .gpu && mkdir -p .gpu/whl
-# The image's python3 is 3.12 with torch, numpy, scipy, grpcio, protobuf, matplotlib (its list: the device notes).
+# The machine's python3 is 3.12 and holds torch, numpy, scipy, grpcio, protobuf and matplotlib already.
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/whl \
   flwr==1.42.0 cryptography cffi pycparser pycryptodome iterators grpcio-health-checking dill dp-accounting dm-tree
 python3 -m experiments.cli export "$sweep" --webp --out .gpu/data.npz "$@"
-tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
 wheels=$(du -sb .gpu/whl | cut -f1)
 limit=$((64 * 1024 * 1024 - 2 * 1024 * 1024 - tree))  # 2 MiB spare for what the tree gains meanwhile
 size=$(stat -c %s .gpu/data.npz)
