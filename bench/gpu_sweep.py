@@ -1,6 +1,6 @@
 """A sweep's shards side by side on one GPU machine within a deadline, its finished runs packed for the way back.
 
-For a GPU lent for minutes: starts CUDA's Multi-Process Service (so that the shards' small kernels run side by side
+For a GPU held for minutes: starts CUDA's Multi-Process Service (so that the shards' small kernels run side by side
 instead of taking turns) when `nvidia-cuda-mps-control` is there and no daemon runs yet, starts `--shards` sweep
 shards at once (`pflower sweep FILE --shard K/N --workers W`, each in its own process group, logging to
 OUT/logs/shard-K.log), stops those still running at `--deadline-s` (each run resumes from its last round's
