@@ -247,7 +247,12 @@ class RunConfig:
     seed: int = hp(
         0, "one seed for partition, sampling, init and training: same seed, same metrics", low=0, high=2**31 - 1
     )
-    device: str = hp("auto", "where clients train; `auto`: CUDA when present", choices=DEVICES)
+    device: str = hp(
+        "auto",
+        "where clients train, and FedAMP's and HeurFedAMP's server products when the server has a GPU (any value but "
+        "`cpu`); `auto`: CUDA when present",
+        choices=DEVICES,
+    )
     client_threads: int = hp(1, "torch threads per simulated client", low=1, high=256)
     max_client_samples: int = hp(
         100_000,

@@ -260,6 +260,61 @@ def test_gram_and_cloud_models_are_the_same_bits_on_any_number_of_threads(tmp_pa
     np.testing.assert_allclose(mixed, xi[:2, :3] @ W[[4, 1, 5]].astype(np.float64), rtol=1e-4, atol=1e-4)
 
 
+def _products(W: np.ndarray, xi: np.ndarray) -> list[np.ndarray]:
+    return [
+        attention.gram_rows(W),
+        attention.gram_rows(W, [2]),
+        attention.gram_among(W, [4, 1, 5]),
+        attention.mix_rows(xi[:2], W),
+        attention.mix_rows(xi[:2, :3], W, [4, 1, 5]),
+    ]
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_products_on_a_torch_device_match_numpys(tmp_path, monkeypatch, on_disk: bool) -> None:
+    """Under products_on every block's product is made by torch on that device (here the CPU, as a GPU would) and
+    the results are numpy's to rounding: Gram rows in float64, mixes in float32; outside it numpy's path is back."""
+    monkeypatch.setattr(attention, "_GRAM_BLOCK_BYTES", 8 * 6 * 1024 * 2)  # several blocks
+    W = _models(5, m=6, d=9_000)
+    if on_disk:
+        W = attention.copy_to_store(W, tmp_path / "store.npy")
+    xi = np.random.default_rng(6).random((6, 6))
+    moved: list[str] = []
+    to_torch = attention._on_device
+    monkeypatch.setattr(attention, "_on_device", lambda a, device, *d: moved.append(device) or to_torch(a, device, *d))
+    numpys = _products(W, xi)
+    assert moved == []
+    with attention.products_on("cpu"):
+        torchs = _products(W, xi)
+    assert moved and set(moved) == {"cpu"}
+    assert attention._PRODUCTS_DEVICE is None
+    for ours, theirs in zip(torchs, numpys, strict=True):
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+        np.testing.assert_allclose(ours, theirs, rtol=1e-12 if ours.dtype == np.float64 else 1e-5, atol=1e-5)
+
+
+def test_model_matrix_brings_its_gram_rows_up_to_date_on_its_device(monkeypatch) -> None:
+    matrix = attention.ModelMatrix(4, np.zeros(3000, np.float32))
+    rows = _models(7, m=4, d=3000)
+    matrix.set_rows([0, 1, 2, 3], rows)
+    seen: list[str | None] = []
+    gram_rows = attention.gram_rows
+    monkeypatch.setattr(attention, "gram_rows", lambda *a: seen.append(attention._PRODUCTS_DEVICE) or gram_rows(*a))
+    matrix.device = "cpu"
+    np.testing.assert_allclose(matrix.G, rows.astype(np.float64) @ rows.astype(np.float64).T, rtol=1e-12)
+    assert seen == ["cpu"]
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_products_on_the_gpu_match_numpys() -> None:
+    W, xi = _models(8, m=6, d=70_000), np.random.default_rng(9).random((6, 6))
+    numpys = _products(W, xi)
+    with attention.products_on("cuda"):
+        gpus = _products(W, xi)
+    for ours, theirs in zip(gpus, numpys, strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-12 if ours.dtype == np.float64 else 1e-5, atol=1e-5)
+
+
 def test_map_blocks_keeps_the_order_and_takes_no_block_before_its_scratch_is_free() -> None:
     taken: list[int] = []
     done: set[int] = set()

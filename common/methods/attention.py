@@ -6,9 +6,11 @@ arXiv:2007.03797."""
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -20,6 +22,42 @@ from common.storage.pages import block_threads, map_column_blocks, new_store, re
 _GRAM_BLOCK_BYTES = 32 << 20
 
 R = TypeVar("R")
+
+# A torch device (a GPU) the column blocks' products run on, set by `products_on`; None: numpy's BLAS on the CPU.
+_PRODUCTS_DEVICE: str | None = None
+
+
+@contextmanager
+def products_on(device: str | None) -> Iterator[None]:
+    """Within the block, the column blocks' products of gram_rows, gram_among and mix_rows run on the torch `device`
+    (the server's GPU): each block goes there as float32, its product is made there (Gram rows in float64, mixes
+    in float32) and comes back, and the blocks are summed in their order as on the CPU. None keeps numpy's BLAS."""
+    global _PRODUCTS_DEVICE
+    previous, _PRODUCTS_DEVICE = _PRODUCTS_DEVICE, device
+    try:
+        yield
+    finally:
+        _PRODUCTS_DEVICE = previous
+
+
+def _on_device(array: np.ndarray, device: str, dtype: Any = None) -> Any:
+    """A numpy array as a torch tensor on `device` (in `dtype` when given), for reading only: it may share the
+    array's memory where no copy is needed (the CPU, the same dtype), so it must be used before the array changes."""
+    import torch
+
+    with warnings.catch_warnings():  # only read: torch's warning about tensors over read-only memory is moot
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        tensor = torch.from_numpy(np.asarray(array))
+    return tensor.to(device=device, dtype=dtype or tensor.dtype)
+
+
+def _device_gram_block(block: np.ndarray, picked: np.ndarray | None, device: str) -> np.ndarray:
+    """B[picked] B^T (the symmetric B B^T when `picked` is None) of a float32 block, in float64 on `device`."""
+    import torch
+
+    on = _on_device(block, device, torch.float64)
+    rows = on if picked is None else on[_on_device(picked, device)]
+    return (rows @ on.T).cpu().numpy()
 
 
 def _check_models(W: np.ndarray) -> np.ndarray:
@@ -57,9 +95,11 @@ def _float64_scratch() -> Callable[[np.ndarray], np.ndarray]:
 def _summed_products(W: np.ndarray, read: Sequence[int] | None, picked: np.ndarray | None) -> np.ndarray:
     """The float64 sum over W's column blocks (of the rows `read` only, when given) of B[picked] B^T, or of the
     symmetric B B^T when `picked` is None: each block's product on block_threads() threads, summed in block order."""
-    as_float64 = _float64_scratch()
+    as_float64, device = _float64_scratch(), _PRODUCTS_DEVICE
 
     def product(item: tuple[int, np.ndarray]) -> np.ndarray:
+        if device is not None:
+            return _device_gram_block(item[1], picked, device)
         block = as_float64(item[1])
         return block @ block.T if picked is None else block[picked] @ block.T  # A @ A.T is computed symmetric
 
@@ -156,6 +196,7 @@ class ModelMatrix:
         self._gram = np.full((num_clients, num_clients) if track_gram else (0, 0), norm2, dtype=np.float64)
         self._stale: set[int] = set()  # rows written since the Gram matrix was last brought up to date
         self.heard = np.zeros(num_clients, dtype=bool)  # rows replaced by an upload at least once
+        self.device: str | None = None  # where the Gram rows' products run (products_on); None: the CPU
 
     @classmethod
     def from_state(
@@ -169,6 +210,7 @@ class ModelMatrix:
         matrix._stale = set()
         matrix.heard = np.asarray(heard, dtype=bool)
         matrix.track_gram = track_gram
+        matrix.device = None
         m = matrix.W.shape[0]
         if matrix.heard.shape != (m,) or matrix._gram.shape != ((m, m) if track_gram else (0, 0)):
             raise ValueError(
@@ -225,7 +267,8 @@ class ModelMatrix:
         brought up to date first (in increasing row order: the result does not depend on how writes were split)."""
         if self._stale:
             rows_arr = np.asarray(sorted(self._stale), dtype=np.int64)
-            block = gram_rows(self.W, rows_arr)
+            with products_on(self.device):
+                block = gram_rows(self.W, rows_arr)
             self._gram[rows_arr, :] = block
             self._gram[:, rows_arr] = block.T
             inner = self._gram[np.ix_(rows_arr, rows_arr)]
@@ -359,17 +402,24 @@ def cloud_models(xi: np.ndarray, W: np.ndarray, rows: list[int] | None = None) -
 
 def mix_rows(weights: np.ndarray, W: np.ndarray, peers: Sequence[int] | None = None) -> np.ndarray:
     """weights @ W[peers] (all of W's rows when `peers` is None): float32 products of column blocks of those rows,
-    on block_threads() threads (each block's columns of the result depend on that block alone)."""
+    on block_threads() threads (each block's columns of the result depend on that block alone), on the device
+    `products_on` names."""
     W = _check_models(W)
     weights = np.asarray(weights, dtype=np.float32)  # float32: a float64 GEMM would copy every block
     width = W.shape[0] if peers is None else len(peers)
     if weights.ndim != 2 or weights.shape[1] != width:
         raise ValueError(f"weights have shape {weights.shape}, expected (k, {width})")
     out = np.empty((weights.shape[0], W.shape[1]), dtype=np.float32)
+    device = _PRODUCTS_DEVICE
+    weights_there = None if device is None else _on_device(weights, device)
 
     def fill(item: tuple[int, np.ndarray]) -> None:
         start, columns = item
-        np.matmul(weights, columns, out=out[:, start : start + columns.shape[1]])
+        target = out[:, start : start + columns.shape[1]]
+        if weights_there is not None and device is not None:
+            target[...] = (weights_there @ _on_device(columns, device)).cpu().numpy()
+        else:
+            np.matmul(weights, columns, out=target)
 
     for _ in _over_column_blocks(W, 4, fill, None if peers is None else list(peers)):
         pass

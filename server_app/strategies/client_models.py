@@ -21,6 +21,16 @@ from .base import PFLStrategy, uploaded
 MODEL_STORE = "client-models.npy"  # in the run folder: the clients' models, memory-mapped
 
 
+def products_device(run_device: str) -> str | None:
+    """Where the server's products over the clients' models run: this machine's GPU when it has one and the run's
+    `device` is not cpu; else None, numpy on the CPU (a deployment's server may have no GPU where its clients do)."""
+    if run_device == "cpu":
+        return None
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else None
+
+
 class ClientModelsStrategy(PFLStrategy):
     """Rows of a ModelMatrix (all at the common initialization until a client uploads), indexed by partition; in a
     memory-mapped file of the run folder when the app gave one (`workdir`), so memory does not grow with clients."""
@@ -31,6 +41,7 @@ class ClientModelsStrategy(PFLStrategy):
     def __init__(self, cfg: RunConfig, model: ModelLayout, clients: ClientRegistry) -> None:
         super().__init__(cfg, model, clients)
         self.matrix: ModelMatrix | None = None
+        self.products_device = products_device(cfg.device)
         self.rows: dict[int, int] = {}  # partition id -> row
         self.pids: list[int] = []  # row -> partition id
 
@@ -43,6 +54,7 @@ class ClientModelsStrategy(PFLStrategy):
             self.matrix = ModelMatrix(
                 len(self.pids), flatten(self.global_arrays), self.track_gram, store, self.rows_start_at_initial
             )
+        self.matrix.device = self.products_device
         return self.matrix
 
     def close(self) -> None:

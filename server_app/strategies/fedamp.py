@@ -15,7 +15,13 @@ from flwr.supercore import log
 from common.algorithms import AMPParams, FedAMPParams, HeurFedAMPParams
 from common.config import RunConfig
 from common.learning.models import ModelLayout
-from common.methods.attention import fedamp_weights_from_gram, gram_among, heurfedamp_weights_from_gram, mix_rows
+from common.methods.attention import (
+    fedamp_weights_from_gram,
+    gram_among,
+    heurfedamp_weights_from_gram,
+    mix_rows,
+    products_on,
+)
 from common.methods.robust import scale_updates, update_norms
 from common.wire.messages import ARRAYS, CONFIG, PRETRAIN, PROX_MU
 from common.wire.records import unflatten
@@ -34,7 +40,8 @@ class FedAMPStrategy(ClientModelsStrategy):
     row. Clients not heard from in a round (not sampled, dropped, rejected) are used with their stored, stale rows.
     Variants: `pretrain-when` first-sampled (a client pre-trains the first round it is sampled instead of in round 0;
     until it has uploaded, its row takes no part in the attention) and `fedamp-attend` round (the attention of a
-    round is over its participants only).
+    round is over its participants only). The Gram rows and cloud models are made on the server's GPU when it has
+    one (client_models.products_device).
     """
 
     sends_weights_for_eval = False
@@ -63,7 +70,8 @@ class FedAMPStrategy(ClientModelsStrategy):
         if peers is None:
             gram, rows = matrix.G, list(range(matrix.num_clients))
         else:
-            gram, rows = gram_among(matrix.W, peers), peers
+            with products_on(self.products_device):
+                gram, rows = gram_among(matrix.W, peers), peers
         xi = self.weights_from_gram(gram, server_round, matrix.heard[rows] if self.lazy else None)
         self._last_xi = (xi, [self.pids[r] for r in rows])
         return xi
@@ -93,13 +101,15 @@ class FedAMPStrategy(ClientModelsStrategy):
         if not self.per_round:
             xi = self.attention(server_round)
             picked = [self.rows[pid] for pid in targets]
-            mixed = mix_rows(xi[picked], matrix.W)
+            with products_on(self.products_device):
+                mixed = mix_rows(xi[picked], matrix.W)
         else:
             peers = [self.rows[pid] for pid in participants]
             xi = self.attention(server_round, peers)
             position = {pid: at for at, pid in enumerate(participants)}
             picked = [position[pid] for pid in targets]
-            mixed = mix_rows(xi[picked], matrix.W, peers)
+            with products_on(self.products_device):
+                mixed = mix_rows(xi[picked], matrix.W, peers)
         # how much of u_i is w_i itself: ~1 means local training, ~1/m uniform averaging (tune sigma by it)
         if note:
             self._self_weight = float(np.median(xi[picked, picked]))
