@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from threadpoolctl import threadpool_limits
 
 import common.methods.attention as attention
@@ -305,7 +306,7 @@ def test_model_matrix_brings_its_gram_rows_up_to_date_on_its_device(monkeypatch)
     assert seen == ["cpu"]
 
 
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_products_on_the_gpu_match_numpys() -> None:
     W, xi = _models(8, m=6, d=70_000), np.random.default_rng(9).random((6, 6))
     numpys = _products(W, xi)
