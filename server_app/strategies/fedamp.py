@@ -70,8 +70,7 @@ class FedAMPStrategy(ClientModelsStrategy):
         if peers is None:
             gram, rows = matrix.G, list(range(matrix.num_clients))
         else:
-            with products_on(self.products_device):
-                gram, rows = gram_among(matrix.W, peers), peers
+            gram, rows = gram_among(matrix.W, peers), peers
         xi = self.weights_from_gram(gram, server_round, matrix.heard[rows] if self.lazy else None)
         self._last_xi = (xi, [self.pids[r] for r in rows])
         return xi
@@ -98,17 +97,16 @@ class FedAMPStrategy(ClientModelsStrategy):
         if not targets:
             return {}
         matrix = self.ensure_matrix()
-        if not self.per_round:
-            xi = self.attention(server_round)
-            picked = [self.rows[pid] for pid in targets]
-            with products_on(self.products_device):
+        with products_on(self.products_device):  # the Gram rows and the mixes below, on the server's GPU if any
+            if not self.per_round:
+                xi = self.attention(server_round)
+                picked = [self.rows[pid] for pid in targets]
                 mixed = mix_rows(xi[picked], matrix.W)
-        else:
-            peers = [self.rows[pid] for pid in participants]
-            xi = self.attention(server_round, peers)
-            position = {pid: at for at, pid in enumerate(participants)}
-            picked = [position[pid] for pid in targets]
-            with products_on(self.products_device):
+            else:
+                peers = [self.rows[pid] for pid in participants]
+                xi = self.attention(server_round, peers)
+                position = {pid: at for at, pid in enumerate(participants)}
+                picked = [position[pid] for pid in targets]
                 mixed = mix_rows(xi[picked], matrix.W, peers)
         # how much of u_i is w_i itself: ~1 means local training, ~1/m uniform averaging (tune sigma by it)
         if note:
