@@ -177,7 +177,7 @@ def test_only_narrows_the_document_to_some_experiments(tmp_path: Path) -> None:
     assert "| dmpfl |" in table and "| dmpfl+ |" in table and "| ditto |" in table and "| fedavg |" not in table
     assert "MB x FedAvg" in table and "| - |" in table  # the ratio column without its baseline: no number
     assert "## The papers' headline claims" not in text  # every claim compares with fedavg, which is left out
-    assert "`pflower sweep …/doc.toml --only 'dmpfl,dit*'` resumes them" in text and str(tmp_path) not in text
+    assert "`pflower sweep …/doc.toml --only 'dmpfl,dit*'` makes them" in text and str(tmp_path) not in text
     narrowed = write_results(sweep, runs, tmp_path / "docs" / "pair.md", only="fedavg,dmpfl")[0].read_text()
     assert "Verdicts: 1 holds, 1 fails beyond the seeds' noise, 1 undecided." in narrowed  # Ditto's claim dropped
     with pytest.raises(ConfigError, match="--only: fedprox names no experiment of the sweep; its experiments: fedavg"):

@@ -10,6 +10,8 @@ describes the records.
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,6 +155,28 @@ def unseen_means(summary: Summary) -> dict[str, float]:
 
 def _json_lines(path: Path) -> list[Record]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def write_run_record(path: Path, record: Record) -> None:
+    """Write a study's run record (experiments/studies/records.py) as gzipped JSON, atomically: sorted keys and no
+    timestamp in the gzip header, so the same record is always the same bytes."""
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0, compresslevel=9) as fh:
+        fh.write(json.dumps(record, sort_keys=True, separators=(",", ":")).encode())
+    with atomic_file(Path(path)) as out:
+        out.write(buffer.getvalue())
+
+
+MAX_RECORD_BYTES = 64 << 20  # unpacked: a record is ~100 KB; a larger one is refused, not read into memory
+
+
+def read_run_record(path: Path) -> Record:
+    """A run record written by write_run_record (ValueError when it unpacks to more than MAX_RECORD_BYTES)."""
+    with gzip.open(Path(path), "rb") as fh:
+        raw = fh.read(MAX_RECORD_BYTES + 1)
+    if len(raw) > MAX_RECORD_BYTES:
+        raise ValueError(f"it unpacks to more than {MAX_RECORD_BYTES} bytes")
+    return dict(json.loads(raw))
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,11 @@ class Run:
     config: dict[str, Any]
     summary: Summary
     records: list[RoundRecord]
+    arrays: dict[str, np.ndarray] | None = None  # a run record's arrays (None: read them from the run folder)
+    commits: list[str] | None = None  # a run record's commits (None: the run folder's code.json)
+    current: bool = True  # a run record made by code that still behaves the same (experiments/studies)
+    finished: str = ""  # a run record's finishing time (ISO); a run folder's is its summary's time
+    machine: str = ""  # a run record's machine in words; a run folder's is this one
 
     @property
     def seed(self) -> int:
@@ -103,7 +108,7 @@ class Run:
 
     def artifacts(self) -> dict[str, np.ndarray]:
         """The arrays the algorithm left (attention, mask overlap), empty when none."""
-        return RunFolder(self.path).artifacts()
+        return self.arrays if self.arrays is not None else RunFolder(self.path).artifacts()
 
 
 @dataclass
@@ -112,6 +117,7 @@ class Group:
 
     label: str
     runs: list[Run] = field(default_factory=list)
+    stale: int = 0  # of its runs, those made by code that has changed what they do since (run records)
 
     @property
     def config(self) -> dict[str, Any]:

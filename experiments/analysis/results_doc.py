@@ -14,7 +14,7 @@ from pathlib import Path
 from common.hparams import ConfigError
 from common.storage.persist import atomic_write_text
 from experiments.analysis.claims import claim_lines
-from experiments.analysis.collect import Group, find_runs, group_runs
+from experiments.analysis.collect import Group, Run, find_runs, group_runs
 from experiments.analysis.figures import SKIPPED, figures_available
 from experiments.analysis.reports import (
     corruption_table,
@@ -27,7 +27,7 @@ from experiments.analysis.reports import (
 )
 from experiments.analysis.stats import few_seeds_note, fmt_ci, mean_ci, paired_difference
 from experiments.analysis.tables import FLOPS, ROUNDS, Column, TableSpec, find_row, row_experiment, row_values
-from experiments.run.runs import RunSpec, run_commits, run_state, short_commit
+from experiments.run.runs import RunSpec, run_commits, run_state
 from experiments.run.sweep import document_sweep
 
 SETTING_KEYS = (
@@ -79,13 +79,19 @@ def beside_paper(groups: list[Group], spec: TableSpec) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in spec.rows:
         found = find_row(groups, row)
-        cells = [row, str(len(found[0].runs)) if found else "not run yet"]
+        cells = [row, _seeds_cell(found[0]) if found else "not run yet"]
         for index, (column, paper) in enumerate(zip(spec.columns, with_paper)):
             cells.append(_fmt(_values(groups, spec, row, column), column) if found else "")
             if paper:
                 cells.append(_paper(spec.paper.get(row, (math.nan,) * len(spec.columns))[index], column))
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
+
+
+def _seeds_cell(group: Group) -> str:
+    """A row's seeds: their count, and how many are stale when any is."""
+    stale = group.stale
+    return f"{len(group.runs)} (**{stale} stale**)" if stale else str(len(group.runs))
 
 
 @dataclass(frozen=True)
@@ -215,11 +221,10 @@ def section(groups: list[Group], spec: TableSpec, check: OrderCheck, figures_dir
 def _machine() -> str:
     import torch
 
-    commit = short_commit(Path(__file__).resolve().parent)
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return (
         f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, {gpu}, Python "
-        f"{platform.python_version()}, torch {torch.__version__}" + (f", commit {commit}" if commit else "")
+        f"{platform.python_version()}, torch {torch.__version__}"
     )
 
 
@@ -235,36 +240,86 @@ def shown_path(path: str | Path) -> str:
         return f"…/{given.name}"
 
 
+def finished_runs(
+    specs: list[RunSpec], runs_dir: Path | None, recorded: dict[str, Run] | None = None
+) -> dict[str, Run]:
+    """run name -> the finished run of each spec: its record's when it has one, else its run folder's under runs_dir
+    (a run folder without a record is taken as current: its behaviour is not checked)."""
+    recorded = recorded or {}
+    found: dict[str, Run] = {}
+    folders = [runs_dir / s.name for s in specs if s.name not in recorded and runs_dir is not None]
+    loaded = {run.path.name: run for run in find_runs(done)} if (done := [f for f in folders if _done(f)]) else {}
+    for spec in specs:
+        run = recorded.get(spec.name) or loaded.get(spec.name)
+        if run is not None:
+            found[spec.name] = run
+    return found
+
+
+def _done(run_dir: Path) -> bool:
+    return run_state(run_dir) == "finished"
+
+
+def _mark_rows(groups: list[Group]) -> None:
+    """Label each group whose runs are not all current: 'name' stays the row's name, the seeds cell says it."""
+    for group in groups:
+        group.stale = sum(not r.current for r in group.runs)
+
+
 def write_results(
-    sweep_file: Path, runs_dir: Path, out: Path, command: str | None = None, only: str | None = None
+    sweep_file: Path,
+    runs_dir: Path | None,
+    out: Path,
+    command: str | None = None,
+    only: str | None = None,
+    recorded: dict[str, Run] | None = None,
 ) -> tuple[Path, int, int]:
-    """The results document for a sweep file's tables over the finished runs in runs_dir (`only`: narrowed to
-    those experiments, as `pflower sweep --only`); figures beside it in figures/; returns (path, finished runs,
-    runs in the sweep)."""
+    """The results document for a sweep file's tables over its finished runs: the records in `recorded` (run name ->
+    run, with whether it is current), else the run folders in runs_dir (`only`: narrowed to those experiments, as
+    `pflower sweep --only`); figures beside it in figures/; returns (path, finished runs, runs in the sweep). Tables
+    show every finished run with its row's stale seeds counted; verdicts and order checks use current runs only."""
     sweep = document_sweep(sweep_file, only)
     specs, tables = sweep.specs, sweep.tables
     only_flag = f" --only '{only}'" if only else ""
     resume = f"pflower sweep {sweep_file}{only_flag}"
-    finished = [s for s in specs if run_state(runs_dir / s.name) == "finished"]
-    if not finished:
-        raise ConfigError(f"no finished run of {sweep_file} under {runs_dir}: run `{resume}` first")
-    groups = group_runs(find_runs([runs_dir / s.name for s in finished]))
+    runs = finished_runs(specs, runs_dir, recorded)
+    if not runs:
+        where = f" under {runs_dir}" if runs_dir is not None else ""
+        raise ConfigError(f"no finished run or current record of {sweep_file}{where}: run `{resume}` first")
+    groups = group_runs(list(runs.values()))
+    _mark_rows(groups)
+    current = [r for r in runs.values() if r.current]
+    current_groups = group_runs(current) if current else []
+    stale = len(runs) - len(current)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     command = command or f"pflower results {shown_path(sweep_file)}"
     lines = [
         f"# {sweep.title}",
         "",
-        f"Generated by `{command}` on {datetime.date.today().isoformat()} from {len(finished)} of {len(specs)} "
-        f"runs of `{shown_path(sweep_file)}`.",
-        f"Machine that generated it: {_machine()}.",
-        code_line([runs_dir / s.name for s in finished]),
+        f"Generated by `{command}` from {len(runs)} of {len(specs)} runs of `{shown_path(sweep_file)}`"
+        + (
+            f" ({len(current)} current, {stale} stale: made by code that has changed what they do since)"
+            if stale
+            else ""
+        )
+        + f"; the newest finished on {_newest(list(runs.values()))}.",
+        f"Runs made on: {_machines(list(runs.values()))}.",
+        code_line(list(runs.values())),
         "",
     ]
-    if len(finished) < len(specs):
+    if len(runs) < len(specs):
         lines += [
-            f"**Incomplete:** {len(specs) - len(finished)} runs have not finished; "
-            f"`pflower sweep {shown_path(sweep_file)}{only_flag}` resumes them.",
+            f"**Incomplete:** {len(specs) - len(runs)} runs have not finished; "
+            f"`pflower sweep {shown_path(sweep_file)}{only_flag}` makes them (`pflower results --check` lists them "
+            "with their hours).",
+            "",
+        ]
+    if stale:
+        lines += [
+            f"**Stale:** {stale} runs were made by code that has changed what their settings do since (their "
+            "behaviour hash differs). Their rows say how many seeds are current; verdicts and order checks use "
+            "current runs only; `pflower sweep` makes the stale runs again.",
             "",
         ]
     lines += [
@@ -272,25 +327,45 @@ def write_results(
         "The order check compares every two rows of a column where the paper gives both numbers.",
         "",
     ]
-    lines += few_seeds_note({g.label: len(g.runs) for g in groups})
+    lines += few_seeds_note({g.label: len(g.runs) for g in current_groups})
     if not figures_available():
         lines += [f"({SKIPPED[0].upper()}{SKIPPED[1:]}.)", ""]
-    lines += claim_lines(groups, tables, sweep.claims)
-    checks = [order_check(groups, table) for table in tables]
-    lines += overview_table(tables, checks, specs, runs_dir)
+    lines += claim_lines(current_groups, tables, sweep.claims)
+    checks = [order_check(current_groups, table) for table in tables]
+    lines += overview_table(tables, checks, specs, runs)
     for table, check in zip(tables, checks):
         lines += section(groups, table, check, out.parent / "figures", out.parent)
     atomic_write_text(out, "\n".join(lines) + "\n")
-    return out.resolve(), len(finished), len(specs)
+    return out.resolve(), len(runs), len(specs)
 
 
-def code_line(run_dirs: list[Path]) -> str:
+def _newest(runs: list[Run]) -> str:
+    """The date the newest of the runs finished (its summary's time)."""
+    stamps = []
+    for run in runs:
+        path = run.path / "summary.json"
+        stamp = run.finished or (
+            datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.UTC).isoformat() if path.is_file() else ""
+        )
+        stamps.append(stamp[:10])
+    return max(stamps) if any(stamps) else "an unrecorded date"
+
+
+def _machines(runs: list[Run]) -> str:
+    """The machines the runs were made on, each with its count (a run folder's: this machine)."""
+    counts: dict[str, int] = {}
+    for run in runs:
+        counts[run.machine or _machine()] = counts.get(run.machine or _machine(), 0) + 1
+    return "; ".join(f"{m} ({n} run{'s' if n != 1 else ''})" for m, n in counts.items())
+
+
+def code_line(runs: list[Run] | list[Path]) -> str:
     """Which code made the runs: each commit with its count of runs (a run resumed under another commit counts
     under each), and how many recorded none."""
     counts: dict[str, int] = {}
     unrecorded = 0
-    for run_dir in run_dirs:
-        commits = run_commits(run_dir)
+    for run in runs:
+        commits = run_commits(run) if isinstance(run, Path) else (run.commits or run_commits(run.path))
         unrecorded += not commits
         for commit in commits:
             counts[commit] = counts.get(commit, 0) + 1
@@ -301,14 +376,14 @@ def code_line(run_dirs: list[Path]) -> str:
 
 
 def overview_table(
-    tables: list[TableSpec], checks: list[OrderCheck], specs: list[RunSpec], runs_dir: Path
+    tables: list[TableSpec], checks: list[OrderCheck], specs: list[RunSpec], runs: dict[str, Run]
 ) -> list[str]:
     """One line per table: runs finished, pairs compared with the paper's order, those that differ."""
     rows = []
     for table, check in zip(tables, checks):
         names = {row_experiment(r) for r in table.rows}
         mine = [s for s in specs if s.experiment in names]
-        done = sum(run_state(runs_dir / s.name) == "finished" for s in mine)
+        done = sum(s.name in runs for s in mine)
         rows.append(
             f"| [{table.title}](#{_anchor(table.title)}) | {done} / {len(mine)} | {check.compared} | "
             f"{len(check.differing)} | {check.significant} |"

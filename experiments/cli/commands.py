@@ -157,27 +157,29 @@ def allow_takeover(args: argparse.Namespace) -> int:
 
 
 def results(args: argparse.Namespace) -> int:
-    """The results document of a sweep file's tables (with --run: its unfinished runs first)."""
+    """The results documents of a sweep file's tables from its run records (and run folders without one); with
+    --run its unfinished runs first; with --check where every study stands."""
     from experiments.run.sweep import document_sweep
 
     _check_workers(args)
+    if args.check:
+        from experiments.studies.documents import check_studies
+
+        return check_studies(args.file, lambda line: print(line, flush=True))
+    if len(args.file) != 1:
+        raise ConfigError("pflower results takes one sweep file (several only with --check)")
+    file = args.file[0]
     only = ",".join(args.only) if args.only else None
-    sweep = document_sweep(args.file, only)  # a bad selection or a file without tables: refused before any run
+    sweep = document_sweep(file, only)  # a bad selection or a file without tables: refused before any run
     runs = Path(args.runs or Path("results") / sweep.name).expanduser().resolve()
     status = 0
     if args.run:
         status = _execute(args, sweep.specs, runs, args.engine or sweep.engine or "inprocess", True, False)
-    from experiments.analysis.results_doc import shown_path, write_results  # after the runs: their checks answer
+    from experiments.studies.documents import write_documents  # after the runs: their checks answer
 
-    command = (
-        f"pflower results {shown_path(args.file)}"
-        + (f" --runs {shown_path(args.runs)}" if args.runs else "")
-        + (f" --out {shown_path(args.out)}" if args.out != Path("docs/results.md") else "")
-        + (f" --only '{only}'" if only else "")
-    )
-    path, done, total = write_results(args.file, runs, args.out, command, only)
+    for path, done, total in write_documents(file, runs if runs.is_dir() else None, args.out, only, args.runs):
+        print(f"results: {path} ({done} of {total} runs finished)")
     _warn_without_figures()
-    print(f"results: {path} ({done} of {total} runs finished)")
     return status
 
 
@@ -202,12 +204,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def sweep(args: argparse.Namespace) -> int:
-    """A TOML file of experiments (its unfinished runs), or with --list the state of each."""
+    """A TOML file of experiments (its unfinished runs), or with --list the state of each; with --budget the owed
+    runs of one or more study files within the budget, each finished run's record written (and committed)."""
     from experiments.run.runs import changed_settings
     from experiments.run.sweep import narrow, read_sweep, shard
 
     _check_workers(args)
-    chosen = read_sweep(args.file)
+    if args.budget:
+        from experiments.cli.studies import budgeted_sweep
+
+        return budgeted_sweep(args)
+    if args.commit:
+        raise ConfigError("--commit commits the records of a budgeted sweep: give --budget too")
+    if len(args.file) != 1:
+        raise ConfigError("several sweep files run as one budgeted sweep: give --budget (e.g. --budget 2h30m)")
+    chosen = read_sweep(args.file[0])
     out = Path(args.out or Path("results") / chosen.name).expanduser().resolve()
     specs = narrow(chosen, ",".join(args.only)).specs if args.only else chosen.specs
     specs = shard(specs, args.shard) if args.shard else specs

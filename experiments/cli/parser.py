@@ -30,7 +30,17 @@ def _run(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def _sweep(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     sweep = sub.add_parser("sweep", help="run a TOML file of experiments; finished runs are kept and skipped")
-    sweep.add_argument("file", type=Path)
+    sweep.add_argument("file", type=Path, nargs="+", help="the sweep file (several: with --budget, in priority order)")
+    sweep.add_argument(
+        "--budget",
+        help="a study's budgeted sweep, e.g. 2h30m: the owed runs (no run record, or a stale one) of the files in "
+        "their order, seed by seed, never starting a run whose estimate does not fit in what is left; each finished "
+        "run's record is written to docs/claims/<sweep name>/runs/ at once; a run estimated over 3 hours here is "
+        "listed as needing a GPU",
+    )
+    sweep.add_argument(
+        "--commit", action="store_true", help="with --budget: commit each record alone the moment it is written"
+    )
     sweep.add_argument("--out", help="results folder (default results/<sweep name>)")
     sweep.add_argument("--list", action="store_true", help="list the runs and their state, run nothing")
     sweep.add_argument(
@@ -61,13 +71,28 @@ def _results(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="the results document of a sweep file's [[table]]s: ours beside the "
         "papers' numbers, order differences, notes, figures",
     )
-    results.add_argument("file", type=Path, help="the sweep file (its [[table]] entries)")
-    results.add_argument("--runs", type=Path, help="its results folder (default results/<sweep name>)")
+    results.add_argument(
+        "file",
+        type=Path,
+        nargs="*",
+        help="the sweep file (its [[table]] entries); with --check any number (default: every bench/sweeps/*.toml)",
+    )
+    results.add_argument(
+        "--check",
+        action="store_true",
+        help="list, for every study file, the runs whose record is missing or stale with the hours to make them, "
+        "and exit 1 when a committed document differs from what its records generate",
+    )
+    results.add_argument(
+        "--runs",
+        type=Path,
+        help="its results folder, for finished runs that have no record (default results/<sweep name>, if there)",
+    )
     results.add_argument(
         "--out",
         type=Path,
-        default=Path("docs/results.md"),
-        help="the markdown file; figures go to figures/ beside it (default docs/results.md)",
+        help="the markdown file; figures go to figures/ beside it (default: the sweep file's [[document]]s, else "
+        "docs/results.md)",
     )
     results.add_argument(
         "--run",

@@ -160,19 +160,19 @@ def changed_settings(spec: RunSpec, run_dir: Path) -> list[str]:
     'key: was -> now' (empty when the folder holds no config yet or the same settings); the keys of other algorithms
     than the run's are not its settings."""
     folder = RunFolder(run_dir)
-    if not folder.is_run():
-        return []
-    saved = {k: v for k, v in folder.config().items() if k not in KEPT_ASIDE}
+    return settings_differ(spec.run_config, folder.config()) if folder.is_run() else []
+
+
+def settings_differ(asked: dict[str, Any], saved: dict[str, Any]) -> list[str]:
+    """The run-config keys whose value differs between what a spec asks and what a run saved, as 'key: was -> now'
+    (the keys of other algorithms than the run's are not its settings); one line when the saved config is not one
+    today's code reads."""
     try:
-        was = parse_run_config(saved).settings_dict()
+        was = parse_run_config({k: v for k, v in saved.items() if k not in KEPT_ASIDE}).settings_dict()
     except ConfigError as exc:
         return [f"made by another version of the code ({exc})"]
-    now = parse_run_config({k: v for k, v in spec.run_config.items() if k not in KEPT_ASIDE}).settings_dict()
-    return [
-        f"{key}: {was.get(key)!r} -> {now.get(key)!r}"
-        for key in sorted(set(was) | set(now))
-        if was.get(key) != now.get(key)
-    ]
+    now = parse_run_config({k: v for k, v in asked.items() if k not in KEPT_ASIDE}).settings_dict()
+    return [f"{k}: {was.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
 
 
 def execute(

@@ -17,8 +17,22 @@ from experiments.run.launchers import check_engine
 from experiments.run.presets import preset
 from experiments.run.runs import RunResult, RunSpec, changed_settings, folder_name, parse_seeds, plan, run_state
 
-TOP_KEYS = {"name", "title", "preset", "seeds", "engine", "defaults", "groups", "experiment", "table", "claim"}
-EXPERIMENT_KEYS = {"name", "preset", "seeds", "clients", "group"}  # besides run-config keys
+TOP_KEYS = {
+    "name",
+    "title",
+    "preset",
+    "seeds",
+    "engine",
+    "defaults",
+    "groups",
+    "experiment",
+    "table",
+    "claim",
+    "document",
+    "tier",
+}
+DEFAULT_TIER = 3  # a study's priority when its file names none: made after tiers 1 and 2
+EXPERIMENT_KEYS = {"name", "preset", "seeds", "clients", "group", "hours", "tier"}  # besides run-config keys
 
 
 @dataclass(frozen=True)
@@ -32,6 +46,18 @@ class Sweep:
     engine: str | None = None
     claims: list[Claim] = field(default_factory=list)
     title: str = "Results: the seed papers' comparisons on this implementation"  # of its results document
+    hours: dict[str, float] = field(default_factory=dict)  # experiment -> estimated hours a run (`hours`)
+    documents: list[Document] = field(default_factory=list)  # the documents generated from its records
+    tiers: dict[str, int] = field(default_factory=dict)  # experiment -> its study priority (`tier`; 1 first)
+
+
+@dataclass(frozen=True)
+class Document:
+    """A results document a sweep file's records make ([[document]]: `out`, the markdown's path from the
+    repository's root, and `only`, the experiments it covers, as `pflower results --only`)."""
+
+    out: str
+    only: str | None = None
 
 
 def load_sweep(path: Path) -> tuple[str, list[RunSpec]]:
@@ -61,6 +87,8 @@ def read_sweep(path: Path) -> Sweep:
     if not isinstance(groups, dict) or not all(isinstance(g, dict) for g in groups.values()):
         raise ConfigError(f"sweep file {path}: [groups.<name>] must be tables of run-config keys")
     specs: list[RunSpec] = []
+    hours: dict[str, float] = {}
+    tiers: dict[str, int] = {}
     algorithms: dict[str, str] = {}  # experiment -> algorithm, for the tables' rows
     for index, entry in enumerate(experiments, start=1):
         name = entry.get("name")
@@ -83,6 +111,9 @@ def read_sweep(path: Path) -> Sweep:
             raise ConfigError(f"sweep file {path}: experiment {name}: clients must be a positive integer")
         specs.extend(plan(name, preset(own.get("preset", raw.get("preset", "smoke"))), config, seeds, clients))
         algorithms[name] = str(config.get("algorithm", RunConfig().algorithm))
+        if "hours" in own:
+            hours[name] = _hours(own["hours"], f"sweep file {path}: experiment {name}")
+        tiers[name] = _tier(own.get("tier", raw.get("tier", DEFAULT_TIER)), f"sweep file {path}: experiment {name}")
     tables = [
         parse_table(table, algorithms, f"sweep file {path}: table {index}")
         for index, table in enumerate(raw.get("table", []), start=1)
@@ -98,7 +129,32 @@ def read_sweep(path: Path) -> Sweep:
     title = raw.get("title", Sweep.title)
     if not isinstance(title, str) or not title.strip():
         raise ConfigError(f"sweep file {path}: `title` must be a non-empty string")
-    return Sweep(folder, specs, tables, engine, claims, title.strip())
+    documents = [_document(d, f"sweep file {path}: document {i}") for i, d in enumerate(raw.get("document", []), 1)]
+    return Sweep(folder, specs, tables, engine, claims, title.strip(), hours, documents, tiers)
+
+
+def _tier(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 9:
+        raise ConfigError(f"{where}: `tier` (the study's priority, 1 first) must be a whole number from 1 to 9")
+    return value
+
+
+def _hours(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"{where}: `hours` (the estimated hours of one run on 2 CPU cores) must be a positive number")
+    return float(value)
+
+
+def _document(raw: object, where: str) -> Document:
+    if not isinstance(raw, dict) or set(raw) - {"out", "only"} or not isinstance(raw.get("out"), str):
+        raise ConfigError(f"{where}: a [[document]] has `out` (a markdown path) and optionally `only` (experiments)")
+    out = str(raw["out"])
+    if Path(out).is_absolute() or ".." in Path(out).parts or not out.endswith(".md"):
+        raise ConfigError(f"{where}: `out` {out!r} must be a relative .md path inside the repository")
+    only = raw.get("only")
+    if only is not None and not isinstance(only, str):
+        raise ConfigError(f"{where}: `only` must be a string of experiment names or globs")
+    return Document(out, only)
 
 
 def sweep_name(path: Path, name: object) -> str:

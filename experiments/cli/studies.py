@@ -1,0 +1,91 @@
+"""`pflower sweep FILE... --budget B [--commit]`: the owed runs of study files within a budget, each finished run's
+record landed (experiments/studies)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from common.hparams import ConfigError
+from experiments.run.launchers import Engine, make_engine
+from experiments.run.output import for_terminal
+from experiments.run.runs import RunResult, drop_resume_state, execute, run_state
+from experiments.run.sweep import narrow, read_sweep, shard
+from experiments.studies.behaviour import code_digest
+from experiments.studies.budgeted import land_record, parse_budget, run_budgeted, set_aside
+from experiments.studies.status import RunState, StudyState, check_lines, study_state
+
+from .parser import PROJECT
+
+
+def budgeted_sweep(args: argparse.Namespace) -> int:
+    """Run what fits of the owed runs of every file given; exit 0 unless a run failed."""
+    from experiments.run.preflight import check_engine_installed, check_runs
+
+    budget = parse_budget(args.budget)
+    if args.out and len(args.file) > 1:
+        raise ConfigError("--out names one sweep's results folder: give one sweep file with it")
+    say = lambda line: print(line, flush=True)  # noqa: E731 - one line's printer
+    studies: list[StudyState] = []
+    for file in args.file:
+        sweep = read_sweep(file)
+        sweep = narrow(sweep, ",".join(args.only)) if args.only else sweep
+        if args.shard:
+            sweep = replace(sweep, specs=shard(sweep.specs, args.shard))
+        studies.append(study_state(file, sweep, say=say))
+    for study in studies:
+        for line in check_lines(study):
+            say(line)
+    outs = {id(s): Path(args.out or Path("results") / s.sweep.name).expanduser().resolve() for s in studies}
+    export = args.data_export.expanduser().resolve() if args.data_export else None
+    for study in studies:
+        owed = [r.spec for r in study.runs if r.owed and not r.needs_gpu]
+        check_engine_installed(args.engine or study.sweep.engine or "inprocess")
+        check_runs([s for s in owed if run_state(outs[id(study)] / s.name) != "finished"], outs[id(study)], export)
+    engines: dict[str, Engine] = {}
+    terminal = sys.stdout.isatty()
+    quiet = not os.environ.get("PFLOWER_VERBOSE")
+
+    def echo(line: str) -> None:
+        shown = for_terminal(line, terminal)
+        if shown is not None and (not quiet or "[round " in line or "ERROR" in line):
+            print("  " + shown, flush=True)
+
+    digests: dict[str, str] = {}
+
+    def run_one(study: StudyState, run: RunState) -> RunResult:
+        out = outs[id(study)]
+        if run.state != "missing" and set_aside(out / run.spec.name):
+            say(f"budget: the finished run folder of {run.spec.name} ({run.state}) set aside under {out}/superseded")
+        name = args.engine or study.sweep.engine or "inprocess"
+        if name not in engines:
+            engines[name] = make_engine(name, PROJECT, args.workers, export)
+        digests[run.spec.name] = code_digest()
+        result = execute(engines[name], PROJECT, run.spec, out, _gpu(), echo, args.timeout)
+        if result.status == "finished":
+            drop_resume_state(result.run_dir)
+        say(f"budget: {run.spec.name} {result.status} in {result.seconds / 60:.1f} min {result.reason}".rstrip())
+        return result
+
+    def land(study: StudyState, run: RunState, result: RunResult) -> None:
+        land_record(study, run, result.run_dir, args.commit, say, digests.get(run.spec.name), export)
+
+    try:
+        outcome = run_budgeted(studies, budget, run_one, land, say)
+    finally:
+        for engine in engines.values():
+            engine.close()
+    say(
+        f"budget: {len(outcome.landed)} record(s) landed, {len(outcome.failed)} run(s) failed, "
+        f"{len(outcome.not_fitted)} left for a later budget, {len(outcome.gpu)} needing a GPU"
+    )
+    return 1 if outcome.failed else 0
+
+
+def _gpu() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
