@@ -163,9 +163,15 @@ def results(args: argparse.Namespace) -> int:
 
     _check_workers(args)
     if args.check:
-        from experiments.studies.documents import check_studies
+        from experiments.studies.check import check_studies
 
         return check_studies(args.file, lambda line: print(line, flush=True))
+    if args.headline:
+        from experiments.studies.headline import studies_of, write_headline
+
+        path = write_headline(studies_of(args.file, lambda line: print(line, flush=True)), args.out)
+        print(f"results: {path} (the headline table)")
+        return 0
     if len(args.file) != 1:
         raise ConfigError("pflower results takes one sweep file (several only with --check)")
     file = args.file[0]

@@ -84,6 +84,11 @@ def _results(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "and exit 1 when a committed document differs from what its records generate",
     )
     results.add_argument(
+        "--headline",
+        action="store_true",
+        help="write docs/results.md: every study file's claims with the verdicts of their current records",
+    )
+    results.add_argument(
         "--runs",
         type=Path,
         help="its results folder, for finished runs that have no record (default results/<sweep name>, if there)",

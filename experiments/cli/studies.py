@@ -63,7 +63,8 @@ def budgeted_sweep(args: argparse.Namespace) -> int:
         name = args.engine or study.sweep.engine or "inprocess"
         if name not in engines:
             engines[name] = make_engine(name, PROJECT, args.workers, export)
-        digests[run.spec.name] = code_digest()
+        if run_state(out / run.spec.name) != "finished":  # a run folder finished earlier: its own code is found
+            digests[run.spec.name] = code_digest()
         result = execute(engines[name], PROJECT, run.spec, out, _gpu(), echo, args.timeout)
         if result.status == "finished":
             drop_resume_state(result.run_dir)

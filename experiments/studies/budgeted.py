@@ -169,9 +169,32 @@ def land_record(
     record = make_record(run_dir, study.sweep.name, run.spec.experiment, run.spec.clients, code, data)
     path = write_record(record_path(study.folder, run.spec.name), record)
     say(f"record: {path} ({path.stat().st_size / 1024:.0f} KiB, behaviour {code.behaviour})")
+    documents = regenerate(study, say)
     if commit:
-        commit_record(path, f"Study record: {study.sweep.name} {run.spec.name} ({code.behaviour})", say)
+        message = f"Study record: {study.sweep.name} {run.spec.name} ({code.behaviour})"
+        commit_record([path, *documents], message, say)
     return path
+
+
+def regenerate(study: StudyState, say: Callable[[str], None]) -> list[Path]:
+    """Write the study's documents and the headline table again from the records (what --check compares); returns
+    the paths they and their figures are at (none when the study file declares no [[document]])."""
+    from experiments.studies.documents import repository_root, write_documents
+    from experiments.studies.headline import HEADLINE, studies_of, write_headline
+
+    if not study.sweep.documents:
+        return []
+    try:
+        written = [p for p, _, _ in write_documents(study.sweep_file, None, None, None)]
+        root = repository_root(study.sweep_file)
+        headline = write_headline(
+            studies_of([], root=root) if (root / "bench" / "sweeps").is_dir() else [study], root / HEADLINE
+        )
+    except (ConfigError, OSError) as exc:
+        say(f"record: WARNING: the documents were not regenerated ({exc}); `pflower results` writes them")
+        return []
+    folders = {p.parent / "figures" for p in written if (p.parent / "figures").is_dir()}
+    return [*written, *sorted(folders), headline]
 
 
 def export_fingerprint(path: Path) -> str:
@@ -185,12 +208,13 @@ def export_fingerprint(path: Path) -> str:
     return "export " + digest.hexdigest()[:20]
 
 
-def commit_record(path: Path, message: str, say: Callable[[str], None]) -> None:
-    """Commit one record file alone (whatever else is staged or edited stays as it was)."""
-    repo = path.parent
-    added = _git(repo, "add", "--", str(path))
-    done = _git(repo, "commit", "-q", "-m", message, "--only", "--", str(path)) if added.returncode == 0 else added
+def commit_record(paths: list[Path], message: str, say: Callable[[str], None]) -> None:
+    """Commit a record and the documents made from it, alone (whatever else is staged or edited stays as it was)."""
+    repo = paths[0].parent
+    names = [str(p) for p in paths]
+    added = _git(repo, "add", "--", *names)
+    done = _git(repo, "commit", "-q", "-m", message, "--only", "--", *names) if added.returncode == 0 else added
     if done.returncode != 0:
-        say(f"record: WARNING: not committed ({(done.stderr or done.stdout).strip()}); the file is kept")
+        say(f"record: WARNING: not committed ({(done.stderr or done.stdout).strip()}); the files are kept")
     else:
-        say(f"record: committed {path.name}")
+        say(f"record: committed {paths[0].name}" + (f" and {len(paths) - 1} document path(s)" if paths[1:] else ""))

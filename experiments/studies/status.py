@@ -18,7 +18,7 @@ from experiments.studies.records import read_records, records_folder
 from experiments.studies.tiny import tiny_key
 
 GPU_HOURS = 3.0  # a run estimated longer than this on these cores is listed as needing a GPU, never started
-PRESET_HOURS = {"smoke": 0.01, "quickstart": 0.02, "cpu": 0.3, "paper": 1.0}  # without a record or `hours`
+PRESET_HOURS = {"smoke": 0.01, "quickstart": 0.02, "cpu": 0.1, "paper": 1.0}  # without a record or `hours`
 
 Hasher = Callable[[dict[str, tuple[dict[str, Any], int]]], dict[str, str]]
 
