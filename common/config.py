@@ -630,7 +630,22 @@ def _check_dp(cfg: RunConfig, algorithm: str, averaging: list[str]) -> None:
     if cfg.dp == "central" and cfg.robust_aggregation in ("trimmed-mean", "median"):
         raise ConfigError(
             f"run-config 'dp' with robust-aggregation '{cfg.robust_aggregation}': a coordinate-wise rule has no "
-            "bounded sensitivity to one client; use 'clip' (it clips first, then DP clips and adds noise) or 'none'"
+            "bounded sensitivity to one client; use 'clip' with a fixed robust-clip-norm (it clips first, then DP "
+            "clips and adds noise) or 'none'"
+        )
+    # Central DP's guarantee needs each client's clipped update to depend on that client alone: a bound taken from
+    # the round's other updates lets one client's presence rescale everyone else's (sensitivity above C).
+    if cfg.dp == "central" and cfg.robust_aggregation == "clip" and cfg.robust_clip_norm <= 0:
+        raise ConfigError(
+            "run-config 'dp' = 'central' with robust-aggregation 'clip' and robust-clip-norm 0 (the round's median "
+            "norm): one client's presence would move the others' bound, so DP's sensitivity would not hold; give a "
+            "fixed robust-clip-norm"
+        )
+    if cfg.dp == "central" and cfg.max_update_ratio > 0:
+        raise ConfigError(
+            "run-config 'dp' = 'central' with max-update-ratio > 0: the peer bound is a multiple of the other "
+            "updates' median norm, so one client's presence would rescale the others and DP's sensitivity would not "
+            "hold; under central DP the clip to dp-clip-norm bounds every update (set max-update-ratio 0)"
         )
 
 

@@ -298,6 +298,7 @@ class RoundRunner:
             if self.plateau.resumed(self.writer.records if self.writer is not None else [], first - 1):
                 return  # it had stopped, then died before its summary was written
         log(INFO, "%s", settings_text(self.cfg, len(self.clients)))
+        self.strategy.prepare()
         start = time.monotonic() - elapsed_before
         for rnd in range(first, self.cfg.num_rounds + 1):
             with profiling.record("server", round=rnd):

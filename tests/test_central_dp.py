@@ -12,7 +12,7 @@ import pytest
 
 from common.config import parse_run_config
 from common.hparams import ConfigError
-from common.methods.privacy import CentralDp, epsilon
+from common.methods.privacy import AdaptiveClip, CentralDp, epsilon, local_dp_epsilon
 from common.wire.messages import ARRAYS
 
 from .inprocess import InProcessFederation
@@ -114,9 +114,17 @@ def test_local_dp_clients_clip_and_noise_their_own_update_and_the_server_counts_
         assert np.std(update) == pytest.approx(0.8 * 0.05, rel=0.05), pid
     report = fed.round_log.train["dp"]
     assert report["mode"] == "local" and report["uploads_max"] == 1
-    assert report["epsilon"] == pytest.approx(epsilon(0.8, 1.0, 1, 1e-5))  # no amplification: the server knows
+    # replace-one adjacency: the update moves by up to 2C, so z = 0.8 is a mechanism of multiplier 0.4; no
+    # amplification by sampling (the server knows who took part)
+    assert (
+        report["epsilon"] == pytest.approx(epsilon(0.4, 1.0, 1, 1e-5)) == pytest.approx(local_dp_epsilon(0.8, 1, 1e-5))
+    )
+    assert report["epsilon"] > 2 * epsilon(0.8, 1.0, 1, 1e-5)
     fed.train_round(2)
     assert fed.round_log.train["dp"]["uploads_max"] in (1, 2)
+    # an upload the server never aggregated (late, rejected, lost) still counts: every training message sent does
+    fed.strategy.train_calls[0] = 7
+    assert fed.strategy.count_local_dp([])["uploads_max"] == 7
 
 
 def test_a_local_dp_upload_of_an_array_the_server_did_not_send_is_never_sent() -> None:
@@ -250,7 +258,7 @@ def test_sparse_local_dp_noises_each_upload_on_what_it_carries_and_keeps_its_siz
         assert np.std(np.concatenate(steps)) == pytest.approx(0.8 * 0.05, rel=0.05), pid
     report = private.round_log.train["dp"]
     assert report["mode"] == "local" and report["uploads_max"] == 1
-    assert report["epsilon"] == pytest.approx(epsilon(0.8, 1.0, 1, 1e-5))
+    assert report["epsilon"] == pytest.approx(local_dp_epsilon(0.8, 1, 1e-5))  # replace-one: multiplier 0.4
 
 
 @pytest.mark.parametrize(
@@ -358,3 +366,121 @@ def test_dapperfl_local_dp_bounds_the_update_the_server_recovers(clip: float, no
             assert np.std(step) == pytest.approx(noise * clip, rel=0.05), pid
     report = fed.round_log.train["dp"]
     assert report["mode"] == "local" and report["uploads_max"] == 1
+
+
+def _fraction(new_bound: float, quantile: float = 0.5, lr: float = 0.2) -> float:
+    """The noised fraction adaptive_clip_step used, read back from the bound it gave (old bound 1)."""
+    return quantile - math.log(new_bound) / lr
+
+
+def test_one_client_moves_the_adaptive_count_by_one_half() -> None:
+    from common.methods.privacy import adaptive_clip_step
+
+    rng = np.random.default_rng(0)
+    below = [True] * 25 + [False] * 15
+    for extra in (True, False):
+        without = _fraction(adaptive_clip_step(1.0, below, 0.5, 0.2, 0.0, rng, 40))
+        with_one = _fraction(adaptive_clip_step(1.0, [*below, extra], 0.5, 0.2, 0.0, rng, 40))
+        assert (with_one - without) * 40 == pytest.approx(0.5 if extra else -0.5)  # shifted indicators: +-1/2
+    assert without == pytest.approx(25 / 40)  # no noise: the fraction below, over the planned clients
+
+
+@pytest.mark.parametrize(
+    ("z", "clients", "per_round", "rounds"),
+    [(1.0, 1000, 100, 30), (0.8, 1000, 100, 30), (2.5, 100, 10, 30), (1.2, 400, 20, 100)],
+)
+def test_adaptive_clipping_is_accounted_as_the_accountant_composes_its_two_mechanisms(
+    z: float, clients: int, per_round: int, rounds: int
+) -> None:
+    """The updates (sensitivity C, noise std z_u C) and the count of the shifted indicators (sensitivity 1/2, noise
+    std sigma_b: multiplier 2 sigma_b) are two Gaussian mechanisms on each sampled round: composed by dp-accounting,
+    their epsilon is the run's. Read with the count's sensitivity 1 (the raw indicators), it would be larger: the
+    under-report this guards against."""
+    import dp_accounting
+    from dp_accounting import rdp
+
+    from common.methods.privacy import RDP_ORDERS
+
+    dp = CentralDp(z, 0.0, 1e-5, per_round, clients, rounds, 1, AdaptiveClip(0.5, 0.2, 0.0))
+    assert dp.adaptive is not None and dp.adaptive.count_noise_std == max(per_round / 20, z)
+
+    def composed(count_multiplier: float) -> float:
+        accountant = rdp.RdpAccountant(orders=list(RDP_ORDERS))
+        both = dp_accounting.ComposedDpEvent(
+            [dp_accounting.GaussianDpEvent(dp.update_multiplier), dp_accounting.GaussianDpEvent(count_multiplier)]
+        )
+        step = dp_accounting.PoissonSampledDpEvent(per_round / clients, both)
+        accountant.compose(dp_accounting.SelfComposedDpEvent(step, rounds))
+        return float(accountant.get_epsilon(1e-5))
+
+    sigma_b = dp.adaptive.count_noise_std
+    assert dp.epsilon(rounds) == pytest.approx(composed(2 * sigma_b), rel=1e-6)
+    assert composed(sigma_b) > dp.epsilon(rounds) * 1.01  # the raw count's reading: a larger, true epsilon
+
+
+def test_a_target_epsilon_with_few_clients_sets_the_documented_count_noise_and_runs() -> None:
+    """With 10 clients a round at epsilon 1 the solved z is above 2: the count noise is max(m / 20, z) = z (it was
+    max(m / 20, 1) = 1, whose budget split had no room left and crashed the first aggregation)."""
+    dp = CentralDp(0.0, 1.0, 1e-5, 10, 100, 30, 1, AdaptiveClip(0.5, 0.2, 0.0))
+    assert dp.noise_multiplier > 2 and dp.adaptive is not None
+    assert dp.adaptive.count_noise_std == dp.noise_multiplier
+    assert dp.update_multiplier == pytest.approx(dp.noise_multiplier / math.sqrt(0.75))
+    assert dp.epsilon(30) <= 1.0
+
+
+def test_a_budget_the_clients_cannot_meet_stops_the_run_before_any_training() -> None:
+    from server_app.clients import RunAborted
+
+    fed = InProcessFederation({**BASE, "dp": "central", "dp-target-epsilon": 1e-4}, 4)
+    with pytest.raises(RunAborted, match="central DP: no noise multiplier up to 1e4 reaches epsilon"):
+        fed.strategy.prepare()
+    assert fed.strategy.train_calls == {}  # nothing was sent
+
+
+def _updates(count: int, rng: np.random.Generator, shape: tuple[int, ...] = (30,)) -> list[list[np.ndarray]]:
+    """Models around a zero reference whose update norms spread over 0.1 to 4."""
+    out = []
+    for _ in range(count):
+        step = rng.standard_normal(shape)
+        out.append([(step / np.linalg.norm(step) * rng.uniform(0.1, 4.0)).astype(np.float32)])
+    return out
+
+
+SETTINGS = [
+    ({}, None),
+    ({"robust-aggregation": "clip", "robust-clip-norm": 0.5}, None),
+    ({"robust-aggregation": "clip", "robust-clip-norm": 3.0}, None),
+    ({"max-weight-ratio": 4.0}, None),
+    ({"robust-aggregation": "clip"}, "robust-clip-norm 0"),
+    ({"robust-aggregation": "trimmed-mean"}, "no bounded sensitivity"),
+    ({"robust-aggregation": "median"}, "no bounded sensitivity"),
+    ({"max-update-ratio": 3.0}, "max-update-ratio > 0"),
+    ({"max-update-ratio": 3.0, "robust-aggregation": "clip", "robust-clip-norm": 1.0}, "max-update-ratio > 0"),
+]
+
+
+@pytest.mark.parametrize(("extra", "refused"), SETTINGS)
+def test_adding_one_client_to_forty_moves_the_clipped_sum_by_at_most_c(extra: dict, refused: str | None) -> None:
+    """Every setting dp = central accepts keeps one client's effect on the clipped sum within C; every setting
+    that would let one client rescale the others is refused in one line."""
+    from common.methods.privacy import clipped_sum
+
+    raw = {**BASE, "dp": "central", "dp-noise-multiplier": 1.0, "dp-clip-norm": 1.0, **extra}
+    if refused is not None:
+        with pytest.raises(ConfigError, match=refused):
+            parse_run_config(raw)
+        return
+    strategy = InProcessFederation({**raw, "fraction-train": 1.0}, 4).strategy
+    rng = np.random.default_rng(7)
+    reference = [np.zeros(30, np.float32)]
+    others = _updates(40, rng)
+    every = [[None]] * 41
+    for newcomer in ([np.full(30, 100.0, np.float32)], [np.full(30, 0.01, np.float32)], _updates(1, rng)[0]):
+        before, _ = strategy.dp_contributions(others, reference)
+        after, _ = strategy.dp_contributions([*others, newcomer], reference)
+        sum_before, _ = clipped_sum(
+            [[np.asarray(a) - r for a, r in zip(m, reference)] for m in before], every[:40], 1.0
+        )
+        sum_after, _ = clipped_sum([[np.asarray(a) - r for a, r in zip(m, reference)] for m in after], every, 1.0)
+        moved = math.sqrt(sum(float(np.sum((a - b) ** 2)) for a, b in zip(sum_after, sum_before)))
+        assert moved <= 1.0 + 1e-6, (extra, moved)

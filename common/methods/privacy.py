@@ -195,6 +195,13 @@ def epsilon(noise_multiplier: float, sample_rate: float, rounds: int, delta: flo
     return float(accountant.get_epsilon(delta))
 
 
+def local_dp_epsilon(noise_multiplier: float, uploads: int, delta: float) -> float:
+    """Local DP's epsilon at `delta` for a client after `uploads` noised uploads, under replace-one adjacency: one
+    client's clipped update moves by at most 2C between two of its data sets, so noise of std z * C is a Gaussian
+    mechanism of multiplier z / 2; no sampling amplifies it (the server sees who took part)."""
+    return epsilon(noise_multiplier / 2, 1.0, uploads, delta)
+
+
 def noise_for_epsilon(target: float, sample_rate: float, rounds: int, delta: float, tolerance: float = 0.005) -> float:
     """The smallest noise multiplier whose epsilon after `rounds` rounds is at most `target` (within `tolerance`,
     relative), by bisection on the accountant: epsilon falls as the noise grows."""
@@ -224,15 +231,28 @@ def adaptive_clip_step(
     learning_rate: float,
     count_noise_std: float,
     rng: np.random.Generator,
+    expected_clients: float | None = None,
 ) -> float:
     """The next round's clip bound (Andrew et al. 2021, geometric update):
     C * exp(-learning_rate * (b - target_quantile)), where b is the noised fraction of this round's updates whose
-    norm was at most C. The count gets Gaussian noise of std `count_noise_std` before dividing by the number of
-    updates, so the bound itself is private."""
+    norm was at most C.
+
+    Each indicator is shifted by -1/2 before it is summed (as the paper's reference code does), so one client's
+    presence moves the sum by at most 1/2, the sensitivity `update_noise_multiplier`'s budget split assumes. The sum
+    gets Gaussian noise of std `count_noise_std` and is divided by `expected_clients` (the planned clients a round,
+    a fixed number like the updates' mean; default: the updates counted), then 1/2 is added back."""
     if not below:
         return bound
-    fraction = (float(np.sum(below)) + rng.normal(0.0, count_noise_std)) / len(below)
+    expected = float(expected_clients) if expected_clients else float(len(below))
+    shifted = float(np.sum(np.asarray(below, dtype=np.float64) - 0.5))
+    fraction = (shifted + rng.normal(0.0, count_noise_std)) / expected + 0.5
     return float(bound * math.exp(-learning_rate * (fraction - target_quantile)))
+
+
+def count_noise_for(expected_clients: float, noise_multiplier: float) -> float:
+    """The adaptive clip's count noise std: Andrew et al.'s m / 20, at least the run's noise multiplier z, so that
+    the updates keep at least 87% of the budget (z_update <= 1.155 z) when few clients take part."""
+    return max(expected_clients / 20, noise_multiplier)
 
 
 def update_noise_multiplier(total: float, count_noise_std: float) -> float:
@@ -250,7 +270,8 @@ def update_noise_multiplier(total: float, count_noise_std: float) -> float:
 @dataclass(frozen=True)
 class AdaptiveClip:
     """Andrew et al. 2021's adaptive clip bound: the target quantile of the update norms, the geometric step size,
-    and the std of the noise on the count of updates under the bound."""
+    and the std of the noise on the count of updates under the bound (0: `count_noise_for` the run's clients and
+    noise multiplier, once that is solved)."""
 
     quantile: float
     learning_rate: float
@@ -286,6 +307,10 @@ class CentralDp:
             if noise_multiplier > 0
             else noise_for_epsilon(target_epsilon, self.sample_rate, num_rounds, delta)
         )
+        if adaptive is not None and adaptive.count_noise_std <= 0:  # the documented default, from the solved z
+            adaptive = AdaptiveClip(
+                adaptive.quantile, adaptive.learning_rate, count_noise_for(expected_clients, self.noise_multiplier)
+            )
         self.adaptive = adaptive
         self.update_multiplier = (
             update_noise_multiplier(self.noise_multiplier, adaptive.count_noise_std)
@@ -326,7 +351,7 @@ class CentralDp:
             count_rng = np.random.default_rng([self.noise_seed, index, 0x636C])
             a = self.adaptive
             next_bound = adaptive_clip_step(
-                clip_bound, below, a.quantile, a.learning_rate, a.count_noise_std, count_rng
+                clip_bound, below, a.quantile, a.learning_rate, a.count_noise_std, count_rng, self.expected_clients
             )
         new = [(np.asarray(r, np.float64) + m).astype(np.float32) for r, m in zip(reference, mean, strict=True)]
         return new, {

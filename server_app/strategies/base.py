@@ -23,14 +23,14 @@ from common.methods.privacy import (
     CentralDp,
     Support,
     accountant_installed,
-    epsilon,
+    local_dp_epsilon,
 )
 from common.methods.robust import peer_scales, robust_average, robust_clip, scale_updates, update_norms
 from common.wire.messages import ARRAYS, CONFIG, FINETUNE_EPOCHS, LR_STEP, NEWCOMER_MODEL, PARTITION_ID, SERVER_ROUND
 from common.wire.records import to_record
 from common.wire.validation import read_fraction, validate_arrays
 
-from ..clients import ClientRegistry, sample_size, seeded_sample
+from ..clients import ClientRegistry, RunAborted, sample_size, seeded_sample
 from ..replies import TrainReply
 
 
@@ -64,6 +64,15 @@ class PFLStrategy:
         self.dp_clip = cfg.dp_clip_norm  # central DP's clip bound of the next round (it moves under dp-adaptive-clip)
         # the DP noise's seed: secret unless a study fixes it (dp-noise-seed); kept in the checkpoint for a resume
         self.dp_noise_seed = cfg.dp_noise_seed or secrets.randbits(63)
+
+    def prepare(self) -> None:
+        """Before the first round, once the handshake has counted the clients: central DP's noise is solved (or
+        checked) now, so a budget the run's clients cannot meet stops the run before any training (RunAborted)."""
+        if self.cfg.dp == "central" and self.dp is None:
+            try:
+                self.central_dp()
+            except ValueError as exc:
+                raise RunAborted(f"central DP: {exc}") from None
 
     # ----- who takes part ----------------------------------------------------------------------------
     def sample(self, server_round: int) -> list[int]:
@@ -157,9 +166,9 @@ class PFLStrategy:
     ) -> list[np.ndarray]:
         """The uploaded models' weighted average, or the run's `robust-aggregation` rule around `reference`
         (the model the clients started from)."""
-        models = self.bound_to_peers([uploaded(r) for r in replies], reference)
         if self.cfg.dp == "central":
-            return self.dp_average(models, reference)
+            return self.dp_average([uploaded(r) for r in replies], reference)
+        models = self.bound_to_peers([uploaded(r) for r in replies], reference)
         private = {"dp": self.count_local_dp(replies)} if self.cfg.dp == "local" else {}
         averaged, report = robust_average(models, weights, reference, self.cfg.robust_rule)
         self.aggregation_fields = {**({"robust": report} if report else {}), **private}
@@ -187,16 +196,28 @@ class PFLStrategy:
         return scales
 
     def dp_average(self, models: Sequence[Sequence[np.ndarray]], reference: list[np.ndarray]) -> list[np.ndarray]:
-        """Central DP's aggregate (run-config `dp`): under `robust-aggregation` clip the updates are clipped to the
-        robust bound first, then DP clips each to `dp-clip-norm`, averages over the planned clients and adds noise;
-        sample counts do not weigh in (one client's influence is what DP bounds)."""
-        robust: dict[str, Any] = {}
-        if self.cfg.robust_aggregation == "clip":
-            models, robust = robust_clip(models, reference, self.cfg.robust_rule)
+        """Central DP's aggregate (run-config `dp`): the uploads as `dp_contributions` gives them, each clipped to
+        `dp-clip-norm`, averaged over the planned clients, noised; sample counts do not weigh in (one client's
+        influence is what DP bounds)."""
+        models, robust = self.dp_contributions(models, reference)
         averaged = self.private_mean(models, reference)
         if robust:
             self.aggregation_fields["robust"] = robust
         return averaged
+
+    def dp_contributions(
+        self, models: Sequence[Sequence[np.ndarray]], reference: Sequence[np.ndarray]
+    ) -> tuple[Sequence[Sequence[np.ndarray]], dict[str, Any]]:
+        """The uploads as central DP clips and sums them: after every rule that runs before DP's clip. Each such rule
+        must map one client's upload from that upload alone, or one client's presence could move the others'
+        contributions past DP's sensitivity: common/config.py refuses the relative ones under `dp` = central (the
+        peer bound, `clip` at the round's median norm, the coordinate-wise rules), so what is left is `clip` at a
+        fixed robust-clip-norm; and what the rule did."""
+        models = self.bound_to_peers(models, reference)  # a no-op under central DP (max-update-ratio refused)
+        if self.cfg.robust_aggregation == "clip":
+            clipped, robust = robust_clip(models, reference, self.cfg.robust_rule)
+            return clipped, robust
+        return models, {}
 
     def private_mean(
         self,
@@ -216,16 +237,22 @@ class PFLStrategy:
         return averaged
 
     def count_local_dp(self, replies: list[TrainReply]) -> dict[str, Any]:
-        """Local DP: count each client's noised uploads and report the epsilon of the client that sent the most
-        (each upload is a Gaussian mechanism the client ran itself; the server knows who took part, so no
-        amplification by sampling applies)."""
+        """Local DP: the epsilon of the client that ran the mechanism most often so far, under replace-one adjacency.
+
+        Every training message a client was sent counts as one noised upload, whether its reply came in time, came
+        late, was rejected or never came: the client ran the mechanism when it trained, and any reply that reaches
+        the server can be read, so the count is never below the uploads the server may hold. Between two data sets
+        of one client its clipped update can move by 2C (replace-one: C in one direction, C in the other), so each
+        upload is a Gaussian mechanism of multiplier z / 2 (std z * C over a sensitivity of 2C); the server knows
+        who took part, so no amplification by sampling applies."""
         cfg = self.cfg
         for reply in replies:
             self.dp_uploads[reply.partition_id] = self.dp_uploads.get(reply.partition_id, 0) + 1
-        most = max(self.dp_uploads.values(), default=0)
+        most = max([*self.dp_uploads.values(), *self.train_calls.values()], default=0)
         return {
             "mode": "local",
-            "epsilon": epsilon(cfg.dp_noise_multiplier, 1.0, most, cfg.dp_delta),
+            "adjacency": "replace-one (sensitivity 2C)",
+            "epsilon": local_dp_epsilon(cfg.dp_noise_multiplier, most, cfg.dp_delta),
             "delta": cfg.dp_delta,
             "noise_multiplier": cfg.dp_noise_multiplier,
             "clip_bound": cfg.dp_clip_norm,
@@ -240,13 +267,9 @@ class PFLStrategy:
             expected = sample_size(len(ids), cfg.fraction_train, cfg.min_train_clients)
             # what the accountant composes: the rounds whose uploads are aggregated (not DM-PFL's phase 3)
             planned = sum(self.uploads_in_round(r) for r in range(1, cfg.num_rounds + 1))
-            # the count's noise: Andrew et al.'s m / 20, at least the noise multiplier, so that the updates keep at
-            # least 87% of the budget (z_update <= 1.155 z) when few clients take part
-            count_noise = max(expected / 20, cfg.dp_noise_multiplier or 1.0)
+            # the count's noise: count_noise_for(m, z) once z is known (solved for a target epsilon or given)
             adaptive = (
-                AdaptiveClip(cfg.dp_clip_quantile, cfg.dp_clip_learning_rate, count_noise)
-                if cfg.dp_adaptive_clip
-                else None
+                AdaptiveClip(cfg.dp_clip_quantile, cfg.dp_clip_learning_rate, 0.0) if cfg.dp_adaptive_clip else None
             )
             self.dp = CentralDp(
                 cfg.dp_noise_multiplier,
@@ -306,7 +329,7 @@ class PFLStrategy:
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to go on exactly as this one would (arrays and JSON values)."""
         state: dict[str, Any] = {"global": list(self.global_arrays)}
-        if self.cfg.lr_decay_step == "client":
+        if self.cfg.lr_decay_step == "client" or self.cfg.dp == "local":  # local DP counts the messages sent
             state["train-calls"] = {str(pid): n for pid, n in self.train_calls.items()}
         if self.cfg.dp != "none":
             state["dp-rounds"] = self.dp_rounds

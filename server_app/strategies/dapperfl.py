@@ -92,10 +92,11 @@ class DapperFLStrategy(PFLStrategy):
         payloads: list[Any] = [r.payload for r in replies]
         recovered = recover_uploads(self.global_arrays, self.names, [p[0] for p in payloads], [p[1] for p in payloads])
         # run-config max-update-ratio: a pruned entry's update is 0 (it is the previous global's)
-        bounded = self.bound_to_peers(recovered, self.global_arrays)
         if self.cfg.dp == "central":  # each recovered update clipped (0 where pruned), noise on every coordinate
-            self.global_arrays = self.private_mean(bounded, self.global_arrays)
+            contributions, _ = self.dp_contributions(recovered, self.global_arrays)
+            self.global_arrays = self.private_mean(contributions, self.global_arrays)
         else:
+            bounded = self.bound_to_peers(recovered, self.global_arrays)
             self.global_arrays = weighted_average(bounded, [r.weight for r in replies])
             if self.cfg.dp == "local":
                 self.aggregation_fields = {"dp": self.count_local_dp(replies)}
