@@ -42,6 +42,14 @@ def budgeted_sweep(args: argparse.Namespace) -> int:
     outs = {id(s): Path(args.out or Path("results") / s.sweep.name).expanduser().resolve() for s in studies}
     export = args.data_export.expanduser().resolve() if args.data_export else None
     for study in studies:
+        for run in study.runs:
+            folder = run_state(outs[id(study)] / run.spec.name)
+            if run.state == "missing" and folder == "finished":
+                run.hours = 0.0  # made already (a run folder without a record, e.g. from a GPU machine): landed now
+            elif run.owed and folder == "running":
+                run.state = "running elsewhere"  # another sweep's server holds its folder: not this sweep's to run
+                say(f"budget: {run.spec.name} is running in another sweep: left to it")
+    for study in studies:
         owed = [r.spec for r in study.runs if r.owed and not r.needs_gpu]
         check_engine_installed(args.engine or study.sweep.engine or "inprocess")
         check_runs([s for s in owed if run_state(outs[id(study)] / s.name) != "finished"], outs[id(study)], export)

@@ -39,7 +39,7 @@ class RunState:
     @property
     def owed(self) -> bool:
         """Whether the run still has to be made (missing, stale or made with other settings)."""
-        return self.state != "current"
+        return self.state in ("missing", "stale", "other settings")
 
     @property
     def needs_gpu(self) -> bool:
