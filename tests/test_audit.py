@@ -140,3 +140,33 @@ def test_a_pruned_upload_carries_whole_channels_as_dapperfl_sends_them() -> None
             assert np.array_equal(kept, np.outer(rows, cols)), name
     first = next(m for n, m in carried.items() if n.endswith(".weight") and m.numpy().any(axis=1).mean() < 1)
     assert first.numpy().any(axis=1).mean() == pytest.approx(0.5, abs=0.05), "half the output channels kept"
+
+
+def test_dlg_on_a_one_percent_upload_at_batch_8_moves_from_its_start() -> None:
+    """L-BFGS with its default tolerances stopped at once on such small updates (the earlier audit's sparse:0.01 rows
+    kept the seeded start's PSNRs); on the scale-free loss with the stated stopping rule it iterates and the
+    matching loss falls."""
+    from experiments.audit.attacks import invert_traced
+
+    model, params, update, x, y, bounds = _setting(8)
+    generator = torch.Generator().manual_seed(1)
+    masks = {k: torch.rand(v.shape, generator=generator) < 0.01 for k, v in params.items()}
+    labels = idlg_labels(update["head.bias"], 8)
+    known = KnownRound(0.05, 1, bounds)
+    _, trace = invert_traced(
+        model, params, observed(update, masks), masks, labels, tuple(x.shape), known, Attack("dlg", 50, 1.0), 0
+    )
+    assert trace.iterations > 5 and trace.moved, trace
+    assert trace.final_loss < 0.5 * trace.start_loss and "L-BFGS" in trace.rule
+
+
+def test_a_row_whose_attack_did_not_move_is_marked_and_never_scored() -> None:
+    from experiments.audit.attacks import Trace
+    from experiments.audit.run import Row, table
+
+    still = Trace("10 signed Adam steps", 10, 0.5, 0.5)
+    row = Row("sparse:0.01", 8, "ig", [], [], [float("nan")], [0.7], [still, still])
+    lines = table([row])
+    assert "| sparse:0.01 | 8 | ig | not scored: the attack did not move from its start |" in lines[2]
+    assert lines[2].endswith("| 0.5 -> 0.5 | 0 of 2 |") and "Stopping rules: 10 signed Adam steps." in lines[-1]
+    assert not still.moved and Trace("r", 3, 1.0, 0.98).moved

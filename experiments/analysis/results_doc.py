@@ -13,6 +13,7 @@ from pathlib import Path
 
 from common.hparams import ConfigError
 from common.storage.persist import atomic_write_text
+from common.storage.run_folder import RunFolder
 from experiments.analysis.claims import claim_lines
 from experiments.analysis.collect import Group, Run, find_runs, group_runs
 from experiments.analysis.figures import SKIPPED, figures_available
@@ -343,7 +344,7 @@ def _newest(runs: list[Run]) -> str:
     """The date the newest of the runs finished (its summary's time)."""
     stamps = []
     for run in runs:
-        path = run.path / "summary.json"
+        path = RunFolder(run.path).summary_path
         stamp = run.finished or (
             datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.UTC).isoformat() if path.is_file() else ""
         )

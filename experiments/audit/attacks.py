@@ -89,12 +89,35 @@ class Attack:
 
 
 def _distance(simulated: Params, target: Params, method: str) -> torch.Tensor:
-    """The matching loss over what the server observed: squared distance (DLG) or 1 - cosine similarity (IG)."""
+    """The matching loss over what the server observed: the squared distance over the target's squared norm (DLG,
+    scale-free, so one stopping rule serves a dense update and a 1% sparse one alike) or 1 - cosine similarity
+    (IG, scale-free already)."""
     a = torch.cat([v.reshape(-1) for v in simulated.values()])
     b = torch.cat([v.reshape(-1) for v in target.values()])
     if method == "dlg":
-        return ((a - b) ** 2).sum()
+        return ((a - b) ** 2).sum() / (b**2).sum().clamp_min(1e-30)
     return 1 - nn.functional.cosine_similarity(a, b, dim=0, eps=1e-12)
+
+
+DLG_TOLERANCE_GRAD = 1e-9  # L-BFGS stops when its gradient's largest entry is below this (on the scale-free loss)
+DLG_TOLERANCE_CHANGE = 1e-12  # or when a step changes the loss or the images by less than this
+MOVED = 0.99  # an attack whose final matching loss is not below this share of its start's did not move
+
+
+@dataclass(frozen=True)
+class Trace:
+    """How an inversion ran: the stopping rule it followed, the iterations it took, its matching loss at the seeded
+    start and at the end, and whether it moved from its start (a reconstruction that did not is never scored)."""
+
+    rule: str
+    iterations: int
+    start_loss: float
+    final_loss: float
+
+    @property
+    def moved(self) -> bool:
+        """Whether the matching loss fell below MOVED of its start."""
+        return self.final_loss < MOVED * self.start_loss
 
 
 def invert(
@@ -110,18 +133,46 @@ def invert(
 ) -> torch.Tensor:
     """The images the attack reconstructs from the observed update `target` (what `observed` returns), for the
     given labels and image shape (N, C, H, W); pixel values kept within the known bounds."""
+    return invert_traced(model, params, target, masks, labels, shape, known, attack, seed)[0]
+
+
+def invert_traced(
+    model: nn.Module,
+    params: Params,
+    target: Params,
+    masks: Masks,
+    labels: torch.Tensor,
+    shape: tuple[int, ...],
+    known: KnownRound,
+    attack: Attack,
+    seed: int,
+) -> tuple[torch.Tensor, Trace]:
+    """`invert`, and how it ran (Trace). DLG: L-BFGS with a strong-Wolfe line search on the scale-free loss until
+    DLG_TOLERANCE_GRAD / DLG_TOLERANCE_CHANGE or `iterations` steps; IG: `iterations` signed Adam steps."""
     lr, steps, bounds = known.lr, known.steps, known.bounds
     generator = torch.Generator().manual_seed(seed)
     dummy = torch.randn(shape, generator=generator).clamp(*bounds).requires_grad_(True)
     frozen = {name: value.detach() for name, value in params.items()}
 
-    def loss() -> torch.Tensor:
+    def matching() -> torch.Tensor:
         simulated = observed(local_update(model, frozen, dummy, labels, lr, steps), masks)
-        value = _distance(simulated, target, attack.method)
+        return _distance(simulated, target, attack.method)
+
+    def loss() -> torch.Tensor:
+        value = matching()
         return value + attack.tv_weight * total_variation(dummy) if attack.method == "ig" else value
 
+    start = float(matching().detach())
     if attack.method == "dlg":
-        lbfgs = torch.optim.LBFGS([dummy], lr=attack.step, max_iter=attack.iterations)
+        lbfgs = torch.optim.LBFGS(
+            [dummy],
+            lr=attack.step,
+            max_iter=attack.iterations,
+            tolerance_grad=DLG_TOLERANCE_GRAD,
+            tolerance_change=DLG_TOLERANCE_CHANGE,
+            history_size=100,
+            line_search_fn="strong_wolfe",
+        )
 
         def closure() -> float:
             lbfgs.zero_grad()
@@ -130,6 +181,13 @@ def invert(
             return float(value.detach())
 
         lbfgs.step(closure)
+        iterations = int(lbfgs.state[dummy].get("n_iter", 0)) if dummy in lbfgs.state else 0
+        rule = (
+            f"L-BFGS (strong Wolfe) to gradient {DLG_TOLERANCE_GRAD:g} or change {DLG_TOLERANCE_CHANGE:g} of the "
+            f"scale-free loss, at most {attack.iterations} iterations"
+        )
+        with torch.no_grad():
+            dummy.clamp_(*bounds)
     elif attack.method == "ig":
         adam = torch.optim.Adam([dummy], lr=attack.step)
         for _ in range(attack.iterations):
@@ -140,6 +198,8 @@ def invert(
             adam.step()
             with torch.no_grad():
                 dummy.clamp_(*bounds)
+        iterations, rule = attack.iterations, f"{attack.iterations} signed Adam steps"
     else:
         raise ValueError(f"unknown attack {attack.method!r}: 'dlg' or 'ig'")
-    return dummy.detach().clamp(*bounds)
+    final = float(matching().detach())
+    return dummy.detach().clamp(*bounds), Trace(rule, iterations, start, final)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +36,16 @@ from common.methods.masks import prunable_names
 from common.methods.privacy import local_dp_update
 from common.storage.persist import atomic_write_text
 from experiments.analysis.stats import fmt_ci, mean_ci
-from experiments.audit.attacks import Attack, KnownRound, Masks, idlg_labels, invert, local_update, observed
+from experiments.audit.attacks import (
+    Attack,
+    KnownRound,
+    Masks,
+    Trace,
+    idlg_labels,
+    invert_traced,
+    local_update,
+    observed,
+)
 from experiments.audit.scores import image_scores, label_accuracy
 
 UPLOADS = ("dense", "sparse", "body", "head", "pruned")
@@ -54,6 +63,12 @@ class Row:
     ssim: list[float]
     labels: list[float]
     seconds: list[float]
+    traces: list[Trace] = field(default_factory=list)  # per attacked batch: how its inversion ran
+
+    @property
+    def unmoved(self) -> int:
+        """Attacked batches whose inversion did not move from its seeded start (not scored)."""
+        return sum(not t.moved for t in self.traces)
 
 
 def pruned_masks(model: torch.nn.Module, params: dict[str, torch.Tensor], ratio: float) -> Masks:
@@ -161,7 +176,9 @@ def audit(
                         if seed == seeds[0] and client == 0:
                             shown[f"{name}|{batch}|{method}"] = torch.stack([x[:8], rebuilt[:8]])
                 rows.append(row)
-                echo(f"{name}, batch {batch}, {method}: PSNR {fmt_ci(*mean_ci(row.psnr)[:2], 1.0, 1)} dB")
+                psnr = f"PSNR {fmt_ci(*mean_ci(row.psnr)[:2], 1.0, 1)} dB" if row.psnr else "not scored"
+                unmoved = f", {row.unmoved} of {len(row.traces)} attacks did not move" if row.unmoved else ""
+                echo(f"{name}, batch {batch}, {method}: {psnr}{unmoved}")
     return rows, shown, bounds
 
 
@@ -186,11 +203,14 @@ def attack_client(
     started = time.perf_counter()
     sees_labels = "head.bias" in masks
     labels = idlg_labels(update["head.bias"], len(y)) if sees_labels else y
-    rebuilt = invert(model, params, observed(update, masks), masks, labels, tuple(x.shape), known, attack, seed)
+    target = observed(update, masks)
+    rebuilt, trace = invert_traced(model, params, target, masks, labels, tuple(x.shape), known, attack, seed)
     row.seconds.append(time.perf_counter() - started)
+    row.traces.append(trace)
     scores = image_scores(x, rebuilt, known.bounds)
-    row.psnr.extend(scores.psnr)
-    row.ssim.extend(scores.ssim)
+    if trace.moved:  # a reconstruction still at its random start says nothing of what the upload gives away
+        row.psnr.extend(scores.psnr)
+        row.ssim.extend(scores.ssim)
     row.labels.append(label_accuracy(y, labels) if sees_labels else float("nan"))
     return rebuilt[scores.match]  # in the true images' order
 
@@ -217,19 +237,31 @@ def privatized(
 
 def table(rows: list[Row]) -> list[str]:
     """The audit's markdown table: mean +/- 95% interval over every attacked image (PSNR, SSIM) or batch (labels,
-    seconds)."""
+    seconds, iterations, matching loss at the start and the end); only batches whose inversion moved from its seeded
+    start are scored, and a row where none did says so instead of a score."""
     lines = [
-        "| upload | batch | attack | PSNR (dB) | SSIM | labels recovered (%) | attack time (s) |",
-        "|---|---|---|---|---|---|---|",
+        "| upload | batch | attack | PSNR (dB) | SSIM | labels recovered (%) | attack time (s) | iterations | "
+        "matching loss, start -> end | moved |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         labels = [v for v in row.labels if v == v]
         label_cell = fmt_ci(*mean_ci(labels)[:2]) if labels else "not sent (true labels given)"
+        if row.psnr:
+            psnr, ssim = fmt_ci(*mean_ci(row.psnr)[:2], 1.0, 1), fmt_ci(*mean_ci(row.ssim)[:2], 1.0, 3)
+        else:
+            psnr = ssim = "not scored: the attack did not move from its start"
+        traces = row.traces
+        iterations = fmt_ci(*mean_ci([float(t.iterations) for t in traces])[:2], 1.0, 0) if traces else "-"
+        start = float(np.median([t.start_loss for t in traces])) if traces else float("nan")
+        end = float(np.median([t.final_loss for t in traces])) if traces else float("nan")
         lines.append(
-            f"| {row.upload} | {row.batch} | {row.method} | {fmt_ci(*mean_ci(row.psnr)[:2], 1.0, 1)} | "
-            f"{fmt_ci(*mean_ci(row.ssim)[:2], 1.0, 3)} | {label_cell} | {fmt_ci(*mean_ci(row.seconds)[:2], 1.0, 1)} |"
+            f"| {row.upload} | {row.batch} | {row.method} | {psnr} | {ssim} | {label_cell} | "
+            f"{fmt_ci(*mean_ci(row.seconds)[:2], 1.0, 1)} | {iterations} | {start:.3g} -> {end:.3g} | "
+            f"{len(traces) - row.unmoved} of {len(traces)} |"
         )
-    return lines
+    rules = sorted({t.rule for row in rows for t in row.traces})
+    return lines + ["", "Stopping rules: " + "; ".join(rules) + ". Matching loss: median over the attacked batches."]
 
 
 def figure(shown: dict[str, torch.Tensor], bounds: tuple[float, float], path: Path) -> bool:

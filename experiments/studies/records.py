@@ -17,7 +17,14 @@ from typing import Any, cast
 import numpy as np
 
 from common.hparams import ConfigError
-from common.storage.run_folder import RoundRecord, RunFolder, Summary, read_run_record, write_run_record
+from common.storage.run_folder import (
+    RoundRecord,
+    RunFolder,
+    Summary,
+    evaluation,
+    read_run_record,
+    write_run_record,
+)
 from experiments.analysis.collect import Run
 
 SCHEMA = 1
@@ -104,7 +111,7 @@ def make_record(run_dir: Path, study: str, experiment: str, clients: int, code: 
         raise ConfigError(f"{run_dir} has not finished (no summary): nothing to record")
     config = {k: v for k, v in folder.config().items() if k not in MACHINE_KEYS}
     rounds = folder.rounds()
-    last_eval = max((r["round"] for r in rounds if r.get("eval")), default=None)
+    last_eval = max((r["round"] for r in rounds if evaluation(r)), default=None)
     summary = folder.summary()
     return {
         "schema": SCHEMA,
