@@ -111,11 +111,15 @@ def _run_children(cases: dict[str, Case], root: Path, processes: int) -> dict[st
             given.write_text(json.dumps({k: list(cases[k]) for k in chunk}))
             env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
             command = [sys.executable, "-m", "experiments.studies.behaviour", str(given), str(result)]
-            children.append((subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.DEVNULL), result, chunk))
-        for child, result, chunk in children:
+            log = open(Path(tmp) / f"log-{index}.txt", "wb")  # the tiny runs' own log lines stay out of the caller's
+            children.append((subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=log), result, chunk, log))
+        for child, result, chunk, log in children:
             child.wait()
+            log.close()
             got = _read_cache(result)
-            out.update({k: got.get(k, f"{FAILED}: the hashing process exited {child.returncode}") for k in chunk})
+            tail = Path(log.name).read_text(errors="replace").strip().splitlines()[-1:] if child.returncode else []
+            why = f"{FAILED}: the hashing process exited {child.returncode}" + (f" ({tail[0][:200]})" if tail else "")
+            out.update({k: got.get(k, why) for k in chunk})
     return out
 
 
