@@ -130,25 +130,11 @@ def invert(
     known: KnownRound,
     attack: Attack,
     seed: int,
-) -> torch.Tensor:
-    """The images the attack reconstructs from the observed update `target` (what `observed` returns), for the
-    given labels and image shape (N, C, H, W); pixel values kept within the known bounds."""
-    return invert_traced(model, params, target, masks, labels, shape, known, attack, seed)[0]
-
-
-def invert_traced(
-    model: nn.Module,
-    params: Params,
-    target: Params,
-    masks: Masks,
-    labels: torch.Tensor,
-    shape: tuple[int, ...],
-    known: KnownRound,
-    attack: Attack,
-    seed: int,
 ) -> tuple[torch.Tensor, Trace]:
-    """`invert`, and how it ran (Trace). DLG: L-BFGS with a strong-Wolfe line search on the scale-free loss until
-    DLG_TOLERANCE_GRAD / DLG_TOLERANCE_CHANGE or `iterations` steps; IG: `iterations` signed Adam steps."""
+    """The images the attack reconstructs from the observed update `target` (what `observed` returns), for the
+    given labels and image shape (N, C, H, W), pixel values kept within the known bounds; and how it ran (Trace).
+    DLG: L-BFGS with a strong-Wolfe line search on the scale-free loss until DLG_TOLERANCE_GRAD /
+    DLG_TOLERANCE_CHANGE or `iterations` steps; IG: `iterations` signed Adam steps."""
     lr, steps, bounds = known.lr, known.steps, known.bounds
     generator = torch.Generator().manual_seed(seed)
     dummy = torch.randn(shape, generator=generator).clamp(*bounds).requires_grad_(True)

@@ -42,7 +42,7 @@ from experiments.audit.attacks import (
     Masks,
     Trace,
     idlg_labels,
-    invert_traced,
+    invert,
     local_update,
     observed,
 )
@@ -204,7 +204,7 @@ def attack_client(
     sees_labels = "head.bias" in masks
     labels = idlg_labels(update["head.bias"], len(y)) if sees_labels else y
     target = observed(update, masks)
-    rebuilt, trace = invert_traced(model, params, target, masks, labels, tuple(x.shape), known, attack, seed)
+    rebuilt, trace = invert(model, params, target, masks, labels, tuple(x.shape), known, attack, seed)
     row.seconds.append(time.perf_counter() - started)
     row.traces.append(trace)
     scores = image_scores(x, rebuilt, known.bounds)
