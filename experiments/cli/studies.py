@@ -12,7 +12,7 @@ from pathlib import Path
 from common.hparams import ConfigError
 from experiments.run.launchers import Engine, make_engine
 from experiments.run.output import for_terminal
-from experiments.run.runs import RunResult, drop_resume_state, execute, run_state
+from experiments.run.runs import RunResult, changed_settings, drop_resume_state, execute, run_state
 from experiments.run.sweep import narrow, read_sweep, shard
 from experiments.studies.behaviour import code_digest
 from experiments.studies.budgeted import land_record, parse_budget, run_budgeted, set_aside
@@ -44,7 +44,10 @@ def budgeted_sweep(args: argparse.Namespace) -> int:
     for study in studies:
         for run in study.runs:
             folder = run_state(outs[id(study)] / run.spec.name)
-            if run.state == "missing" and folder == "finished":
+            if folder == "finished" and changed_settings(run.spec, outs[id(study)] / run.spec.name):
+                set_aside(outs[id(study)] / run.spec.name)  # made with other settings than the file now asks
+                say(f"budget: the run folder of {run.spec.name} was made with other settings: set aside, made again")
+            elif run.state == "missing" and folder == "finished":
                 run.hours = 0.0  # made already (a run folder without a record, e.g. from a GPU machine): landed now
             elif run.owed and folder == "running":
                 run.state = "running elsewhere"  # another sweep's server holds its folder: not this sweep's to run
