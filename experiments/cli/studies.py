@@ -21,6 +21,11 @@ from experiments.studies.status import RunState, StudyState, check_lines, study_
 from .parser import PROJECT
 
 
+def say(line: str) -> None:
+    """One line of the budgeted sweep's progress, at once."""
+    print(line, flush=True)
+
+
 def budgeted_sweep(args: argparse.Namespace) -> int:
     """Run what fits of the owed runs of every file given; exit 0 unless a run failed."""
     from experiments.run.preflight import check_engine_installed, check_runs
@@ -28,7 +33,6 @@ def budgeted_sweep(args: argparse.Namespace) -> int:
     budget = parse_budget(args.budget)
     if args.out and len(args.file) > 1:
         raise ConfigError("--out names one sweep's results folder: give one sweep file with it")
-    say = lambda line: print(line, flush=True)  # noqa: E731 - one line's printer
     studies: list[StudyState] = []
     for file in args.file:
         sweep = read_sweep(file)
