@@ -179,8 +179,9 @@ def land_record(
 def regenerate(study: StudyState, say: Callable[[str], None]) -> list[Path]:
     """Write the study's documents and the headline table again from the records (what --check compares); returns
     the paths they and their figures are at (none when the study file declares no [[document]])."""
-    from experiments.studies.documents import repository_root, write_documents
+    from experiments.studies.documents import write_documents
     from experiments.studies.headline import HEADLINE, studies_of, write_headline
+    from experiments.studies.records import repository_root
 
     if not study.sweep.documents:
         return []

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from experiments.analysis.results_doc import shown_path
 from experiments.run.sweep import read_sweep
-from experiments.studies.documents import recorded_runs, repository_root, study_files, write_document
+from experiments.studies.documents import recorded_runs, study_files, write_document
 from experiments.studies.headline import HEADLINE, headline_markdown
+from experiments.studies.records import repository_root
 from experiments.studies.status import StudyState, check_lines, study_state, tier_lines
 
 

@@ -12,7 +12,7 @@ from common.storage.persist import atomic_write_text
 from experiments.analysis.collect import Run
 from experiments.analysis.results_doc import shown_path, write_results
 from experiments.run.sweep import read_sweep
-from experiments.studies.records import as_run
+from experiments.studies.records import as_run, repository_root
 from experiments.studies.status import StudyState, study_state
 
 SWEEPS = Path("bench") / "sweeps"
@@ -36,13 +36,6 @@ def recorded_runs(study: StudyState) -> dict[str, Run]:
             found.current = run.state == "current"
             out[run.spec.name] = found
     return out
-
-
-def repository_root(sweep_file: Path) -> Path:
-    """The repository a sweep file belongs to (its documents' paths are from there)."""
-    from experiments.studies.records import _repository_of
-
-    return _repository_of(Path(sweep_file))
 
 
 def write_documents(

@@ -14,7 +14,8 @@ from experiments.analysis.claims import verdict
 from experiments.analysis.collect import group_runs
 from experiments.analysis.results_doc import shown_path
 from experiments.analysis.tables import row_experiment
-from experiments.studies.documents import SWEEPS, recorded_runs, repository_root, study_files
+from experiments.studies.documents import SWEEPS, recorded_runs, study_files
+from experiments.studies.records import repository_root
 from experiments.studies.status import StudyState, study_state
 
 HEADLINE = Path("docs") / "results.md"

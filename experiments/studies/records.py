@@ -44,11 +44,13 @@ class CodeInfo:
 
 def records_folder(sweep_file: Path, name: str, root: Path | None = None) -> Path:
     """Where a study's records are committed: docs/claims/<sweep name>/runs/ of the repository the file is in."""
-    base = root if root is not None else _repository_of(Path(sweep_file))
+    base = root if root is not None else repository_root(Path(sweep_file))
     return base / "docs" / "claims" / name / "runs"
 
 
-def _repository_of(path: Path) -> Path:
+def repository_root(path: Path) -> Path:
+    """The repository a sweep file belongs to: the first folder above it with a pyproject.toml and a docs/ (its
+    records and documents go there), else the working folder."""
     for folder in [path.resolve().parent, *path.resolve().parents]:
         if (folder / "pyproject.toml").is_file() and (folder / "docs").is_dir():
             return folder
