@@ -357,8 +357,9 @@ class RunConfig:
     )
     dp: str = hp(
         "none",
-        "client-level differential privacy: `central` (the server clips each client's update to `dp-clip-norm`, "
-        "averages over the clients a round plans and adds Gaussian noise; weight-averaging algorithms but FLIU), "
+        "client-level differential privacy: `central` (the server samples each client with probability "
+        "`fraction-train` (Poisson), clips each update to `dp-clip-norm`, averages over the clients a round plans and "
+        "adds Gaussian noise; weight-averaging algorithms but FLIU), "
         "`local` (each client clips and noises its own update before sending) or `none`; every round logs epsilon "
         "at `dp-delta` (docs/privacy.md)",
         choices=DP_MODES,
@@ -378,8 +379,9 @@ class RunConfig:
     )
     dp_noise_seed: int = hp(
         0,
-        "`dp`: 0 draws the noise from a secret the server makes at the start (kept only in its checkpoint); another "
-        "value derives it from that number: repeatable studies, but no privacy against anyone who knows it",
+        "`dp`: 0 draws the noise (and central DP's sample) from a secret the server makes at the start (kept only "
+        "in its checkpoint); another value derives them from that number: repeatable studies, but no privacy against "
+        "anyone who knows it",
         low=0,
     )
     dp_delta: float = hp(

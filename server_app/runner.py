@@ -198,14 +198,15 @@ class RoundRunner:
         train, started = self.round_log.train, time.perf_counter()
         self.strategy.aggregation_fields = {}  # a round that aggregates nothing reports nothing of an earlier one
         self.strategy.peer_bound = {}
-        if accepted:
+        aggregates = bool(accepted) or self.strategy.releases_without_uploads(server_round)
+        if aggregates:
             with profiling.timer("aggregate"):
                 self.strategy.aggregate(server_round, accepted)
             self.round_log.aggregate_s = time.perf_counter() - started  # a timing: kept out of `train`
         train.update(train_record(accepted, failed, rejected, train, self.cfg.rho_eps))
         if timed_out := self.round_log.timed_out.pop("train_down", 0):  # not received: in no count above
             train["timed_out"] = timed_out
-        train.update(self.strategy.aggregation_fields if accepted else {})
+        train.update(self.strategy.aggregation_fields if aggregates else {})
         if accepted and self.strategy.peer_bound:
             train["peer_bound"] = self.strategy.peer_bound
 

@@ -12,7 +12,7 @@ import pytest
 
 from common.config import parse_run_config
 from common.hparams import ConfigError
-from common.methods.privacy import AdaptiveClip, CentralDp, epsilon, local_dp_epsilon
+from common.methods.privacy import AdaptiveClip, CentralDp, epsilon, local_dp_epsilon, poisson_sample
 from common.wire.messages import ARRAYS
 
 from .inprocess import InProcessFederation
@@ -47,13 +47,13 @@ def test_the_round_aggregate_is_the_clipped_noised_mean_and_the_epsilon_the_acco
     reference = [a.copy() for a in fed.strategy.global_arrays]
     replies = fed.train_round(1)
     uploads = [[np.asarray(a) for a in replies[pid][ARRAYS].to_numpy_ndarrays()] for pid in sorted(replies)]
-    assert len(uploads) == 3
+    assert sorted(replies) == poisson_sample(range(6), 0.5, 11, 1) == [3, 4]  # a Poisson sample, 3 expected
     dp = CentralDp(1.1, 0.0, 1e-4, 3, 6, 3, 11)
     expected, report = dp.aggregate(uploads, reference, 0, 0.05)
     for got, want in zip(fed.strategy.global_arrays, expected, strict=True):
         np.testing.assert_array_equal(got, want)
     record = fed.round_log.train
-    assert record["dp"]["clipped"] == 3, "every update of a trained MLP is longer than 0.05"
+    assert record["dp"]["clipped"] == 2, "every update of a trained MLP is longer than 0.05"
     assert record["dp"]["noise_std"] == pytest.approx(1.1 * 0.05 / 3)
     assert record["dp"]["epsilon"] == pytest.approx(epsilon(1.1, 0.5, 1, 1e-4)) == report["epsilon"]
     fed.train_round(2)
@@ -197,7 +197,7 @@ def test_sparse_algorithms_noise_only_their_global_mask_which_stays_as_it_starte
     masks = {name: m.copy() for name, m in strategy.global_masks.items()}
     reference = [a.copy() for a in strategy.global_arrays]
     replies = fed.train_round(1)
-    assert len(replies) == 3
+    assert sorted(replies) == poisson_sample(range(6), 0.5, 7, 1) and replies
     for name, mask in strategy.global_masks.items():
         np.testing.assert_array_equal(mask, masks[name])  # no vote on the clients' masks
     # the same round by hand: each upload decoded, its update on (its mask AND m_g), noise on m_g
@@ -484,3 +484,84 @@ def test_adding_one_client_to_forty_moves_the_clipped_sum_by_at_most_c(extra: di
         sum_after, _ = clipped_sum([[np.asarray(a) - r for a, r in zip(m, reference)] for m in after], every, 1.0)
         moved = math.sqrt(sum(float(np.sum((a - b) ** 2)) for a, b in zip(sum_after, sum_before)))
         assert moved <= 1.0 + 1e-6, (extra, moved)
+
+
+def test_a_poisson_sample_takes_each_client_independently_and_from_its_seed_alone() -> None:
+    """What the accountant composes: each client in each round with probability q, independently, so the round's
+    size varies (and may be 0); the draw repeats for one (seed, round) and is a function of that seed only."""
+    ids, q, rounds = list(range(40)), 0.1, 2000
+    samples = [poisson_sample(ids, q, 99, r) for r in range(rounds)]
+    counts = np.bincount(np.concatenate([np.asarray(s, int) for s in samples]), minlength=40)
+    # each client's count is Binomial(2000, 0.1): mean 200, std 13.4; 5 std either way
+    assert counts.min() > 200 - 5 * 13.4 and counts.max() < 200 + 5 * 13.4
+    sizes = np.array([len(s) for s in samples])
+    assert sizes.mean() == pytest.approx(4.0, abs=0.3) and sizes.var() == pytest.approx(3.6, rel=0.2)
+    assert (sizes == 0).mean() == pytest.approx(0.9**40, abs=0.01)  # an empty round happens (1.5%)
+    together = np.mean([(3 in s) and (7 in s) for s in samples])
+    assert together == pytest.approx(q * q, abs=0.01), "two clients are drawn independently"
+    assert poisson_sample(ids, q, 99, 5) == samples[5] and poisson_sample(ids, q, 98, 5) != samples[5]
+    assert poisson_sample(ids, 1.0, 1, 1) == ids
+    with pytest.raises(ValueError, match="sample rate"):
+        poisson_sample(ids, 0.0, 1, 1)
+
+
+def test_central_dp_samples_from_the_secret_seed_not_from_the_run_seed() -> None:
+    """A sample drawn from the run seed (config.json) would tell anyone which rounds a client took part in. Under
+    dp = central the same run seed with another noise seed samples other clients; the same noise seed under another
+    run seed samples the same ones; without dp the sample is the run seed's fixed-size one."""
+    raw = {**BASE, "dp": "central", "dp-noise-multiplier": 1.0, "fraction-train": 0.25}
+
+    def rounds(extra: dict) -> list[list[int]]:
+        fed = InProcessFederation({**raw, **extra}, 12)
+        return [fed.strategy.sample(r) for r in range(1, 9)]
+
+    a, b = rounds({"dp-noise-seed": 3}), rounds({"dp-noise-seed": 4})
+    assert a != b and a == rounds({"dp-noise-seed": 3, "seed": 99})
+    assert a == [poisson_sample(range(12), 0.25, 3, r) for r in range(1, 9)]
+    assert len({len(s) for s in a + b}) > 1, "the round's size varies around the planned 3"
+    plain = InProcessFederation({**BASE, "fraction-train": 0.25}, 12)
+    assert {len(plain.strategy.sample(r)) for r in range(1, 9)} == {3}
+
+
+def _empty_round_seed(clients: int, rate: float) -> int:
+    return next(s for s in range(1, 10_000) if not poisson_sample(range(clients), rate, s, 1))
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "extra"),
+    [
+        ("fedavg", {}),
+        ("fedper", {}),
+        ("dmpfl", {"dmpfl-phases": "halves"}),
+        ("feddst", {}),
+        ("dapperfl", {}),
+        ("fedavg", {"dp-adaptive-clip": True}),
+    ],
+)
+def test_an_empty_poisson_sample_still_releases_the_noise_and_counts_the_round(algorithm: str, extra: dict) -> None:
+    """Each round must be the mechanism the accountant composes, whoever took part: a round whose sample is empty
+    releases the reference plus the noise (never the model unchanged, which an observer could tell apart from a
+    round with one client), and counts for epsilon."""
+    seed = _empty_round_seed(4, 0.5)
+    raw = {**BASE, "algorithm": algorithm, **extra, "dp": "central", "dp-noise-multiplier": 1.0}
+    fed = InProcessFederation({**raw, "dp-clip-norm": 0.5, "dp-noise-seed": seed}, 4)
+    strategy = fed.strategy
+    reference = [a.copy() for a in strategy.global_arrays]
+    masks = {name: m.copy() for name, m in getattr(strategy, "global_masks", {}).items()}
+    assert fed.train_round(1) == {} and fed.round_log.train["sent"] == 0
+    names = [name for name, _ in strategy.specs]
+    shared = [masks.get(name) for name in names]
+    if algorithm == "fedper":  # the shared part (the body) is what is noised; the head stays
+        shared_names = set(strategy.shared)
+        shared = [None if name in shared_names else np.zeros(ref.shape, bool) for name, ref in zip(names, reference)]
+    adaptive = AdaptiveClip(0.5, 0.2, 0.0) if extra.get("dp-adaptive-clip") else None
+    dp = CentralDp(1.0, 0.0, 1e-5, 2, 4, 3, seed, adaptive)
+    expected, report = dp.aggregate([], reference, 0, 0.5, [], shared)
+    for name, got, want in zip(names, strategy.global_arrays, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-7, err_msg=name)
+    assert any(not np.array_equal(g, r) for g, r in zip(strategy.global_arrays, reference)), "noise was released"
+    record = fed.round_log.train["dp"]
+    assert record["epsilon"] == pytest.approx(epsilon(1.0, 0.5, 1, 1e-5)) and record["clipped"] == 0
+    assert strategy.state_dict()["dp-rounds"] == 1
+    if adaptive is not None:
+        assert strategy.dp_clip == report["next_clip_bound"] != 0.5, "the count's noise was drawn too"

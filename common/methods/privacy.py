@@ -102,10 +102,18 @@ def noise_on(
 
 
 def clipped_sum(
-    updates: Sequence[Update], supports: Sequence[Support], bound: float
+    updates: Sequence[Update],
+    supports: Sequence[Support],
+    bound: float,
+    shapes: Sequence[tuple[int, ...]] | None = None,
 ) -> tuple[list[np.ndarray], list[float]]:
-    """The sum of the updates, each clipped to `bound` on its support (float64), and each update's norm before."""
-    total = [np.zeros(np.shape(a)) for a in updates[0]]
+    """The sum of the updates, each clipped to `bound` on its support (float64), and each update's norm before;
+    `shapes`: the arrays' shapes, for a sum of no update (zeros)."""
+    if shapes is None:
+        if not updates:
+            raise ValueError("nothing to sum: give the arrays' shapes")
+        shapes = [np.shape(a) for a in updates[0]]
+    total = [np.zeros(shape) for shape in shapes]
     norms = []
     for update, support in zip(updates, supports, strict=True):
         bounded, norm = clip_on_support(update, support, bound)
@@ -174,10 +182,22 @@ def local_dp_update(
     return [values + extra for values, extra in zip(bounded, noise, strict=True)]
 
 
+def poisson_sample(ids: Sequence[int], rate: float, seed: int, index: int) -> list[int]:
+    """Poisson sampling: each id independently with probability `rate`, drawn from (seed, index), so the sample's
+    size varies and may be empty. It is the sampling the accountant's PoissonSampledDpEvent composes; the seed must
+    be as secret as the noise's, or whoever knows it knows which rounds a client took part in, and the
+    amplification by sampling that the epsilon counts on is gone."""
+    if not 0 < rate <= 1:
+        raise ValueError(f"the sample rate must lie in (0, 1], got {rate}")
+    ordered = sorted(int(i) for i in ids)
+    draws = np.random.default_rng([seed, index, 0x706F6973]).random(len(ordered))
+    return [pid for pid, draw in zip(ordered, draws, strict=True) if draw < rate]
+
+
 def epsilon(noise_multiplier: float, sample_rate: float, rounds: int, delta: float) -> float:
     """Epsilon at `delta` after `rounds` rounds of the Gaussian mechanism on client updates (noise multiplier z),
-    each client taking part with probability `sample_rate` (accounted as Poisson sampling, as DP-FedAvg is),
-    from dp-accounting's RDP accountant; inf without noise."""
+    each client taking part independently with probability `sample_rate` (Poisson sampling, as DP-FedAvg samples
+    and as central DP's runs sample: `poisson_sample`), from dp-accounting's RDP accountant; inf without noise."""
     if not 0 < sample_rate <= 1:
         raise ValueError(f"the sample rate must lie in (0, 1], got {sample_rate}")
     if not 0 < delta < 1:
@@ -240,8 +260,10 @@ def adaptive_clip_step(
     Each indicator is shifted by -1/2 before it is summed (as the paper's reference code does), so one client's
     presence moves the sum by at most 1/2, the sensitivity `update_noise_multiplier`'s budget split assumes. The sum
     gets Gaussian noise of std `count_noise_std` and is divided by `expected_clients` (the planned clients a round,
-    a fixed number like the updates' mean; default: the updates counted), then 1/2 is added back."""
-    if not below:
+    a fixed number like the updates' mean; default: the updates counted), then 1/2 is added back. With
+    `expected_clients`, a round without updates still draws its noise (a Poisson sample may be empty: the round is
+    the mechanism the accountant counts all the same)."""
+    if not below and not expected_clients:
         return bound
     expected = float(expected_clients) if expected_clients else float(len(below))
     shifted = float(np.sum(np.asarray(below, dtype=np.float64) - 0.5))
@@ -280,7 +302,8 @@ class AdaptiveClip:
 
 class CentralDp:
     """A run's central DP: the noise multiplier (given, or solved for a target epsilon once, at the start) and the
-    sampling rate the accountant composes. Round k's noise comes from (noise_seed, k), so a resumed run draws the
+    sampling rate the accountant composes (each client independently with probability expected / clients: the
+    runner samples so, `poisson_sample`). Round k's noise comes from (noise_seed, k), so a resumed run draws the
     noise the uninterrupted one would have. The noise seed must be secret: anyone who knows it can subtract the
     noise (the server makes one from the OS unless a study fixes it, run-config `dp-noise-seed`).
 
@@ -334,7 +357,8 @@ class CentralDp:
     ) -> tuple[list[np.ndarray], dict[str, float]]:
         """The new model after aggregated round number `index` (0, 1, ...): reference + central_dp_mean of the
         updates clipped to `clip_bound`, float32; and its report: epsilon after this round included, and the next
-        round's clip bound (`next_clip_bound`, the same one unless adaptive).
+        round's clip bound (`next_clip_bound`, the same one unless adaptive). No model at all (an empty Poisson
+        sample, or every sampled client failed) releases the reference plus the noise.
 
         supports: per model, the coordinates it sent (default: every one); shared: the coordinates every client may
         send, the only ones noised (default: every one). Off `shared` the model stays the reference."""
@@ -343,7 +367,7 @@ class CentralDp:
         every: Support = [None] * len(reference)
         supports = supports if supports is not None else [every for _ in models]
         shared = shared if shared is not None else every
-        total, norms = clipped_sum(updates, supports, clip_bound)
+        total, norms = clipped_sum(updates, supports, clip_bound, [np.shape(r) for r in reference])
         mean, report = noised_mean(total, norms, shared, clip_bound, self.update_multiplier, self.expected_clients, rng)
         next_bound = clip_bound
         if self.adaptive is not None:

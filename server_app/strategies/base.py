@@ -24,6 +24,7 @@ from common.methods.privacy import (
     Support,
     accountant_installed,
     local_dp_epsilon,
+    poisson_sample,
 )
 from common.methods.robust import peer_scales, robust_average, robust_clip, scale_updates, update_norms
 from common.wire.messages import ARRAYS, CONFIG, FINETUNE_EPOCHS, LR_STEP, NEWCOMER_MODEL, PARTITION_ID, SERVER_ROUND
@@ -76,11 +77,28 @@ class PFLStrategy:
 
     # ----- who takes part ----------------------------------------------------------------------------
     def sample(self, server_round: int) -> list[int]:
-        """Seeded choice of this round's training clients (partition ids), independent of node ids."""
+        """Seeded choice of this round's training clients (partition ids), independent of node ids; under central DP
+        a secret Poisson sample (`private_sample`)."""
         cfg = self.cfg
+        if cfg.dp == "central":
+            return self.private_sample(server_round)
         return seeded_sample(
             self.clients.ids(), cfg.fraction_train, cfg.min_train_clients, cfg.seed, "sample", server_round
         )
+
+    def private_sample(self, server_round: int) -> list[int]:
+        """Central DP's sample: each client independently with probability q = planned clients / clients, drawn from
+        the secret noise seed. The accountant composes Poisson-subsampled Gaussian mechanisms, so the runner samples
+        that way (a fixed-size sample is another mechanism), and from a secret: a sample drawn from the run seed,
+        which config.json shows, tells anyone which rounds a client took part in and voids the amplification by
+        sampling that the epsilon counts on. The round's size varies around the planned number, and may be 0."""
+        return poisson_sample(self.clients.ids(), self.central_dp().sample_rate, self.dp_noise_seed, server_round)
+
+    def releases_without_uploads(self, server_round: int) -> bool:
+        """Whether a round that accepted no upload still aggregates: under central DP every round that uploads
+        releases its noised mean, noise alone when the sample was empty or every sampled client failed, so that each
+        round is the mechanism the accountant composes whoever took part."""
+        return self.cfg.dp == "central" and self.uploads_in_round(server_round)
 
     def eval_clients(self, server_round: int) -> list[int]:
         """Clients evaluated this round (all by default; a seeded fraction otherwise)."""
@@ -214,7 +232,7 @@ class PFLStrategy:
         peer bound, `clip` at the round's median norm, the coordinate-wise rules), so what is left is `clip` at a
         fixed robust-clip-norm; and what the rule did."""
         models = self.bound_to_peers(models, reference)  # a no-op under central DP (max-update-ratio refused)
-        if self.cfg.robust_aggregation == "clip":
+        if self.cfg.robust_aggregation == "clip" and models:
             clipped, robust = robust_clip(models, reference, self.cfg.robust_rule)
             return clipped, robust
         return models, {}
@@ -284,14 +302,16 @@ class PFLStrategy:
             solved = f" (solved for epsilon {cfg.dp_target_epsilon:g})" if cfg.dp_target_epsilon > 0 else ""
             log(
                 INFO,
-                "central DP: updates clipped to %g%s, noise multiplier %.4f%s, %d of %d clients a round; epsilon "
-                "at delta %g after the run's %d aggregated rounds: %.3f",
+                "central DP: updates clipped to %g%s, noise multiplier %.4f%s, each of %d clients a round with "
+                "probability %.4g (Poisson, %d expected); epsilon at delta %g after the run's %d aggregated rounds: "
+                "%.3f",
                 self.dp_clip,
                 f" (adaptive, toward the {cfg.dp_clip_quantile:g} quantile)" if adaptive else "",
                 self.dp.noise_multiplier,
                 solved,
-                expected,
                 len(ids),
+                self.dp.sample_rate,
+                expected,
                 cfg.dp_delta,
                 planned,
                 self.dp.epsilon(planned),

@@ -191,11 +191,12 @@ class DMPFLStrategy(SparseGlobalStrategy):
             uploads = [(r.payload[0], r.payload[1], r.weight) for r in replies]
             for reply in replies:
                 self.personal_masks.put(reply.partition_id, reply.payload[1])
-            self.overlap = (
-                server_round,
-                [r.partition_id for r in replies],
-                [packed_masks(r.payload[1]) for r in replies],
-            )
+            if replies:  # a central-DP round may release noise alone
+                self.overlap = (
+                    server_round,
+                    [r.partition_id for r in replies],
+                    [packed_masks(r.payload[1]) for r in replies],
+                )
             if self.cfg.dp == "central":  # m_g stays: the vote would release the clients' masks
                 self.set_global(self.private_masked_average(replies))
                 return
