@@ -41,7 +41,7 @@ from common.wire.validation import PayloadError, is_folder_name, read_count
 
 from .algorithms import ClientEnv, answer, client_class
 from .algorithms.newcomer import NewcomerClient
-from .privacy import below_floor
+from .privacy import WITHHELD_COUNT, below_floor
 from .simulation import declared_num_train, simulated_drop
 from .state import StateDir, StateStore, pick_store
 
@@ -156,12 +156,13 @@ def query(msg: Message, context: Context) -> Message:
         log(WARNING, "this device does not take part in the run: %s", why)
         return Message(RecordDict({REFUSED: ConfigRecord({REASON: why})}), reply_to=msg)
     partition_id, num_partitions = _partition(context)
+    withheld = env.cfg.privacy.withholds_metrics  # local DP: no count of this client's data leaves it
     metrics = MetricRecord(
         {
             PARTITION_ID: partition_id,
             NUM_PARTITIONS: num_partitions,
-            NUM_TRAIN: declared_num_train(env.cfg.faults, env.data),
-            NUM_TEST: len(env.data.test_y),
+            NUM_TRAIN: WITHHELD_COUNT if withheld else declared_num_train(env.cfg.faults, env.data),
+            NUM_TEST: WITHHELD_COUNT if withheld else len(env.data.test_y),
         }
     )
     return Message(RecordDict({METRICS: metrics}), reply_to=msg)
@@ -198,6 +199,9 @@ def evaluate(msg: Message, context: Context) -> Message:
             env, store = _env(context, msg)
         except StateFileError as exc:
             return _state_refused(msg, exc)
+        if env.cfg.privacy.withholds_metrics:  # the device's own rule, whatever the server asks
+            why = "evaluation withheld: under local DP (dp-local-metrics = withhold) no statistic of the data leaves"
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=why), reply_to=msg)
         config = msg.content.config_records.get(CONFIG)
         newcomer = config is not None and config.get(NEWCOMER_MODEL, False) is True  # a held-out client
         algorithm = (NewcomerClient if newcomer else client_class(env.cfg.algorithm))(env)

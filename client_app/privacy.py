@@ -1,7 +1,9 @@
 """Local differential privacy of a client's upload (run-config `dp` = local): the update against the arrays the
 client received is clipped to `dp-clip-norm` and noised with std `dp-noise-multiplier * dp-clip-norm` on what it
 sends, before the reply leaves the device. The noise is secret from the server: drawn from the operating system,
-unless a study fixes `dp-noise-seed` (then from it, the partition and the round)."""
+unless a study fixes `dp-noise-seed` (then from it, the partition and the round). Under `dp-local-metrics` =
+withhold the replies carry no statistic of the client's data besides the noised upload (`withheld_train_metrics`,
+and no evaluation): the epsilon covers the uploads alone."""
 
 from __future__ import annotations
 
@@ -9,11 +11,11 @@ import math
 from collections.abc import Mapping
 
 import numpy as np
-from flwr.app import RecordDict
+from flwr.app import MetricRecord, RecordDict
 
 from common.methods.privacy import local_dp_update
 from common.sections import PrivacySettings
-from common.wire.messages import ARRAYS
+from common.wire.messages import ARRAYS, METRICS, NUM_EXAMPLES, STEPS, TRAIN_FLOPS, TRAIN_LOSS
 from common.wire.records import to_record
 from common.wire.validation import record_to_numpy
 
@@ -45,7 +47,28 @@ def below_floor(settings: PrivacySettings, floor: object) -> str | None:
         )
     if settings.dp_noise_seed:
         return "the run fixes dp-noise-seed, so its noise could be drawn again: this device's dp-noise-floor needs 0"
+    if not settings.withholds_metrics:
+        return (
+            "the run asks for dp-local-metrics = report (loss, counts and accuracies without noise, outside the "
+            "epsilon): this device's dp-noise-floor needs withhold"
+        )
     return None
+
+
+# What a training reply says of a client's data under dp-local-metrics = withhold: fixed values, the same for every
+# client (one example, so every weighted average is uniform; no loss, steps or FLOPs).
+WITHHELD_TRAIN_METRICS = {NUM_EXAMPLES: 1, TRAIN_LOSS: 0.0, STEPS: 0, TRAIN_FLOPS: 0.0}
+# What a handshake declares instead of the client's training and test counts.
+WITHHELD_COUNT = 1
+
+
+def withheld_train_metrics(settings: PrivacySettings, reply: RecordDict) -> RecordDict:
+    """The training reply with its metrics replaced by WITHHELD_TRAIN_METRICS under dp-local-metrics = withhold
+    (unchanged otherwise): the loss, sample and step counts and FLOPs are functions of the client's data that the
+    upload's epsilon does not cover."""
+    if settings.withholds_metrics and METRICS in reply.metric_records:
+        reply[METRICS] = MetricRecord(dict(WITHHELD_TRAIN_METRICS))
+    return reply
 
 
 def noise_generator(settings: PrivacySettings, partition_id: int, server_round: int) -> np.random.Generator:

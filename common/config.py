@@ -403,6 +403,13 @@ class RunConfig:
     dp_clip_learning_rate: float = hp(
         0.2, "`dp-adaptive-clip`: the geometric step of the bound per round", low=0.0, low_open=True
     )
+    dp_local_metrics: str = hp(
+        "withhold",
+        "`dp` = local: `withhold` (the clients report no statistic of their data: no loss, sample or step counts, "
+        "FLOPs or evaluation, so the run evaluates nothing) or `report` (a simulation study's measurements, reported "
+        "without noise and outside the epsilon; a device with a `dp-noise-floor` refuses it)",
+        choices=("withhold", "report"),
+    )
     attack_clients: float = hp(
         0.0,
         "simulation: this fraction of the clients (seeded) attacks by model "

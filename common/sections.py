@@ -63,6 +63,13 @@ class PrivacySettings:
     dp_adaptive_clip: bool
     dp_clip_quantile: float
     dp_clip_learning_rate: float
+    dp_local_metrics: str
+
+    @property
+    def withholds_metrics(self) -> bool:
+        """Local DP with `dp-local-metrics` = withhold: the clients report no statistic of their data (no loss,
+        sample or step counts, FLOPs or evaluation), since the epsilon covers their noised uploads only."""
+        return self.dp == "local" and self.dp_local_metrics == "withhold"
 
 
 @dataclass(frozen=True)

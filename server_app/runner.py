@@ -204,6 +204,8 @@ class RoundRunner:
                 self.strategy.aggregate(server_round, accepted)
             self.round_log.aggregate_s = time.perf_counter() - started  # a timing: kept out of `train`
         train.update(train_record(accepted, failed, rejected, train, self.cfg.rho_eps))
+        if self.cfg.privacy.withholds_metrics:  # the replies' loss is a fixed 0: none was reported
+            train["loss"] = float("nan")
         if timed_out := self.round_log.timed_out.pop("train_down", 0):  # not received: in no count above
             train["timed_out"] = timed_out
         train.update(self.strategy.aggregation_fields if aggregates else {})
@@ -268,7 +270,10 @@ class RoundRunner:
 
     # ----- the run ---------------------------------------------------------------------------------------
     def should_evaluate(self, server_round: int) -> bool:
-        """Evaluate every `eval-every` rounds and after the last one."""
+        """Evaluate every `eval-every` rounds and after the last one; never while the clients withhold their
+        metrics (local DP, dp-local-metrics = withhold: they would refuse)."""
+        if self.cfg.privacy.withholds_metrics:
+            return False
         return due(server_round, self.cfg.eval_every, self.cfg.num_rounds)
 
     @profiling.timed("checkpoint")
@@ -299,6 +304,13 @@ class RoundRunner:
             if self.plateau.resumed(self.writer.records if self.writer is not None else [], first - 1):
                 return  # it had stopped, then died before its summary was written
         log(INFO, "%s", settings_text(self.cfg, len(self.clients)))
+        if self.cfg.privacy.withholds_metrics:
+            log(
+                INFO,
+                "local DP: the clients withhold every statistic of their data (loss, sample and step counts, FLOPs, "
+                "evaluation), so the run evaluates nothing; dp-local-metrics = report has a simulation report them, "
+                "without noise and outside the epsilon",
+            )
         self.strategy.prepare()
         start = time.monotonic() - elapsed_before
         for rnd in range(first, self.cfg.num_rounds + 1):

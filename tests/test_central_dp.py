@@ -272,6 +272,7 @@ def test_sparse_local_dp_noises_each_upload_on_what_it_carries_and_keeps_its_siz
         ({"dp": "local", "dp-noise-multiplier": 1.0}, -1.0, "must be a finite number"),
         ({"dp": "local", "dp-noise-multiplier": 1.0}, 1.0, None),
         ({"dp": "local", "dp-noise-multiplier": 1.5}, "1.2", None),
+        ({"dp": "local", "dp-noise-multiplier": 1.5, "dp-local-metrics": "report"}, 1.0, "needs withhold"),
         ({}, None, None),
         ({}, 0, None),
     ],
@@ -565,3 +566,66 @@ def test_an_empty_poisson_sample_still_releases_the_noise_and_counts_the_round(a
     assert strategy.state_dict()["dp-rounds"] == 1
     if adaptive is not None:
         assert strategy.dp_clip == report["next_clip_bound"] != 0.5, "the count's noise was drawn too"
+
+
+def test_local_dp_clients_withhold_every_statistic_of_their_data_unless_a_study_asks() -> None:
+    """Under dp = local the epsilon covers the noised uploads alone, so by default a client reports nothing else of
+    its data: a handshake of fixed counts, training replies of fixed metrics (uniform weights, no loss), and no
+    evaluation, which the server therefore never asks for. `report` (a simulation study) sends the real ones."""
+    from client_app.privacy import WITHHELD_COUNT, WITHHELD_TRAIN_METRICS
+    from common.wire.messages import METRICS
+
+    raw = {**BASE, "dp": "local", "dp-clip-norm": 0.05, "dp-noise-multiplier": 0.8, "eval-every": 1}
+    fed = InProcessFederation(raw, 4)
+    assert {fed.clients.by_partition[pid].num_train for pid in fed.clients.ids()} == {WITHHELD_COUNT}
+    assert {fed.clients.by_partition[pid].num_test for pid in fed.clients.ids()} == {WITHHELD_COUNT}
+    replies = fed.train_round(1)
+    assert replies
+    for reply in replies.values():
+        metrics = dict(reply.metric_records[METRICS])
+        assert {k: metrics[k] for k in WITHHELD_TRAIN_METRICS} == WITHHELD_TRAIN_METRICS
+        assert set(metrics) - set(WITHHELD_TRAIN_METRICS) <= {"server-round", "phase"}, "only the echoed round"
+    train = fed.round_log.train
+    assert math.isnan(train["loss"]) and train["dp"]["metrics"] == "withheld"
+    assert not fed.runner.should_evaluate(1)
+    assert fed.evaluate(1) == {} and fed.runner.round_log.eval is None, "asked anyway, every client refuses"
+    reported = InProcessFederation({**raw, "dp-local-metrics": "report"}, 4)
+    assert reported.clients.by_partition[0].num_train > 1 and reported.runner.should_evaluate(1)
+    metrics = dict(next(iter(reported.train_round(1).values())).metric_records[METRICS])
+    assert metrics["num-examples"] > 1 and metrics["train-loss"] > 0
+    assert reported.round_log.train["dp"]["metrics"] == "reported without noise, outside epsilon"
+
+
+def test_a_withholding_client_refuses_to_evaluate_whatever_the_server_asks() -> None:
+    from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.common.constant import ErrorCode
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from client_app.app import evaluate
+
+    class _Context:
+        run_config = {"dataset": "digits", "dp": "local", "dp-noise-multiplier": 1.0}
+        node_config = {"partition-id": 0, "num-partitions": 2}
+        state = RecordDict()
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 2, 1
+    msg = Message(RecordDict({"config": ConfigRecord({"server-round": 1})}), dst_node_id=2, message_type="evaluate")
+    reply = evaluate(msg, _Context())  # type: ignore[arg-type]
+    assert reply.has_error() and reply.error.code == ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+    assert "evaluation withheld" in reply.error.reason
+
+
+def test_a_local_dp_run_says_its_metrics_are_withheld(tmp_path: Path, capsys) -> None:
+    import json
+
+    from experiments import cli
+
+    argv = ["run", "--set", "dp=local", "--set", "dp-noise-multiplier=1.0", "--set", "dp-clip-norm=0.5"]
+    assert cli.main([*argv, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "local DP: the clients withhold every statistic of their data" in out
+    assert "loss withheld" in out.split("[round 2/2]")[1].splitlines()[0]
+    run = tmp_path / "fedavg-digits-smoke" / "fedavg-digits-smoke-seed0"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["dp"]["metrics"] == "withheld" and summary["dp"]["mode"] == "local"
+    assert "| local DP: the clients' loss, counts and evaluations | withheld |" in (run / "summary.md").read_text()

@@ -10,6 +10,7 @@ from common.algorithms import SPECS, resolve_half
 from common.wire.messages import METRICS
 from common.wire.validation import echo_values
 
+from ..privacy import withheld_train_metrics
 from ..simulation import attacked_reply
 from .base import ClientAlgorithm, ClientEnv
 
@@ -25,7 +26,7 @@ def answer(algorithm: ClientAlgorithm, message_type: str, server_round: int, con
     algorithm.receive(content)
     if message_type == MessageType.TRAIN:
         reply = attacked_reply(algorithm.cfg.faults, algorithm.env.data, content, algorithm.fit(server_round, content))
-        reply = algorithm.private_reply(server_round, content, reply)
+        reply = withheld_train_metrics(algorithm.cfg.privacy, algorithm.private_reply(server_round, content, reply))
     else:
         reply = algorithm.evaluate(server_round, content)
     metrics = reply.metric_records[METRICS]

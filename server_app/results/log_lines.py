@@ -44,8 +44,10 @@ def progress_text(record: RoundRecord, num_rounds: int, degrees: tuple[float, ..
     rnd = record["round"]
     eta = elapsed / rnd * (num_rounds - rnd)
     train = record["train"]
+    private = train.get("dp")
+    loss = "withheld" if private and private.get("metrics") == "withheld" else f"{train['loss']:.4f}"
     text = (
-        f"[round {rnd}/{num_rounds}] train {train['used']}/{train['sent']} used, loss {train['loss']:.4f}"
+        f"[round {rnd}/{num_rounds}] train {train['used']}/{train['sent']} used, loss {loss}"
         f" | down {record['bytes']['train_down'] / 1e6:.2f} MB up {record['bytes']['train_up'] / 1e6:.2f} MB"
     )
     evaluation = record["eval"]
@@ -55,7 +57,6 @@ def progress_text(record: RoundRecord, num_rounds: int, degrees: tuple[float, ..
         text += (
             f" | acc {100 * mean[k0]:.2f}+/-{100 * std[k0]:.2f}% (shift {100 * max(degrees):g}%: {100 * mean[k1]:.2f}%)"
         )
-    private = train.get("dp")
     if private:
         text += f" | DP epsilon {private['epsilon']:.3f}"
     seconds = int(round(eta))

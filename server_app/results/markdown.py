@@ -185,6 +185,8 @@ def render_markdown(summary: Summary) -> str:
             f"{private['rounds']} rounds (noise multiplier {private['noise_multiplier']:.4f}, clip "
             f"{private['clip_bound']:g}{clipped}) | {private['epsilon']:.3f} |"
         )
+        if "metrics" in private:
+            lines.append(f"| local DP: the clients' loss, counts and evaluations | {private['metrics']} |")
     used, sent = summary["replies_used"], summary["replies_sent"]
     lines.append(f"| training replies used / sent | {sum(used)} / {sum(sent)} (per round min {min(used, default=0)}) |")
     lines.append(

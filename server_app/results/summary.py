@@ -106,6 +106,7 @@ def _aggregation_cost(records: list[RoundRecord]) -> dict[str, Any]:
             "clip_bound": last["clip_bound"],
             "clipped": int(sum(r.get("clipped", 0) for r in private)),
             "rounds": len(private),
+            **({"metrics": last["metrics"]} if "metrics" in last else {}),
         }
     return out
 

@@ -275,6 +275,7 @@ class PFLStrategy:
             "noise_multiplier": cfg.dp_noise_multiplier,
             "clip_bound": cfg.dp_clip_norm,
             "uploads_max": most,
+            "metrics": "withheld" if cfg.privacy.withholds_metrics else "reported without noise, outside epsilon",
         }
 
     def central_dp(self) -> CentralDp:
