@@ -168,3 +168,43 @@ def test_a_row_whose_attack_did_not_move_is_marked_and_never_scored() -> None:
     assert "| sparse:0.01 | 8 | ig | not scored: the attack did not move from its start |" in lines[2]
     assert lines[2].endswith("| 0.5 -> 0.5 | 0 of 2 |") and "Stopping rules: 10 signed Adam steps." in lines[-1]
     assert not still.moved and Trace("r", 3, 1.0, 0.98).moved
+
+
+@pytest.mark.parametrize("algorithm", ["dmpfl", "feddst"])
+@pytest.mark.parametrize(("batch", "steps"), [(1, 1), (8, 3)])
+def test_the_trained_rows_attack_what_a_real_sparse_client_sends(algorithm: str, batch: int, steps: int) -> None:
+    """`trained:ALG` attacks the reply of the algorithm's real client half after its real local training, decoded by
+    its real server half: the attack's simulation of the client's steps on its mask, run on the true batch, gives
+    back exactly the values the client sent on the positions it trained (regrown positions, uploaded at 0, left
+    out), so the attack attacks the wire form and not a stand-in."""
+    from experiments.audit.attacks import _distance
+    from experiments.audit.trained import trained_round
+
+    _, _, _, x, y, _ = _setting(batch)
+    real = trained_round(algorithm, "digits", "", x, y.long(), steps, 0.1, 0)
+    simulated = local_update(real.model, real.start, x, y.long(), 0.1, steps, real.trained)
+    sent = observed(real.update, real.masks)
+    assert _distance({k: v.detach() for k, v in observed(simulated, real.masks).items()}, sent, "dlg") < 1e-10
+    sparse = [name for name, mask in real.masks.items() if mask is not None]
+    assert any(0 < int(real.masks[n].sum()) < real.masks[n].numel() for n in sparse), "a sparse upload"
+    dense_view = local_update(real.model, real.start, x, y.long(), 0.1, steps)  # sparse:D's stand-in
+    if steps > 1:  # a dense model's steps move the weights off the mask, which a sparse client's never do
+        assert _distance({k: v.detach() for k, v in observed(dense_view, real.masks).items()}, sent, "dlg") > 1e-6
+
+
+def test_the_audit_refuses_a_trained_form_of_an_algorithm_that_has_none() -> None:
+    from common.hparams import ConfigError
+    from experiments.audit.run import check_uploads
+
+    check_uploads(["trained:dmpfl", "trained:feddst"])
+    for bad in ("trained:fedavg", "trained", "trained:"):
+        with pytest.raises(ConfigError, match="trained:dmpfl"):
+            check_uploads([bad])
+
+
+def test_a_trained_dmpfl_upload_at_batch_one_gives_its_image_away() -> None:
+    from experiments.audit.run import audit
+
+    rows, _, _ = audit("digits", "", ["trained:dmpfl"], [1], ["dlg"], [0], 1, 1, 0.1, 100, echo=lambda _: None)
+    (row,) = rows
+    assert row.traces[0].moved and min(row.psnr) > 30

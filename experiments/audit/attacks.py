@@ -31,9 +31,18 @@ Masks = Mapping[
 ]  # per parameter: the boolean mask of coordinates sent; None: all; absent: none
 
 
-def local_update(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, lr: float, steps: int) -> Params:
+def local_update(
+    model: nn.Module,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lr: float,
+    steps: int,
+    trainable: Masks | None = None,
+) -> Params:
     """The update (new - old parameters) of `steps` full-batch SGD steps of cross-entropy on (x, y) from `params`,
-    differentiable with respect to x (what the client computes, and what the attack simulates)."""
+    differentiable with respect to x (what the client computes, and what the attack simulates). `trainable`: per
+    parameter the positions that train (a sparse network: the others stay as they are; None: every one)."""
     start = {
         name: value if value.requires_grad else value.detach().requires_grad_(True) for name, value in params.items()
     }
@@ -41,6 +50,8 @@ def local_update(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Ten
     for _ in range(steps):
         loss = nn.functional.cross_entropy(functional_call(model, current, (x,)), y)
         grads = torch.autograd.grad(loss, list(current.values()), create_graph=True)
+        if trainable is not None:
+            grads = tuple(g if (m := trainable.get(n)) is None else g * m for n, g in zip(current, grads))
         current = {name: value - lr * grad for (name, value), grad in zip(current.items(), grads)}
     return {name: current[name] - start[name] for name in params}
 
@@ -130,18 +141,20 @@ def invert(
     known: KnownRound,
     attack: Attack,
     seed: int,
+    trainable: Masks | None = None,
 ) -> tuple[torch.Tensor, Trace]:
     """The images the attack reconstructs from the observed update `target` (what `observed` returns), for the
     given labels and image shape (N, C, H, W), pixel values kept within the known bounds; and how it ran (Trace).
     DLG: L-BFGS with a strong-Wolfe line search on the scale-free loss until DLG_TOLERANCE_GRAD /
-    DLG_TOLERANCE_CHANGE or `iterations` steps; IG: `iterations` signed Adam steps."""
+    DLG_TOLERANCE_CHANGE or `iterations` steps; IG: `iterations` signed Adam steps. `trainable`: the positions
+    the client trained (a sparse client's mask), which the simulated steps train too."""
     lr, steps, bounds = known.lr, known.steps, known.bounds
     generator = torch.Generator().manual_seed(seed)
     dummy = torch.randn(shape, generator=generator).clamp(*bounds).requires_grad_(True)
     frozen = {name: value.detach() for name, value in params.items()}
 
     def matching() -> torch.Tensor:
-        simulated = observed(local_update(model, frozen, dummy, labels, lr, steps), masks)
+        simulated = observed(local_update(model, frozen, dummy, labels, lr, steps, trainable), masks)
         return _distance(simulated, target, attack.method)
 
     def loss() -> torch.Tensor:

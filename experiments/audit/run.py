@@ -8,7 +8,10 @@ then uploads the update in one of the wire forms the algorithms use:
 - `body` / `head`: only those layers (FedPer and FedRep send the body, LG-FedAvg the head);
 - `pruned:R`: DapperFL's upload at pruning ratio R: the client trains the model with the channels of lowest l1
   norm (of the starting weights) removed, and sends the kept channels' entries; the server knows which were kept
-  (the upload names them).
+  (the upload names them);
+- `trained:dmpfl` / `trained:feddst`: what a real DM-PFL or FedDST client sends after its real local training of
+  round 1 (experiments/audit/trained.py): the sparse network it trains from theta_g, its values on its own mask,
+  read by the server's own decoding; the attack simulates training on that mask.
 The server runs iDLG for the labels, then Inverting Gradients or DLG on what it saw. The results are PSNR and SSIM
 per image (best match) and label accuracy, as a mean and 95% interval over the attacked clients and seeds: a
 markdown table (`audit.md`, `audit.json`) and a figure of true images beside their reconstructions
@@ -47,9 +50,12 @@ from experiments.audit.attacks import (
     observed,
 )
 from experiments.audit.scores import image_scores, label_accuracy
+from experiments.audit.trained import TRAINED, TrainedRound, trained_round
 
-UPLOADS = ("dense", "sparse", "body", "head", "pruned")
-FORMS = "dense, sparse:DENSITY (e.g. sparse:0.1), body, head, pruned:RATIO (e.g. pruned:0.5)"
+UPLOADS = ("dense", "sparse", "body", "head", "pruned", "trained")
+FORMS = "dense, sparse:DENSITY (e.g. sparse:0.1), body, head, pruned:RATIO (e.g. pruned:0.5), " + ", ".join(
+    f"trained:{a}" for a in TRAINED
+)
 
 
 @dataclass(frozen=True)
@@ -117,8 +123,12 @@ def check_uploads(uploads: list[str]) -> None:
     with a ratio in [0, 1))."""
     for upload in uploads:
         kind, _, value = upload.partition(":")
-        if kind not in UPLOADS or (kind in ("sparse", "pruned")) != bool(value):
+        if kind not in UPLOADS or (kind in ("sparse", "pruned", "trained")) != bool(value):
             raise ConfigError(f"upload {upload!r}: one of {FORMS}")
+        if kind == "trained":
+            if value not in TRAINED:
+                raise ConfigError(f"upload {upload!r}: one of {FORMS}")
+            continue
         if value:
             try:
                 ok = 0 < float(value) <= 1 if kind == "sparse" else 0 <= float(value) < 1
@@ -162,7 +172,8 @@ def audit(
                 for seed in seeds:
                     model = build_model("auto", dataset, data.input_shape, data.num_classes, seed)
                     params = {name: value.detach() for name, value in model.named_parameters()}
-                    masks = upload_masks(upload, params, prunable_names(model), model)
+                    trained = upload.startswith("trained:")
+                    masks = {} if trained else upload_masks(upload, params, prunable_names(model), model)
                     if upload.startswith("pruned:"):  # the client trains the pruned model: removed entries are 0
                         params = {n: v if (m := masks.get(n)) is None else v * m for n, v in params.items()}
                     picks = np.random.default_rng(seed).permutation(len(data.y))[: clients * batch]
@@ -172,7 +183,15 @@ def audit(
                         y = torch.tensor(data.y[index]).long()
                         attack = Attack(method, iterations, 0.1 if method == "ig" else 1.0)
                         noise = (private, np.random.default_rng([seed, client, 0xA0D1])) if private else None
-                        rebuilt = attack_client(row, model, params, masks, x, y, known, attack, seed, noise)
+                        if trained:  # the real client's round on this batch, as its server decodes it
+                            real = trained_round(
+                                upload.split(":", 1)[1], dataset, data_dir, x, y, known.steps, lr, seed
+                            )
+                            rebuilt = attack_client(
+                                row, real.model, real.start, real.masks, x, y, known, attack, seed, noise, real
+                            )
+                        else:
+                            rebuilt = attack_client(row, model, params, masks, x, y, known, attack, seed, noise)
                         if seed == seeds[0] and client == 0:
                             shown[f"{name}|{batch}|{method}"] = torch.stack([x[:8], rebuilt[:8]])
                 rows.append(row)
@@ -193,18 +212,24 @@ def attack_client(
     attack: Attack,
     seed: int,
     noise: tuple[Private, np.random.Generator] | None = None,
+    real: TrainedRound | None = None,
 ) -> torch.Tensor:
-    """One client's batch: its update (clipped and noised with `noise`), what the server sees of it, iDLG's labels
+    """One client's batch: its update (`real`: the one a real sparse client sent, which trained its mask; else the
+    update of plain SGD on the batch; clipped and noised with `noise`), what the server sees of it, iDLG's labels
     (the true ones where the upload leaves the classifier out), the inversion; its scores appended to `row`; the
     reconstruction."""
-    update = {k: v.detach() for k, v in local_update(model, params, x, y, known.lr, known.steps).items()}
+    if real is None:
+        update = {k: v.detach() for k, v in local_update(model, params, x, y, known.lr, known.steps).items()}
+    else:
+        update = real.update
     if noise is not None:
         update = privatized(update, masks, *noise)
     started = time.perf_counter()
     sees_labels = "head.bias" in masks
     labels = idlg_labels(update["head.bias"], len(y)) if sees_labels else y
     target = observed(update, masks)
-    rebuilt, trace = invert(model, params, target, masks, labels, tuple(x.shape), known, attack, seed)
+    trainable = real.trained if real is not None else None  # a sparse client trained its mask: so does the attack
+    rebuilt, trace = invert(model, params, target, masks, labels, tuple(x.shape), known, attack, seed, trainable)
     row.seconds.append(time.perf_counter() - started)
     row.traces.append(trace)
     scores = image_scores(x, rebuilt, known.bounds)

@@ -129,8 +129,10 @@ def _privacy(sub: argparse._SubParsersAction) -> None:
     privacy.add_argument("--data-dir", default="", help="the data sets' folder (default $PFL_DATA_DIR)")
     privacy.add_argument(
         "--uploads",
-        default="dense,sparse:0.1,body,head",
-        help="upload forms (comma-separated): dense, sparse:DENSITY, body, head, pruned:RATIO (DapperFL)",
+        default="dense,sparse:0.1,trained:dmpfl,trained:feddst,body,head",
+        help="upload forms (comma-separated): dense, sparse:DENSITY (a masked view of a dense update), "
+        "trained:dmpfl / trained:feddst (what a real client of the algorithm sends after its local training), body, "
+        "head, pruned:RATIO (DapperFL)",
     )
     privacy.add_argument("--batch-sizes", default="1,8", help="comma-separated")
     privacy.add_argument("--attacks", default="ig,dlg", help="ig (Inverting Gradients), dlg (comma-separated)")
