@@ -23,9 +23,19 @@ class EvalRow:
     label: str  # row label in summary.md
     suffix: str  # appended to the algorithm's name in comparison tables
     required: bool  # a reply without it is rejected (else the row is kept when present)
+    diagnostic: bool = False  # a share of samples, not a model's accuracy: in summary.md, not in model comparisons
 
 
 PLUS = EvalRow("plus-", "DM-PFL+", "+", required=True)
+# DM-PFL+'s selector read otherwise (issue of calibration: docs/algorithms.md), reported by every DM-PFL evaluation
+PLUS_LOGITS = EvalRow("selector-logits-", "DM-PFL+, similarity on logits", "+ (logits)", required=False)
+PLUS_CALIBRATED = EvalRow("selector-calibrated-", "DM-PFL+, temperature-calibrated", "+ (calibrated)", required=False)
+# where theta_c and theta_g disagree, as shares of all samples (DM-PFL+'s selector as configured)
+DISAGREE = EvalRow("disagree-", "samples where theta_c and theta_g disagree", " (disagree)", False, True)
+DISAGREE_TO_C = EvalRow("disagree-to-c-", "... DM-PFL+ takes theta_c there", " (disagree, to c)", False, True)
+DISAGREE_C_RIGHT = EvalRow("disagree-c-right-", "... theta_c is right there", " (disagree, c right)", False, True)
+DISAGREE_G_RIGHT = EvalRow("disagree-g-right-", "... theta_g is right there", " (disagree, g right)", False, True)
+SELECTOR_ROWS = (PLUS_LOGITS, PLUS_CALIBRATED, DISAGREE, DISAGREE_TO_C, DISAGREE_C_RIGHT, DISAGREE_G_RIGHT)
 GLOBAL = EvalRow("global-", "global model", " (global model)", required=True)
 CLOUD = EvalRow("cloud-", "cloud model u_i", " (cloud model)", required=False)
 FINETUNED = EvalRow("finetuned-", "after fine-tuning", " (fine-tuned)", required=True)  # held-out clients' 2nd row
@@ -57,6 +67,8 @@ class SparseParams:
     )
 
 
+SIMILARITIES = ("softmax", "logits")  # what Alg. 4's cosine similarity is taken on (the paper: softmax outputs)
+CALIBRATIONS = ("none", "temperature")  # DM-PFL+'s selector on the models as they are (the paper), or calibrated
 PHASE_LAYOUTS = ("thirds", "halves")
 PHASE3_MODES = ("sampled", "all", "all-reset")
 BASE_ENTROPY_INPUTS = ("train", "unshifted-test")
@@ -94,6 +106,20 @@ class DMPFLParams(SparseParams):
         "on its `unshifted-test` inputs (the paper's 'inputs not shifted'; labels unused)",
         choices=BASE_ENTROPY_INPUTS,
         key="dmpfl-base-entropy",
+    )
+    select_calibration: str = hp(
+        "none",
+        "DM-PFL+'s selector (Alg. 4) on the models as they are (`none`, the paper) or on each model's logits over a "
+        "temperature fitted per client on its training data (`temperature`, this project's extension); both are "
+        "reported in every evaluation",
+        choices=CALIBRATIONS,
+        key="dmpfl-select-calibration",
+    )
+    select_similarity: str = hp(
+        "softmax",
+        "Alg. 4's cosine similarity on the softmax outputs (`softmax`, the paper's reading) or on the `logits`",
+        choices=SIMILARITIES,
+        key="dmpfl-select-similarity",
     )
     partial_download: bool = hp(
         True,
@@ -340,7 +366,7 @@ SPECS: dict[str, AlgorithmSpec] = {
             "dmpfl:DMPFLStrategy",
             "dmpfl:DMPFLClient",
             DMPFLParams,
-            (PLUS, GLOBAL),
+            (PLUS, GLOBAL, *SELECTOR_ROWS),
             averages_updates=True,
         ),
         AlgorithmSpec(

@@ -145,7 +145,9 @@ def test_every_corruption_and_severity_fits_a_reply() -> None:
 
     rows = max(len(spec.eval_rows) for spec in SPECS.values())
     values = len(shifted_metric_keys(cfg.evaluation)) + (1 + rows) * len(cfg.shift_degrees) + 10
-    assert values < ReplyLimits(arrays=1, array_bytes=1).metrics / 5, values
+    # DM-PFL reports 8 rows (its selector's readings and where its two models disagree): 265 values at 21 degrees,
+    # a third of what a reply may carry leaves the rest for an algorithm's own metrics
+    assert values < ReplyLimits(arrays=1, array_bytes=1).metrics / 3, values
 
 
 def test_one_client_reports_every_corruption_key_the_same_way_twice() -> None:

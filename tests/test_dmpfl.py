@@ -484,3 +484,37 @@ def test_a_client_holding_the_whole_model_keeps_no_cut_of_it_and_trains_as_with_
         np.testing.assert_array_equal(got[name], want[name])
     with pytest.raises(StaleGlobalModel, match="no cut"):
         fed.client(pid).fit(5, bare)  # holds neither the cut nor this version whole
+
+
+@pytest.mark.parametrize(
+    ("overrides", "same_as"),
+    [
+        ({}, None),
+        ({"dmpfl-select-calibration": "temperature"}, "selector-calibrated-"),
+        ({"dmpfl-select-similarity": "logits"}, "selector-logits-"),
+    ],
+)
+def test_every_evaluation_reports_each_selector_and_where_the_two_models_disagree(overrides: dict, same_as) -> None:
+    """DM-PFL+ as configured, its two other readings and the disagreement shares, per client and shift degree:
+    where theta_c and theta_g agree they are equally right, so acc(theta_c) - acc(theta_g) is exactly the share of
+    disagreements theta_c gets right minus the share theta_g gets right; the configured row is the variant it names."""
+    fed = _federation("dmpfl", **{"shift-degrees": "0,0.5,1"}, **overrides)
+    for rnd in range(1, 7):
+        fed.train_round(rnd)
+    replies = fed.evaluate(6)
+    trained = 0
+    for reply in replies.values():
+        m = dict(reply.metric_records["metrics"])
+        for d in ("0", "0.5", "1"):
+            key = f"acc-shift-{d}"
+            share = {p: m[f"disagree-{p}{key}"] for p in ("", "to-c-", "c-right-", "g-right-")}
+            assert share["to-c-"] <= share[""] and share["c-right-"] + share["g-right-"] <= share[""] + 1e-9
+            assert m[key] - m["global-" + key] == pytest.approx(share["c-right-"] - share["g-right-"], abs=1e-9)
+            for prefix in ("selector-logits-", "selector-calibrated-"):
+                assert 0.0 <= m[prefix + key] <= 1.0
+            if same_as:
+                assert m["plus-" + key] == m[same_as + key]
+        trained += m["disagree-acc-shift-0"] > 0
+    assert trained, "somewhere the two models disagree"
+    ev = fed.round_log.eval
+    assert "selector-calibrated-acc-shift-1" in ev["mean"] and "disagree-to-c-acc-shift-0" in ev["mean"]

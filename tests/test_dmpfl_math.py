@@ -88,3 +88,65 @@ def test_adaptive_inference_follows_the_rule() -> None:
     same = torch.tensor([[1.0, 2.0, 0.5]])
     _, used = adaptive_predict(same, same.clone(), 0.0, 0.0)
     assert used.tolist() == [False]
+
+
+def _paper_rule(logits_c: torch.Tensor, logits_g: torch.Tensor, be_c: float, be_g: float) -> torch.Tensor:
+    """Alg. 4 as this project implemented it before calibration existed, written out: softmax entropies and the
+    cosine similarity of the softmax outputs, strict <."""
+    p_c, p_g = torch.softmax(logits_c, dim=1), torch.softmax(logits_g, dim=1)
+    cos = torch.nn.functional.cosine_similarity(p_c, p_g, dim=1)
+    e_c = -(p_c * p_c.clamp_min(1e-12).log()).sum(1)
+    e_g = -(p_g * p_g.clamp_min(1e-12).log()).sum(1)
+    return (e_c - (1 - cos) * be_c) < (e_g - (1 - cos) * be_g)
+
+
+def test_fitting_a_temperature_lowers_an_over_confident_models_nll_and_finds_a_known_one() -> None:
+    from common.methods.dmpfl import fit_temperature
+
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(4000, 10, generator=generator)
+    labels = torch.distributions.Categorical(logits=scores).sample()  # softmax(scores) is calibrated
+    over = 4.0 * scores  # the same ranking, four times too confident
+    t = fit_temperature(over, labels)
+    nll = torch.nn.functional.cross_entropy
+    assert t == pytest.approx(4.0, rel=0.1)
+    assert nll(over / t, labels) < nll(over, labels) - 0.5
+    assert fit_temperature(scores / 3.0, labels) == pytest.approx(1 / 3.0, rel=0.1), "an under-confident one too"
+    assert fit_temperature(torch.empty(0, 10), torch.empty(0, dtype=torch.long)) == 1.0
+
+
+def test_the_selector_at_temperature_one_is_todays_output_bit_for_bit() -> None:
+    from common.methods.dmpfl import AdaptiveModel, SelectorStats, make_selector
+
+    generator = torch.Generator().manual_seed(3)
+    personal, shared = torch.nn.Linear(6, 5), torch.nn.Linear(6, 5)
+    with torch.no_grad():
+        personal.weight.mul_(4.0)
+    x = torch.randn(500, 6, generator=generator)
+    be_c, be_g = 0.37, 0.81
+    today = torch.where(_paper_rule(personal(x), shared(x), be_c, be_g)[:, None], personal(x), shared(x))
+    paper = AdaptiveModel(personal, shared, be_c, be_g)(x)
+    stats_c, stats_g = SelectorStats(9.0, 1.0, be_c), SelectorStats(9.0, 1.0, be_g)  # temperature 1
+    unit = make_selector(personal, shared, stats_c, stats_g, calibrated=True)
+    assert torch.equal(paper, today) and torch.equal(unit(x), today)
+    choices = _paper_rule(personal(x), shared(x), be_c, be_g)
+    assert 0 < int(choices.sum()) < len(x), "the rule picks each model somewhere"
+    # temperatures move the choice (never a prediction of either model): theta_c calmed 10x is picked less
+    calm = make_selector(personal, shared, SelectorStats(0, 10.0, be_c), SelectorStats(0, 1.0, be_g), calibrated=True)
+    assert calm.chooses_personal(personal(x), shared(x)).sum() < choices.sum()
+    logits = AdaptiveModel(personal, shared, be_c, be_g, "logits")
+    assert not torch.equal(logits.chooses_personal(personal(x), shared(x)), choices), "the logits reading differs"
+
+
+def test_disagreements_count_on_hand_made_predictions() -> None:
+    from common.methods.dmpfl import disagreements
+
+    logits_c = torch.tensor([[5.0, 0, 0], [5.0, 0, 0], [0, 5.0, 0], [0, 0, 5.0]])  # predicts 0, 0, 1, 2
+    logits_g = torch.tensor([[5.0, 0, 0], [0, 5.0, 0], [0, 0, 5.0], [0, 5.0, 0]])  # predicts 0, 1, 2, 1
+    used = torch.tensor([True, True, False, False])
+    labels = torch.tensor([0, 0, 2, 1])
+    got = disagreements(logits_c, logits_g, used, labels)
+    assert got["disagree"].tolist() == [False, True, True, True]
+    assert got["to-c"].tolist() == [False, True, False, False]
+    assert got["c-right"].tolist() == [False, True, False, False]
+    assert got["g-right"].tolist() == [False, False, True, True]

@@ -9,17 +9,31 @@ import numpy as np
 import torch
 from flwr.app import RecordDict
 
-from common.algorithms import GLOBAL, PLUS, DMPFLParams
-from common.learning.evaluate import MemoLogits, entropy, predict_logits, shift_key
+from common.algorithms import (
+    DISAGREE,
+    DISAGREE_C_RIGHT,
+    DISAGREE_G_RIGHT,
+    DISAGREE_TO_C,
+    GLOBAL,
+    PLUS,
+    PLUS_CALIBRATED,
+    PLUS_LOGITS,
+    DMPFLParams,
+)
+from common.learning.evaluate import MemoLogits, entropy, predict_logits, shift_key, shifted_share, test_logits
 from common.learning.train import TrainStats
 from common.methods.dmpfl import (
     PARTIAL,
     AdaptiveModel,
+    SelectorStats,
     compose_personal,
     decode_partial_global,
+    disagreements,
     encode_partial_global,
+    make_selector,
     masks_digest,
     reset_personal_only,
+    selector_stats,
 )
 from common.methods.masks import prune_and_regrow
 from common.wire.messages import ARRAYS, GLOBAL_VERSION, PERSONAL_MASK_DIGEST, PHASE, PHASE3_RESET, READJUST_RATIO
@@ -180,7 +194,7 @@ class DMPFLClient(SparseGlobalClient):
         w_c = self.named(model)
         self.save_sparse(PERSONAL, w_c, m_c)
         if self.cfg.params_as(DMPFLParams).base_entropy == "train":  # the only reading that stores BE_c
-            self.env.state.save_named(BASE_ENTROPY_C, {"be": np.array([self.mean_entropy(model)], np.float64)})
+            self.env.state.save_named(BASE_ENTROPY_C, self.selector_stats(model).as_arrays())
         return self.train_reply(
             stats,
             None,
@@ -203,26 +217,60 @@ class DMPFLClient(SparseGlobalClient):
         inputs = self.env.data.test_x if self.cfg.params_as(DMPFLParams).base_entropy == "unshifted-test" else None
         return self.mean_entropy(model_c, inputs), self.mean_entropy(model_g, inputs)
 
-    def stored_base_entropies(
+    def selector_stats(self, model: torch.nn.Module) -> SelectorStats:
+        """The model's SelectorStats on this client: its temperature fitted on the training data (the data the
+        client holds with labels; no slice is held out, so training stays as the paper's), its base entropies on the
+        inputs `dmpfl-base-entropy` names."""
+        data = self.env.data
+        train = predict_logits(model, data.train_x, device=self.env.device)
+        unshifted = self.cfg.params_as(DMPFLParams).base_entropy == "unshifted-test"
+        inputs = predict_logits(model, data.test_x, device=self.env.device) if unshifted else None
+        return selector_stats(train, data.train_y, inputs)
+
+    def stored_selector_stats(
         self, content: RecordDict, model_c: torch.nn.Module, model_g: torch.nn.Module
-    ) -> tuple[float, float]:
-        """`dmpfl-base-entropy` train: BE_c of theta_c after the client's last phase 3 (else of theta_c now), BE_g of
-        the global version held, computed once per version (phase 3 may have seen only part of theta_g), both on the
-        training data. unshifted-test: both models' mean entropy on the client's own test inputs without shift
-        (Sec. 3.4: "the average entropy of models' output logits when inputs are not shifted"; no label is read)."""
+    ) -> tuple[SelectorStats, SelectorStats]:
+        """`dmpfl-base-entropy` train: theta_c's after the client's last phase 3 (else theta_c's now), theta_g's for
+        the global version held, computed once per version (phase 3 may have seen only part of theta_g), on the
+        training data. unshifted-test: both models' now, their base entropies on the client's own test inputs
+        without shift (Sec. 3.4: "the average entropy of models' output logits when inputs are not shifted"; no
+        label is read there)."""
         if self.cfg.params_as(DMPFLParams).base_entropy == "unshifted-test":
-            return self.base_entropies(model_c, model_g)
-        stored_c = self.env.state.load_named(BASE_ENTROPY_C)
-        base_c = float(stored_c["be"][0]) if stored_c else self.mean_entropy(model_c)
+            return self.selector_stats(model_c), self.selector_stats(model_g)
+        stats_c = SelectorStats.from_arrays(self.env.state.load_named(BASE_ENTROPY_C)) or self.selector_stats(model_c)
         version = read_count(self.instructions(content), GLOBAL_VERSION, allow_zero=True)
         stored_g = self.env.state.load_named(BASE_ENTROPY_G)
-        if stored_g is not None and int(stored_g["version"][0]) == version:
-            return base_c, float(stored_g["be"][0])
-        base_g = self.mean_entropy(model_g)
-        self.env.state.save_named(
-            BASE_ENTROPY_G, {"be": np.array([base_g], np.float64), "version": np.array([version], np.int64)}
-        )
-        return base_c, base_g
+        stats_g = SelectorStats.from_arrays(stored_g)
+        if stats_g is not None and stored_g is not None and int(stored_g["version"][0]) == version:
+            return stats_c, stats_g
+        stats_g = self.selector_stats(model_g)
+        self.env.state.save_named(BASE_ENTROPY_G, {**stats_g.as_arrays(), "version": np.array([version], np.int64)})
+        return stats_c, stats_g
+
+    def selector_rows(
+        self, model_c: torch.nn.Module, model_g: torch.nn.Module, stats: tuple[SelectorStats, SelectorStats]
+    ) -> dict[str, float]:
+        """DM-PFL+ as configured (`dmpfl-select-similarity`, `dmpfl-select-calibration`), the two other readings of
+        its selector (similarity on logits; calibrated), and where theta_c and theta_g disagree: the shares of
+        samples, and of them those the configured selector routes to theta_c and those each model gets right."""
+        params = self.cfg.params_as(DMPFLParams)
+        plus = make_selector(model_c, model_g, *stats, params.select_similarity, params.select_calibration != "none")
+        rows = self.row(PLUS, plus)
+        rows.update(self.row(PLUS_LOGITS, make_selector(model_c, model_g, *stats, "logits")))
+        rows.update(self.row(PLUS_CALIBRATED, make_selector(model_c, model_g, *stats, "softmax", True)))
+        data, degrees, device = self.env.data, self.cfg.shift_degrees, self.env.device
+        if len(data.test_y) == 0:
+            return rows
+        (own_c, draws_c), (own_g, draws_g) = (test_logits(m, data, degrees, device) for m in (model_c, model_g))
+        own = disagreements(own_c, own_g, plus.chooses_personal(own_c, own_g), data.test_y)
+        drawn = None
+        if draws_c is not None and draws_g is not None:
+            drawn = disagreements(draws_c, draws_g, plus.chooses_personal(draws_c, draws_g), data.shift_y)
+        keys = {DISAGREE: "disagree", DISAGREE_TO_C: "to-c", DISAGREE_C_RIGHT: "c-right", DISAGREE_G_RIGHT: "g-right"}
+        for row, key in keys.items():
+            shares = shifted_share(data, degrees, own[key], drawn[key] if drawn else None)
+            rows.update({row.prefix + shift_key(d): v for d, v in shares.items()})
+        return rows
 
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
         """theta_c (DM-PFL), adaptive inference (DM-PFL+) and theta_g, at every shift degree."""
@@ -231,14 +279,15 @@ class DMPFLClient(SparseGlobalClient):
         # the three rows run theta_c and theta_g on the same sets: each pays one forward pass per batch; a client
         # that never trained holds w_c = w_g and m_c = m_g, so theta_c is theta_g
         model_g = MemoLogits(self.to_model(self.theta_g(w_g, m_g)))
-        if personal is None:  # DM-PFL+ chooses between two identical models: all three rows are theta_g's, and the
-            # base entropies (a pass over the training data) would decide nothing
+        if personal is None:  # DM-PFL+ chooses between two identical models: every row is theta_g's, nothing
+            # disagrees, and the base entropies (a pass over the training data) would decide nothing
             result = self.evaluate_model(model_g)
             same = {shift_key(d): acc for d, acc in result.shift_accuracy.items()}
-            rows = {row.prefix + key: acc for row in (PLUS, GLOBAL) for key, acc in same.items()}
+            rows = {row.prefix + k: a for row in (PLUS, GLOBAL, PLUS_LOGITS, PLUS_CALIBRATED) for k, a in same.items()}
+            none = (DISAGREE, DISAGREE_TO_C, DISAGREE_C_RIGHT, DISAGREE_G_RIGHT)
+            rows.update({row.prefix + k: 0.0 for row in none for k in same})
             return self.eval_reply(result, rows)
         model_c = MemoLogits(self.to_model(self.theta_c(w_g, m_g, *personal)))
-        plus = AdaptiveModel(model_c, model_g, *self.stored_base_entropies(content, model_c, model_g))
-        extra = self.row(PLUS, plus)
+        extra = self.selector_rows(model_c, model_g, self.stored_selector_stats(content, model_c, model_g))
         extra.update(self.row(GLOBAL, model_g))
         return self.eval_reply(self.evaluate_model(model_c), extra)

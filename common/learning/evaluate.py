@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -127,6 +128,26 @@ def shift_accuracy(
     return shifted_correct(data.shift_plan, own_correct, draw_correct, degrees)
 
 
+def test_logits(
+    model: nn.Module, data: ClientData, degrees: tuple[float, ...], device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A model's logits on the client's test inputs and on its shift draws (None when no degree needs them), in
+    one pass over both: fewer, fuller batches (a client's test set is often smaller than one), and the same
+    tensor for every model evaluated, so MemoLogits' memo still hits."""
+    draws = any(d > 0 for d in degrees) and len(data.shift_x) > 0 and data.shift_x is not data.test_x
+    both = predict_logits(model, data.test_and_draws if draws else data.test_x, device=device)
+    num_test = len(data.test_y)
+    return both[:num_test], (both[num_test:] if draws else None)
+
+
+def shifted_share(
+    data: ClientData, degrees: tuple[float, ...], own: np.ndarray, draws: np.ndarray | None
+) -> dict[float, float]:
+    """The share of samples where a per-sample indicator holds, at each shift degree (as accuracy is: `own` on the
+    test set, `draws` on the shift draws)."""
+    return shifted_correct(data.shift_plan, own, own if draws is None else draws, degrees)
+
+
 @profiling.timed("evaluate")
 def evaluate_client(
     model: nn.Module,
@@ -141,14 +162,10 @@ def evaluate_client(
     num_test = len(data.test_y)
     if num_test == 0:
         return EvalResult(0, float("nan"), float("nan"), {d: float("nan") for d in degrees})
-    # one pass over the test inputs and the shift draws together: fewer, fuller batches (a client's test set is
-    # often smaller than one); the same tensor for every model evaluated, so MemoLogits' memo still hits
-    draws = any(d > 0 for d in degrees) and len(data.shift_x) > 0 and data.shift_x is not data.test_x
-    both = predict_logits(model, data.test_and_draws if draws else data.test_x, device=device)
-    logits = both[:num_test]
+    logits, draw_logits = test_logits(model, data, degrees, device)
     cached = {id(data.test_x): logits}
-    if draws:
-        cached[id(data.shift_x)] = both[num_test:]
+    if draw_logits is not None:
+        cached[id(data.shift_x)] = draw_logits
 
     def predict(x: torch.Tensor) -> torch.Tensor:
         out = cached.get(id(x))

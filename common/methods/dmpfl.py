@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from common.algorithms import SIMILARITIES
 from common.learning.evaluate import entropy
 from common.methods.aggregate import blocks, flat, weighted_sum
 from common.methods.masked_ops import gather, keep, scatter, select
@@ -276,32 +278,163 @@ def aggregate_round(
 
 class AdaptiveModel(torch.nn.Module):
     """DM-PFL+ as one model: per sample the logits of theta_c or theta_g, whichever Alg. 4 picks (so the argmax
-    is its prediction)."""
+    is its prediction). Alg. 4 reads each model's logits over its temperature (1: the models as they are, the
+    paper's reading; the base entropies must then be those of the same calibrated models)."""
 
     def __init__(
-        self, personal: torch.nn.Module, shared: torch.nn.Module, base_entropy_c: float, base_entropy_g: float
+        self,
+        personal: torch.nn.Module,
+        shared: torch.nn.Module,
+        base_entropy_c: float,
+        base_entropy_g: float,
+        similarity: str = "softmax",
+        temperature_c: float = 1.0,
+        temperature_g: float = 1.0,
     ) -> None:
         super().__init__()
         self.personal, self.shared = personal, shared
         self.base_entropy_c, self.base_entropy_g = base_entropy_c, base_entropy_g
+        self.similarity = similarity
+        self.temperature_c, self.temperature_g = temperature_c, temperature_g
+
+    def chooses_personal(self, logits_c: torch.Tensor, logits_g: torch.Tensor) -> torch.Tensor:
+        """Per sample, whether Alg. 4 picks theta_c on these logits."""
+        _, use_personal = adaptive_predict(
+            logits_c / self.temperature_c,
+            logits_g / self.temperature_g,
+            self.base_entropy_c,
+            self.base_entropy_g,
+            self.similarity,
+        )
+        return use_personal
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of the model Alg. 4 chooses for each sample."""
         logits_c, logits_g = self.personal(x), self.shared(x)
-        _, use_personal = adaptive_predict(logits_c, logits_g, self.base_entropy_c, self.base_entropy_g)
-        return torch.where(use_personal[:, None], logits_c, logits_g)
+        return torch.where(self.chooses_personal(logits_c, logits_g)[:, None], logits_c, logits_g)
 
 
 def adaptive_predict(
-    logits_c: torch.Tensor, logits_g: torch.Tensor, base_entropy_c: float, base_entropy_g: float
+    logits_c: torch.Tensor,
+    logits_g: torch.Tensor,
+    base_entropy_c: float,
+    base_entropy_g: float,
+    similarity: str = "softmax",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Alg. 4 per sample: use theta_c when E_c - (1-Sim) BE_c < E_g - (1-Sim) BE_g, else theta_g.
 
-    Entropies and the cosine similarity are taken on the softmax outputs. Returns (predictions, used_personal).
+    Entropies are taken on the softmax outputs, the cosine similarity on the softmax outputs (`softmax`, the
+    paper's reading) or on the logits (`logits`). Returns (predictions, used_personal).
     """
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"similarity {similarity!r}: one of {', '.join(SIMILARITIES)}")
     p_c, p_g = torch.softmax(logits_c, dim=1), torch.softmax(logits_g, dim=1)
-    similarity = torch.nn.functional.cosine_similarity(p_c, p_g, dim=1)
-    score_c = entropy(p_c) - (1 - similarity) * base_entropy_c
-    score_g = entropy(p_g) - (1 - similarity) * base_entropy_g
+    a, b = (p_c, p_g) if similarity == "softmax" else (logits_c, logits_g)
+    cosine = torch.nn.functional.cosine_similarity(a, b, dim=1)
+    score_c = entropy(p_c) - (1 - cosine) * base_entropy_c
+    score_g = entropy(p_g) - (1 - cosine) * base_entropy_g
     use_personal = score_c < score_g
     return torch.where(use_personal, logits_c.argmax(1), logits_g.argmax(1)), use_personal
+
+
+def fit_temperature(logits: torch.Tensor, labels: torch.Tensor, iterations: int = 80) -> float:
+    """Temperature scaling (Guo et al., "On Calibration of Modern Neural Networks", ICML 2017): the T > 0 that
+    minimizes the negative log-likelihood of softmax(logits / T) on (logits, labels). The NLL is convex in 1 / T,
+    so a golden-section search over log(1 / T) in [-5, 5] (T from 0.0067 to 148) finds it; 1.0 without data."""
+    if len(labels) == 0:
+        return 1.0
+    z, y = logits.double(), labels.long()
+
+    def nll(log_beta: float) -> float:
+        return float(torch.nn.functional.cross_entropy(z * math.exp(log_beta), y))
+
+    low, high = -5.0, 5.0
+    ratio = (math.sqrt(5) - 1) / 2
+    a, b = high - ratio * (high - low), low + ratio * (high - low)
+    fa, fb = nll(a), nll(b)
+    for _ in range(iterations):
+        if fa <= fb:
+            high, b, fb = b, a, fa
+            a = high - ratio * (high - low)
+            fa = nll(a)
+        else:
+            low, a, fa = a, b, fb
+            b = low + ratio * (high - low)
+            fb = nll(b)
+    return float(math.exp(-(low + high) / 2))
+
+
+@dataclass(frozen=True)
+class SelectorStats:
+    """What DM-PFL+'s selector needs of one model on one client: its base entropy (Alg. 4), the temperature fitted
+    on the client's training data, and the base entropy of the model so calibrated."""
+
+    base_entropy: float
+    temperature: float
+    base_entropy_calibrated: float
+
+    def as_arrays(self) -> Named:
+        """The client-state form."""
+        return {
+            "be": np.array([self.base_entropy], np.float64),
+            "t": np.array([self.temperature], np.float64),
+            "be-t": np.array([self.base_entropy_calibrated], np.float64),
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray] | None) -> SelectorStats | None:
+        """From the client-state form; None where there is none (or one kept before calibration existed)."""
+        if arrays is None or "t" not in arrays or "be-t" not in arrays:
+            return None
+        return cls(float(arrays["be"][0]), float(arrays["t"][0]), float(arrays["be-t"][0]))
+
+
+def selector_stats(
+    train_logits: torch.Tensor, train_labels: torch.Tensor, entropy_logits: torch.Tensor | None = None
+) -> SelectorStats:
+    """A model's SelectorStats: its temperature fitted on its training logits and labels (fit_temperature), and its
+    mean prediction entropy as it is and calibrated, on `entropy_logits` (default: the training logits)."""
+    temperature = fit_temperature(train_logits, train_labels)
+    z = train_logits if entropy_logits is None else entropy_logits
+    as_is = float(entropy(torch.softmax(z, 1)).mean())
+    return SelectorStats(as_is, temperature, float(entropy(torch.softmax(z / temperature, 1)).mean()))
+
+
+def make_selector(
+    personal: torch.nn.Module,
+    shared: torch.nn.Module,
+    stats_c: SelectorStats,
+    stats_g: SelectorStats,
+    similarity: str = "softmax",
+    calibrated: bool = False,
+) -> AdaptiveModel:
+    """DM-PFL+ for one pair: Alg. 4 on the models as they are (the paper's reading), or on both calibrated by their
+    temperatures with the calibrated base entropies."""
+    if not calibrated:
+        return AdaptiveModel(personal, shared, stats_c.base_entropy, stats_g.base_entropy, similarity)
+    return AdaptiveModel(
+        personal,
+        shared,
+        stats_c.base_entropy_calibrated,
+        stats_g.base_entropy_calibrated,
+        similarity,
+        stats_c.temperature,
+        stats_g.temperature,
+    )
+
+
+def disagreements(
+    logits_c: torch.Tensor, logits_g: torch.Tensor, use_personal: torch.Tensor, labels: torch.Tensor
+) -> dict[str, np.ndarray]:
+    """Per sample, where theta_c and theta_g predict different labels: `disagree`, and among those `to-c` (the
+    selector took theta_c), `c-right` (theta_c is right), `g-right` (theta_g is right); boolean arrays, so any
+    share of them (at a shift degree) is a mean over the samples, and a share among the disagreements a ratio of
+    two of them."""
+    pred_c, pred_g = logits_c.argmax(1), logits_g.argmax(1)
+    differ = pred_c != pred_g
+    return {
+        "disagree": differ.numpy(),
+        "to-c": (differ & use_personal).numpy(),
+        "c-right": (differ & (pred_c == labels)).numpy(),
+        "g-right": (differ & (pred_g == labels)).numpy(),
+    }

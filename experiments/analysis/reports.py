@@ -88,7 +88,7 @@ def overview(groups: list[Group], base: Group | None) -> list[str]:
             ]
         )
         for row in SPECS[g.algorithm].eval_rows if g.algorithm in SPECS else ():
-            if any(row.prefix + shift_key(0.0) in r.final for r in g.runs):
+            if not row.diagnostic and any(row.prefix + shift_key(0.0) in r.final for r in g.runs):
                 rows.append(
                     [
                         g.label + row.suffix,

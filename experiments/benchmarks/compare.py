@@ -45,7 +45,7 @@ def _pct(mean: float, std: float) -> str:
     return "n/a" if math.isnan(mean) else f"{100 * mean:.2f} +/- {100 * std:.2f}"
 
 
-VARIANTS = {row.prefix: row.suffix for row in eval_rows()}  # extra accuracies some algorithms report
+VARIANTS = {row.prefix: row.suffix for row in eval_rows() if not row.diagnostic}  # extra accuracies some report
 
 
 def accuracy_table(summaries: dict[str, Summary]) -> str:
