@@ -175,6 +175,7 @@ def test_base_entropies_on_unshifted_test_inputs() -> None:
     model_c = client.to_model(client.theta_c(w_g, m_g, *client.load_sparse(PERSONAL)))
     model_g = client.to_model(client.theta_g(w_g, m_g))
     test_x, train_x = client.env.data.test_x, client.env.data.train_x
-    got = client.stored_base_entropies(content, model_c, model_g)
+    stats_c, stats_g = client.stored_selector_stats(content, model_c, model_g)
+    got = (stats_c.base_entropy, stats_g.base_entropy)
     assert got == (client.mean_entropy(model_c, test_x), client.mean_entropy(model_g, test_x))
     assert got != (client.mean_entropy(model_c, train_x), client.mean_entropy(model_g, train_x))
