@@ -46,6 +46,13 @@ PERSONAL = "dmpfl/personal"  # client state: w_c on m_c and m_c, as the codec se
 BASE_ENTROPY_C, BASE_ENTROPY_G = "dmpfl/base-entropy-c", "dmpfl/base-entropy-g"
 PARTIAL_CUT, PARTIAL_ID = "global-partial/cut", "global-partial/id"  # the cut as received, its (version, digest)
 Stages = dict[str, torch.nn.Module | None]
+# the disagreement rows and the indicator each reads (common/methods/dmpfl.disagreements)
+DISAGREEMENT_ROWS = {
+    DISAGREE: "disagree",
+    DISAGREE_TO_C: "to-c",
+    DISAGREE_C_RIGHT: "c-right",
+    DISAGREE_G_RIGHT: "g-right",
+}
 
 
 class DMPFLClient(SparseGlobalClient):
@@ -266,8 +273,7 @@ class DMPFLClient(SparseGlobalClient):
         drawn = None
         if draws_c is not None and draws_g is not None:
             drawn = disagreements(draws_c, draws_g, plus.chooses_personal(draws_c, draws_g), data.shift_y)
-        keys = {DISAGREE: "disagree", DISAGREE_TO_C: "to-c", DISAGREE_C_RIGHT: "c-right", DISAGREE_G_RIGHT: "g-right"}
-        for row, key in keys.items():
+        for row, key in DISAGREEMENT_ROWS.items():
             shares = shifted_share(data, degrees, own[key], drawn[key] if drawn else None)
             rows.update({row.prefix + shift_key(d): v for d, v in shares.items()})
         return rows
@@ -284,8 +290,7 @@ class DMPFLClient(SparseGlobalClient):
             result = self.evaluate_model(model_g)
             same = {shift_key(d): acc for d, acc in result.shift_accuracy.items()}
             rows = {row.prefix + k: a for row in (PLUS, GLOBAL, PLUS_LOGITS, PLUS_CALIBRATED) for k, a in same.items()}
-            none = (DISAGREE, DISAGREE_TO_C, DISAGREE_C_RIGHT, DISAGREE_G_RIGHT)
-            rows.update({row.prefix + k: 0.0 for row in none for k in same})
+            rows.update({row.prefix + k: 0.0 for row in DISAGREEMENT_ROWS for k in same})
             return self.eval_reply(result, rows)
         model_c = MemoLogits(self.to_model(self.theta_c(w_g, m_g, *personal)))
         extra = self.selector_rows(model_c, model_g, self.stored_selector_stats(content, model_c, model_g))
