@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import random
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where it is used: the CLI and the config read derive_seed without it
+    import torch
 
 
 def derive_seed(seed: int, *tags: object) -> int:
@@ -17,6 +20,8 @@ def derive_seed(seed: int, *tags: object) -> int:
 
 def seed_everything(seed: int) -> torch.Generator:
     """Seed Python, NumPy and torch globally; return a torch Generator with the same seed."""
+    import torch
+
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

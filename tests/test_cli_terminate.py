@@ -41,9 +41,10 @@ def _alive(pid: int) -> bool:
 def test_a_signalled_sweep_stops_its_run(tmp_path: Path, sig: signal.Signals, code: int) -> None:
     sweep = tmp_path / "long.toml"
     sweep.write_text(SWEEP)
+    log = (tmp_path / "stdout").open("w")
     process = subprocess.Popen(
         [_pflower(), "sweep", str(sweep), "--out", str(tmp_path / "out"), "--workers", "1"],
-        stdout=subprocess.DEVNULL,
+        stdout=log,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
@@ -52,16 +53,22 @@ def test_a_signalled_sweep_stops_its_run(tmp_path: Path, sig: signal.Signals, co
     )
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (tmp_path / "out" / "fedavg-seed0" / "metrics.jsonl").exists():
+        run_dir = tmp_path / "out" / "fedavg-seed0"
+        while time.monotonic() < deadline and not (run_dir / "checkpoint.npz").exists():
             time.sleep(0.2)
         started = descendants(process.pid)
         assert len(started) >= 2, "the run (server and worker) did not start in 2 minutes"
         os.kill(process.pid, sig)  # the sweep only, as `timeout` or `kill` does
         assert process.wait(timeout=60) == code
         assert "finished runs are kept" in (process.stderr.read() if process.stderr else "")
+        # the line before the exit says where the run stopped and that its checkpoint resumes it
+        stopped = [line for line in (tmp_path / "stdout").read_text().splitlines() if "stopped after" in line]
+        assert len(stopped) == 1 and "of 500 rounds; its checkpoint of round " in stopped[0], stopped
+        assert "the same command resumes it" in stopped[0]
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and any(_alive(pid) for pid in started):
             time.sleep(0.2)
         assert not [pid for pid in started if _alive(pid)], "processes of the run outlived the sweep"
     finally:
         stop_process_tree(process, graceful=False)
+        log.close()

@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from scipy import ndimage
 
 from common.data.arrays import DataError, DatasetArrays
 from common.hparams import ConfigError
@@ -52,6 +51,8 @@ def speckle_noise(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.
 
 def gaussian_blur(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
     """Gaussian blur, sigma 0.4..1 pixels (edges extended)."""
+    from scipy import ndimage  # scipy only where an image is corrupted: the config reads this module's names
+
     sigma = _level((0.4, 0.6, 0.7, 0.8, 1.0), severity)
     return ndimage.gaussian_filter(x, sigma=(0, 0, sigma, sigma), mode="nearest", truncate=4.0)
 
@@ -65,6 +66,8 @@ def disk_kernel(radius: float, alias_sigma: float) -> np.ndarray:
     disk /= disk.sum()
     taps = np.exp(-(np.arange(-1, 2) ** 2) / (2 * alias_sigma**2))
     taps /= taps.sum()
+    from scipy import ndimage
+
     kernel = ndimage.correlate1d(ndimage.correlate1d(disk, taps, axis=0, mode="mirror"), taps, axis=1, mode="mirror")
     rows, cols = np.flatnonzero(kernel.sum(1) > 1e-12), np.flatnonzero(kernel.sum(0) > 1e-12)
     return kernel[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
@@ -72,6 +75,8 @@ def disk_kernel(radius: float, alias_sigma: float) -> np.ndarray:
 
 def defocus_blur(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
     """Defocus: convolution with an anti-aliased disk of radius 0.3..1.5 pixels (edges mirrored)."""
+    from scipy import ndimage
+
     radius, alias = _level(((0.3, 0.4), (0.4, 0.5), (0.5, 0.6), (1.0, 0.2), (1.5, 0.1)), severity)
     return ndimage.correlate(x, disk_kernel(radius, alias)[None, None], mode="mirror")
 

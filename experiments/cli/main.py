@@ -7,10 +7,8 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from common.data.arrays import DataError
 from common.hparams import ConfigError
 
-from .commands import HANDLERS
 from .parser import parser
 
 
@@ -26,6 +24,11 @@ def _terminated(signum: int, frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `pflower` console script; returns the exit code (0: everything finished)."""
     args = parser().parse_args(argv)
+    # imported once the arguments parse: `--help` and a mistyped option never pay for torch and Flower
+    from common.data.arrays import DataError
+
+    from .commands import HANDLERS
+
     # a SIGTERM (`kill`, `timeout`) unwinds as Ctrl+C does, so the run in progress is stopped, not orphaned
     signal.signal(signal.SIGTERM, _terminated)
     try:

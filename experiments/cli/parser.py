@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from experiments.run.launchers import ENGINES
-from experiments.run.presets import PRESETS
+from experiments.run.presets import ENGINES, PRESETS
 
 PROJECT = Path(__file__).resolve().parents[2]  # the Flower app: the folder holding pyproject.toml
 DESCRIPTION = (

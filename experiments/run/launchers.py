@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from common.hparams import ConfigError
-from experiments.run.presets import run_config_text
+from experiments.run.presets import ENGINES, run_config_text
 from experiments.run.superlink import LocalSuperLink, RunOutcome, run_streamed
 
-ENGINES = ("inprocess", "simulation")
 FINISHED, FAILED = "finished:completed", "finished:failed"
 
 

@@ -7,6 +7,8 @@ from typing import Any
 
 from common.hparams import ConfigError
 
+ENGINES = ("inprocess", "simulation")  # what runs a run: experiments/run/launchers.py builds each
+
 
 @dataclass(frozen=True)
 class Preset:

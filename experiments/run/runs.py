@@ -135,6 +135,25 @@ def run_state(run_dir: Path) -> str:
     return "incomplete" if run_dir.exists() else "new"
 
 
+def stopped_line(run_dir: Path) -> str:
+    """Where an interrupted run stands: the rounds it recorded and the round its kept checkpoint resumes from."""
+    from server_app.checkpoint import last_checkpoint_round, read_run_id
+
+    folder = RunFolder(run_dir)
+    try:
+        rounds = len(folder.rounds()) if folder.metrics_path.is_file() else 0
+        planned = int(folder.config().get("num-rounds", 0)) if folder.config_path.is_file() else 0
+        run_id = read_run_id(run_dir)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return f"{run_dir}: stopped; its files could not be read"
+    of = f" of {planned}" if planned else ""
+    if not folder.checkpoint_path.is_file():
+        return f"{run_dir}: stopped after {rounds}{of} rounds, before its first checkpoint; it starts anew"
+    kept = last_checkpoint_round(run_id) if run_id else None
+    at = f" of round {kept}" if kept is not None else ""
+    return f"{run_dir}: stopped after {rounds}{of} rounds; its checkpoint{at} is kept and the same command resumes it"
+
+
 def drop_resume_state(run_dir: Path) -> int:
     """Delete a finished run's server checkpoint and simulated clients' state, which only a run stopped midway
     reads (a FedAMP run's come to gigabytes); returns the bytes freed. An unfinished run is left as it is."""

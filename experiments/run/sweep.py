@@ -15,7 +15,16 @@ from experiments.analysis.claims import Claim, parse_claim
 from experiments.analysis.tables import TableSpec, parse_table, row_experiment
 from experiments.run.launchers import check_engine
 from experiments.run.presets import preset
-from experiments.run.runs import RunResult, RunSpec, changed_settings, folder_name, parse_seeds, plan, run_state
+from experiments.run.runs import (
+    RunResult,
+    RunSpec,
+    changed_settings,
+    folder_name,
+    parse_seeds,
+    plan,
+    run_state,
+    stopped_line,
+)
 
 TOP_KEYS = {
     "name",
@@ -279,7 +288,11 @@ def run_sweep(
         eta = f"ETA {_clock(sum(spent) / len(spent) * (len(pending) - index + 1))}" if spent else "ETA after this run"
         resumed = " (resumes from its checkpoint)" if run_state(out_dir / spec.name) == "resumable" else ""
         say(f"[{label} {done_before + index}/{len(specs)}] {spec.experiment} seed {spec.seed}{resumed}; {eta}")
-        result = execute(spec)
+        try:
+            result = execute(spec)
+        except KeyboardInterrupt:  # Ctrl+C or SIGTERM: say where the run stands, then unwind to the exit status
+            say(f"[{label} {done_before + index}/{len(specs)}] {stopped_line(out_dir / spec.name)}")
+            raise
         results.append(result)
         spent.append(result.seconds)
         outcome = "finished" if result.status == "finished" else f"FAILED: {result.reason} (log: {result.log})"
