@@ -317,11 +317,14 @@ def test_a_failed_run_is_explained_by_its_own_error_line_not_flowers() -> None:
     assert _last_error("all fine") == ""
 
 
-def test_a_kept_run_made_with_other_settings_stops_the_sweep_before_anything_runs(
+def test_a_kept_run_made_with_other_settings_is_set_aside_unless_finished(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A failed or interrupted run never blocks its retry (it is set aside with one line); a finished one made with
+    other settings stops the sweep before anything runs, naming its folder and --replace, which sets it aside."""
     from common.config import parse_run_config
     from experiments.run.runs import changed_settings
+    from experiments.run.sweep import check_kept_runs
 
     sweep = _write(tmp_path / "s.toml", "name = 's'\npreset = 'smoke'\n[[experiment]]\nname = 'a'\nlr = 0.1\n")
     _, specs = load_sweep(sweep)
@@ -336,11 +339,25 @@ def test_a_kept_run_made_with_other_settings_stops_the_sweep_before_anything_run
     assert changed_settings(specs[0], tmp_path / "nothing") == []
     (kept / "config.json").write_text(json.dumps({**saved, "lr": 0.05, "dmpfl-phases": "thirds", "iterations": 9}))
     assert changed_settings(specs[0], kept) == ["lr: 0.05 -> 0.1"], "DM-PFL's keys are no setting of a FedAvg run"
-    assert cli.main(["sweep", str(sweep), "--out", str(out)]) == 2  # before any SuperLink starts
-    err = capsys.readouterr().err
-    assert "1 kept run(s) under" in err and "a-seed0: lr: 0.05 -> 0.1" in err and "delete those run folders" in err
     assert cli.main(["sweep", str(sweep), "--out", str(out), "--list"]) == 0
     assert "a-seed0: incomplete (made with other settings: lr: 0.05 -> 0.1)" in capsys.readouterr().out
+    said: list[str] = []
+    check_kept_runs(specs, out, say=said.append)  # incomplete: out of the retry's way, nothing deleted
+    (aside,) = (out / "superseded").iterdir()
+    assert not kept.exists() and json.loads((aside / "config.json").read_text())["lr"] == 0.05
+    assert len(said) == 1 and said[0].startswith("set aside: a-seed0 (incomplete, made with lr: 0.05 -> 0.1) -> ")
+    kept.mkdir()
+    (kept / "config.json").write_text(json.dumps({**saved, "lr": 0.05}))
+    (kept / "summary.json").write_text("{}")  # finished
+    assert cli.main(["sweep", str(sweep), "--out", str(out)]) == 2  # before any SuperLink starts
+    err = capsys.readouterr().err
+    assert "1 finished run(s) were made with other settings than the sweep file now asks; --replace" in err
+    assert f"{kept}: lr: 0.05 -> 0.1" in err
+    assert kept.is_dir(), "a refused finished run is left where it was"
+    check_kept_runs(specs, out, replace=True, say=said.append)
+    assert not kept.exists() and len(list((out / "superseded").iterdir())) == 2
+    assert said[1].startswith("set aside: a-seed0 (finished, made with lr: 0.05 -> 0.1)")
+    kept.mkdir()
     (kept / "config.json").write_text(json.dumps({**saved, "colour": "red"}))
     assert changed_settings(specs[0], kept)[0].startswith("made by another version of the code (unknown run-config")
 

@@ -109,6 +109,45 @@ def test_a_missing_partition_file_is_one_line(
     assert f"'partition-file' '{tmp_path / 'p.npz'}': no such file" in line
 
 
+GOOD_TRAIN = [[2 * k, 2 * k + 1] for k in range(6)]  # six clients, disjoint samples of the embedded digits
+GOOD_TEST = [[20 + k] for k in range(6)]
+
+
+@pytest.mark.parametrize(
+    ("train", "test", "said"),
+    [
+        (GOOD_TRAIN[:2], GOOD_TEST[:2], "holds 2 clients, the run has 6: use at most 2"),
+        ([[0, 1], [1, 3], *GOOD_TRAIN[2:]], GOOD_TEST, "clients 0 and 1 both train on index 1"),
+        ([[0, 99_999], *GOOD_TRAIN[1:]], GOOD_TEST, "'train_0' holds index 99999, outside 0.."),
+        (GOOD_TRAIN, [[1], *GOOD_TEST[1:]], "client 0's train and test share 1 indices"),
+    ],
+)
+def test_a_bad_partition_file_is_one_line_before_the_engine_starts(
+    train: list[list[int]],
+    test: list[list[int]],
+    said: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    nothing_starts: list[str],
+) -> None:
+    """Client count, index ranges and overlaps are read from the file before anything starts (they were found only
+    at the handshake, a minute and a half in)."""
+    import numpy as np
+
+    from common.data.partition_file import save_partition_file
+
+    def indices(rows: list[list[int]]) -> list[np.ndarray]:
+        return [np.array(row) for row in rows]
+
+    file = tmp_path / "p.npz"
+    save_partition_file(file, indices(train), indices(test))
+    argv = ["run", "--set", "partition=file", "--set", f"partition-file={file}", "--set", "max-samples=0"]
+    line = _fails_fast([*argv, "--out", str(tmp_path / "out")], capsys)
+    assert line.startswith(f"pflower: error: experiment fedavg-digits-smoke: partition-file {file}: "), line
+    assert said in line
+    assert nothing_starts == [] and not (tmp_path / "out").exists()
+
+
 def test_a_results_folder_that_cannot_be_made_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], nothing_starts: list[str]
 ) -> None:

@@ -340,7 +340,8 @@ def _execute(
     export = args.data_export.expanduser().resolve() if args.data_export and engine == "inprocess" else None
     check_runs([s for s in specs if run_state(out / s.name) != "finished"], out, export)
     args.app = _app_dir(args.app) if engine == "simulation" else PROJECT
-    check_kept_runs(specs, out)
+    source = "this command" if args.command == "run" else "the sweep file"
+    check_kept_runs(specs, out, getattr(args, "replace", False), lambda line: print(line, flush=True), source)
     other = other_code_runs(specs, out, args.app)
     if other:
         print(

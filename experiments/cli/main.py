@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt as exc:
         if isinstance(exc, Terminated):
-            print("pflower: terminated; finished runs are kept, `pflower sweep` resumes the rest", file=sys.stderr)
+            print("pflower: terminated; finished runs are kept, the same command resumes the rest", file=sys.stderr)
             return 143
-        print("pflower: interrupted; finished runs are kept, `pflower sweep` resumes the rest", file=sys.stderr)
+        print("pflower: interrupted; finished runs are kept, the same command resumes the rest", file=sys.stderr)
         return 130

@@ -24,7 +24,17 @@ def _run(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any run-config key")
     run.add_argument("--name", help="experiment name (default: algorithm-dataset-preset)")
     run.add_argument("--out", default="results", help="results folder; the runs go to OUT/<name>/ (default ./results)")
+    _replace(run)
     return run
+
+
+def _replace(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--replace",
+        action="store_true",
+        help="set aside (under OUT/superseded/) finished runs made with other settings than asked now, and make them "
+        "again; an unfinished one is always set aside",
+    )
 
 
 def _sweep(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -42,6 +52,7 @@ def _sweep(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     sweep.add_argument("--out", help="results folder (default results/<sweep name>)")
     sweep.add_argument("--list", action="store_true", help="list the runs and their state, run nothing")
+    _replace(sweep)
     sweep.add_argument(
         "--shard",
         help="K/N: run only every N-th run of the file, starting at the K-th (1-based), "

@@ -13,6 +13,7 @@ from common.hparams import ConfigError
 from experiments.run.launchers import Engine, make_engine
 from experiments.run.output import for_terminal
 from experiments.run.runs import RunResult, changed_settings, drop_resume_state, execute, run_state
+from experiments.run.runs import set_aside as set_aside_folder
 from experiments.run.sweep import narrow, read_sweep, shard
 from experiments.studies.behaviour import code_digest
 from experiments.studies.budgeted import land_record, parse_budget, run_budgeted, set_aside
@@ -48,8 +49,10 @@ def budgeted_sweep(args: argparse.Namespace) -> int:
     for study in studies:
         for run in study.runs:
             folder = run_state(outs[id(study)] / run.spec.name)
-            if folder == "finished" and changed_settings(run.spec, outs[id(study)] / run.spec.name):
-                set_aside(outs[id(study)] / run.spec.name)  # made with other settings than the file now asks
+            if folder in ("finished", "resumable", "incomplete") and changed_settings(
+                run.spec, outs[id(study)] / run.spec.name
+            ):  # made with other settings than the file now asks: finished or not, it is made again
+                set_aside_folder(outs[id(study)] / run.spec.name)
                 say(f"budget: the run folder of {run.spec.name} was made with other settings: set aside, made again")
             elif run.state == "missing" and folder == "finished":
                 run.hours = 0.0  # made already (a run folder without a record, e.g. from a GPU machine): landed now

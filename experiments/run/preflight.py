@@ -80,5 +80,9 @@ def check_runs(specs: list[RunSpec], out_dir: Path, data_export: Path | None = N
             if cfg.partition == "file" and not Path(cfg.partition_file).expanduser().is_file():
                 what = f"{cfg.partition_file!r}: no such file" if cfg.partition_file else "is not set"
                 raise ConfigError(f"partition 'file': run-config 'partition-file' {what}")
+            if cfg.partition == "file" and exported is None:
+                from common.data.federated import federated_split
+
+                federated_split(cfg.data, spec.clients)  # its clients, index ranges and overlaps, not at the handshake
         except (DataError, ConfigError) as exc:
             raise ConfigError(f"experiment {spec.experiment}: {exc}") from None

@@ -135,6 +135,20 @@ def run_state(run_dir: Path) -> str:
     return "incomplete" if run_dir.exists() else "new"
 
 
+SUPERSEDED_FOLDER = "superseded"  # beside a sweep's runs: the run folders set aside, each under <name>-<time>
+
+
+def set_aside(run_dir: Path) -> Path:
+    """Move a run folder out of a new attempt's way, to superseded/<name>-<time> beside it (nothing is deleted);
+    returns where it went."""
+    aside = run_dir.parent / SUPERSEDED_FOLDER / f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    private_folder(aside.parent)
+    while aside.exists():  # two set aside within one second
+        aside = aside.with_name(aside.name + "-1")
+    shutil.move(str(run_dir), aside)
+    return aside
+
+
 def stopped_line(run_dir: Path) -> str:
     """Where an interrupted run stands: the rounds it recorded and the round its kept checkpoint resumes from."""
     from server_app.checkpoint import last_checkpoint_round, read_run_id

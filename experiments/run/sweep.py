@@ -16,6 +16,7 @@ from experiments.analysis.tables import TableSpec, parse_table, row_experiment
 from experiments.run.launchers import check_engine
 from experiments.run.presets import preset
 from experiments.run.runs import (
+    SUPERSEDED_FOLDER,
     RunResult,
     RunSpec,
     changed_settings,
@@ -23,6 +24,7 @@ from experiments.run.runs import (
     parse_seeds,
     plan,
     run_state,
+    set_aside,
     stopped_line,
 )
 
@@ -245,22 +247,35 @@ def shard(specs: list[RunSpec], text: str) -> list[RunSpec]:
     return specs[k - 1 :: n]
 
 
-def check_kept_runs(specs: list[RunSpec], out_dir: Path) -> None:
-    """ConfigError when a finished or resumable run under out_dir was made with other settings than its spec now
-    asks (a sweep file edited after some of its runs): mixing them would put two settings in one table."""
-    changed = [(s.name, diff) for s in specs if (diff := changed_settings(s, out_dir / s.name))]
-    if changed:
+def check_kept_runs(
+    specs: list[RunSpec], out_dir: Path, replace: bool = False, say: Callable[[str], None] = print, source: str = ""
+) -> None:
+    """Clear the way for runs whose kept folder under out_dir was made with other settings than `source` (the sweep
+    file, or the command line) asks now: an unfinished one (failed, interrupted) is set aside with one line, so a
+    retry with fixed inputs starts anew; a finished one only with `replace`, else ConfigError naming it, since
+    mixing settings would put two of them in one table. A folder a live run holds is never touched."""
+    source = source or "the sweep file"
+    changed = [(s, diff) for s in specs if (diff := changed_settings(s, out_dir / s.name))]
+    live = [s.name for s, _ in changed if run_state(out_dir / s.name) == "running"]
+    if live:
+        raise ConfigError(f"{', '.join(live)} under {out_dir}: running now with other settings; stop it first")
+    refused = [(s, diff) for s, diff in changed if run_state(out_dir / s.name) == "finished" and not replace]
+    if refused:
         lines = [
-            f"  {name}: {', '.join(diff[:4])}" + (f" (+{len(diff) - 4} more)" if len(diff) > 4 else "")
-            for name, diff in changed[:8]
+            f"  {out_dir / spec.name}: {', '.join(diff[:4])}" + (f" (+{len(diff) - 4} more)" if len(diff) > 4 else "")
+            for spec, diff in refused[:8]
         ]
-        more = f"\n  ... and {len(changed) - 8} more" if len(changed) > 8 else ""
+        more = f"\n  ... and {len(refused) - 8} more" if len(refused) > 8 else ""
         raise ConfigError(
-            f"{len(changed)} kept run(s) under {out_dir} were made with other settings than the sweep "
-            "file now gives; delete those run folders (or name the experiments anew) and run again:\n"
+            f"{len(refused)} finished run(s) were made with other settings than {source} now asks; --replace sets "
+            f"them aside (under {out_dir / SUPERSEDED_FOLDER}) and makes them again, or name the experiment anew:\n"
             + "\n".join(lines)
             + more
         )
+    for spec, diff in changed:
+        state = run_state(out_dir / spec.name)
+        aside = set_aside(out_dir / spec.name)
+        say(f"set aside: {spec.name} ({state}, made with {', '.join(diff[:2])}) -> {aside}; it runs anew")
 
 
 def _clock(seconds: float) -> str:

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.hparams import ConfigError
-from common.storage.persist import private_folder
 from common.storage.run_folder import RunFolder
 from experiments.run.runs import RunResult, app_commit, run_state
+from experiments.run.runs import set_aside as set_aside_folder
 from experiments.studies.behaviour import PROJECT, behaviour_hashes, cases_of, code_digest
 from experiments.studies.records import CodeInfo, data_fingerprint, make_record, record_path, write_record
 from experiments.studies.status import RunState, StudyState
@@ -96,12 +96,7 @@ def run_budgeted(
 def set_aside(run_dir: Path) -> Path | None:
     """Move a finished run folder whose record is stale (or was made with other settings) out of the sweep's way, so
     the run is made again; returns where it went."""
-    if run_state(run_dir) != "finished":
-        return None
-    aside = run_dir.parent / "superseded" / f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    private_folder(aside.parent)
-    shutil.move(str(run_dir), aside)
-    return aside
+    return set_aside_folder(run_dir) if run_state(run_dir) == "finished" else None
 
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
