@@ -136,3 +136,50 @@ def test_a_report_without_matplotlib_is_written_without_figures_and_one_warning(
     text = (tmp_path / "report" / "report.md").read_text()
     assert "Figures skipped: matplotlib is not installed" in text and "![" not in text
     assert not list((tmp_path / "report").rglob("*.png"))
+
+
+RUN_FOLDER_FILES = ["config.json", "summary.json", "metrics.jsonl", "artifacts.npz", "code.json", "messages.jsonl"]
+READ_BY_THE_REPORT = {"config.json", "summary.json", "metrics.jsonl", "artifacts.npz"}
+
+
+@pytest.mark.parametrize("damaged", RUN_FOLDER_FILES)
+@pytest.mark.parametrize("keep", [0.5, 0.0])
+def test_a_damaged_run_folder_is_skipped_with_one_line(
+    damaged: str, keep: float, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each file of a run folder cut short in turn: the report names that run, the file and the damage in one
+    line and is written from the other runs (a file the report does not read leaves the run in)."""
+    import numpy as np
+
+    from experiments.cli import main
+
+    runs = tmp_path / "runs"
+    for name, acc in (("fedavg-seed0", 0.5), ("dmpfl-seed0", 0.6)):
+        _run(runs, name, name.split("-")[0], 6, 2, acc)
+        np.savez(runs / name / "artifacts.npz", overlap=np.arange(64, dtype=np.float32).reshape(8, 8))
+        (runs / name / "code.json").write_text(json.dumps({"commits": ["abc1234"]}))
+        (runs / name / "messages.jsonl").write_text(json.dumps({"round": 1, "digest": "00" * 32}) + "\n")
+    target = runs / "dmpfl-seed0" / damaged
+    data = target.read_bytes()
+    target.write_bytes(data[: int(len(data) * keep)])
+    assert main(["report", str(runs), "--out", str(tmp_path / "report")]) == 0
+    captured = capsys.readouterr()
+    text = (tmp_path / "report" / "report.md").read_text()
+    skipped = [line for line in captured.err.splitlines() if line.startswith("skipped: ")]
+    if damaged in READ_BY_THE_REPORT:
+        assert len(skipped) == 1 and skipped[0].startswith(f"skipped: {runs / 'dmpfl-seed0'}: {damaged}: "), skipped
+        assert "| dmpfl" not in text and "| fedavg" in text
+    else:
+        assert skipped == [] and "| dmpfl" in text
+    assert "Traceback" not in captured.err
+
+
+def test_a_report_whose_every_run_is_damaged_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from experiments.cli import main
+
+    _run(tmp_path, "fedavg-seed0", "fedavg", 6, 2, 0.5)
+    (tmp_path / "fedavg-seed0" / "summary.json").write_text('{"final": ')
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"skipped: {tmp_path / 'fedavg-seed0'}: summary.json: unreadable (")
+    assert err[1].startswith("pflower: error: every finished run under") and len(err) == 2

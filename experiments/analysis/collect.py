@@ -7,6 +7,9 @@ import json
 import math
 import os
 import re
+import sys
+import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,9 @@ import numpy as np
 from common import stopping
 from common.hparams import ConfigError
 from common.storage.run_folder import (
+    ARTIFACTS_FILE,
+    CONFIG_FILE,
+    METRICS_FILE,
     SUMMARY_FILE,
     RoundRecord,
     RunFolder,
@@ -144,13 +150,48 @@ class Group:
         return out
 
 
+# What reading a damaged file raises: a cut JSON line or bytes that are not UTF-8 (ValueError), a cut archive
+# (BadZipFile, EOFError), a file that cannot be opened (OSError).
+DAMAGE = (OSError, ValueError, TypeError, KeyError, EOFError, zipfile.BadZipFile)
+
+
 def _load(path: Path) -> Run:
     folder = RunFolder(path)
     return Run(path, folder.config(), folder.summary(), folder.rounds())
 
 
-def find_runs(paths: list[Path]) -> list[Run]:
-    """Every finished run folder (holding its summary) at or below the given paths, in path order."""
+def run_damage(path: Path) -> str | None:
+    """What makes a finished run folder unreadable, as 'FILE: what' (None: its config, summary, round records and
+    arrays all read and have their shape)."""
+    folder = RunFolder(path)
+
+    def rounds_read() -> bool:  # a finished run recorded at least one round
+        records = folder.rounds()
+        return bool(records) and all(isinstance(r, dict) and isinstance(r.get("round"), int) for r in records)
+
+    checks: list[tuple[str, Any]] = [
+        (CONFIG_FILE, lambda: isinstance(json.loads(folder.config_path.read_text()), dict)),
+        (SUMMARY_FILE, lambda: isinstance(json.loads(folder.summary_path.read_text()), dict)),
+        (METRICS_FILE, rounds_read),
+        (ARTIFACTS_FILE, lambda: isinstance(folder.artifacts(), dict)),
+    ]
+    for name, reads in checks:
+        try:
+            if not reads():
+                return f"{name}: not what a run writes"
+        except DAMAGE as exc:
+            text = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+            return f"{name}: unreadable ({text})"
+    return None
+
+
+def _say_on_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def find_runs(paths: list[Path], say: Callable[[str], None] = _say_on_stderr, required: bool = True) -> list[Run]:
+    """Every finished run folder (holding its summary) at or below the given paths, in path order; a damaged one is
+    skipped with one line to `say` naming the file and the damage (ConfigError when none is left and `required`)."""
     found: list[Path] = []
     for path in paths:
         path = Path(path).expanduser()
@@ -164,7 +205,15 @@ def find_runs(paths: list[Path]) -> list[Run]:
         found.extend(c for c in candidates if c not in found)
     if not found:
         raise ConfigError(f"no finished run (a folder with {SUMMARY_FILE}) under {', '.join(map(str, paths))}")
-    return [_load(p) for p in found]
+    runs = []
+    for folder in found:
+        if (damage := run_damage(folder)) is not None:
+            say(f"skipped: {folder}: {damage}")
+            continue
+        runs.append(_load(folder))
+    if not runs and required:
+        raise ConfigError(f"every finished run under {', '.join(map(str, paths))} is damaged (see the lines above)")
+    return runs
 
 
 @functools.cache

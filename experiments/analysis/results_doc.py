@@ -249,7 +249,11 @@ def finished_runs(
     recorded = recorded or {}
     found: dict[str, Run] = {}
     folders = [runs_dir / s.name for s in specs if s.name not in recorded and runs_dir is not None]
-    loaded = {run.path.name: run for run in find_runs(done)} if (done := [f for f in folders if _done(f)]) else {}
+    loaded = (
+        {run.path.name: run for run in find_runs(done, required=False)}
+        if (done := [f for f in folders if _done(f)])
+        else {}
+    )
     for spec in specs:
         run = recorded.get(spec.name) or loaded.get(spec.name)
         if run is not None:
