@@ -128,3 +128,102 @@ def test_the_check_would_catch_a_stale_command(line: str, monkeypatch: pytest.Mo
     monkeypatch.setitem(globals(), "REPO", tmp_path)
     with pytest.raises(AssertionError, match="nope"):
         test_every_quoted_pflower_command_and_option_exists()
+
+
+def _app_defaults() -> dict[str, object]:
+    """The run config a `flwr run` starts from: pyproject.toml's [tool.flwr.app.config]."""
+    import tomllib
+
+    return dict(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
+
+
+def _flwr_run_configs() -> list[tuple[str, str, dict[str, object], bool]]:
+    """(document, command, the run config the ServerApp gets, whether it runs on a deployment's SuperLink) of every
+    quoted `flwr run` that sets a run config."""
+    from flwr.common.config import parse_config_args
+
+    found = []
+    for doc, command in _commands("flwr", fenced_only=True):
+        words = shlex.split(command.split(" #")[0], posix=True)
+        while words[1:2] == ["flwr"]:
+            words = words[1:]
+        if words[1:2] != ["run"]:
+            continue
+        given = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--run-config"]
+        if not given or any("<" in g for g in given):  # none, or a placeholder such as <the same run config>
+            continue
+        config = {**_app_defaults(), **parse_config_args(given)}
+        found.append((doc, command, config, CONNECTION in _positional(words[2:])))
+    return found
+
+
+def test_every_quoted_flwr_run_config_starts_its_server() -> None:
+    """Each quoted `flwr run --run-config` parses as the ServerApp parses it, and a deployment's passes the check
+    that refuses an unprotected run at its start (docs/deployment.md's DM-PFL line lacked max-weight-ratio: exit
+    code 201 on a real SuperLink, while `flwr run --stream` itself exited 0)."""
+    from common.config import parse_run_config
+    from common.hparams import ConfigError
+    from server_app.app import unprotected_deployment
+
+    found, bad = _flwr_run_configs(), []
+    assert len(found) >= 10 and sum(deployed for *_, deployed in found) >= 4, "the documents quote flwr runs"
+    for doc, command, config, deployed in found:
+        try:
+            cfg = parse_run_config(config)
+        except ConfigError as exc:
+            bad.append(f"{doc}: `{command}`: {exc}")
+            continue
+        if deployed and (why := unprotected_deployment(cfg)):
+            bad.append(f"{doc}: `{command}`: {why}")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_quoted_pflower_run_and_sweep_parses_its_runs() -> None:
+    """`pflower run ... --set K=V` and `pflower sweep FILE` as quoted: every run's config parses (a renamed key or a
+    value out of range is caught here, not by a reader)."""
+    from common.config import parse_run_config
+    from common.hparams import ConfigError
+    from experiments.run.presets import preset
+    from experiments.run.runs import parse_assignment, parse_seeds, plan
+    from experiments.run.sweep import read_sweep
+
+    checked, bad = 0, []
+    for doc, command in _commands("pflower"):
+        words = shlex.split(command.split("#")[0].split("|")[0].split("&&")[0], posix=True)
+        words = [w.replace("$PWD", str(REPO)).replace("$HOME", str(REPO)) for w in words]  # as a shell expands them
+        if len(words) < 3 or any(w.startswith(("<", "KEY", "/path")) or w.isupper() for w in words[2:]):
+            continue
+        try:
+            args = parser().parse_args(words[1:])
+        except SystemExit:
+            continue  # an option's value left for the reader to fill in: the option check covers the names
+        try:
+            if args.command == "run":
+                config = dict(parse_assignment(item) for item in args.set)
+                config.update({k: v for k, v in (("algorithm", args.algorithm), ("dataset", args.dataset)) if v})
+                for spec in plan("doc", preset(args.preset), config, parse_seeds(args.seeds), args.clients):
+                    parse_run_config(spec.run_config)
+                checked += 1
+            elif args.command == "sweep" and all((REPO / f).is_file() for f in args.file):
+                for file in args.file:
+                    read_sweep(REPO / file)
+                checked += 1
+        except ConfigError as exc:
+            bad.append(f"{doc}: `{command}`: {exc}")
+    assert checked >= 10, "the documents quote pflower runs and sweeps"
+    assert not bad, "\n".join(bad)
+
+
+def test_the_run_config_check_would_catch_an_unprotected_deployment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "deploy").mkdir()
+    doc = tmp_path / "deploy" / "README.md"
+    good = "flwr run . deploy --stream --run-config \"algorithm='dmpfl' max-weight-ratio=4 num-rounds=3\"\n"
+    bad = "flwr run . deploy --stream --run-config \"algorithm='dmpfl' iterations=1 num-rounds=3\"\n"
+    doc.write_text("```bash\n" + good * 9 + bad + "```\n")
+    monkeypatch.setitem(globals(), "DOCUMENTS", [doc])
+    monkeypatch.setitem(globals(), "REPO", tmp_path)
+    (tmp_path / "pyproject.toml").write_text("[tool.flwr.app.config]\n")  # the keys' defaults: none given
+    with pytest.raises(AssertionError, match="iterations=1 num-rounds=3.*max-weight-ratio"):
+        test_every_quoted_flwr_run_config_starts_its_server()

@@ -185,3 +185,46 @@ def test_the_privacy_figure_draws_accuracy_against_the_epsilon_each_run_reached(
     assert [eps(g.runs[0]) for g in groups if g.label == "a-eps8"] == [7.98]
     assert all(math.isnan(eps(g.runs[0])) for g in groups if g.label == "a")
     assert not Column("epsilon", "epsilon").percent
+
+
+@pytest.mark.parametrize(
+    ("values", "limits"),
+    [
+        ([52.5, 55.0], (50.0, 70.0)),  # a 2.5-point spread gets a 20-point axis from a multiple of 10
+        ([91.0, 99.5], (80.0, 100.0)),  # never above 100
+        ([3.0, 12.0], (0.0, 20.0)),  # never below 0
+        ([35.0, 88.0], (30.0, 90.0)),
+        ([float("nan")], (0.0, 100.0)),
+    ],
+)
+def test_an_accuracy_axis_starts_at_a_stated_floor(values: list[float], limits: tuple[float, float]) -> None:
+    from common.plotting import accuracy_label, accuracy_limits
+
+    assert accuracy_limits(values) == limits
+    assert accuracy_label(limits, "mean").endswith(f"; axis from {limits[0]:g}%") == (limits[0] > 0)
+
+
+def test_audit_cells_pack_into_lines_as_wide_as_the_largest_batch() -> None:
+    from experiments.audit.run import pack_cells
+
+    # four batch-1 cells share a line of 8 (one slot between cells), an 8-wide cell takes a line alone
+    assert pack_cells([1, 1, 1, 1, 1, 8, 8], 8) == [[(0, 0), (1, 2), (2, 4), (3, 6)], [(4, 0)], [(5, 0)], [(6, 0)]]
+    assert pack_cells([3, 3, 2], 8) == [[(0, 0), (1, 4)], [(2, 0)]]
+
+
+def test_a_run_figure_draws_every_model_the_run_reports_and_no_diagnostic(tmp_path: Path) -> None:
+    """DM-PFL's run figures hold theta_c, DM-PFL+ and theta_g (they drew theta_c alone); the disagreement shares are
+    diagnostics, not models; the title names the data set and setting."""
+    from server_app.results.plots import plot_run, run_models, run_title
+
+    means = {f"{p}acc-shift-{d}": 0.5 for p in ("", "plus-", "global-", "disagree-") for d in (0, 1)}
+    final = {"mean": means, "std": {k: 0.1 for k in means}, "num_clients": 6}
+    summary = {"algorithm": "dmpfl", "dataset": "digits", "partition": "dirichlet", "num_clients": 6, "seed": 3}
+    summary |= {"final": final, "shift_degrees": [0.0, 1.0], "final_round": 2}
+    assert run_models(summary) == [("", "theta_c"), ("plus-", "DM-PFL+"), ("global-", "global model")]  # type: ignore[arg-type]
+    assert run_title(summary) == "dmpfl on digits (dirichlet, 6 clients, seed 3)"  # type: ignore[arg-type]
+    fedavg = {**summary, "algorithm": "fedavg", "final": {**final, "mean": {"acc-shift-0": 0.5, "acc-shift-1": 0.4}}}
+    assert run_models(fedavg) == [("", "main model")]  # type: ignore[arg-type]
+    records = [{"round": r, "eval": final} for r in (1, 2)]
+    plot_run(records, summary, tmp_path)  # type: ignore[arg-type]
+    assert (tmp_path / "accuracy_vs_round.png").is_file() and (tmp_path / "accuracy_vs_shift.png").is_file()

@@ -236,6 +236,8 @@ def test_the_results_document_holds_the_runs_numbers_the_papers_and_the_order_di
     )
     assert "| [Main table](#main-table) | 4 / 6 | 7 | 4 | 1 |" in text  # the overview at the top
     assert "Why ours differ." in text and "Paper: a paper, Table 9." in text
+    # the note was written for the whole table: the row it may quote and this document lacks is named above it
+    assert "(The note below was written for the whole table; its rows `ditto` are not in this document" in text
     assert (tmp_path / "docs" / "figures" / "main" / "accuracy_vs_shift.png").stat().st_size > 5_000
     assert "](figures/main/accuracy_vs_shift.png)" in text
     assert "(app commit; '+changes': uncommitted edits of the code): not recorded (4 runs)." in text

@@ -11,8 +11,10 @@ from typing import Any
 import numpy as np
 
 from common.learning.evaluate import shift_key
+from common.plotting import accuracy_label, accuracy_limits
 from common.storage.run_folder import evaluation, evaluation_means
 from experiments.analysis.collect import Group, corruptions_of
+from experiments.analysis.stats import mean_ci
 
 PANELS_PER_ROW = 5
 SKIPPED = "figures skipped: matplotlib is not installed (pip install 'pflower[reports]')"
@@ -43,6 +45,23 @@ def _seed_mean(group: Group, value: Any) -> tuple[float, float]:
     if not values:
         return float("nan"), float("nan")
     return float(np.mean(values)), float(np.std(values)) if len(values) > 1 else 0.0
+
+
+def seed_interval(group: Group, value: Any) -> tuple[float, float]:
+    """Mean over seeds of value(run) and the half-width of its 95% t-interval: the statistic the report's tables
+    give beside each number (NaN half-width, so no bar, below 2 seeds)."""
+    mean, half, _ = mean_ci(list(group.by_seed(value).values()))
+    return mean, half
+
+
+def setting_title(groups: list[Group]) -> str:
+    """The data set and setting of the groups, e.g. 'digits, dirichlet, 6 clients, 2 rounds' (what they share)."""
+    parts = []
+    for key, word in (("dataset", ""), ("partition", ""), ("clients", " clients"), ("num-rounds", " rounds")):
+        values = {str(g.settings.get(key, g.config.get(key, "?"))) for g in groups}
+        if len(values) == 1 and (value := values.pop()) != "?":
+            parts.append(value + word)
+    return ", ".join(parts)
 
 
 def _panels(
@@ -76,7 +95,8 @@ def differs(a: list[float], b: list[float], tolerance: float = 1e-9) -> bool:
 
 def accuracy_vs_shift(groups: list[Group], out: Path, rows: list[tuple[Group, str, str]] | None = None) -> str:
     """Last-round (solid) accuracy by shift degree, and the best round's (dashed) where it differs from the last;
-    bars: client std (mean over seeds); the series dodged along x so that every bar shows.
+    bars: the 95% interval over seeds of the shift table; the series dodged within each degree's slot, so that every
+    bar shows and the axis holds only the degrees.
 
     rows: (group, metric prefix, label) of each line, e.g. a table's DM-PFL+ row (prefix 'plus-'); default: each
     group's main model."""
@@ -84,22 +104,29 @@ def accuracy_vs_shift(groups: list[Group], out: Path, rows: list[tuple[Group, st
     series = rows if rows is not None else [(g, "", g.label) for g in groups]
     degrees = [float(d) for d in series[0][0].runs[0].summary.get("shift_degrees", [0.0])]
     fig, ax = plt.subplots(figsize=(9, 4.5), layout="constrained")
-    x = [100 * d for d in degrees]
+    slots = [float(i) for i in range(len(degrees))]  # the degrees as categories: dodging never leaves 0..100%
+    drawn: list[float] = []
     for index, (g, prefix, label) in enumerate(series):
         color = f"C{index % 10}"
         keys = [prefix + shift_key(d) for d in degrees]
-        last = [100 * _seed_mean(g, lambda r, k=k: r.final.get(k))[0] for k in keys]
-        spread = [100 * _seed_mean(g, lambda r, k=k: r.final_std.get(k))[0] for k in keys]
-        best = [100 * _seed_mean(g, lambda r, k=k: r.best_round().get(k))[0] for k in keys]
-        at = dodged(x, index, len(series))
-        ax.errorbar(at, last, yerr=spread, color=color, marker="o", capsize=3, label=f"{label} (last)")
+        lasts = [seed_interval(g, lambda r, k=k: r.final.get(k)) for k in keys]
+        last, half = [100 * m for m, _ in lasts], [100 * h for _, h in lasts]
+        best = [100 * seed_interval(g, lambda r, k=k: r.best_round().get(k))[0] for k in keys]
+        at = dodged(slots, index, len(series))
+        ax.errorbar(at, last, yerr=half, color=color, marker="o", capsize=3, label=f"{label} (last)")
+        drawn += [m + sign * h for m, h in zip(last, half) if math.isfinite(h) for sign in (-1, 1)] + last
         if differs(best, last):
             ax.plot(at, best, color=color, linestyle="--", marker="x", alpha=0.7, label=f"{label} (best round)")
-    ax.set_xticks(x, [f"{v:g}" for v in x])
-    ax.set_xlabel("test-time shift degree (%)")
-    ax.set_ylabel("accuracy (%), mean over seeds")
+            drawn += best
+    ax.set_xticks(slots, [f"{100 * d:g}%" for d in degrees])
+    ax.set_xlim(-0.5, len(degrees) - 0.5)
+    limits = accuracy_limits(drawn)
+    ax.set_ylim(*limits)
+    ax.set_xlabel("test-time shift degree")
+    ax.set_ylabel(accuracy_label(limits, "mean over seeds"))
     ax.set_title(
-        "Accuracy under test-time shift\n(bars: std across clients; dashed: best round, where not the last)",
+        f"Accuracy under test-time shift: {setting_title([g for g, _, _ in series])}\n"
+        "(bars: 95% interval over seeds, as in the table; dashed: best round, where not the last)",
         fontsize=10,
     )
     ax.grid(alpha=0.3)
@@ -122,18 +149,23 @@ def corruption_figure(groups: list[Group], found: dict[str, list[int]], out: Pat
         return None
     plt = pyplot()
     fig, axes = _panels(plt, len(groups), 4.2, 4, sharey=True, layout="constrained")
+    drawn: list[float] = []
     for ax, g in zip(axes, groups):
         clean = _seed_mean(g, lambda r: r.final.get(shift_key(0.0)))[0]
         for name, severities in found.items():
             values = [_seed_mean(g, lambda r, k=f"acc-corrupt-{name}-{s}": r.final.get(k))[0] for s in severities]
+            drawn += [100 * v for v in [clean, *values]]
             ax.plot([0, *severities], [100 * clean] + [100 * v for v in values], marker=".", label=name)
         ax.set_title(g.label, fontsize=9)
         ax.set_xlabel("severity")
         ax.grid(alpha=0.3)
+    limits = accuracy_limits(drawn)
+    axes[0].set_ylim(*limits)
     for ax in axes[::PANELS_PER_ROW]:
-        ax.set_ylabel("accuracy (%)")
+        ax.set_ylabel(accuracy_label(limits, "mean over seeds"))
     handles, labels = axes[-1].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=7, loc="outside right center")
+    fig.suptitle(f"Accuracy by corruption and severity: {setting_title(groups)}", fontsize=10)
     fig.savefig(out / "corruptions.png", dpi=120)
     plt.close(fig)
     return "corruptions.png"
@@ -202,27 +234,32 @@ def plain_axes(ax: Any, x: list[float]) -> None:
 
 
 def frontier_figure(groups: list[Group], out: Path) -> str:
-    """Accuracy against MB per client, the Pareto frontier (more accuracy for fewer bytes) drawn through."""
+    """Accuracy against MB per client, the Pareto frontier (more accuracy for fewer bytes) drawn through where it
+    joins two experiments or more; bars: the 95% interval over seeds of the tables."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8.5, 4.5), layout="constrained")
-    points = []
+    points, drawn = [], []
     for index, g in enumerate(groups):
         mb = _seed_mean(g, attrgetter("mb_per_client"))[0]
-        acc, spread = _seed_mean(g, lambda r: r.final.get(shift_key(0.0)))
+        acc, half = seed_interval(g, lambda r: r.final.get(shift_key(0.0)))
         points.append((mb, acc))
-        ax.errorbar(
-            [mb], [100 * acc], yerr=[100 * spread], marker="o", color=f"C{index % 10}", capsize=3, label=g.label
-        )
+        drawn += [100 * acc] + ([100 * (acc - half), 100 * (acc + half)] if math.isfinite(half) else [])
+        ax.errorbar([mb], [100 * acc], yerr=[100 * half], marker="o", color=f"C{index % 10}", capsize=3, label=g.label)
     frontier, best = [], -math.inf
     for mb, acc in sorted(points):
         if acc > best:
             frontier.append((mb, acc))
             best = acc
-    ax.plot([p[0] for p in frontier], [100 * p[1] for p in frontier], "k:", alpha=0.6, label="frontier")
+    if len(frontier) > 1:  # a frontier of one point is no line: no legend entry for it
+        ax.plot([p[0] for p in frontier], [100 * p[1] for p in frontier], "k:", alpha=0.6, label="Pareto frontier")
     plain_axes(ax, [p[0] for p in points])
+    limits = accuracy_limits(drawn)
+    ax.set_ylim(*limits)
     ax.set_xlabel("MB per client (train, down + up, measured)")
-    ax.set_ylabel("accuracy (%), mean over seeds (bars: std)")
-    ax.set_title("Cost frontier")
+    ax.set_ylabel(accuracy_label(limits, "no shift, mean over seeds"))
+    ax.set_title(
+        f"Cost frontier: {setting_title(groups)}\n(bars: 95% interval over seeds, as in the table)", fontsize=10
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.savefig(out / "frontier.png", dpi=120)
@@ -247,12 +284,14 @@ def privacy_figure(rows: list[tuple[Group, str, str]], out: Path) -> str | None:
     degrees = [float(d) for d in rows[0][0].runs[0].summary.get("shift_degrees", [0.0])]
     shifts = sorted({degrees[0], degrees[-1]})
     fig, axes = _panels(plt, len(shifts), 5.2, 4.2, sharey=True, layout="constrained")
+    drawn: list[float] = []
     for ax, degree in zip(axes, shifts):
         for index, (series, found) in enumerate(points.items()):
             found = sorted(found, key=lambda p: no_dp if p[0] == 0 else p[0])
             xs = [no_dp if e == 0 else e for e, _, _ in found]
             key = shift_key(degree)
-            values = [_seed_mean(g, lambda r, k=prefix + key: r.final.get(k)) for _, g, prefix in found]
+            values = [seed_interval(g, lambda r, k=prefix + key: r.final.get(k)) for _, g, prefix in found]
+            drawn += [100 * (m + sign * h) for m, h in values for sign in (-1, 0, 1) if math.isfinite(h) or not sign]
             ax.errorbar(
                 xs,
                 [100 * v[0] for v in values],
@@ -269,9 +308,15 @@ def privacy_figure(rows: list[tuple[Group, str, str]], out: Path) -> str | None:
         ax.set_xlabel("epsilon reached (delta 1e-5 unless set)")
         ax.set_title(f"test-time shift {100 * degree:g}%", fontsize=9)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("accuracy (%), mean over seeds (bars: std)")
+    limits = accuracy_limits(drawn)
+    axes[0].set_ylim(*limits)
+    axes[0].set_ylabel(accuracy_label(limits, "mean over seeds"))
     axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    fig.suptitle("Accuracy against the privacy budget")
+    fig.suptitle(
+        f"Accuracy against the privacy budget: {setting_title([g for g, _, _ in rows])}\n"
+        "(bars: 95% interval over seeds, as in the table)",
+        fontsize=10,
+    )
     fig.savefig(out / "privacy.png", dpi=120)
     plt.close(fig)
     return "privacy.png"
@@ -322,6 +367,7 @@ def global_per_round(groups: list[Group], out: Path) -> str:
         return ""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
+    drawn: list[float] = []
     for index, group in enumerate(groups):
         evaluated = [(r["round"], evaluation_means(r)) for run in group.runs for r in run.records if evaluation(r)]
         key = GLOBAL_KEY if any(GLOBAL_KEY in mean for _, mean in evaluated) else "acc-shift-0"
@@ -331,14 +377,20 @@ def global_per_round(groups: list[Group], out: Path) -> str:
                 by_round.setdefault(int(rnd), []).append(100.0 * float(mean[key]))
         rounds = sorted(by_round)
         values = [by_round[r] for r in rounds]
+        drawn += [v for vs in values for v in vs]
         label = f"{group.label} ({'global model' if key == GLOBAL_KEY else 'its model'})"
         ax.plot(rounds, [np.mean(v) for v in values], color=f"C{index % 10}", label=label)
         if any(len(v) > 1 for v in values):
             low, high = [min(v) for v in values], [max(v) for v in values]
             ax.fill_between(rounds, low, high, color=f"C{index % 10}", alpha=0.2)
     ax.set_xlabel("round")
-    ax.set_ylabel("accuracy without shift (%), mean over clients")
-    ax.set_title("Global models' accuracy per round")
+    limits = accuracy_limits(drawn)
+    ax.set_ylim(*limits)
+    ax.set_ylabel(accuracy_label(limits, "no shift, mean over clients"))
+    ax.set_title(
+        f"Global models' accuracy per round: {setting_title(groups)}\n(line: mean over seeds; band: min to max)",
+        fontsize=10,
+    )
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.legend(loc="lower right")
     fig.savefig(out / "global_per_round.png", dpi=120)

@@ -192,6 +192,13 @@ def section(groups: list[Group], spec: TableSpec, check: OrderCheck, figures_dir
         lines += [f"Paper: {spec.source}.", ""]
     lines += beside_paper(used, spec) + order_lines(check, spec)
     if spec.notes:
+        missing = [row for row in spec.rows if not find_row(used, row)]
+        if missing:  # a note quotes the whole table's numbers: say which of its rows this document lacks
+            lines += [
+                f"(The note below was written for the whole table; its rows {', '.join(f'`{r}`' for r in missing)} "
+                "are not in this document: left out by `--only`, or without a finished run.)",
+                "",
+            ]
         lines += [spec.notes, ""]
     found_base = find_row(used, spec.baseline) if spec.baseline else None
     base = found_base[0] if found_base else None

@@ -289,8 +289,23 @@ def table(rows: list[Row]) -> list[str]:
     return lines + ["", "Stopping rules: " + "; ".join(rules) + ". Matching loss: median over the attacked batches."]
 
 
+def pack_cells(widths: list[int], columns: int) -> list[list[tuple[int, int]]]:
+    """Cells of the given widths (images) in lines of `columns` image slots, in order, one empty slot between two
+    cells of a line: each line a list of (cell index, first column)."""
+    lines: list[list[tuple[int, int]]] = []
+    column = columns + 1  # no line open yet
+    for index, width in enumerate(widths):
+        if column + width > columns:
+            lines.append([])
+            column = 0
+        lines[-1].append((index, column))
+        column += width + 1
+    return lines
+
+
 def figure(shown: dict[str, torch.Tensor], bounds: tuple[float, float], path: Path) -> bool:
-    """One row per cell: its true images, then each one's matched reconstruction; False without matplotlib."""
+    """Each cell's true images with its matched reconstructions beneath them, cells packed side by side in lines
+    as wide as the largest batch (so a batch-1 cell does not leave a line empty); False without matplotlib."""
     try:
         import matplotlib
     except ImportError:
@@ -298,28 +313,29 @@ def figure(shown: dict[str, torch.Tensor], bounds: tuple[float, float], path: Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cells = list(shown.items())
-    per_side = max(pair.shape[1] for _, pair in cells)
-    columns = 2 * per_side + 1  # true images, a gap, reconstructions
-    fig, axes = plt.subplots(len(cells), columns, figsize=(0.55 * columns + 2.4, 0.62 * len(cells) + 0.6))
-    axes = np.asarray(axes).reshape(len(cells), columns)
+    cells = sorted(shown.items(), key=lambda cell: cell[1].shape[1])  # the batch-1 cells share lines; stable order
+    columns = max(pair.shape[1] for _, pair in cells)
+    lines = pack_cells([pair.shape[1] for _, pair in cells], max(columns, 3))
+    columns = max(columns, 3)  # room for a batch-1 cell's title
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+    fig, axes = plt.subplots(2 * len(lines), columns, figsize=(0.62 * columns + 0.4, 1.3 * len(lines) + 0.4))
+    fig.set_layout_engine(ConstrainedLayoutEngine(h_pad=0.01, hspace=0.0))  # a true image sits on its reconstruction
+    axes = np.asarray(axes).reshape(2 * len(lines), columns)
+    for ax in axes.flat:
+        ax.axis("off")
     low, high = bounds
-    for index, (name, pair) in enumerate(cells):
-        for column in range(columns):
-            ax = axes[index][column]
-            ax.set_xticks([])
-            ax.set_yticks([])
-            kind, slot = (0, column) if column < per_side else (1, column - per_side - 1)
-            if column == per_side or slot >= pair.shape[1]:
-                ax.axis("off")
-                continue
-            image = ((pair[kind, slot] - low) / (high - low)).clamp(0, 1).permute(1, 2, 0).numpy()
-            ax.imshow(image.squeeze(), cmap="gray" if image.shape[-1] == 1 else None, vmin=0, vmax=1)
-        upload, batch, method = name.split("|")
-        axes[index][0].set_ylabel(f"{upload}\nbatch {batch}, {method}", fontsize=7, rotation=0, ha="right", va="center")
-    axes[0][0].set_title("true images", fontsize=8, loc="left")
-    axes[0][per_side + 1].set_title("reconstructed (matched)", fontsize=8, loc="left")
-    fig.tight_layout()
+    for row, line in enumerate(lines):
+        for index, first in line:
+            name, pair = cells[index]
+            upload, batch, method = name.split("|")
+            for slot in range(pair.shape[1]):
+                for kind in (0, 1):
+                    ax = axes[2 * row + kind][first + slot]
+                    image = ((pair[kind, slot] - low) / (high - low)).clamp(0, 1).permute(1, 2, 0).numpy()
+                    ax.imshow(image.squeeze(), cmap="gray" if image.shape[-1] == 1 else None, vmin=0, vmax=1)
+            axes[2 * row][first].set_title(f"{upload}\nbatch {batch}, {method}", fontsize=6, loc="left")
+    fig.suptitle("true images (upper row of each pair), their matched reconstructions beneath", fontsize=8)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True

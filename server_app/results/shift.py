@@ -6,9 +6,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
+
 from common.data.corruptions import CORRUPTIONS
 from common.data.domains import DOMAINS
 from common.learning.evaluate import SEEN_DOMAIN_KEY, UNSEEN_DOMAINS_KEY, domain_accuracy_key, shift_key
+from common.plotting import accuracy_label, accuracy_limits
 from common.storage.run_folder import FinalEvaluation, Summary, final_evaluation, final_means, final_stds
 
 _CORRUPT_KEY = re.compile(r"acc-corrupt-(.+)-([1-5])")
@@ -111,7 +114,9 @@ def plot_corruptions(summary: Summary, run_dir: Path) -> None:
     ax.set_xticks(range(0 if clean is not None else 1, 6))
     ax.set_xticklabels((["clean"] if clean is not None else []) + [str(s) for s in range(1, 6)])
     ax.set_xlabel("corruption severity")
-    ax.set_ylabel("accuracy (%), mean over clients")
+    limits = accuracy_limits(float(y) for line in ax.get_lines() for y in np.asarray(line.get_ydata(), float))
+    ax.set_ylim(*limits)
+    ax.set_ylabel(accuracy_label(limits, "mean over clients"))
     ax.set_title(
         f"{summary.get('algorithm')} on {summary.get('dataset')}: corrupted test data "
         f"(round {summary.get('final_round')})"
