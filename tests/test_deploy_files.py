@@ -132,7 +132,10 @@ def test_the_proxy_passes_on_the_fleet_api_only_with_the_files_compose_mounts(ce
     conf = (DEPLOY / "nginx" / "pflower-fleet.conf").read_text()
     locations = dict(re.findall(r"location (\S+) \{(.*?)\}", conf, re.S))
     assert set(locations) == {"/v1/fleet/", "/"}
-    assert "proxy_pass https://127.0.0.1:9092/v1/fleet/;" in locations["/v1/fleet/"]
+    assert "proxy_pass https://pflower_superlink/v1/fleet/;" in locations["/v1/fleet/"]
+    # each port once: the SuperLink's in the upstream block, the devices' in `listen`
+    assert re.findall(r"upstream pflower_superlink \{\s*server ([\d.:]+);", conf) == ["127.0.0.1:9092"]
+    assert re.findall(r"^\s*listen (\S+) ssl", conf, re.M) == ["9093"] and conf.count("9092;") == 1
     assert "proxy_ssl_verify on;" in locations["/v1/fleet/"] and "return 404;" in locations["/"]
     mounts = _mounts("proxy")
     assert mounts["/etc/nginx/conf.d/pflower-fleet.conf"] == "./nginx/pflower-fleet.conf"
