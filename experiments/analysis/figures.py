@@ -204,8 +204,8 @@ def costs_figure(groups: list[Group], base: Group | None, out: Path) -> str:
         ax.set_xticks(range(len(groups)), [g.label for g in groups], rotation=30, ha="right", fontsize=8)
         ax.set_ylabel(unit + scale)
         ax.set_title(title, fontsize=9)
-    if base:
-        fig.suptitle(f"ratios over the bars: to {base.label}", fontsize=9)
+    ratios = f"; ratios over the bars: to {base.label}" if base else ""
+    fig.suptitle(f"Costs per client: {setting_title(groups)}{ratios}", fontsize=9)
     fig.savefig(out / "costs.png", dpi=120)
     plt.close(fig)
     return "costs.png"
@@ -350,7 +350,7 @@ def matrix_figure(
         ax.set_xlabel("client j" + (" (partition id)" if readable else " (row)"))
         ax.set_ylabel("client i" + (" (partition id)" if readable else " (row)"))
         fig.colorbar(image, ax=ax, fraction=0.046)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(f"{title}\n{setting_title([g for g, _ in found])}", fontsize=9)
     fig.tight_layout()
     fig.savefig(out / name, dpi=120)
     plt.close(fig)
