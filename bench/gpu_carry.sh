@@ -37,6 +37,9 @@ rm .gpu/data.npz
 echo "export: $size bytes in $n parts (sha256 $sha); wheels: $wheels bytes; tree: $tree bytes"
 echo "upload the working tree with .gpu/whl and .gpu/part-* (one part an upload where uploads are limited to 64 MiB;"
 echo "the last part with the wheels), then run from its root there (add --only '...' as the sweep needs):"
-echo "  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl && export PYTHONPATH=/tmp/site:\$PWD && cat .gpu/part-*/data > /tmp/data.npz && echo '$sha  /tmp/data.npz' | sha256sum -c - && PYTHONUNBUFFERED=1 python3 bench/gpu_sweep.py $sweep --shards 5 --workers 3 --deadline-s 500 --data-export /tmp/data.npz --pack \$OUT"
-echo "(OUT: a folder that comes back). Back here: cat runs.tgz* | tar xz -C results/NAME (NAME: the sweep's name)."
+# A private folder of the session's own (mktemp -d: 0700, a random name), never a fixed path under /tmp that another
+# local user could create first and fill with a module of theirs.
+echo "  T=\$(mktemp -d) && python3 -m pip install -q --no-index --no-deps --no-compile --target \$T/site .gpu/whl/*.whl && export PYTHONPATH=\$T/site:\$PWD && cat .gpu/part-*/data > \$T/data.npz && echo \"$sha  \$T/data.npz\" | sha256sum -c - && PYTHONUNBUFFERED=1 python3 bench/gpu_sweep.py $sweep --shards 5 --workers 3 --deadline-s 500 --data-export \$T/data.npz --pack \$OUT"
+echo "(OUT: a folder that comes back). Back here: python bench/gpu_unpack.py OUT --into results/NAME (NAME: the sweep's"
+echo "name; it checks the parts against runs.sha256 before unpacking)."
 echo "The same command again there resumes what the deadline stopped."

@@ -6,7 +6,8 @@ shards at once (`pflower sweep FILE --shard K/N --workers W`, each in its own pr
 OUT/logs/shard-K.log), stops those still running at `--deadline-s` (each run resumes from its last round's
 checkpoint when the sweep is run again), quits the daemon it started, prints how each shard ended and the runs
 finished, and with `--pack DIR` writes the finished runs' folders and every log to DIR/runs.tgz (in 15 MiB parts
-runs.tgz.00, .01, ... when larger: `cat runs.tgz* | tar xz -C results/NAME` joins them). Back on the development
+runs.tgz.00, .01, ... when larger, and the sha256 of the whole in DIR/runs.sha256; `python bench/gpu_unpack.py DIR
+--into results/NAME` joins, checks and unpacks them). Back on the development
 machine, `pflower sweep FILE --budget 10m --commit` lands every unpacked finished run as a run record (its behaviour
 hash from the code at the commit the run recorded) and commits it with the study's documents (docs/studies.md). On
 a machine without the data sets, carry an export (`pflower export FILE --webp --out X.npz`) and pass

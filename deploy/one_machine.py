@@ -3,7 +3,7 @@ with SuperNode authentication on loopback, the shipped nginx proxy (deploy/nginx
 private prefix, and N authenticated SuperNodes reaching it through the proxy, every port a free one; prints the
 `flwr` connection (with the CA's absolute path) and the commands of a run; Ctrl-C (or SIGTERM) stops everything.
 
-    python deploy/one_machine.py --nodes 2 --home /tmp/pflower-deploy
+    python deploy/one_machine.py --nodes 2 --home ~/pflower-deploy
 
 Needs nginx on PATH or in /usr/sbin (Debian: apt-get install nginx; it is not started as a service) and the
 project installed (pip install -e .). Everything it writes is under --home: certs/, the SuperLink's FLWR_HOME
@@ -13,6 +13,7 @@ project installed (pip install -e .). Everything it writes is under --home: cert
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -65,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     home = (args.home or Path(tempfile.mkdtemp(prefix="pflower-deploy-"))).expanduser().resolve()
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = home.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:  # keys, certificates and state: this user's alone
+        print(f"one_machine: {home} must be a folder of yours that no one else can read (mode 0700); pick another")
+        return 2
     certs = (args.certs or home / "certs").expanduser().resolve()
     ensure_certs(certs, args.nodes)
     signal.signal(signal.SIGTERM, _terminated)

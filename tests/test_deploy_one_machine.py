@@ -93,3 +93,20 @@ def test_one_machine_deployment_runs_and_stops_on_ctrl_c(tmp_path: Path) -> None
         assert not [pid for pid in running if _alive(pid)], "processes of the deployment outlived Ctrl-C"
     finally:
         stop_process_tree(process, graceful=False)
+
+
+def test_a_home_folder_others_can_read_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Keys and certificates never go into a folder another local user made first or can read (a fixed path under
+    /tmp would be one)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("one_machine", REPO / "deploy" / "one_machine.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    assert module.main(["--home", str(shared)]) == 2
+    assert "no one else can read (mode 0700)" in capsys.readouterr().out
+    assert not (shared / "certs").exists(), "nothing written there"

@@ -6,13 +6,18 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import sys
 import tarfile
 import time
 from pathlib import Path
 
+import pytest
+
 from common.storage.run_folder import CHECKPOINT_FILE, CONFIG_FILE, SUMMARY_FILE
 from experiments.run.side_by_side import finished_runs, pack, run_side_by_side, shard_command
+
+from .conftest import REPO
 
 
 def _alive(pid: int) -> bool:
@@ -78,6 +83,59 @@ def test_the_pack_holds_finished_runs_and_logs_and_its_parts_join_back(tmp_path:
     joined = b"".join(p.read_bytes() for p in parts)
     with tarfile.open(fileobj=io.BytesIO(joined)) as archive:
         assert set(archive.getnames()) == names
+
+
+def _packed(tmp_path: Path, noise: int = 20_000) -> Path:
+    out = tmp_path / "results"
+    if not out.exists():
+        _run(out, "a-seed0", finished=True)
+        (out / "logs").mkdir()
+    (out / "logs" / "noise.bin").write_bytes(os.urandom(noise))  # incompressible: the archive needs parts
+    return out
+
+
+def test_the_pack_is_private_sorts_past_99_parts_and_leaves_no_stale_part(tmp_path: Path) -> None:
+    """Found by an attack pass: runs.tgz was 0644 around 0600 personal models, part .100 sorted between .10 and
+    .11, and a larger earlier archive's last parts stayed to be joined with a new one."""
+    import stat
+
+    from experiments.run.side_by_side import checksum_file
+
+    out = _packed(tmp_path, noise=120_000)
+    target = tmp_path / "back" / "runs.tgz"
+    first = pack(out, target, part_bytes=1_000)
+    assert len(first) > 100 and first[0].name == "runs.tgz.000" and first[100].name == "runs.tgz.100"
+    assert sorted(p.name for p in first) == [p.name for p in first], "shell globs join them in order"
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in [*first, checksum_file(target)])
+    assert stat.S_IMODE(target.parent.stat().st_mode) == 0o700
+    (out / "logs" / "noise.bin").write_bytes(os.urandom(5_000))
+    second = pack(out, target, part_bytes=1_000)
+    assert sorted(target.parent.iterdir()) == sorted([*second, checksum_file(target)]), "no part of the old archive"
+
+
+def test_an_archive_whose_parts_do_not_match_its_checksum_is_not_unpacked(tmp_path: Path) -> None:
+    from experiments.run.side_by_side import checksum_file, unpack
+
+    out = _packed(tmp_path)
+    target = tmp_path / "back" / "runs.tgz"
+    parts = pack(out, target, part_bytes=8_000)
+    assert unpack(target, tmp_path / "here") > 0 and (tmp_path / "here" / "a-seed0" / "summary.json").is_file()
+    parts[-1].unlink()  # a part lost on the way
+    with pytest.raises(ValueError, match="do not match"):
+        unpack(target, tmp_path / "there")
+    assert not (tmp_path / "there").exists(), "nothing extracted"
+    pack(out, target, part_bytes=8_000)
+    checksum_file(target).unlink()
+    with pytest.raises(ValueError, match="missing"):
+        unpack(target, tmp_path / "there")
+
+
+def test_the_gpu_recipe_uses_no_fixed_path_in_a_shared_temporary_folder() -> None:
+    """bench/gpu_carry.sh printed `pip install --target /tmp/site` and PYTHONPATH=/tmp/site: another local user who
+    made /tmp/site first ran code as the operator."""
+    text = (REPO / "bench" / "gpu_carry.sh").read_text()
+    assert "mktemp -d" in text
+    assert not re.findall(r"/tmp/[\w.-]", text), re.findall(r"/tmp/[\w.-]+", text)
 
 
 def test_a_shard_command_names_its_shard_workers_folder_and_options(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import signal
@@ -97,9 +98,25 @@ def finished_runs(out: Path) -> list[Path]:
     return sorted(p for p in out.iterdir() if p.is_dir() and p.name != LOGS and run_state(p) == "finished")
 
 
+def checksum_file(target: Path) -> Path:
+    """Beside the archive `target` (runs.tgz): runs.sha256, the sha256 of the whole joined archive, checked before
+    unpacking (not runs.tgz.sha256, which `cat runs.tgz*` would join in)."""
+    return target.with_name(target.name.split(".")[0] + ".sha256")
+
+
+def _parts_of(target: Path) -> list[Path]:
+    """The parts of an archive `target` (target.0, target.00, target.000, ...), in their numeric order."""
+    found = [p for p in target.parent.glob(f"{target.name}.*") if p.name[len(target.name) + 1 :].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len(target.name) + 1 :]))
+
+
 def pack(out: Path, target: Path, part_bytes: int = 15 * 2**20) -> list[Path]:
     """Write the finished runs' folders and the logs under `out` as one gzipped tar, `target` itself or, when larger
-    than `part_bytes`, its parts `target.00`, `target.01`, ... (`cat target.* | tar xz` joins them); the files."""
+    than `part_bytes`, its parts `target.00`, `target.01`, ... (fixed width from their count, so they sort), and its
+    sha256 beside it (checksum_file); the archive's files. Every file is 0600 in a folder made 0700, and the parts
+    of an earlier archive of that name are removed first (never joined with these)."""
+    from common.storage.persist import atomic_write_bytes, private_folder
+
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
         for run in finished_runs(out):
@@ -107,13 +124,35 @@ def pack(out: Path, target: Path, part_bytes: int = 15 * 2**20) -> list[Path]:
         if (out / LOGS).is_dir():
             archive.add(out / LOGS, arcname=LOGS)
     data = buffer.getvalue()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if len(data) <= part_bytes:
-        target.write_bytes(data)
-        return [target]
-    parts = []
-    for n, start in enumerate(range(0, len(data), part_bytes)):
-        part = target.with_name(f"{target.name}.{n:02d}")
-        part.write_bytes(data[start : start + part_bytes])
-        parts.append(part)
+    private_folder(target.parent)
+    for stale in [target, *_parts_of(target), checksum_file(target)]:
+        stale.unlink(missing_ok=True)
+    count = max(1, -(-len(data) // part_bytes))
+    width = max(2, len(str(count - 1)))
+    parts = [target] if count == 1 else [target.with_name(f"{target.name}.{n:0{width}d}") for n in range(count)]
+    for n, part in enumerate(parts):
+        atomic_write_bytes(part, data[n * part_bytes : (n + 1) * part_bytes])  # 0600, never through a link
+    digest = hashlib.sha256(data).hexdigest()
+    atomic_write_bytes(checksum_file(target), f"{digest}  {target.name}\n".encode())
     return parts
+
+
+def unpack(target: Path, into: Path) -> int:
+    """Join `target` (or its parts), check the whole against checksum_file(target) before anything is extracted, and
+    extract it into `into` (regular files and folders only, nothing outside `into`); the members extracted.
+    ValueError, naming the file, when the checksum is missing or differs (an old or partial archive)."""
+    parts = _parts_of(target) or [target]
+    data = b"".join(p.read_bytes() for p in parts)
+    checksum = checksum_file(target)
+    if not checksum.is_file():
+        raise ValueError(f"{checksum}: missing; without it an old or partial archive cannot be told apart")
+    expected = checksum.read_text().split()[0] if checksum.read_text().split() else ""
+    if hashlib.sha256(data).hexdigest() != expected:
+        raise ValueError(
+            f"{target}: its {len(parts)} part(s) do not match {checksum} (an old archive's parts, or one missing)"
+        )
+    into.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+        members = archive.getmembers()
+        archive.extractall(into, filter="data")
+    return len(members)
