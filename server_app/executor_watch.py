@@ -2,8 +2,9 @@
 one `flower-superexec` process that starts every run's ServerApp, and never looks at it again (checked with Flower
 1.42.0). When that process dies (it did of one HTTP 500 on its acquire-task under load), the SuperLink goes on
 accepting runs that nothing starts. Here a thread watches it: a dead executor is started again, with a short
-backoff; one that keeps dying right after its start ends the SuperLink with a non-zero code, so that its supervisor
-(systemd's Restart=on-failure, Docker's restart policy) restarts the whole service and the operator sees it."""
+backoff; one that dies MAX_DEATHS times within DEATH_WINDOW_S, however long each lived, ends the SuperLink with a
+non-zero code, so that its supervisor (systemd's Restart=on-failure, Docker's restart policy) restarts the whole
+service and the operator sees it (an executor that died every 61 s used to be restarted forever)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,16 @@ import os
 import subprocess
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 log = logging.getLogger("flwr")
 
-QUICK_DEATH_S = 60.0  # an executor started again that dies sooner than this has not recovered
-MAX_DEATHS_IN_A_ROW = 5  # deaths, each restart dying within QUICK_DEATH_S, after which the SuperLink exits
-BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)  # wait before the n-th consecutive restart (the last one repeats)
+DEATH_WINDOW_S = 600.0  # the window the executor's deaths are counted over (a sliding one: no count resets)
+MAX_DEATHS = 5  # deaths within DEATH_WINDOW_S after which the SuperLink exits
+BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)  # wait before a restart, by the deaths in the window (the last one repeats)
 EXIT_EXECUTOR_FAILED = 3  # the SuperLink's exit code when it gives up on its executor
 
 
@@ -35,12 +37,12 @@ class Process(Protocol):
     def terminate(self) -> None: ...
 
 
-def restart_delay(deaths_in_a_row: int) -> float | None:
-    """Seconds to wait before starting the executor again after its `deaths_in_a_row`-th death in a row (each
-    restart dying within QUICK_DEATH_S of its start); None: give up (the SuperLink exits)."""
-    if deaths_in_a_row >= MAX_DEATHS_IN_A_ROW:
+def restart_delay(deaths_in_window: int) -> float | None:
+    """Seconds to wait before starting the executor again when it has died `deaths_in_window` times within the last
+    DEATH_WINDOW_S; None: give up (the SuperLink exits)."""
+    if deaths_in_window >= MAX_DEATHS:
         return None
-    return BACKOFF_S[min(max(deaths_in_a_row - 1, 0), len(BACKOFF_S) - 1)]
+    return BACKOFF_S[min(max(deaths_in_window - 1, 0), len(BACKOFF_S) - 1)]
 
 
 @dataclass
@@ -61,23 +63,26 @@ class ExecutorWatch:
 
     def watch(self, process: Process) -> None:
         """Block until stopped (or given up): start the executor again each time it exits."""
-        started, deaths_in_a_row = self.clock(), 0
+        started, deaths = self.clock(), deque[float]()
         while not self._stopping.wait(self.poll_s):
             code = process.poll()
             if code is None:
                 continue
             if self._stopping.wait(self.grace_s):
                 return
-            lived = self.clock() - started
-            deaths_in_a_row = deaths_in_a_row + 1 if lived < QUICK_DEATH_S else 1
-            delay = restart_delay(deaths_in_a_row)
+            now = self.clock()
+            lived = now - started
+            deaths.append(now)
+            while deaths and deaths[0] <= now - DEATH_WINDOW_S:
+                deaths.popleft()
+            delay = restart_delay(len(deaths))
             if delay is None:
                 log.error(
-                    "the ServerApp executor (flower-superexec) exited %d times in a row, each restart within %.0f s, "
-                    "the last with code %s: no run can start; the SuperLink exits with code %d for its supervisor to "
-                    "restart it (see the executor's output above)",
-                    deaths_in_a_row,
-                    QUICK_DEATH_S,
+                    "the ServerApp executor (flower-superexec) exited %d times within %.0f s, the last with code %s: "
+                    "no run can start; the SuperLink exits with code %d for its supervisor to restart it (see the "
+                    "executor's output above)",
+                    len(deaths),
+                    DEATH_WINDOW_S,
                     code,
                     EXIT_EXECUTOR_FAILED,
                 )

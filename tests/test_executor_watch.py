@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from server_app import executor_watch
-from server_app.executor_watch import EXIT_EXECUTOR_FAILED, MAX_DEATHS_IN_A_ROW, ExecutorWatch, restart_delay
+from server_app.executor_watch import EXIT_EXECUTOR_FAILED, MAX_DEATHS, ExecutorWatch, restart_delay
 
 
 class FakeProcess:
@@ -46,8 +46,8 @@ def no_backoff(monkeypatch) -> None:
     monkeypatch.setattr(executor_watch, "BACKOFF_S", (0.0,))
 
 
-def test_the_backoff_grows_and_the_fifth_death_in_a_row_gives_up() -> None:
-    assert [restart_delay(n) for n in range(1, MAX_DEATHS_IN_A_ROW + 1)] == [1.0, 2.0, 5.0, 10.0, None]
+def test_the_backoff_grows_and_the_fifth_death_in_the_window_gives_up() -> None:
+    assert [restart_delay(n) for n in range(1, MAX_DEATHS + 1)] == [1.0, 2.0, 5.0, 10.0, None]
 
 
 def test_a_dead_executor_is_started_again_and_the_superlink_goes_on(monkeypatch, caplog) -> None:
@@ -83,8 +83,26 @@ def test_an_executor_that_keeps_dying_ends_the_superlink_with_its_code(monkeypat
 
     watch = ExecutorWatch(start=start, give_up=given_up.append, poll_s=0.0, grace_s=0.0, clock=Clock(1.0))
     watch.watch(FakeProcess(pid=0, lives=1, code=2))
-    assert given_up == [EXIT_EXECUTOR_FAILED] and watch.restarts == MAX_DEATHS_IN_A_ROW - 1
-    assert f"exited {MAX_DEATHS_IN_A_ROW} times in a row" in caplog.text
+    assert given_up == [EXIT_EXECUTOR_FAILED] and watch.restarts == MAX_DEATHS - 1
+    assert f"exited {MAX_DEATHS} times within 600 s" in caplog.text
+
+
+def test_an_executor_that_dies_every_61_s_is_not_restarted_forever(monkeypatch, caplog) -> None:
+    """Found by an attack pass: deaths more than 60 s apart reset the count, so an executor that died every 61 s
+    was restarted forever with an ERROR line each time; over a sliding 10-minute window the fifth death ends it."""
+    no_backoff(monkeypatch)
+    given_up: list[int] = []
+    count = 0
+
+    def start() -> FakeProcess | None:
+        nonlocal count
+        count += 1
+        return FakeProcess(pid=count, lives=1) if count < 50 else None
+
+    # every executor lives 61 s of this clock (one read at its start, one at its death: deaths 122 s apart)
+    watch = ExecutorWatch(start=start, give_up=given_up.append, poll_s=0.0, grace_s=0.0, clock=Clock(61.0))
+    watch.watch(FakeProcess(pid=0, lives=1))
+    assert given_up == [EXIT_EXECUTOR_FAILED] and watch.restarts == MAX_DEATHS - 1
 
 
 def test_a_shutdown_stops_the_executor_without_a_restart(monkeypatch) -> None:
