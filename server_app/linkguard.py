@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,15 +71,20 @@ def message_refusal(request: Any, bounds: LinkBounds) -> str | None:
     return None
 
 
-class SessionLedger:
-    """Bytes each push session (one message's objects) may still store; thread-safe, the oldest sessions
-    forgotten past `kept` (a forgotten or unknown session is left to Flower, which stores only the objects
-    registered for it)."""
+UNKNOWN_REFILL_S = 60.0  # the sessions the ledger does not hold share max_bytes per this many seconds
 
-    def __init__(self, max_bytes: int, kept: int = SESSIONS_KEPT) -> None:
-        self.max_bytes, self.kept = max_bytes, kept
+
+class SessionLedger:
+    """Bytes each push session (one message's objects) may still store; thread-safe, the oldest sessions forgotten
+    past `kept`. A session the ledger does not hold (forgotten, or opened before this process) is not unbounded:
+    all such sessions share one allowance of `max_bytes` that refills over UNKNOWN_REFILL_S, so opening 100,000
+    sessions to push an old one without a limit (the cliff an attack pass found) buys at most that rate."""
+
+    def __init__(self, max_bytes: int, kept: int = SESSIONS_KEPT, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_bytes, self.kept, self.clock = max_bytes, kept, clock
         self._left: OrderedDict[str, int] = OrderedDict()
         self._lock = threading.Lock()
+        self._spare, self._spare_at = float(max_bytes), clock()
 
     def open(self, session_id: str) -> None:
         """A message was stored: its session may store `max_bytes` of objects."""
@@ -88,16 +94,29 @@ class SessionLedger:
                 self._left.popitem(last=False)
 
     def charge(self, session_id: str, nbytes: int) -> str | None:
-        """Count an object's bytes against its session; why it may not be stored, or None."""
+        """Count an object's bytes against its session (or the shared allowance of sessions not held); why it may
+        not be stored, or None."""
         with self._lock:
             left = self._left.get(session_id)
             if left is None:
-                return None
+                return self._charge_unknown(nbytes)
             if nbytes > left:
                 bound = f"objects of more than {self.max_bytes} bytes for one message"
                 return f"{bound} (pflower-superlink --max-message-bytes)"
             self._left[session_id] = left - nbytes
             return None
+
+    def _charge_unknown(self, nbytes: int) -> str | None:
+        now = self.clock()
+        refill = (now - self._spare_at) / UNKNOWN_REFILL_S * self.max_bytes
+        self._spare, self._spare_at = min(float(self.max_bytes), self._spare + refill), now
+        if nbytes > self._spare:
+            return (
+                f"objects of sessions this SuperLink no longer tracks past {self.max_bytes} bytes in "
+                f"{UNKNOWN_REFILL_S:.0f} s (pflower-superlink --max-message-bytes)"
+            )
+        self._spare -= nbytes
+        return None
 
 
 def guarded(

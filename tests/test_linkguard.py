@@ -81,11 +81,21 @@ def test_a_messages_objects_past_its_byte_bound_are_refused() -> None:
     assert send(b"y", "unknown").stored, "an unknown session is left to Flower (it stores only registered objects)"
 
 
-def test_the_ledger_forgets_the_oldest_sessions_past_its_size() -> None:
-    ledger = linkguard.SessionLedger(max_bytes=10, kept=2)
+def test_a_forgotten_session_shares_a_bounded_allowance_instead_of_none() -> None:
+    """Found by an attack pass: the ledger kept the newest 100,000 sessions and let any other one store without a
+    limit, so a device that opened 100,000 sessions could push an old one's objects unbounded. Forgotten and
+    unknown sessions now share one allowance of max_bytes per minute."""
+    now = [0.0]
+    ledger = linkguard.SessionLedger(max_bytes=10, kept=2, clock=lambda: now[0])
     for session in ("a", "b", "c"):
-        ledger.open(session)
-    assert ledger.charge("a", 11) is None and ledger.charge("c", 11) is not None
+        ledger.open(session)  # "a" is forgotten
+    assert ledger.charge("c", 11) is not None, "a held session keeps its own bound"
+    assert ledger.charge("a", 6) is None and ledger.charge("never-opened", 4) is None
+    assert "no longer tracks" in str(ledger.charge("a", 1)), "the shared allowance is spent"
+    now[0] += linkguard.UNKNOWN_REFILL_S / 2
+    assert ledger.charge("a", 5) is None and ledger.charge("a", 1) is not None, "half refilled after half the time"
+    now[0] += 10 * linkguard.UNKNOWN_REFILL_S
+    assert ledger.charge("a", 11) is not None and ledger.charge("a", 10) is None, "never above max_bytes"
 
 
 def test_the_command_installs_the_guard_on_flowers_fleet_handlers(monkeypatch) -> None:
