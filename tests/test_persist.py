@@ -274,3 +274,29 @@ def test_sync_file_system_falls_back_to_a_sync_of_everything(tmp_path, monkeypat
     assert synced == []
     persist.sync_file_system(tmp_path / "missing")
     assert synced == [True]
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_a_signed_file_changed_after_its_check_is_decoded_as_verified(tmp_path, monkeypatch, mapped: bool) -> None:
+    """Found by an attack pass: the signature was checked on the file, then the arrays were read (or mapped) from it
+    again, so the same user could change weights in between. Now the bytes checked are the bytes decoded."""
+    path, key = tmp_path / "state.npz", b"k" * 32
+    weights = np.arange(4096, dtype=np.float32)
+    persist.save_tree(path, {"w": weights}, key=key, context=b"ctx")
+    real = persist._verified_copy
+
+    def then_tampered(*args, **kwargs):  # type: ignore[no-untyped-def]
+        copy = real(*args, **kwargs)
+        data = bytearray(path.read_bytes())
+        start = data.index(weights.tobytes()[:64])
+        data[start : start + 4] = np.float32(1e9).tobytes()
+        with open(path, "r+b") as fh:  # in place, as another process of the same user would
+            fh.write(data)
+        return copy
+
+    monkeypatch.setattr(persist, "_verified_copy", then_tampered)
+    back = persist.load_tree(path, map_from_bytes=1024 if mapped else None, key=key, context=b"ctx")
+    assert isinstance(back["w"], np.memmap) == mapped
+    np.testing.assert_array_equal(np.asarray(back["w"]), weights)
+    with pytest.raises(persist.StateFileError, match="signature does not match"):
+        persist.load_tree(path, key=key, context=b"ctx")  # the changed file itself is refused

@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import stat
+import tempfile
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -285,23 +286,6 @@ def _mac(fd: int, key: bytes, length: int, context: bytes) -> bytes:
     return digest.hexdigest().encode()
 
 
-def _verify(fh: BinaryIO, key: bytes, path: Path, context: bytes) -> None:
-    """StateFileError naming `path` unless the open file ends with a signature of `context` and all its other bytes
-    under `key`."""
-    fd = fh.fileno()
-    size = os.fstat(fd).st_size
-    tail = len(SIGNATURE_PREFIX) + SIGNATURE_HEX
-    if size < tail or not os.pread(fd, tail, size - tail).startswith(SIGNATURE_PREFIX):
-        raise StateFileError(f"{path}: refused: it has no signature (damaged, or written by an older version)")
-    if not hmac.compare_digest(
-        os.pread(fd, SIGNATURE_HEX, size - SIGNATURE_HEX), _mac(fd, key, size - SIGNATURE_HEX, context)
-    ):
-        raise StateFileError(
-            f"{path}: refused: its signature does not match (the file was changed after it was written, was "
-            "moved from another partition, round or run, or was signed with another key)"
-        )
-
-
 def save_tree(path: Path, tree: Any, key: bytes | None = None, context: bytes = b"", durable: bool = True) -> int:
     """Pack `tree` into an .npz (uncompressed, as np.savez writes it) written atomically (see atomic_file) and
     streamed to disk, with no copy in memory; with `key`, signed together with `context` (its zip comment); returns
@@ -349,15 +333,49 @@ def _mapped_member(fh: BinaryIO, archive: zipfile.ZipFile, name: str) -> np.ndar
     return np.memmap(fh, dtype=dtype, mode="c", offset=offset, shape=shape, order="F" if fortran else "C")
 
 
+def _verified_copy(fh: BinaryIO, key: bytes, path: Path, context: bytes, in_memory: bool) -> BinaryIO:
+    """The open file's bytes read once, into memory or (for a large file to be mapped) an unlinked private temporary
+    file beside it, the signature checked on exactly those bytes: what is decoded afterwards is what was verified,
+    even if the file is changed in place after the check (a check of the file and a later read or mapping of it let
+    the same user change weights in between). StateFileError naming `path` when the copy is not signed by `key`."""
+    size = os.fstat(fh.fileno()).st_size
+    tail = len(SIGNATURE_PREFIX) + SIGNATURE_HEX
+    copy: BinaryIO = io.BytesIO() if in_memory else tempfile.TemporaryFile(dir=Path(path).parent)
+    digest = hmac.new(key, digestmod=hashlib.sha256)
+    digest.update(len(context).to_bytes(8, "big"))
+    digest.update(context)
+    signed, done, last = size - SIGNATURE_HEX, 0, b""
+    while done < size:
+        chunk = os.pread(fh.fileno(), min(_CHUNK, size - done), done)
+        if not chunk:
+            break
+        digest.update(chunk[: max(0, min(len(chunk), signed - done))])
+        last = (last + chunk)[-tail:]
+        copy.write(chunk)
+        done += len(chunk)
+    if done < tail or not last.startswith(SIGNATURE_PREFIX):
+        copy.close()
+        raise StateFileError(f"{path}: refused: it has no signature (damaged, or written by an older version)")
+    if done != size or not hmac.compare_digest(last[-SIGNATURE_HEX:], digest.hexdigest().encode()):
+        copy.close()
+        raise StateFileError(
+            f"{path}: refused: its signature does not match (the file was changed after it was written, was "
+            "moved from another partition, round or run, or was signed with another key)"
+        )
+    copy.flush()
+    copy.seek(0)
+    return copy
+
+
 def load_tree(path: Path, map_from_bytes: int | None = None, key: bytes | None = None, context: bytes = b"") -> Any:
-    """Read a file written by `save_tree` (numpy arrays only: pickled objects are refused); with `key` its signature
-    (of `context` and the file) is checked before anything in it is decoded. Arrays of at least `map_from_bytes` are
-    memory-mapped copy-on-write from the file instead of read into memory."""
+    """Read a file written by `save_tree` (numpy arrays only: pickled objects are refused); with `key` the file is
+    read once (see _verified_copy) and its signature (of `context` and the file) checked on those bytes before
+    anything in them is decoded. Arrays of at least `map_from_bytes` are memory-mapped copy-on-write (from the
+    verified private copy when signed) instead of read into memory."""
     try:
-        with open(path, "rb") as fh:
-            if key is not None:
-                _verify(fh, key, Path(path), context)
-            with np.load(fh, allow_pickle=False) as npz:
+        with open(path, "rb") as original:
+            fh = original if key is None else _verified_copy(original, key, Path(path), context, map_from_bytes is None)
+            with fh, np.load(fh, allow_pickle=False) as npz:
                 arrays = {}
                 for name in npz.files:
                     info = npz.zip.getinfo(f"{name}.npy")
