@@ -11,8 +11,6 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from experiments.run.side_by_side import unpack
 
 

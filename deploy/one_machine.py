@@ -21,10 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # the project, when run from a checkout without `pip install -e .`
+from experiments.run.deployment import CONNECTION, TLSSuperLink, nginx_binary
 
-from experiments.run.deployment import CONNECTION, TLSSuperLink, nginx_binary  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 
 def _terminated(signum: int, frame: object) -> None:

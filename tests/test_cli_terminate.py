@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from experiments.run.superlink import descendants, stop_process_tree
+from tests.harness.processes import still_running
 from tests.test_cli_e2e import _pflower
 
 SWEEP = """name = "long"
@@ -26,14 +27,6 @@ num-rounds = 500
 name = "fedavg"
 algorithm = "fedavg"
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
@@ -65,10 +58,7 @@ def test_a_signalled_sweep_stops_its_run(tmp_path: Path, sig: signal.Signals, co
         stopped = [line for line in (tmp_path / "stdout").read_text().splitlines() if "stopped after" in line]
         assert len(stopped) == 1 and "of 500 rounds; its checkpoint of round " in stopped[0], stopped
         assert "the same command resumes it" in stopped[0]
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(_alive(pid) for pid in started):
-            time.sleep(0.2)
-        assert not [pid for pid in started if _alive(pid)], "processes of the run outlived the sweep"
+        assert not still_running(started), "processes of the run outlived the sweep"
     finally:
         stop_process_tree(process, graceful=False)
         log.close()

@@ -20,6 +20,7 @@ from experiments.run.superlink import descendants, stop_process_tree
 
 from .conftest import REPO
 from .harness.deployment import nginx_binary
+from .harness.processes import still_running
 
 pytestmark = [
     pytest.mark.e2e,
@@ -28,13 +29,6 @@ pytestmark = [
         reason="nginx is not installed (Debian: apt-get install nginx); .ci/run installs it and CI never skips this",
     ),
 ]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
@@ -87,10 +81,7 @@ def test_one_machine_deployment_runs_and_stops_on_ctrl_c(tmp_path: Path) -> None
         assert len(running) >= 4, "SuperLink, nginx and two SuperNodes"
         os.kill(process.pid, signal.SIGINT)
         assert process.wait(timeout=120) == 130
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(_alive(pid) for pid in running):
-            time.sleep(0.2)
-        assert not [pid for pid in running if _alive(pid)], "processes of the deployment outlived Ctrl-C"
+        assert not still_running(running), "processes of the deployment outlived Ctrl-C"
     finally:
         stop_process_tree(process, graceful=False)
 

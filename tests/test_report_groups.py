@@ -183,3 +183,12 @@ def test_a_report_whose_every_run_is_damaged_says_so(tmp_path: Path, capsys: pyt
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith(f"skipped: {tmp_path / 'fedavg-seed0'}: summary.json: unreadable (")
     assert err[1].startswith("pflower: error: every finished run under") and len(err) == 2
+
+
+def test_runs_set_aside_by_a_sweep_are_not_reported(tmp_path: Path) -> None:
+    """`--replace` and a retry set runs aside under superseded/ (and the engine under incomplete/): a report of the
+    sweep's folder leaves them out."""
+    _run(tmp_path, "fedavg-seed0", "fedavg", 6, 2, 0.5)
+    _run(tmp_path / "superseded", "fedavg-seed0-20261202-105849", "fedavg", 6, 2, 0.9)
+    _run(tmp_path / "incomplete", "fedavg-seed1", "fedavg", 6, 2, 0.9, seed=1)
+    assert [run.path for run in find_runs([tmp_path])] == [tmp_path / "fedavg-seed0"]

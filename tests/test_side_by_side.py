@@ -18,14 +18,7 @@ from common.storage.run_folder import CHECKPOINT_FILE, CONFIG_FILE, SUMMARY_FILE
 from experiments.run.side_by_side import finished_runs, pack, run_side_by_side, shard_command
 
 from .conftest import REPO
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+from .harness.processes import alive
 
 
 def test_the_deadline_stops_the_shard_still_running_and_its_children(tmp_path: Path) -> None:
@@ -45,9 +38,9 @@ def test_the_deadline_stops_the_shard_still_running_and_its_children(tmp_path: P
     assert ends[1].seconds >= 3.0 and ends[0].seconds < 3.0
     assert logs[0].read_text().strip() == "done"
     child, waited = int(child_pid.read_text()), time.monotonic()
-    while _alive(child) and time.monotonic() - waited < 10:  # a signalled process takes a moment to exit
+    while alive(child) and time.monotonic() - waited < 10:  # a signalled process takes a moment to exit
         time.sleep(0.05)
-    assert not _alive(child)
+    assert not alive(child)
 
 
 def _run(out: Path, name: str, finished: bool) -> None:

@@ -345,14 +345,18 @@ def _verified_copy(fh: BinaryIO, key: bytes, path: Path, context: bytes, in_memo
     digest.update(len(context).to_bytes(8, "big"))
     digest.update(context)
     signed, done, last = size - SIGNATURE_HEX, 0, b""
-    while done < size:
-        chunk = os.pread(fh.fileno(), min(_CHUNK, size - done), done)
-        if not chunk:
-            break
-        digest.update(chunk[: max(0, min(len(chunk), signed - done))])
-        last = (last + chunk)[-tail:]
-        copy.write(chunk)
-        done += len(chunk)
+    try:
+        while done < size:
+            chunk = os.pread(fh.fileno(), min(_CHUNK, size - done), done)
+            if not chunk:
+                break
+            digest.update(chunk[: max(0, min(len(chunk), signed - done))])
+            last = (last + chunk)[-tail:]
+            copy.write(chunk)
+            done += len(chunk)
+    except OSError:
+        copy.close()  # a failed read or a full disk: the private copy goes at once
+        raise
     if done < tail or not last.startswith(SIGNATURE_PREFIX):
         copy.close()
         raise StateFileError(f"{path}: refused: it has no signature (damaged, or written by an older version)")

@@ -32,6 +32,7 @@ from common.storage.run_folder import (
     final_stds,
 )
 
+SUPERSEDED = "superseded"  # run folders set aside by a sweep (experiments/run/runs.SUPERSEDED_FOLDER): not reported
 CORRUPT = re.compile(r"^acc-corrupt-(.+)-(\d)$")
 SEED_SUFFIX = re.compile(r"-seed(\d+)$")
 NOT_SETTINGS = {"seed", "run-name", "results-dir", "resume", "data-dir", "client-state-dir"}
@@ -200,7 +201,7 @@ def find_runs(paths: list[Path], say: Callable[[str], None] = _say_on_stderr, re
         candidates = (
             [path]
             if RunFolder(path).finished()
-            else sorted(p.parent for p in path.rglob(SUMMARY_FILE) if "incomplete" not in p.parts)
+            else sorted(p.parent for p in path.rglob(SUMMARY_FILE) if not {"incomplete", SUPERSEDED} & set(p.parts))
         )
         found.extend(c for c in candidates if c not in found)
     if not found:

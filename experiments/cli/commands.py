@@ -16,6 +16,7 @@ from experiments.run.runs import (
     RunResult,
     RunSpec,
     app_commit,
+    changed_settings,
     drop_resume_state,
     execute,
     parse_assignment,
@@ -212,7 +213,6 @@ def run(args: argparse.Namespace) -> int:
 def sweep(args: argparse.Namespace) -> int:
     """A TOML file of experiments (its unfinished runs), or with --list the state of each; with --budget the owed
     runs of one or more study files within the budget, each finished run's record written (and committed)."""
-    from experiments.run.runs import changed_settings
     from experiments.run.sweep import narrow, read_sweep, shard
 
     _check_workers(args)
@@ -338,7 +338,10 @@ def _execute(
 
     check_engine_installed(engine)
     export = args.data_export.expanduser().resolve() if args.data_export and engine == "inprocess" else None
-    check_runs([s for s in specs if run_state(out / s.name) != "finished"], out, export)
+    # every run that will run: unfinished ones, and finished ones made with other settings (--replace remakes them)
+    check_runs(
+        [s for s in specs if run_state(out / s.name) != "finished" or changed_settings(s, out / s.name)], out, export
+    )
     args.app = _app_dir(args.app) if engine == "simulation" else PROJECT
     source = "this command" if args.command == "run" else "the sweep file"
     check_kept_runs(specs, out, getattr(args, "replace", False), lambda line: print(line, flush=True), source)
