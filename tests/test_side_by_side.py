@@ -112,7 +112,12 @@ def test_an_archive_whose_parts_do_not_match_its_checksum_is_not_unpacked(tmp_pa
     out = _packed(tmp_path)
     target = tmp_path / "back" / "runs.tgz"
     parts = pack(out, target, part_bytes=8_000)
-    assert unpack(target, tmp_path / "here") > 0 and (tmp_path / "here" / "a-seed0" / "summary.json").is_file()
+    local = tmp_path / "here" / "a-seed0"
+    local.mkdir(parents=True)
+    (local / "checkpoint.npz").write_bytes(b"a local attempt's")  # a local attempt of the same run
+    assert unpack(target, tmp_path / "here") > 0 and (local / "summary.json").is_file()
+    assert not (local / "checkpoint.npz").exists(), "never mixed with the local attempt's files"
+    assert [p.name for p in (tmp_path / "here" / "superseded").iterdir()][0].startswith("a-seed0-")
     parts[-1].unlink()  # a part lost on the way
     with pytest.raises(ValueError, match="do not match"):
         unpack(target, tmp_path / "there")

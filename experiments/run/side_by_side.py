@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.run.runs import run_state
+from experiments.run.runs import run_state, set_aside
 from experiments.run.superlink import stop_process_tree
 
 LOGS = "logs"  # the sweep's per-run logs, beside its run folders
@@ -139,7 +139,8 @@ def pack(out: Path, target: Path, part_bytes: int = 15 * 2**20) -> list[Path]:
 
 def unpack(target: Path, into: Path) -> int:
     """Join `target` (or its parts), check the whole against checksum_file(target) before anything is extracted, and
-    extract it into `into` (regular files and folders only, nothing outside `into`); the members extracted.
+    extract it into `into` (regular files and folders only, nothing outside `into`; a local folder of a run it holds
+    is set aside under superseded/ first); the members extracted.
     ValueError, naming the file, when the checksum is missing or differs (an old or partial archive)."""
     parts = _parts_of(target) or [target]
     data = b"".join(p.read_bytes() for p in parts)
@@ -154,5 +155,8 @@ def unpack(target: Path, into: Path) -> int:
     into.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
         members = archive.getmembers()
+        for name in sorted({m.name.split("/")[0] for m in members} - {LOGS}):
+            if (into / name).exists():  # a local attempt of the same run: set aside, never mixed with this one
+                set_aside(into / name)
         archive.extractall(into, filter="data")
     return len(members)
