@@ -300,3 +300,18 @@ def test_a_signed_file_changed_after_its_check_is_decoded_as_verified(tmp_path, 
     np.testing.assert_array_equal(np.asarray(back["w"]), weights)
     with pytest.raises(persist.StateFileError, match="signature does not match"):
         persist.load_tree(path, key=key, context=b"ctx")  # the changed file itself is refused
+
+
+def test_a_full_disk_while_copying_a_signed_file_says_so(tmp_path, monkeypatch) -> None:
+    """A signed file whose arrays are mapped is first copied privately beside it; a full disk says that, not
+    'not a readable state file ([Errno 28] ...)'."""
+    path, key = tmp_path / "state.npz", b"k" * 32
+    persist.save_tree(path, {"w": np.arange(4096, dtype=np.float32)}, key=key)
+
+    class Full(io.BytesIO):
+        def write(self, data):  # type: ignore[no-untyped-def, override]
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(persist.tempfile, "TemporaryFile", lambda **kwargs: Full())
+    with pytest.raises(persist.StateFileError, match="no space left in .* for its private copy"):
+        persist.load_tree(path, map_from_bytes=1024, key=key)

@@ -392,5 +392,12 @@ def load_tree(path: Path, map_from_bytes: int | None = None, key: bytes | None =
         return unpack(arrays)
     except StateFileError:
         raise
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:  # the private copy a signed file is checked and mapped from did not fit
+            raise StateFileError(
+                f"{path}: cannot be checked: no space left in {Path(path).parent} for its private copy (as large as "
+                "the file); free that much and resume again"
+            ) from None
+        raise StateFileError(f"{path}: not a readable state file ({exc})") from None
+    except (ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise StateFileError(f"{path}: not a readable state file ({exc})") from None
