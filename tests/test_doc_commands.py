@@ -94,15 +94,22 @@ def _positional(words: list[str]) -> list[str]:
     return out
 
 
+def _flwr_words(command: str) -> list[str]:
+    """A quoted `flwr ...` command's words from `flwr` on, without its comment (`docker compose run flwr flwr ...`:
+    the service's name, then the command)."""
+    words = shlex.split(command.split(" #")[0], posix=True)
+    while words[1:2] == ["flwr"]:
+        words = words[1:]
+    return words
+
+
 def test_every_deployment_flwr_command_names_its_connection() -> None:
     """Without it, `flwr ls --run-id ...` asks the local SuperLink, not the deployment's, and finds no such run."""
     bad, checked = [], 0
     for doc, command in _commands("flwr", fenced_only=True):
         if not doc.startswith(DEPLOYMENT_DOCUMENTS):
             continue
-        words = shlex.split(command.split("#")[0], posix=True)
-        while words[1:2] == ["flwr"]:  # `docker compose exec flwr flwr ...`: the service, then the command
-            words = words[1:]
+        words = _flwr_words(command)
         checked += 1
         if CONNECTION not in _positional(words[1:]):
             bad.append(f"{doc}: `{command}` names no connection (`{CONNECTION}`)")
@@ -144,9 +151,7 @@ def _flwr_run_configs() -> list[tuple[str, str, dict[str, object], bool]]:
 
     found = []
     for doc, command in _commands("flwr", fenced_only=True):
-        words = shlex.split(command.split(" #")[0], posix=True)
-        while words[1:2] == ["flwr"]:
-            words = words[1:]
+        words = _flwr_words(command)
         if words[1:2] != ["run"]:
             continue
         given = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--run-config"]

@@ -269,12 +269,18 @@ def signing_context(*parts: str | int) -> bytes:
     return json.dumps(list(parts), separators=(",", ":")).encode()
 
 
-def _mac(fd: int, key: bytes, length: int, context: bytes) -> bytes:
-    """HMAC-SHA256 (hex) of `context` (length-prefixed) and the first `length` bytes of the open file `fd`, read in
-    chunks (a checkpoint may be gigabytes) with pread, so no file position moves."""
+def _signer(key: bytes, context: bytes) -> hmac.HMAC:
+    """The HMAC-SHA256 a file's signature is: under `key`, `context` (length-prefixed) first, then the file's bytes."""
     digest = hmac.new(key, digestmod=hashlib.sha256)
     digest.update(len(context).to_bytes(8, "big"))
     digest.update(context)
+    return digest
+
+
+def _mac(fd: int, key: bytes, length: int, context: bytes) -> bytes:
+    """HMAC-SHA256 (hex) of `context` (length-prefixed) and the first `length` bytes of the open file `fd`, read in
+    chunks (a checkpoint may be gigabytes) with pread, so no file position moves."""
+    digest = _signer(key, context)
     buffer = memoryview(bytearray(min(_CHUNK, max(length, 1))))
     done = 0
     while done < length:
@@ -341,9 +347,7 @@ def _verified_copy(fh: BinaryIO, key: bytes, path: Path, context: bytes, in_memo
     size = os.fstat(fh.fileno()).st_size
     tail = len(SIGNATURE_PREFIX) + SIGNATURE_HEX
     copy: BinaryIO = io.BytesIO() if in_memory else tempfile.TemporaryFile(dir=Path(path).parent)
-    digest = hmac.new(key, digestmod=hashlib.sha256)
-    digest.update(len(context).to_bytes(8, "big"))
-    digest.update(context)
+    digest = _signer(key, context)
     signed, done, last = size - SIGNATURE_HEX, 0, b""
     try:
         while done < size:

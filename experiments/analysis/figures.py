@@ -13,7 +13,7 @@ import numpy as np
 from common.learning.evaluate import shift_key
 from common.plotting import accuracy_label, accuracy_limits
 from common.storage.run_folder import evaluation, evaluation_means
-from experiments.analysis.collect import Group, corruptions_of
+from experiments.analysis.collect import Group, corruptions_of, settings_text
 from experiments.analysis.stats import mean_ci
 
 PANELS_PER_ROW = 5
@@ -55,13 +55,13 @@ def seed_interval(group: Group, value: Any) -> tuple[float, float]:
 
 
 def setting_title(groups: list[Group]) -> str:
-    """The data set and setting of the groups, e.g. 'digits, dirichlet, 6 clients, 2 rounds' (what they share)."""
-    parts = []
-    for key, word in (("dataset", ""), ("partition", ""), ("clients", " clients"), ("num-rounds", " rounds")):
-        values = {str(g.settings.get(key, g.config.get(key, "?"))) for g in groups}
-        if len(values) == 1 and (value := values.pop()) != "?":
-            parts.append(value + word)
-    return ", ".join(parts)
+    """The data set and setting the groups share, in the report's words: 'digits, dirichlet, 6 clients, 2 rounds'."""
+    keys = [
+        key
+        for key in ("dataset", "partition", "clients", "num-rounds")
+        if groups[0].settings.get(key) is not None and len({str(g.settings.get(key)) for g in groups}) == 1
+    ]
+    return settings_text(groups[0].settings, keys)
 
 
 def _panels(
