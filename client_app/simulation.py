@@ -8,7 +8,7 @@ from flwr.app import Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
 from common.data.federated import ClientData
-from common.methods.robust import boosted_upload
+from common.methods.robust import boosted_upload, walk_seed, walked_upload
 from common.sections import FaultSettings
 from common.wire.messages import ARRAYS, METRICS, NUM_EXAMPLES
 from common.wire.records import to_record
@@ -33,14 +33,16 @@ def declared_num_train(faults: FaultSettings, data: ClientData) -> int:
 
 def attacked_reply(faults: FaultSettings, data: ClientData, content: RecordDict, reply: RecordDict) -> RecordDict:
     """A training reply as an attacking client sends it: its update boosted by `attack-boost` against the model it
-    received, its sample count the declared one; an honest client's reply unchanged."""
+    received (or its walk step, `attack-walk`), its sample count the declared one; an honest client's reply
+    unchanged."""
     if not data.attacker:
         return reply
     if ARRAYS in reply.array_records and ARRAYS in content.array_records:
-        upload = boosted_upload(
-            record_to_numpy(reply.array_records[ARRAYS]),
-            record_to_numpy(content.array_records[ARRAYS]),
-            faults.attack_boost,
+        own, received = record_to_numpy(reply.array_records[ARRAYS]), record_to_numpy(content.array_records[ARRAYS])
+        upload = (
+            walked_upload(own, received, faults.attack_walk, walk_seed(faults.seed))
+            if faults.attack_walk > 0
+            else boosted_upload(own, received, faults.attack_boost)
         )
         reply[ARRAYS] = to_record(list(upload), list(upload.values()))
     if faults.attack_declare:

@@ -403,6 +403,12 @@ class RunConfig:
     dp_clip_learning_rate: float = hp(
         0.2, "`dp-adaptive-clip`: the geometric step of the bound per round", low=0.0, low_open=True
     )
+    dp_clip_band: float = hp(
+        10.0,
+        "`dp-adaptive-clip`: the bound stays within this factor of `dp-clip-norm` either way (a colluding majority "
+        "cannot take it past; docs/robustness.md); 1 keeps it fixed",
+        low=1.0,
+    )
     dp_local_metrics: str = hp(
         "withhold",
         "`dp` = local: `withhold` (the clients report no statistic of their data: no loss, sample or step counts, "
@@ -424,6 +430,14 @@ class RunConfig:
         "reversed, as long as an honest one: colluders inside the honest spread); at least 1 in size",
         low=-1e4,
         high=1e4,
+    )
+    attack_walk: float = hp(
+        0.0,
+        "simulation: the attackers walk instead of boosting: each round they upload the model they received plus "
+        "this many times their own update's length along one fixed seeded direction (the same for all), a step "
+        "the per-round bound lets through (0: off)",
+        low=0.0,
+        high=100.0,
     )
     attack_declare: int = hp(
         0,
@@ -674,24 +688,28 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
             params = parsed
     cfg = parse_fields(RunConfig, raw, params=params, algorithm_keys=algorithm_keys)
     averaging = sorted(name for name, spec in SPECS.items() if spec.averages_models)
-    for key, active in (
-        ("robust-aggregation", cfg.robust_aggregation != "none"),
-        ("attack-clients", cfg.attack_clients > 0),
-    ):
-        if active and not SPECS[algorithm].averages_models:
-            raise ConfigError(
-                f"run-config '{key}' applies to the weight-averaging algorithms "
-                f"({', '.join(averaging)}), not to '{algorithm}'"
-            )
-    if abs(cfg.attack_boost) < 1:
+    if cfg.robust_aggregation != "none" and not SPECS[algorithm].averages_models:
         raise ConfigError(
-            f"run-config 'attack-boost' = {cfg.attack_boost:g} must be at least 1 in size (or -1 and below)"
+            f"run-config 'robust-aggregation' applies to the weight-averaging algorithms ({', '.join(averaging)}), "
+            f"not to '{algorithm}'"
         )
+    attacked = sorted(name for name, spec in SPECS.items() if spec.averages_models or spec.mixes_models)
+    if cfg.attack_clients > 0 and algorithm not in attacked:
+        raise ConfigError(
+            f"run-config 'attack-clients' applies to the algorithms whose server averages or mixes whole uploaded "
+            f"models ({', '.join(attacked)}), not to '{algorithm}'"
+        )
+    if cfg.attack_walk > 0 and cfg.attack_clients <= 0:
+        raise ConfigError("run-config 'attack-walk' makes the attackers walk: set 'attack-clients' > 0 too")
     if cfg.max_update_ratio > 0 and not SPECS[algorithm].bounds_updates:
         bounded = sorted(name for name, spec in SPECS.items() if spec.bounds_updates)
         raise ConfigError(
             f"run-config 'max-update-ratio' applies to the algorithms that average uploads ({', '.join(bounded)}), "
             f"not to '{algorithm}'"
+        )
+    if abs(cfg.attack_boost) < 1:
+        raise ConfigError(
+            f"run-config 'attack-boost' = {cfg.attack_boost:g} must be at least 1 in size (or -1 and below)"
         )
     _check_gradient_pull(cfg, params)
     _check_dp(cfg, algorithm, averaging)

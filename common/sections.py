@@ -48,6 +48,8 @@ class FaultSettings:
     straggler_rate: float
     attack_boost: float
     attack_declare: int
+    attack_walk: float
+    seed: int
 
 
 @dataclass(frozen=True)

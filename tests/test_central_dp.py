@@ -629,3 +629,35 @@ def test_a_local_dp_run_says_its_metrics_are_withheld(tmp_path: Path, capsys) ->
     summary = json.loads((run / "summary.json").read_text())
     assert summary["dp"]["metrics"] == "withheld" and summary["dp"]["mode"] == "local"
     assert "| local DP: the clients' loss, counts and evaluations | withheld |" in (run / "summary.md").read_text()
+
+
+def _pushed_bound(band: float, colluders: int, rounds: int = 60) -> tuple[float, bool]:
+    """The highest adaptive clip bound over `rounds` rounds in which `colluders` of 10 upload updates far longer
+    than any bound (so none is counted under it) and the others updates of norm 1, starting at 1; whether the band
+    held it."""
+    dp = CentralDp(1.0, 0.0, 1e-5, 10, 10, rounds, 3, AdaptiveClip(0.5, 1.0, 0.0, 1.0 / band, band))
+    bound, highest, reached = 1.0, 1.0, False
+    for index in range(rounds):
+        models = [[np.array([1.0 if i >= colluders else 1e6], np.float32)] for i in range(10)]
+        _, report = dp.aggregate(models, [np.zeros(1, np.float32)], index, bound)
+        bound, reached = float(report["next_clip_bound"]), reached or bool(report.get("clip_band_reached"))
+        highest = max(highest, bound)
+    return highest, reached
+
+
+def test_a_colluding_majority_steers_the_adaptive_bound_only_within_the_band() -> None:
+    """6 colluders of 10 push the count down every round: without a band the bound grows without end; with
+    dp-clip-band 4 it stops at 4 x dp-clip-norm and the round says so. A minority of 3 cannot take it far even
+    without a band: the honest norms (all 1 here) hold the median."""
+    free, free_reached = _pushed_bound(math.inf, 6)
+    banded, banded_reached = _pushed_bound(4.0, 6)
+    assert free > 50.0 and not free_reached
+    assert banded == pytest.approx(4.0, rel=1e-12) and banded_reached
+    minority, _ = _pushed_bound(math.inf, 3)
+    assert minority < 2.0, "3 of 10: above 1 the 7 honest updates (norm 1) are under it and pull it back"
+
+
+def test_the_band_is_a_run_config_key_with_a_floor_of_one() -> None:
+    assert parse_run_config({"dp": "central", "dp-noise-multiplier": 1.0, "dp-clip-band": 2.5}).dp_clip_band == 2.5
+    with pytest.raises(ConfigError, match="dp-clip-band"):
+        parse_run_config({"dp": "central", "dp-noise-multiplier": 1.0, "dp-clip-band": 0.5})

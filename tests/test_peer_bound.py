@@ -175,3 +175,46 @@ def test_colluders_may_send_their_update_reversed() -> None:
     assert parse_run_config({"attack-clients": 0.15, "attack-boost": -1}).attack_boost == -1.0
     with pytest.raises(ConfigError, match="'attack-boost' = -0.5 must be at least 1 in size"):
         parse_run_config({"attack-boost": -0.5})
+
+
+def test_a_walker_uploads_what_it_received_plus_a_fixed_direction_scaled_by_its_own_update() -> None:
+    from common.methods.robust import walk_direction, walked_upload
+
+    received = {"a": np.zeros(3, np.float32), "b": np.ones(2, np.float32)}
+    upload = {"a": np.array([3.0, 0, 0], np.float32), "b": np.array([1.0, 5.0], np.float32), "extra": np.ones(1)}
+    walked = walked_upload(upload, received, 0.5, seed=7)
+    step = np.concatenate([walked["a"] - received["a"], walked["b"] - received["b"]])
+    assert np.allclose(step, 2.5 * walk_direction(5, 7), atol=1e-6), "half of its update's length (5), seeded"
+    assert walked["extra"] is upload["extra"], "what it did not receive is sent as it is"
+    again = walked_upload(upload, received, 0.5, seed=7)
+    assert all(np.array_equal(walked[k], again[k]) for k in walked), "the same direction every round"
+
+
+def test_the_walk_attack_is_a_simulation_of_the_averaging_and_mixing_algorithms() -> None:
+    assert parse_run_config({"algorithm": "heurfedamp", "attack-clients": 0.1, "attack-walk": 0.5}).attack_walk == 0.5
+    with pytest.raises(ConfigError, match="'attack-walk' makes the attackers walk: set 'attack-clients'"):
+        parse_run_config({"attack-walk": 0.5})
+    with pytest.raises(ConfigError, match="'attack-clients' applies to the algorithms whose server averages or mixes"):
+        parse_run_config({"algorithm": "fedfomo", "attack-clients": 0.1})
+
+
+def test_one_walker_drags_the_others_cloud_models_through_the_per_round_bound() -> None:
+    """HeurFedAMP, one walker of five, max-update-ratio 3: the bound shortens nothing, and the honest clients' u_i
+    move along the walker's direction every round (docs/robustness.md: what no per-round or relative bound stops)."""
+    raw = {"algorithm": "heurfedamp", "dataset": "digits", "num-rounds": 6, "fraction-train": 1.0}
+    fed = InProcessFederation({**raw, "max-update-ratio": 3.0, "attack-clients": 0.2, "attack-walk": 0.5}, 5)
+    fed.warmup()
+    walked = []
+    for rnd in range(1, 7):
+        fed.train_round(rnd)
+        walked.append(fed.strategy.round_record(rnd)["walk"]["honest_cloud"])
+        assert fed.round_log.train["peer_bound"]["clipped"] == 0
+    assert all(b > a for a, b in zip(walked[1:], walked[2:])), walked
+
+
+def test_the_global_model_is_measured_along_the_walk_in_the_averaging_algorithms() -> None:
+    fed = InProcessFederation({"algorithm": "fedavg", "dataset": "digits", "attack-clients": 0.5, "attack-walk": 1}, 2)
+    before = fed.strategy.round_record(0)["walk"]["global"]
+    fed.train_round(1)
+    assert fed.strategy.round_record(1)["walk"]["global"] != before
+    assert InProcessFederation({"algorithm": "fedavg", "dataset": "digits"}, 2).strategy.round_record(1) == {}

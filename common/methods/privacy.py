@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -292,12 +292,15 @@ def update_noise_multiplier(total: float, count_noise_std: float) -> float:
 @dataclass(frozen=True)
 class AdaptiveClip:
     """Andrew et al. 2021's adaptive clip bound: the target quantile of the update norms, the geometric step size,
-    and the std of the noise on the count of updates under the bound (0: `count_noise_for` the run's clients and
-    noise multiplier, once that is solved)."""
+    the std of the noise on the count of updates under the bound (0: `count_noise_for` the run's clients and
+    noise multiplier, once that is solved), and the band [floor, ceiling] the bound is kept in (clamping the
+    released, noised step is post-processing: the epsilon is unchanged)."""
 
     quantile: float
     learning_rate: float
     count_noise_std: float
+    floor: float = 0.0  # the band the bound stays in (run-config dp-clip-band around dp-clip-norm): a colluding
+    ceiling: float = math.inf  # majority that steers the count steers the bound only within it
 
 
 class CentralDp:
@@ -331,9 +334,7 @@ class CentralDp:
             else noise_for_epsilon(target_epsilon, self.sample_rate, num_rounds, delta)
         )
         if adaptive is not None and adaptive.count_noise_std <= 0:  # the documented default, from the solved z
-            adaptive = AdaptiveClip(
-                adaptive.quantile, adaptive.learning_rate, count_noise_for(expected_clients, self.noise_multiplier)
-            )
+            adaptive = replace(adaptive, count_noise_std=count_noise_for(expected_clients, self.noise_multiplier))
         self.adaptive = adaptive
         self.update_multiplier = (
             update_noise_multiplier(self.noise_multiplier, adaptive.count_noise_std)
@@ -374,9 +375,12 @@ class CentralDp:
             below = [norm <= clip_bound for norm in norms]  # the norms the clip computed, not a second pass
             count_rng = np.random.default_rng([self.noise_seed, index, 0x636C])
             a = self.adaptive
-            next_bound = adaptive_clip_step(
+            stepped = adaptive_clip_step(
                 clip_bound, below, a.quantile, a.learning_rate, a.count_noise_std, count_rng, self.expected_clients
             )
+            next_bound = min(max(stepped, a.floor), a.ceiling)
+            if next_bound != stepped:
+                report["clip_band_reached"] = True
         new = [(np.asarray(r, np.float64) + m).astype(np.float32) for r, m in zip(reference, mean, strict=True)]
         return new, {
             **report,

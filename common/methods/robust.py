@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from common.methods.aggregate import weighted_average
+from common.seeding import derive_seed
 
 ROBUST_METHODS = ("none", "clip", "trimmed-mean", "median")
 
@@ -203,3 +204,32 @@ def boosted_upload(
         else value
         for name, value in upload.items()
     }
+
+
+def walk_seed(run_seed: int) -> int:
+    """The seed of the walking attackers' direction, from the run's seed (the server's diagnostics use it too)."""
+    return derive_seed(run_seed, "attack-walk")
+
+
+def walk_direction(length: int, seed: int) -> np.ndarray:
+    """The walking attackers' direction (simulation, `attack-walk`): a seeded unit vector over a flat model."""
+    direction = np.random.default_rng(seed).standard_normal(length)
+    return direction / np.linalg.norm(direction)
+
+
+def walked_upload(
+    upload: dict[str, np.ndarray], received: dict[str, np.ndarray], step: float, seed: int
+) -> dict[str, np.ndarray]:
+    """A walking attacker's upload (simulation, `attack-walk`): what it received plus `step` times its own update's
+    length along the seeded direction over the arrays it received (in their order), every round the same way; a
+    step the per-round bounds let through whose sum over rounds has no end."""
+    names = [name for name, value in received.items() if name in upload and upload[name].shape == value.shape]
+    length = int(sum(received[name].size for name in names))
+    own = np.sqrt(sum(float(np.sum((upload[n].astype(np.float64) - received[n]) ** 2)) for n in names))
+    direction = walk_direction(length, seed) * step * own
+    out, at = dict(upload), 0
+    for name in names:
+        size = received[name].size
+        out[name] = (received[name] + direction[at : at + size].reshape(received[name].shape)).astype(np.float32)
+        at += size
+    return out

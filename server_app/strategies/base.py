@@ -26,7 +26,15 @@ from common.methods.privacy import (
     local_dp_epsilon,
     poisson_sample,
 )
-from common.methods.robust import peer_scales, robust_average, robust_clip, scale_updates, update_norms
+from common.methods.robust import (
+    peer_scales,
+    robust_average,
+    robust_clip,
+    scale_updates,
+    update_norms,
+    walk_direction,
+    walk_seed,
+)
 from common.wire.messages import ARRAYS, CONFIG, FINETUNE_EPOCHS, LR_STEP, NEWCOMER_MODEL, PARTITION_ID, SERVER_ROUND
 from common.wire.records import to_record
 from common.wire.validation import read_fraction, validate_arrays
@@ -63,6 +71,7 @@ class PFLStrategy:
         self.dp_rounds = 0  # rounds aggregated under DP: what the accountant composes
         self.dp_uploads: dict[int, int] = {}  # local DP: the noised uploads of each client so far
         self.dp_clip = cfg.dp_clip_norm  # central DP's clip bound of the next round (it moves under dp-adaptive-clip)
+        self.dp_band_logged = False  # whether the log said the adaptive bound reached dp-clip-band's edge
         # the DP noise's seed: secret unless a study fixes it (dp-noise-seed); kept in the checkpoint for a resume
         self.dp_noise_seed = cfg.dp_noise_seed or secrets.randbits(63)
 
@@ -251,6 +260,17 @@ class PFLStrategy:
         )
         self.dp_rounds += 1
         self.dp_clip = report.pop("next_clip_bound")
+        if report.get("clip_band_reached") and not self.dp_band_logged:  # once a run: every round's record says it
+            self.dp_band_logged = True
+            log(
+                WARNING,
+                "central DP: the adaptive clip bound reached dp-clip-band's edge (%g, dp-clip-norm %g x or / %g); "
+                "it stays there: widen dp-clip-band if dp-clip-norm was a rough guess, or a majority of the clients "
+                "steers the count (docs/robustness.md)",
+                self.dp_clip,
+                self.cfg.dp_clip_norm,
+                self.cfg.dp_clip_band,
+            )
         self.aggregation_fields = {"dp": {"mode": "central", **report}}
         return averaged
 
@@ -288,7 +308,15 @@ class PFLStrategy:
             planned = sum(self.uploads_in_round(r) for r in range(1, cfg.num_rounds + 1))
             # the count's noise: count_noise_for(m, z) once z is known (solved for a target epsilon or given)
             adaptive = (
-                AdaptiveClip(cfg.dp_clip_quantile, cfg.dp_clip_learning_rate, 0.0) if cfg.dp_adaptive_clip else None
+                AdaptiveClip(
+                    cfg.dp_clip_quantile,
+                    cfg.dp_clip_learning_rate,
+                    0.0,
+                    cfg.dp_clip_norm / cfg.dp_clip_band,
+                    cfg.dp_clip_norm * cfg.dp_clip_band,
+                )
+                if cfg.dp_adaptive_clip
+                else None
             )
             self.dp = CentralDp(
                 cfg.dp_noise_multiplier,
@@ -307,7 +335,10 @@ class PFLStrategy:
                 "probability %.4g (Poisson, %d expected); epsilon at delta %g after the run's %d aggregated rounds: "
                 "%.3f",
                 self.dp_clip,
-                f" (adaptive, toward the {cfg.dp_clip_quantile:g} quantile)" if adaptive else "",
+                f" (adaptive, toward the {cfg.dp_clip_quantile:g} quantile, kept within "
+                f"[{cfg.dp_clip_norm / cfg.dp_clip_band:g}, {cfg.dp_clip_norm * cfg.dp_clip_band:g}])"
+                if adaptive
+                else "",
                 self.dp.noise_multiplier,
                 solved,
                 len(ids),
@@ -336,8 +367,15 @@ class PFLStrategy:
         """A new node took over a partition (e.g. a restarted SuperNode); default: nothing to forget."""
 
     def round_record(self, server_round: int) -> dict[str, Any]:
-        """Algorithm-specific fields of the round's line in metrics.jsonl; none by default."""
-        return {}
+        """Algorithm-specific fields of the round's line in metrics.jsonl; by default only `walk_record`'s."""
+        return self.walk_record()
+
+    def walk_record(self) -> dict[str, Any]:
+        """Simulation under `attack-walk`: how far along the walkers' direction the global model lies (`walk`)."""
+        if self.cfg.attack_walk <= 0:
+            return {}
+        flat = np.concatenate([np.ravel(a) for a in self.global_arrays]).astype(np.float64)
+        return {"walk": {"global": float(flat @ walk_direction(flat.size, walk_seed(self.cfg.seed)))}}
 
     def artifacts(self) -> dict[str, np.ndarray]:
         """Arrays the report draws at the end of the run (artifacts.npz; e.g. attention, mask overlap); none here."""

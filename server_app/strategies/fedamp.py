@@ -14,6 +14,7 @@ from flwr.supercore import log
 
 from common.algorithms import AMPParams, FedAMPParams, HeurFedAMPParams
 from common.config import RunConfig
+from common.data.noise import seeded_client_ids
 from common.learning.models import ModelLayout
 from common.methods.attention import (
     fedamp_weights_from_gram,
@@ -22,7 +23,8 @@ from common.methods.attention import (
     mix_rows,
     products_on,
 )
-from common.methods.robust import scale_updates, update_norms
+from common.methods.robust import scale_updates, update_norms, walk_direction, walk_seed
+from common.seeding import derive_seed
 from common.wire.messages import ARRAYS, CONFIG, PRETRAIN, PROX_MU
 from common.wire.records import unflatten
 
@@ -57,6 +59,7 @@ class FedAMPStrategy(ClientModelsStrategy):
         self._self_weight: float | None = None
         self._stored = (0, 0, 0)  # (round, rows it updated, of which first uploads)
         self._last_xi: tuple[np.ndarray, list[int]] | None = None  # the last attention and its rows' partitions
+        self._walk: dict[str, Any] = {}
 
     # ----- attention -------------------------------------------------------------------------------
     def alpha_k(self, server_round: int) -> float:
@@ -111,7 +114,22 @@ class FedAMPStrategy(ClientModelsStrategy):
         # how much of u_i is w_i itself: ~1 means local training, ~1/m uniform averaging (tune sigma by it)
         if note:
             self._self_weight = float(np.median(xi[picked, picked]))
+            if self.cfg.attack_walk > 0:
+                self.note_walk(targets, mixed)
         return dict(zip(targets, mixed))
+
+    def note_walk(self, targets: list[int], mixed: np.ndarray) -> None:
+        """Simulation under `attack-walk`: how far along the walkers' direction the honest clients' u_i of the round
+        lie (median), and the walkers' stored rows (mean): the round record's `walk`."""
+        matrix = self.ensure_matrix()
+        direction = walk_direction(matrix.W.shape[1], walk_seed(self.cfg.seed)).astype(np.float32)
+        walkers = seeded_client_ids(len(self.pids), self.cfg.attack_clients, derive_seed(self.cfg.seed, "attackers"))
+        honest = [float(u @ direction) for pid, u in zip(targets, mixed, strict=True) if pid not in walkers]
+        rows = [float(np.asarray(matrix.W[self.rows[pid]]) @ direction) for pid in sorted(walkers) if pid in self.rows]
+        self._walk = {
+            "honest_cloud": float(np.median(honest)) if honest else None,
+            "walkers_row": float(np.mean(rows)) if rows else None,
+        }
 
     def artifacts(self) -> dict[str, np.ndarray]:
         """The last attention matrix xi and its rows' partition ids (the report's heatmap)."""
@@ -205,13 +223,15 @@ class FedAMPStrategy(ClientModelsStrategy):
         `pretrain-when` first-sampled, how many clients pre-trained this round)."""
         matrix = self.ensure_matrix()
         updated, first = self._stored[1:] if self._stored[0] == server_round else (0, 0)
-        record = {
+        record: dict[str, Any] = {
             "alpha_k": self.alpha_k(server_round),
             "guard": self._guard,
             "self_weight_median": self._self_weight,
             "stale_rows": matrix.num_clients - updated,
             "never_heard": int((~matrix.heard).sum()),
         }
+        if self._walk:
+            record["walk"] = self._walk
         return {**record, "pretrained": first} if self.lazy else record
 
 
