@@ -23,6 +23,7 @@ from common.wire.messages import (
     CHECKPOINT_ROUND,
     CONFIG,
     DP_NOISE_FLOOR,
+    EXPECT_STATE,
     METRICS,
     NEWCOMER_MODEL,
     NUM_PARTITIONS,
@@ -36,6 +37,7 @@ from common.wire.messages import (
     SIMULATE_DROP,
     STATE_DIR,
     STATE_KEY,
+    STATE_ROUND,
 )
 from common.wire.validation import PayloadError, is_folder_name, read_count
 
@@ -43,7 +45,7 @@ from .algorithms import ClientEnv, answer, client_class
 from .algorithms.newcomer import NewcomerClient
 from .privacy import WITHHELD_COUNT, below_floor
 from .simulation import declared_num_train, simulated_drop
-from .state import StateDir, StateStore, pick_store
+from .state import ClientState, StateDir, StateStore, pick_store
 
 app = ClientApp()
 
@@ -117,18 +119,52 @@ def _env(context: Context, msg: Message, training: bool = False) -> tuple[Client
     data = client_data(cfg.data, partition_id, num_partitions)
     store = pick_store(state_dir(context, msg, cfg.output), context.state)
     state = store.restore(_round(msg), training)
+    check_version(store, state, msg, partition_id)
     return ClientEnv(cfg, data, state, resolve_device(cfg.device)), store
 
 
-@profiling.timed("persist")
-def _persist(env: ClientEnv, store: StateStore, msg: Message) -> None:
-    """Keep the state when the message changed it, where its store keeps it."""
-    if not env.state.dirty:
+def check_version(store: StateStore, state: ClientState, msg: Message, partition_id: int) -> None:
+    """StateFileError when the server knows this client holds a newer state than the one restored (the message's
+    expect-state): its newest file was deleted, or an older copy of its folder put back, and going on from an
+    older or a fresh state would be silent. A store in memory cannot tell a lost state from a deleted one (a
+    restarted node has none): a warning."""
+    config = msg.content.config_records.get(CONFIG)
+    if config is None or EXPECT_STATE not in config:  # a server that keeps no record (an older version)
         return
-    config = msg.content.config_records[CONFIG]
-    checkpoint = read_count(config, CHECKPOINT_ROUND, allow_zero=True) if CHECKPOINT_ROUND in config else None
-    due_now = due(_round(msg), env.cfg.checkpoint_every, env.cfg.num_rounds)
-    store.persist(env.state, _round(msg), checkpoint, due_now)
+    expected = read_count(config, EXPECT_STATE, allow_zero=True)
+    if state.version is not None and state.version >= expected:
+        return
+    found = f"its newest is of round {state.version}" if state.version is not None else "it has none"
+    if not store.checks_versions:
+        if not state.tree:
+            log(
+                WARNING,
+                "client %d: the server expects its state of round %d; kept in memory, %s: it starts afresh",
+                partition_id,
+                expected,
+                found,
+            )
+        return
+    raise StateFileError(
+        f"client {partition_id}: its state of round {expected} is missing ({found}): a state file was deleted or an "
+        "older copy of the state folder put back. Put the folder back from a backup, or have the operator let it go "
+        "on afresh (the server's line gives the command)"
+    )
+
+
+@profiling.timed("persist")
+def _persist(env: ClientEnv, store: StateStore, msg: Message, reply: Message) -> None:
+    """Keep the state when the message changed it, where its store keeps it, and name in the reply the round of the
+    newest state the client now holds (state-round; -1: none), which the server names back in its next message."""
+    held = env.state.version if env.state.version is not None else -1
+    if env.state.dirty:
+        config = msg.content.config_records[CONFIG]
+        checkpoint = read_count(config, CHECKPOINT_ROUND, allow_zero=True) if CHECKPOINT_ROUND in config else None
+        due_now = due(_round(msg), env.cfg.checkpoint_every, env.cfg.num_rounds)
+        store.persist(env.state, _round(msg), checkpoint, due_now)
+        held = _round(msg)
+    if store.checks_versions and not reply.has_error() and METRICS in reply.content.metric_records:
+        reply.content.metric_records[METRICS][STATE_ROUND] = held
 
 
 def _round(msg: Message) -> int:
@@ -185,7 +221,7 @@ def train(msg: Message, context: Context) -> Message:
         algorithm = client_class(env.cfg.algorithm)(env)
         reply = Message(answer(algorithm, MessageType.TRAIN, _round(msg), msg.content), reply_to=msg)
         try:
-            _persist(env, store, msg)
+            _persist(env, store, msg, reply)
         except StateFileError as exc:  # e.g. a key file that is not this user's: the state could not be kept
             return _state_refused(msg, exc)
     return reply
@@ -207,7 +243,7 @@ def evaluate(msg: Message, context: Context) -> Message:
         algorithm = (NewcomerClient if newcomer else client_class(env.cfg.algorithm))(env)
         reply = Message(answer(algorithm, MessageType.EVALUATE, _round(msg), msg.content), reply_to=msg)
         try:
-            _persist(env, store, msg)
+            _persist(env, store, msg, reply)
         except StateFileError as exc:
             return _state_refused(msg, exc)
     return reply

@@ -44,9 +44,10 @@ class ClientState:
     it came, and the in-process engine lets the clients that keep the same one share it) and loading gives
     read-only views of them, so what is kept cannot change behind its back."""
 
-    def __init__(self, tree: Tree | None = None) -> None:
+    def __init__(self, tree: Tree | None = None, version: int | None = None) -> None:
         self.tree: Tree = {} if tree is None else tree
         self.changed: set[str] = set()  # keys saved or forgotten since the state was made
+        self.version = version  # the round of the stored state it was restored from (None: none, or not known)
 
     @property
     def dirty(self) -> bool:
@@ -249,6 +250,11 @@ def host_state(host: StateHost | None) -> None:
 class StateStore(Protocol):
     """Where a client's state lives between its messages: what a message starts from and where what it left goes."""
 
+    @property
+    def checks_versions(self) -> bool:
+        """Whether the store can tell a missing or older version (on disk) from none kept."""
+        ...
+
     def restore(self, server_round: int, training: bool) -> ClientState:
         """The state a message of `server_round` starts from (a training message reads an earlier round's)."""
         ...
@@ -284,6 +290,7 @@ class NodeContextStore:
     """The state in the node context Flower keeps (client-state-dir=memory under Flower's runtimes)."""
 
     record: RecordDict
+    checks_versions = False  # memory: a restarted node has none, by design
 
     def restore(self, server_round: int, training: bool) -> ClientState:
         return ClientState.from_record(self.record)
@@ -297,10 +304,11 @@ class StateDirStore:
     """The state in a state dir on disk, one signed file per round it changed (a device, Flower's simulation)."""
 
     folder: StateDir
+    checks_versions = True
 
     def restore(self, server_round: int, training: bool) -> ClientState:
         loaded = _load_logged(self.folder, server_round, training)
-        return ClientState() if loaded is None else ClientState(loaded[1])
+        return ClientState() if loaded is None else ClientState(loaded[1], loaded[0])
 
     def persist(self, state: ClientState, server_round: int, checkpoint_round: int | None, due: bool) -> None:
         # a device's state is on disk before it replies; a simulation's server makes all of its clients' writes
@@ -316,15 +324,20 @@ class RuntimeStore:
     host: StateHost
     folder: StateDir | None
 
+    @property
+    def checks_versions(self) -> bool:
+        """Whether a state dir backs the memory (a run folder): then a missing version is one deleted."""
+        return self.folder is not None
+
     def restore(self, server_round: int, training: bool) -> ClientState:
         limit = server_round if training else server_round + 1  # a training message reads an earlier round's state
         if self.host.incoming is not None and self.host.incoming.server_round < limit:
-            return ClientState(dict(self.host.incoming.tree))
+            return ClientState(dict(self.host.incoming.tree), self.host.incoming.server_round)
         loaded = None if self.folder is None else _load_logged(self.folder, server_round, training)
         if loaded is None:
             return ClientState()
         self.host.outgoing = Kept(loaded[0], loaded[1], None, self.folder, dirty=False)  # the next needs no read
-        return ClientState(loaded[1])
+        return ClientState(loaded[1], loaded[0])
 
     def persist(self, state: ClientState, server_round: int, checkpoint_round: int | None, due: bool) -> None:
         # in a round the server checkpoints, the state also goes to the state dir now, on this worker

@@ -21,11 +21,11 @@ from flwr.supercore import log
 from common import profiling
 from common.config import RunConfig, due
 from common.learning.evaluate import shifted_metric_keys
-from common.wire.messages import CHECKPOINT_ROUND, CONFIG, RUN_ID, SIMULATE_DROP, STATE_KEY
+from common.wire.messages import CHECKPOINT_ROUND, CONFIG, EXPECT_STATE, METRICS, RUN_ID, SIMULATE_DROP, STATE_KEY
 from common.wire.validation import PayloadError, echo_values, printable
 
 from .checkpoint import Checkpoint, restore, save_checkpoint
-from .clients import ClientRegistry
+from .clients import ClientRegistry, RunAborted
 from .exchange import each_reply, exchange
 from .faults import plan_faults
 from .limits import ReplyLimits
@@ -33,6 +33,8 @@ from .newcomers import newcomer_statistics
 from .plateau import Plateau
 from .replies import RoundLog, TrainReply, eval_statistics, evaluation_rows, parse_train_metrics, train_record
 from .results import ResultsWriter, progress_text, round_record, settings_text
+from .state_versions import CHECKPOINT_KEY as VERSIONS_KEY
+from .state_versions import StateVersions
 from .strategies.base import PFLStrategy
 from .warmup import pretrain_round
 
@@ -62,6 +64,7 @@ class RoundRunner:
         self._limits = ReplyLimits.for_model(strategy.specs)
         self._expected: dict[int, dict[str, int]] = {}  # per client: the round (and phase) its reply must name
         self.plateau = Plateau(cfg.evaluation)  # `stop-patience`: the accuracy curve, and where the run stopped early
+        self.state_versions = StateVersions(writer.run_dir if writer is not None else None)
 
     # ----- messages --------------------------------------------------------------------------------------
     @profiling.timed("build")
@@ -92,6 +95,8 @@ class RoundRunner:
                     config[RUN_ID] = self.run_id
             if cfg.checkpoint_every > 0:
                 config[CHECKPOINT_ROUND] = self.checkpoint_round
+            if (expected := self.state_versions.expected(pid, self.clients[pid].node_id)) is not None:
+                config[EXPECT_STATE] = expected
             if pid in drops:
                 config[SIMULATE_DROP] = True
             self._expected[pid] = echo_values(config)
@@ -158,6 +163,7 @@ class RoundRunner:
             self.strategy.on_client_reply(server_round, pid, not msg.has_error())
             if msg.has_error():
                 log(WARNING, "client %d (node %s) failed: %s", pid, node, printable(str(msg.error.reason)))
+                self.state_versions.explain(pid, node, str(msg.error.reason))
                 self.round_log.add_message(kind, pid, msg, 0)
                 failed += 1
                 continue
@@ -186,6 +192,7 @@ class RoundRunner:
                         declared, cap = self.clients[pid].num_train, self.clients.weight_cap(pid)
                         reply = parse_train_metrics(pid, reply_msg.content, declared, cap)
                         self.strategy.decode_train_reply(server_round, reply)
+                        self.state_versions.note(pid, reply_msg.content.metric_records.get(METRICS), server_round)
                         accepted.append(reply)
                     except PayloadError as exc:
                         rejected += 1
@@ -224,6 +231,12 @@ class RoundRunner:
                 required=shifted_metric_keys(self.cfg.evaluation),
             )
             self.round_log.eval = eval_statistics(per_client, failed + oversized + rejected) if per_client else None
+        for pid, msg in good:
+            if pid in per_client:
+                try:
+                    self.state_versions.note(pid, msg.content.metric_records.get(METRICS), server_round)
+                except PayloadError as exc:
+                    log(WARNING, "client %d: evaluation reply's state round ignored: %s", pid, exc)
 
     def pretrain(self, grid: Grid) -> None:
         """Round 0 (server_app/warmup.py): every client trains once; its counts and faults go in round 1's record."""
@@ -284,6 +297,7 @@ class RoundRunner:
             if self.before_checkpoint is not None:
                 self.before_checkpoint(self.checkpoint_round)
             state, records = self.strategy.state_dict(), self.writer.records
+            state[VERSIONS_KEY] = self.state_versions.state()
             checkpoint = Checkpoint(server_round, state, records, elapsed, self.resumes, self.clients.table())
             save_checkpoint(self.writer.run_dir, checkpoint)
             self.checkpoint_round = server_round
@@ -296,8 +310,13 @@ class RoundRunner:
         first, elapsed_before = 1, 0.0
         if self.resume_from is not None:
             self.resumes = restore(self.strategy, self.writer, self.resume_from)
+            try:
+                self.state_versions.load(self.resume_from.state.get(VERSIONS_KEY), self.resume_from.round)
+            except ValueError as exc:
+                raise RunAborted(f"cannot resume from the checkpoint: {exc}") from None
             for pid in replaced:  # after the restore: the state it forgets is the checkpoint's
                 self.strategy.on_client_replaced(self.resume_from.round + 1, pid)
+                self.state_versions.forget(pid)
             self.checkpoint_round = self.resume_from.round
             log(INFO, "resumed after round %d of %d from its checkpoint", self.checkpoint_round, self.cfg.num_rounds)
             first, elapsed_before = self.resume_from.round + 1, self.resume_from.elapsed_s
@@ -325,6 +344,7 @@ class RoundRunner:
         if refresh:
             for pid in self.clients.refresh(grid, timeout):
                 self.strategy.on_client_replaced(rnd, pid)
+                self.state_versions.forget(pid)
         if rnd == 1 and self.strategy.warmup_round():
             self.pretrain(grid)
         self.train(grid, rnd)

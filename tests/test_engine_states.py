@@ -122,7 +122,7 @@ def test_the_client_app_starts_from_the_engines_copy_and_leaves_its_change_there
     tmp_path: Path, training: bool, checkpoint_every: int
 ) -> None:
     """Round 5's change stays with the engine, and reaches the state dir at once when round 5 is checkpointed."""
-    from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+    from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
     from client_app import app as client
@@ -152,8 +152,10 @@ def test_the_client_app_starts_from_the_engines_copy_and_leaves_its_change_there
         env, store = client._env(_Context(), msg, training=training)  # type: ignore[arg-type]
         assert _same(env.state.tree, _tree(1.5))
         env.state.save_named("alpha", {"alpha": np.array([9.0])})
-        client._persist(env, store, msg)
+        reply = Message(RecordDict({"metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+        client._persist(env, store, msg, reply)
         assert host.outgoing is not None and host.outgoing.server_round == 5
+        assert reply.content.metric_records["metrics"]["state-round"] == 5, "the reply names the state it left"
         assert isinstance(store, RuntimeStore) and store.folder is not None
         assert store.folder.versions() == ([5] if checkpointed else [])
         assert host.outgoing.dirty is not checkpointed  # a state not yet in the state dir is written at the checkpoint

@@ -122,3 +122,25 @@ def test_content_digest_is_flowers_content_id_and_ignores_metadata() -> None:
     assert content_digest(first) == content_digest(second) == first.content.object_id != content_digest(other)
     assert all("_chunks" not in a.__dict__ for a in first.content.array_records["arrays"].values())
     assert content_digest(Message(Error(code=2, reason="pid 1"), reply_to=first)) == "error:2"
+
+
+def test_the_client_state_versions_a_message_names_are_not_in_its_digest() -> None:
+    """expect-state and state-round say where a client keeps its state, not what it learned: a run with a state
+    folder and one in memory send the same digests; the message keeps them."""
+    from flwr.app import ConfigRecord, Message, MetricRecord
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from server_app.wire import content_digest
+
+    for name, value in (("run_id", 7), ("node_id", 1), ("task_id", 1)):
+        setattr(TaskIdentity, name, value)
+    plain, named = _content(100), _content(100)
+    plain["config"], named["config"] = ConfigRecord({"server-round": 3}), ConfigRecord({"server-round": 3})
+    plain["metrics"], named["metrics"] = MetricRecord({"loss": 1.0}), MetricRecord({"loss": 1.0})
+    named["config"]["expect-state"] = 2
+    named["metrics"]["state-round"] = 3
+    message = Message(named, dst_node_id=1, message_type="train")
+    assert content_digest(message) == content_digest(Message(plain, dst_node_id=1, message_type="train"))
+    assert message.content["config"]["expect-state"] == 2 and message.content["metrics"]["state-round"] == 3
+    named["config"]["server-round"] = 4
+    assert content_digest(message) != content_digest(Message(plain, dst_node_id=1, message_type="train"))

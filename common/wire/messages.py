@@ -71,6 +71,18 @@ RUN_ID = _key(
 CHECKPOINT_ROUND = _key(
     "checkpoint-round", ("config",), "the server's last checkpointed round: client state a resume may need is kept"
 )
+STATE_ROUND = _key(
+    "state-round",
+    ("metrics",),
+    "the round of the newest client state the client holds after the message (-1: none); the server keeps it and "
+    "names it back in the next message (expect-state)",
+)
+EXPECT_STATE = _key(
+    "expect-state",
+    ("config",),
+    "the round of the newest client state the server knows the client holds: a client whose newest state is older "
+    "or missing (a file deleted, an older copy of the folder put back) refuses the message",
+)
 SIMULATE_DROP = _key("simulate-drop", ("config",), "simulation (drop-rate): fail this round")
 PROX_MU = _key("prox-mu", ("config",), "the proximal coefficient of the round (FedProx, FedAMP's lambda / alpha_k)")
 PRETRAIN = _key("pretrain", ("config",), "FedAMP: train from the common initialization (round 0)")

@@ -141,8 +141,9 @@ def privacy(args: argparse.Namespace) -> int:
 
 
 def allow_takeover(args: argparse.Namespace) -> int:
-    """Write the operator's consent to take-overs of partitions by one node into a run folder."""
-    from server_app.takeover import allow
+    """Write the operator's consent to take-overs of partitions by one node (or, with --fresh-state, to its going on
+    without the client state it last reported) into a run folder."""
+    from server_app.takeover import CONSENT_FILE, FRESH_STATE_FILE, allow
 
     run_dir, partitions, node = args.run_dir, args.partitions, args.node
     if not RunFolder(run_dir).is_run():
@@ -150,10 +151,14 @@ def allow_takeover(args: argparse.Namespace) -> int:
     if any(not 0 <= i < 2**64 for i in [*partitions, node]):
         raise ConfigError(f"partition and node ids are integers in [0, 2^64), got {partitions} and {node}")
     try:
-        path = allow(run_dir, partitions, node)
+        path = allow(run_dir, partitions, node, FRESH_STATE_FILE if args.fresh_state else CONSENT_FILE)
     except OSError as exc:
         raise ConfigError(f"cannot write the consent into {run_dir}: {exc}") from None
-    print(f"allowed: node {node} to take over partition(s) {', '.join(map(str, partitions))} ({path}), once each")
+    listed = ", ".join(map(str, partitions))
+    if args.fresh_state:
+        print(f"allowed: node {node} to go on without its client state for partition(s) {listed} ({path}), once each")
+    else:
+        print(f"allowed: node {node} to take over partition(s) {listed} ({path}), once each")
     return 0
 
 

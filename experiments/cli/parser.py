@@ -181,6 +181,12 @@ def _allow_takeover(sub: argparse._SubParsersAction) -> None:
         required=True,
         help="the node id that may take them (the server's refusal line names it); a consent always names its node",
     )
+    takeover.add_argument(
+        "--fresh-state",
+        action="store_true",
+        help="instead: let the node that holds these partitions go on without the client state it last reported "
+        "(its state folder was lost; the server's line naming the missing state gives the command), once each",
+    )
 
 
 def _only(command: argparse.ArgumentParser) -> None:
