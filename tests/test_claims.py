@@ -75,7 +75,8 @@ def test_verdicts_follow_the_paired_interval_over_seeds(tmp_path: Path) -> None:
     # 100%: dmpfl - fedavg = -10 points on both seeds: an interval of zero width below zero
     assert (
         "- **fails beyond the seeds' noise**: DM-PFL above FedAvg at full shift; ours dmpfl 32.00 +/- 25.41 vs "
-        "fedavg 42.00 +/- 25.41 (acc-shift-1), dmpfl - fedavg = -10.00 +/- 0.00 over 2 seeds." in text
+        "fedavg 42.00 +/- 25.41 (acc-shift-1, last round; the paper does not say which round it reports), "
+        "dmpfl - fedavg = -10.00 +/- 0.00 over 2 seeds." in text
     )
     # bytes: 0.5 of FedAvg's on both seeds, claimed below
     assert "- **holds**: DM-PFL moves fewer bytes; ours dmpfl 0.500 +/- 0.000 vs fedavg 1.000 +/- 0.000" in text
@@ -117,8 +118,8 @@ def test_an_offset_moves_the_bar_the_paired_difference_must_clear(tmp_path: Path
     text = _document(tmp_path, (0, 1), OFFSET_CLAIMS)
     assert (
         "- **fails beyond the seeds' noise**: DM-PFL within 8 points of FedAvg at full shift; ours dmpfl 32.00 +/- "
-        "25.41 vs fedavg 42.00 +/- 25.41 (acc-shift-1), dmpfl - fedavg = -10.00 +/- 0.00 against -8.00 over 2 seeds."
-        in text
+        "25.41 vs fedavg 42.00 +/- 25.41 (acc-shift-1, last round; the paper does not say which round it reports), "
+        "dmpfl - fedavg = -10.00 +/- 0.00 against -8.00 over 2 seeds." in text
     )
     assert "- **holds**: DM-PFL within 12 points of FedAvg at full shift;" in text
 
@@ -182,3 +183,18 @@ def test_only_narrows_the_document_to_some_experiments(tmp_path: Path) -> None:
     assert "Verdicts: 1 holds, 1 fails beyond the seeds' noise, 1 undecided." in narrowed  # Ditto's claim dropped
     with pytest.raises(ConfigError, match="--only: fedprox names no experiment of the sweep; its experiments: fedavg"):
         write_results(sweep, runs, tmp_path / "docs" / "x.md", only="fedprox,dmpfl")
+
+
+def test_a_paper_that_reports_the_best_round_is_compared_at_ours(tmp_path: Path) -> None:
+    """paper-statistic = "best": the paper's column says so, and the verdicts read the best round (the fixture's
+    best round has fedavg 67 / dmpfl 80 at 0% where the last has 62 / 75; at 100% both are the last's)."""
+    sweep = tmp_path / "doc.toml"
+    sweep.write_text(SWEEP.replace('id = "main"\n', 'id = "main"\npaper-statistic = "best"\n', 1) + CLAIMS)
+    path, _, _ = write_results(sweep, _runs(tmp_path / "runs", (0, 1)), tmp_path / "docs" / "results.md")
+    text = path.read_text()
+    assert "| 0% (paper, best round) |" in text and "compared at our best round" in text
+    assert "(acc-shift-1, best round, the paper's statistic), dmpfl - fedavg = -10.00 +/- 0.00" in text
+    bad = tmp_path / "bad.toml"
+    bad.write_text(SWEEP.replace('id = "main"\n', 'id = "main"\npaper-statistic = "peak"\n', 1))
+    with pytest.raises(ConfigError, match="paper-statistic: 'peak' is not one of last, best, unknown"):
+        read_sweep(bad)

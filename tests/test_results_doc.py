@@ -208,13 +208,20 @@ def test_the_results_document_holds_the_runs_numbers_the_papers_and_the_order_di
         return f"{100 * T95_2 * gap / math.sqrt(2) / math.sqrt(2):.2f}"
 
     assert (
-        "| row | seeds | 0% (ours) | 0% (paper) | 100% (ours) | 100% (paper) | MB x FedAvg (ours) | "
-        "MB x FedAvg (paper) |" in text
+        "| row | seeds | 0%, last round (ours) | 0%, best round (ours) | 0% (paper) | 100%, last round (ours) | "
+        "100%, best round (ours) | 100% (paper) | MB x FedAvg (ours) | MB x FedAvg (paper) |" in text
     )
-    assert f"| fedavg | 2 | 62.00 +/- {half(0.04)} | 50.00 | 42.00 +/- {half(0.04)} | 45.00 | 1.000 | 1.000 |" in text
-    assert f"| dmpfl+ | 2 | 50.00 +/- 0.00 | 69.00 | 50.00 +/- {half(0.1)} | 41.00 | 0.500 | - |" in text
-    assert "| dmpfl | 2 | 75.00 +/- 63.53 | 70.00 | 32.00 +/- 25.41 | 46.00 | 0.500 | 0.400 |" in text
-    assert "| ditto | not run yet |  | 60.00 |  | 44.00 |  | 1.000 |" in text
+    h = half(0.04)
+    assert (
+        f"| fedavg | 2 | 62.00 +/- {h} | 67.00 +/- {h} | 50.00 | 42.00 +/- {h} | 42.00 +/- {h} | 45.00 | 1.000 |"
+        in text
+    )
+    assert f"| dmpfl+ | 2 | 50.00 +/- 0.00 | n/a | 69.00 | 50.00 +/- {half(0.1)} | n/a | 41.00 | 0.500 | - |" in text
+    assert (
+        "| dmpfl | 2 | 75.00 +/- 63.53 | 80.00 +/- 63.53 | 70.00 | 32.00 +/- 25.41 | 32.00 +/- 25.41 | 46.00 |" in text
+    )
+    assert "| ditto | not run yet |  |  | 60.00 |  |  | 44.00 |  | 1.000 |" in text
+    assert "the paper does not say which round it reports: its order and claims are compared at our last round" in text
     # 0%: paper dmpfl 70 > dmpfl+ 69 > fedavg 50 (ditto not run); ours dmpfl 75 > fedavg 62 > dmpfl+ 50
     assert "- 0%: paper dmpfl 70.00 > fedavg 50.00" not in text and "- 0%: paper dmpfl 70.00 > dmpfl+" not in text
     assert (
@@ -308,7 +315,7 @@ def test_the_cli_writes_the_document_and_says_how_many_runs_it_used(
     assert cli.main(["results", str(sweep), "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
     assert f"results: {out.resolve()} (1 of 6 runs finished)" in capsys.readouterr().out
     text = out.read_text()
-    assert "| fedavg | 1 | 60.00 | 50.00 | 40.00 | 45.00 | 1.000 | 1.000 |" in text
+    assert "| fedavg | 1 | 60.00 | 65.00 | 50.00 | 40.00 | 40.00 | 45.00 | 1.000 | 1.000 |" in text
     assert "No two rows with the paper's numbers have finished on shared seeds yet." in text
     # no absolute path of this machine in a document meant to be committed
     assert str(tmp_path) not in text and "`pflower results …/doc.toml --runs …/runs --out …/r.md`" in text

@@ -12,7 +12,7 @@ from typing import Any
 from common.hparams import ConfigError
 from experiments.analysis.collect import Group
 from experiments.analysis.stats import fmt_ci, mean_ci, paired_difference
-from experiments.analysis.tables import Column, TableSpec, row_values
+from experiments.analysis.tables import Column, TableSpec, best_companion, paper_column, row_values
 
 CLAIM_KEYS = {"text", "table", "a", "b", "relation", "metric", "decide", "offset"}
 RELATIONS = {">": "above", "<": "below"}
@@ -68,9 +68,9 @@ def parse_claim(raw: dict[str, Any], tables: dict[str, TableSpec], where: str) -
 
 def verdict(groups: list[Group], spec: TableSpec, claim: Claim) -> tuple[str, str]:
     """(verdict, the evidence: both rows' means and the paired difference in the claimed direction)."""
-    column = Column(claim.metric, claim.metric)
-    a = row_values(groups, spec, claim.a, claim.metric)
-    b = row_values(groups, spec, claim.b, claim.metric)
+    column = paper_column(spec, Column(claim.metric, claim.metric))
+    a = row_values(groups, spec, claim.a, column.metric)
+    b = row_values(groups, spec, claim.b, column.metric)
     diff, half, n = paired_difference(a, b)
     if n == 0:
         return "not run yet", ""
@@ -88,13 +88,27 @@ def verdict(groups: list[Group], spec: TableSpec, claim: Claim) -> tuple[str, st
     mean_b, half_b, _ = mean_ci([b[s] for s in shared])
     evidence = (
         f"ours {claim.a} {fmt_ci(mean_a, half_a, scale, digits)} vs {claim.b} {fmt_ci(mean_b, half_b, scale, digits)}"
-        f" ({claim.metric}), {claim.a} - {claim.b} = {fmt_ci(diff, half, scale, digits)}"
+        f" ({', '.join(filter(None, (claim.metric, statistic_words(spec, column))))}), "
+        f"{claim.a} - {claim.b} = {fmt_ci(diff, half, scale, digits)}"
         + (f" against {claim.offset * scale:+.{digits}f}" if claim.offset else "")
         + f" over {n} seed"
         + ("s" if n != 1 else "")
         + (" (one seed: no interval)" if n == 1 else "")
     )
     return found, evidence
+
+
+def statistic_words(spec: TableSpec, column: Column) -> str:
+    """Which round a verdict compares, and whose statistic that is ("" for a cost, counted over the whole run)."""
+    if not column.percent:
+        return ""
+    if column.metric.startswith("best:"):
+        return "best round, the paper's statistic"
+    if spec.paper_statistic == "last":
+        return "last round, the paper's statistic"
+    if spec.paper_statistic == "unknown" and best_companion(column) is not None:
+        return "last round; the paper does not say which round it reports"
+    return "last round"
 
 
 def claim_lines(groups: list[Group], tables: list[TableSpec], claims: list[Claim]) -> list[str]:

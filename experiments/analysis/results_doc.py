@@ -27,7 +27,17 @@ from experiments.analysis.reports import (
     unseen_table,
 )
 from experiments.analysis.stats import few_seeds_note, fmt_ci, mean_ci, paired_difference
-from experiments.analysis.tables import FLOPS, ROUNDS, Column, TableSpec, find_row, row_experiment, row_values
+from experiments.analysis.tables import (
+    FLOPS,
+    ROUNDS,
+    Column,
+    TableSpec,
+    best_companion,
+    find_row,
+    paper_column,
+    row_experiment,
+    row_values,
+)
 from experiments.run.runs import RunSpec, run_commits, run_state
 from experiments.run.sweep import document_sweep
 
@@ -71,22 +81,45 @@ def _paper(value: float, column: Column) -> str:
     return f"{value:.2f}" if column.percent else f"{value:.3f}"
 
 
+PAPER_STATISTIC = {"last": ", last round", "best": ", best round", "unknown": ""}
+
+
 def beside_paper(groups: list[Group], spec: TableSpec) -> list[str]:
-    """Ours (mean +/- 95% CI over seeds) and the paper's number, column by column, a line per row."""
+    """Ours (mean +/- 95% CI over seeds) after the last round and, for every accuracy column, at the best round,
+    then the paper's number (labelled with the round it is from, where the paper says), a line per row."""
     with_paper = [any(math.isfinite(v[i]) for v in spec.paper.values()) for i in range(len(spec.columns))]
     header = ["row", "seeds"]
     for column, paper in zip(spec.columns, with_paper):
-        header += [f"{column.label} (ours)", f"{column.label} (paper)"] if paper else [column.label]
+        twin = best_companion(column, spec)
+        header.append(f"{column.label}{', last round' if twin else ''}{' (ours)' if paper else ''}")
+        if twin:
+            header.append(f"{twin.label}{' (ours)' if paper else ''}")
+        if paper:
+            header.append(f"{column.label} (paper{PAPER_STATISTIC[spec.paper_statistic]})")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in spec.rows:
         found = find_row(groups, row)
         cells = [row, _seeds_cell(found[0]) if found else "not run yet"]
         for index, (column, paper) in enumerate(zip(spec.columns, with_paper)):
-            cells.append(_fmt(_values(groups, spec, row, column), column) if found else "")
+            for shown in filter(None, (column, best_companion(column, spec))):
+                cells.append(_fmt(_values(groups, spec, row, shown), shown) if found else "")
             if paper:
                 cells.append(_paper(spec.paper.get(row, (math.nan,) * len(spec.columns))[index], column))
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
+
+
+def statistic_line(spec: TableSpec) -> str:
+    """What the table's two statistics are, and which one its paper comparisons use."""
+    which = {
+        "best": "the paper reports the best round, so its order and claims are compared at our best round",
+        "last": "the paper reports the last round, so its order and claims are compared at our last round",
+        "unknown": "the paper does not say which round it reports: its order and claims are compared at our last round",
+    }[spec.paper_statistic]
+    return (
+        "Last round: the mean over clients after the run's last evaluation; best round: the mean over clients at the "
+        f"evaluation round with the best mean accuracy without shift (each seed its own round); {which}."
+    )
 
 
 def _seeds_cell(group: Group) -> str:
@@ -110,7 +143,7 @@ def order_check(groups: list[Group], spec: TableSpec) -> OrderCheck:
     where the paired 95% interval over shared seeds excludes zero."""
     out: list[str] = []
     compared = significant = 0
-    for index, column in enumerate(spec.columns):
+    for index, column in enumerate(paper_column(spec, c) for c in spec.columns):
         ranked = [
             (r, spec.paper[r][index]) for r in spec.rows if r in spec.paper and math.isfinite(spec.paper[r][index])
         ]
@@ -190,7 +223,7 @@ def section(groups: list[Group], spec: TableSpec, check: OrderCheck, figures_dir
     lines += [_setting(used, spec), ""]
     if spec.source:
         lines += [f"Paper: {spec.source}.", ""]
-    lines += beside_paper(used, spec) + order_lines(check, spec)
+    lines += beside_paper(used, spec) + [statistic_line(spec), ""] + order_lines(check, spec)
     if spec.notes:
         missing = [row for row in spec.rows if not find_row(used, row)]
         if missing:  # a note quotes the whole table's numbers: say which of its rows this document lacks

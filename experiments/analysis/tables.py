@@ -27,7 +27,9 @@ TABLE_KEYS = {
     "figures",
     "notes",
     "round-rows",
+    "paper-statistic",
 }
+STATISTICS = ("last", "best", "unknown")  # which round a paper's numbers come from (`paper-statistic`)
 SECTIONS = ("overview", "paired", "shift", "unseen", "corruption", "domain", "stages")
 FIGURES = ("shift", "corruption", "costs", "frontier", "attention", "mask-overlap", "global-rounds", "privacy")
 FLOPS = ("flops", "flops-dense-grad")  # training FLOPs per client: weight gradients on updated positions / whole
@@ -73,6 +75,30 @@ class TableSpec:
     figures: tuple[str, ...]
     notes: str
     round_rows: tuple[str, ...] = ()  # the rows of the "global-rounds" figure
+    paper_statistic: str = "unknown"  # the round the paper's numbers are from: last, best (over rounds), unknown
+
+    @property
+    def compares_best(self) -> bool:
+        """Whether the paper's numbers, its order and its claims are compared with our best round."""
+        return self.paper_statistic == "best"
+
+
+def best_companion(column: Column, spec: TableSpec | None = None) -> Column | None:
+    """The best-round twin of a last-round accuracy column (a final mean key such as 'acc-shift-0', or 'domains'):
+    the mean over clients at the evaluation round with the best mean accuracy at shift 0; None for any other column
+    and where the table `spec` shows that twin already."""
+    if not column.percent or ":" in column.metric or column.metric == "corrupt":
+        return None
+    twin = Column(f"{column.label}, best round", f"best:{column.metric}")
+    if spec is not None and any(c.metric == twin.metric for c in spec.columns):
+        return None
+    return twin
+
+
+def paper_column(spec: TableSpec, column: Column) -> Column:
+    """The column compared with the paper's number: the best-round twin where the paper reports the best round."""
+    twin = best_companion(column) if spec.compares_best else None
+    return twin or column
 
 
 def row_experiment(row: str) -> str:
@@ -167,7 +193,14 @@ def parse_table(raw: dict[str, Any], experiments: dict[str, str], where: str) ->
         _choices(raw.get("figures", []), FIGURES, f"{where} ({table_id}): figures"),
         str(raw.get("notes", "")).strip(),
         round_rows,
+        _statistic(raw.get("paper-statistic", "unknown"), f"{where} ({table_id}): paper-statistic"),
     )
+
+
+def _statistic(value: Any, where: str) -> str:
+    if value not in STATISTICS:
+        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(STATISTICS)}")
+    return str(value)
 
 
 def _number(value: Any) -> float:
@@ -186,13 +219,18 @@ def _corruption_mean(run: Run, prefix: str, severity: str | None) -> float:
 
 
 def _domain_mean(run: Run) -> float:
-    values = [v for k, v in run.final.items() if DOMAIN.match(k)]
+    return _domain_mean_of(run.final)
+
+
+def _domain_mean_of(means: dict[str, float]) -> float:
+    values = [v for k, v in means.items() if DOMAIN.match(k)]
     return sum(values) / len(values) if values else math.nan
 
 
 def metric_reader(metric: str, prefix: str = "") -> Callable[[Run], float]:
     """A function run -> value of `metric` for an evaluation row with metric-key `prefix`:
-    a final mean key ('acc-shift-0'), 'best:<key>' (the best evaluation round), 'std:<key>' (client spread),
+    a final mean key ('acc-shift-0'), 'best:<key>' (the best evaluation round; 'best:domains' too), 'std:<key>'
+    (client spread),
     'unseen:<key>' (held-out clients), 'stage:<stage>:<acc_local|acc_global|acc>', 'corrupt' or 'corrupt:<s>'
     (mean over corruptions, at one severity), 'domains' (mean over the domain-<d>-acc keys: DapperFL's global
     accuracy), 'mb', 'flops' (per client, training), 'mb-all' (training and evaluation), 'flops-dense-grad' (the
@@ -214,6 +252,8 @@ def metric_reader(metric: str, prefix: str = "") -> Callable[[Run], float]:
         return lambda run: run.flops_per_client
     if metric == "flops-dense-grad":
         return lambda run: run.flops_dense_grad_per_client
+    if kind == "best" and rest == "domains":
+        return lambda run: _domain_mean_of(run.best_round())
     if kind == "best":
         return lambda run: _number(run.best_round().get(prefix + rest))
     if kind == "std":
