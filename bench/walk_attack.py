@@ -1,11 +1,13 @@
 """The walk attack: one client of ten that uploads, every round, the model it received plus half its own update's
 length along one fixed direction (run-config attack-walk = 0.5, attack-clients = 0.1), a step every per-round bound
-lets through, against HeurFedAMP, FedAMP and FedAvg with the recipes' per-round bound (max-update-ratio = 3).
+lets through, against HeurFedAMP, FedAMP and FedAvg with the recipes' per-round bound (max-update-ratio = 3), at a
+constant learning rate and with lr-decay 0.97 a round (the per-round bound follows the honest updates, which shrink
+with the learning rate, so the walk's total is bounded there).
 
 Measured per round (the round records' `walk`): how far along that direction the honest clients' cloud models u_i
 lie (median; FedAMP and HeurFedAMP) or the global model lies (FedAvg), from where they were after round 1; and the
 final accuracy of the honest clients (the walker's own is left out: it trains on shifted labels). Digits, 10 clients,
-all every round, 100 rounds of 2 local epochs, one seed; each algorithm also runs without the walker.
+all every round, 100 rounds of 2 local epochs, one seed; each algorithm also runs without the walker (24 runs).
 
     python bench/walk_attack.py [--rounds 100] [--out docs/figures/robustness]
 Further flags go to bench/compare.py.
@@ -58,9 +60,14 @@ def honest_accuracy(run_dir: Path) -> float:
     return statistics.fmean(v["acc-shift-0"] for pid, v in last.items() if int(pid) not in walkers)
 
 
-def run(rounds: int, out: Path, extra: list[str]) -> None:
-    """Run the six, print the table, draw the figure."""
-    spec = ",".join(f"{name}:{alg}[{overrides}]" for name, (alg, overrides) in RUNS.items())
+SETTINGS = {"constant lr": "", "lr-decay 0.97": "lr-decay=0.97"}
+
+
+def run_setting(rounds: int, title: str, overrides: str, extra: list[str]) -> Path:
+    """The six runs of one learning-rate setting; their compare folder."""
+    spec = ",".join(
+        f"{name}:{alg}[{' '.join(filter(None, (config, overrides)))}]" for name, (alg, config) in RUNS.items()
+    )
     argv = compare_args(
         algorithms=spec,
         dataset="digits",
@@ -71,26 +78,32 @@ def run(rounds: int, out: Path, extra: list[str]) -> None:
         eval_every=rounds,
         seed=SEED,
     )
-    results = Path("results/walk_attack")
+    results = Path("results/walk_attack") / title.replace(" ", "-")
+    print(f"\n{title}", flush=True)
     main([*argv, "--results-dir", str(results), *extra])
-    folder = max(results.glob("compare-*"), key=lambda p: p.stat().st_mtime)
+    return max(results.glob("compare-*"), key=lambda p: p.stat().st_mtime)
+
+
+def run(rounds: int, out: Path, extra: list[str]) -> None:
+    """Run both settings, print the table, draw the figure (a panel per setting)."""
+    folders = {title: run_setting(rounds, title, overrides, extra) for title, overrides in SETTINGS.items()}
     print(f"\nwalk after {rounds} rounds (projection on the walkers' direction, from round 1) and honest accuracy")
-    print("| algorithm | walk, one walker | honest accuracy, no walker (%) | one walker (%) |")
-    print("|---|---|---|---|")
-    series = {}
-    for alg in ALGORITHMS:
-        clean, walked = folder / f"{alg}-clean", folder / f"{alg}-walk"
-        series[alg] = walk_series(walked)
-        print(
-            f"| {alg} | {series[alg][-1]:+.2f} | {100 * honest_accuracy(clean):.2f} "
-            f"| {100 * honest_accuracy(walked):.2f} |"
-        )
+    print("| setting | algorithm | walk, one walker | honest accuracy, no walker (%) | one walker (%) |")
+    print("|---|---|---|---|---|")
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    for alg, values in series.items():
-        ax.plot(range(1, len(values) + 1), values, label=alg)
-    ax.set(xlabel="round", ylabel="projection on the walk direction", title="one walker of 10, max-update-ratio 3")
-    ax.legend()
+    fig, axes = plt.subplots(1, len(folders), figsize=(11, 3.8), sharey=True)
+    for ax, (title, folder) in zip(axes, folders.items(), strict=True):
+        for alg in ALGORITHMS:
+            clean, walked = folder / f"{alg}-clean", folder / f"{alg}-walk"
+            series = walk_series(walked)
+            print(
+                f"| {title} | {alg} | {series[-1]:+.2f} | {100 * honest_accuracy(clean):.2f} "
+                f"| {100 * honest_accuracy(walked):.2f} |"
+            )
+            ax.plot(range(1, len(series) + 1), series, label=alg)
+        ax.set(xlabel="round", title=f"one walker of 10, max-update-ratio 3, {title}")
+    axes[0].set_ylabel("projection on the walk direction")
+    axes[0].legend()
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
     fig.savefig(out / "walk.png", dpi=110)
