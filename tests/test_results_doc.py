@@ -120,8 +120,18 @@ def test_metric_readers_read_each_kind_of_value() -> None:
         "rounds_completed": 57,
     }
     records = [
-        {"round": r, "eval": {"mean": {"acc-shift-0": acc, "cloud-acc-shift-0": cloud}}}
-        for r, acc, cloud in ((1, 0.7, 0.6), (2, 0.5, 0.8))
+        {
+            "round": r,
+            "eval": {
+                "mean": {
+                    "acc-shift-0": acc,
+                    "cloud-acc-shift-0": cloud,
+                    "domain-mnist-acc": mnist,
+                    "domain-syn-acc": syn,
+                }
+            },
+        }
+        for r, acc, cloud, mnist, syn in ((1, 0.7, 0.6, 0.8, 0.3), (2, 0.5, 0.8, 0.9, 0.1))
     ]
     run = Run(Path("x"), {"seed": 0}, summary, records)
     expected = {
@@ -141,11 +151,17 @@ def test_metric_readers_read_each_kind_of_value() -> None:
         ("best-round", ""): 1,
         ("best:cloud-acc-shift-0", ""): 0.6,  # an extra row's value at the main accuracy's best round
         ("best-round", "cloud-"): 1,  # the round that 'best:' reads, for every row of the run
+        ("best:domains", ""): 0.55,  # round 1's domains
+        ("max:cloud-acc-shift-0", ""): 0.8,  # each key its own best round: round 2 here
+        ("max:domain-mnist-acc", ""): 0.9,
+        ("max:domain-syn-acc", ""): 0.3,
+        ("max:domains", ""): 0.55,  # the best round of the domains' mean (0.55 against 0.5), not each domain's
     }
     for (metric, prefix), value in expected.items():
         assert math.isclose(metric_reader(metric, prefix)(run), value), metric
-    for missing in ("acc-shift-1", "best:acc-shift-1", "stage:G:acc_global", "unseen:acc-shift-1", "corrupt:5"):
+    for missing in ("acc-shift-1", "best:acc-shift-1", "max:acc-shift-1", "stage:G:acc_global", "corrupt:5"):
         assert math.isnan(metric_reader(missing)(run)), missing
+    assert math.isnan(metric_reader("unseen:acc-shift-1")(run))
 
 
 SWEEP_HEAD = """

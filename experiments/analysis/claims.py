@@ -102,8 +102,10 @@ def statistic_words(spec: TableSpec, column: Column) -> str:
     """Which round a verdict compares, and whose statistic that is ("" for a cost, counted over the whole run)."""
     if not column.percent:
         return ""
+    if column.metric.startswith("max:"):
+        return "each one's best round" + (", the paper's statistic" if spec.compares_best else "")
     if column.metric.startswith("best:"):
-        return "best round, the paper's statistic"
+        return "best round" + (", the paper's statistic" if spec.compares_best else "")
     if spec.paper_statistic == "last":
         return "last round, the paper's statistic"
     if spec.paper_statistic == "unknown" and best_companion(column) is not None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from common.hparams import ConfigError
 from common.stopping import accuracy_curve, best_round
-from common.storage.run_folder import unseen_means
+from common.storage.run_folder import evaluation_means, unseen_means
 from experiments.analysis.collect import CORRUPT, Group, Run
 
 TABLE_KEYS = {
@@ -28,6 +28,7 @@ TABLE_KEYS = {
     "notes",
     "round-rows",
     "paper-statistic",
+    "best-round-columns",
 }
 STATISTICS = ("last", "best", "unknown")  # which round a paper's numbers come from (`paper-statistic`)
 SECTIONS = ("overview", "paired", "shift", "unseen", "corruption", "domain", "stages")
@@ -76,6 +77,7 @@ class TableSpec:
     notes: str
     round_rows: tuple[str, ...] = ()  # the rows of the "global-rounds" figure
     paper_statistic: str = "unknown"  # the round the paper's numbers are from: last, best (over rounds), unknown
+    best_round_columns: bool = True  # a best-round twin beside every last-round accuracy column
 
     @property
     def compares_best(self) -> bool:
@@ -88,6 +90,8 @@ def best_companion(column: Column, spec: TableSpec | None = None) -> Column | No
     the mean over clients at the evaluation round with the best mean accuracy at shift 0; None for any other column
     and where the table `spec` shows that twin already."""
     if not column.percent or ":" in column.metric or column.metric == "corrupt":
+        return None
+    if spec is not None and not spec.best_round_columns:
         return None
     twin = Column(f"{column.label}, best round", f"best:{column.metric}")
     if spec is not None and any(c.metric == twin.metric for c in spec.columns):
@@ -194,7 +198,14 @@ def parse_table(raw: dict[str, Any], experiments: dict[str, str], where: str) ->
         str(raw.get("notes", "")).strip(),
         round_rows,
         _statistic(raw.get("paper-statistic", "unknown"), f"{where} ({table_id}): paper-statistic"),
+        _flag(raw.get("best-round-columns", True), f"{where} ({table_id}): best-round-columns"),
     )
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: must be true or false")
+    return value
 
 
 def _statistic(value: Any, where: str) -> str:
@@ -222,6 +233,12 @@ def _domain_mean(run: Run) -> float:
     return _domain_mean_of(run.final)
 
 
+def _round_maximum(run: Run, read: Callable[[dict[str, float]], float]) -> float:
+    """The largest value `read` gives over the run's evaluation rounds (NaN without one)."""
+    values = [v for r in run.records if (means := evaluation_means(r)) and math.isfinite(v := read(means))]
+    return max(values) if values else math.nan
+
+
 def _domain_mean_of(means: dict[str, float]) -> float:
     values = [v for k, v in means.items() if DOMAIN.match(k)]
     return sum(values) / len(values) if values else math.nan
@@ -229,8 +246,9 @@ def _domain_mean_of(means: dict[str, float]) -> float:
 
 def metric_reader(metric: str, prefix: str = "") -> Callable[[Run], float]:
     """A function run -> value of `metric` for an evaluation row with metric-key `prefix`:
-    a final mean key ('acc-shift-0'), 'best:<key>' (the best evaluation round; 'best:domains' too), 'std:<key>'
-    (client spread),
+    a final mean key ('acc-shift-0'), 'best:<key>' (the best evaluation round; 'best:domains' too), 'max:<key>'
+    (the key's largest mean over the evaluation rounds, each key its own round, as a paper's per-domain maxima;
+    'max:domains' too), 'std:<key>' (client spread),
     'unseen:<key>' (held-out clients), 'stage:<stage>:<acc_local|acc_global|acc>', 'corrupt' or 'corrupt:<s>'
     (mean over corruptions, at one severity), 'domains' (mean over the domain-<d>-acc keys: DapperFL's global
     accuracy), 'mb', 'flops' (per client, training), 'mb-all' (training and evaluation), 'flops-dense-grad' (the
@@ -252,6 +270,13 @@ def metric_reader(metric: str, prefix: str = "") -> Callable[[Run], float]:
         return lambda run: run.flops_per_client
     if metric == "flops-dense-grad":
         return lambda run: run.flops_dense_grad_per_client
+    if kind == "max":  # each key its own best evaluation round (a paper's per-domain maxima)
+        return lambda run: _round_maximum(
+            run,
+            (lambda means: _domain_mean_of(means))
+            if rest == "domains"
+            else (lambda means: _number(means.get(prefix + rest))),
+        )
     if kind == "best" and rest == "domains":
         return lambda run: _domain_mean_of(run.best_round())
     if kind == "best":
