@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from logging import ERROR, INFO
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -20,7 +20,7 @@ from common.config import ConfigError, RunConfig, parse_run_config
 from common.data.datasets import DataError
 from common.data.federated import dataset_for
 from common.learning.models import ModelLayout, build_model
-from common.methods.robust import unprotected
+from common.methods.robust import unprotected, walk_unbounded
 from common.seeding import derive_seed
 from common.storage.pages import StoreSpaceError
 from common.storage.persist import StateFileError
@@ -187,6 +187,8 @@ def main(grid: Grid, context: Context) -> None:
     if why is not None:
         log(ERROR, "%s", why)
         raise RunFailed(why)
+    if not simulated and (walk := walk_unbounded(cfg.algorithm, SPECS[cfg.algorithm].bounds_updates, cfg.lr_decay)):
+        log(WARNING, "%s", walk)
     try:
         data = dataset_for(cfg.data)
         model = build_model(cfg.model, cfg.dataset, data.input_shape, data.num_classes, derive_seed(cfg.seed, "model"))

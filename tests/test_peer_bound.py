@@ -218,3 +218,11 @@ def test_the_global_model_is_measured_along_the_walk_in_the_averaging_algorithms
     fed.train_round(1)
     assert fed.strategy.round_record(1)["walk"]["global"] != before
     assert InProcessFederation({"algorithm": "fedavg", "dataset": "digits"}, 2).strategy.round_record(1) == {}
+
+
+def test_a_deployment_at_a_constant_learning_rate_is_told_a_walk_has_no_end() -> None:
+    from common.methods.robust import walk_unbounded
+
+    assert "lr-decay below 1 makes that walk's total finite" in (walk_unbounded("heurfedamp", True, 1.0) or "")
+    assert walk_unbounded("heurfedamp", True, 0.99) is None, "a decaying rate: the per-round bounds' sum is finite"
+    assert walk_unbounded("fedfomo", False, 1.0) is None, "nothing averaged or mixed by the server"

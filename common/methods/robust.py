@@ -121,6 +121,19 @@ def unprotected(algorithm: str, protected_by: Sequence[str], active: set[str], a
     )
 
 
+def walk_unbounded(algorithm: str, bounds_updates: bool, lr_decay: float) -> str | None:
+    """The warning of a deployment in which one device may walk the models without end (None: none): its server
+    averages or mixes uploads at a constant learning rate, where the per-round bounds follow honest updates that do
+    not shrink, so their sum over the rounds, and a walk inside them, has no end (docs/robustness.md)."""
+    if not bounds_updates or lr_decay < 1.0:
+        return None
+    return (
+        f"{algorithm} at a constant learning rate: the per-round bounds let one device walk the models a little in "
+        "one direction every round without end; lr-decay below 1 makes that walk's total finite "
+        "(docs/robustness.md, 'the walk')"
+    )
+
+
 def capped_weights(weights: Sequence[float]) -> tuple[np.ndarray, int]:
     """Each weight at most the median weight of the round (no client outweighs a typical one), and how many were
     capped: under `clip` a client's share of the average stays near 1/n whatever count it declares."""
