@@ -24,6 +24,7 @@ from common.wire.messages import (
     CONFIG,
     DP_NOISE_FLOOR,
     EXPECT_STATE,
+    FRESH_STATE,
     METRICS,
     NEWCOMER_MODEL,
     NUM_PARTITIONS,
@@ -119,15 +120,33 @@ def _env(context: Context, msg: Message, training: bool = False) -> tuple[Client
     data = client_data(cfg.data, partition_id, num_partitions)
     store = pick_store(state_dir(context, msg, cfg.output), context.state)
     state = store.restore(_round(msg), training)
+    if starts_afresh(msg, partition_id, state):
+        state = ClientState()
     check_version(store, state, msg, partition_id)
     return ClientEnv(cfg, data, state, resolve_device(cfg.device)), store
+
+
+def starts_afresh(msg: Message, partition_id: int, state: ClientState) -> bool:
+    """Whether the operator let this client start afresh (fresh-state): the state it holds is set aside (the next
+    save makes the newest version its own), logged."""
+    config = msg.content.config_records.get(CONFIG)
+    if config is None or config.get(FRESH_STATE) is not True:
+        return False
+    if state.tree:
+        log(
+            WARNING,
+            "client %d: starts afresh, its state of round %s set aside (operator's consent)",
+            partition_id,
+            state.version,
+        )
+    return True
 
 
 def check_version(store: StateStore, state: ClientState, msg: Message, partition_id: int) -> None:
     """StateFileError when the server knows this client holds a newer state than the one restored (the message's
     expect-state): its newest file was deleted, or an older copy of its folder put back, and going on from an
-    older or a fresh state would be silent. A store in memory cannot tell a lost state from a deleted one (a
-    restarted node has none): a warning."""
+    older or a fresh state would be silent. A store in memory reports no round, so the server expects none from it
+    (a checkpoint of a run that kept its states on disk aside): then a warning."""
     config = msg.content.config_records.get(CONFIG)
     if config is None or EXPECT_STATE not in config:  # a server that keeps no record (an older version)
         return

@@ -701,6 +701,11 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         )
     if cfg.attack_walk > 0 and cfg.attack_clients <= 0:
         raise ConfigError("run-config 'attack-walk' makes the attackers walk: set 'attack-clients' > 0 too")
+    if cfg.attack_walk > 0 and SPECS[algorithm].shares != "all":
+        raise ConfigError(
+            f"run-config 'attack-walk' walks the whole model; {algorithm} shares only part of it "
+            f"({SPECS[algorithm].shares})"
+        )
     if cfg.max_update_ratio > 0 and not SPECS[algorithm].bounds_updates:
         bounded = sorted(name for name, spec in SPECS.items() if spec.bounds_updates)
         raise ConfigError(

@@ -21,7 +21,7 @@ from flwr.supercore import log
 from common import profiling
 from common.config import RunConfig, due
 from common.learning.evaluate import shifted_metric_keys
-from common.wire.messages import CHECKPOINT_ROUND, CONFIG, EXPECT_STATE, METRICS, RUN_ID, SIMULATE_DROP, STATE_KEY
+from common.wire.messages import CHECKPOINT_ROUND, CONFIG, METRICS, RUN_ID, SIMULATE_DROP, STATE_KEY
 from common.wire.validation import PayloadError, echo_values, printable
 
 from .checkpoint import Checkpoint, restore, save_checkpoint
@@ -95,8 +95,8 @@ class RoundRunner:
                     config[RUN_ID] = self.run_id
             if cfg.checkpoint_every > 0:
                 config[CHECKPOINT_ROUND] = self.checkpoint_round
-            if (expected := self.state_versions.expected(pid, self.clients[pid].node_id)) is not None:
-                config[EXPECT_STATE] = expected
+            for key, value in self.state_versions.instructions(pid, self.clients[pid].node_id).items():
+                config[key] = value
             if pid in drops:
                 config[SIMULATE_DROP] = True
             self._expected[pid] = echo_values(config)

@@ -2,7 +2,12 @@
 (expect-state) so that a client whose newest state file was deleted, or whose state folder was replaced by an older
 copy, refuses the message instead of going on from an older or a fresh state without a word. Kept in the server's
 signed checkpoint; forgotten for a partition taken over by another node (its state stays with the old one) and,
-once, where the operator lets a holder go on without its state (`pflower allow-takeover ... --fresh-state`)."""
+once, where the operator lets a holder whose state is missing start afresh (`pflower allow-takeover ...
+--fresh-state`), which the next messages tell it (fresh-state) until it has answered one.
+
+What it cannot see: a state the client saved in a round whose reply the server did not accept (a straggler's, a
+timed-out or a rejected one) is newer than the record, so deleting that one file goes back to the recorded round's
+state without a word; nothing older than the record is ever used silently."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from typing import Any
 
 from flwr.supercore import log
 
-from common.wire.messages import STATE_ROUND
+from common.wire.messages import EXPECT_STATE, FRESH_STATE, STATE_ROUND
 from common.wire.validation import PayloadError
 
 from .takeover import FRESH_STATE_FILE, OperatorConsent
@@ -28,6 +33,8 @@ class StateVersions:
     def __init__(self, run_dir: Path | None = None) -> None:
         self.rounds: dict[int, int] = {}
         self.consent = OperatorConsent(run_dir, FRESH_STATE_FILE)
+        self.refused: set[int] = set()  # partitions whose holder answered that its state is missing
+        self.fresh: set[int] = set()  # partitions told to start afresh, until a reply of theirs is accepted
 
     def note(self, partition_id: int, metrics: Mapping[str, Any] | None, server_round: int) -> None:
         """Keep what an accepted reply reports (nothing from a client that does not report it, an older version);
@@ -37,35 +44,45 @@ class StateVersions:
         value = metrics[STATE_ROUND]
         if type(value) is not int or not -1 <= value <= server_round:
             raise PayloadError(f"{STATE_ROUND} = {value!r} is not a round in [-1, {server_round}]")
+        self.fresh.discard(partition_id)  # it answered: a message that told it to start afresh reached it
+        self.refused.discard(partition_id)
         if value >= 0:
             self.rounds[partition_id] = max(value, self.rounds.get(partition_id, -1))
 
-    def expected(self, partition_id: int, node_id: int) -> int | None:
-        """The round the next message names (None: no expectation), unless the operator let this holder go on
-        afresh, which forgets it once, logged."""
-        expected = self.rounds.get(partition_id)
-        if expected is not None and self.consent.allows(partition_id, node_id):
-            del self.rounds[partition_id]
+    def instructions(self, partition_id: int, node_id: int) -> dict[str, Any]:
+        """What the next message to this client says of its state: the round it must hold (expect-state), or, once
+        the operator let a holder that answered its state is missing start afresh, that it starts from none
+        (fresh-state, repeated until a reply of its is accepted: a message lost on the way must not leave it to go
+        on from an older state). The consent file is read only for such a holder."""
+        if partition_id in self.refused and partition_id in self.rounds and self.consent.allows(partition_id, node_id):
             log(
                 INFO,
-                "client %d: going on without its client state of round %d (operator's consent)",
+                "client %d: starts afresh without its state of round %d (operator's consent)",
                 partition_id,
-                expected,
+                self.rounds.pop(partition_id),
             )
-            return None
-        return expected
+            self.refused.discard(partition_id)
+            self.fresh.add(partition_id)
+        if partition_id in self.fresh:
+            return {FRESH_STATE: True}
+        expected = self.rounds.get(partition_id)
+        return {} if expected is None else {EXPECT_STATE: expected}
 
     def forget(self, partition_id: int) -> None:
         """A new node took the partition over: it starts from no state of this run."""
         self.rounds.pop(partition_id, None)
+        self.refused.discard(partition_id)
+        self.fresh.discard(partition_id)
 
     def explain(self, partition_id: int, node_id: int, reason: str) -> None:
-        """After a client's error reply: when it is a missing state, the line that says how to let it go on afresh."""
+        """After a client's error reply: when it is a missing state, the line that says how to let it start afresh
+        (and the holder is marked, so its consent is looked for)."""
         if MISSING in reason and partition_id in self.rounds:
+            self.refused.add(partition_id)
             log(
                 WARNING,
                 "client %d holds no state of round %d, the newest it reported: put its state folder back from a "
-                "backup, or let it go on afresh with %s",
+                "backup, or let it start afresh with %s",
                 partition_id,
                 self.rounds[partition_id],
                 self.consent.how(partition_id, node_id),

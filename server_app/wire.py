@@ -158,10 +158,12 @@ def content_digest(message: Message) -> str:
     metrics = message.content.metric_records.get(METRICS)
     expected = config.pop(EXPECT_STATE) if config is not None and EXPECT_STATE in config else None
     reported = metrics.pop(STATE_ROUND) if metrics is not None and STATE_ROUND in metrics else None
-    digest = str(message.content.object_id)
-    if config is not None and expected is not None:
-        config[EXPECT_STATE] = expected
-    if metrics is not None and reported is not None:
-        metrics[STATE_ROUND] = reported
+    try:
+        digest = str(message.content.object_id)
+    finally:
+        if config is not None and expected is not None:
+            config[EXPECT_STATE] = expected
+        if metrics is not None and reported is not None:
+            metrics[STATE_ROUND] = reported
     release_chunks(message)
     return digest

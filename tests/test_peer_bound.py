@@ -213,11 +213,21 @@ def test_one_walker_drags_the_others_cloud_models_through_the_per_round_bound() 
 
 
 def test_the_global_model_is_measured_along_the_walk_in_the_averaging_algorithms() -> None:
-    fed = InProcessFederation({"algorithm": "fedavg", "dataset": "digits", "attack-clients": 0.5, "attack-walk": 1}, 2)
-    before = fed.strategy.round_record(0)["walk"]["global"]
-    fed.train_round(1)
-    assert fed.strategy.round_record(1)["walk"]["global"] != before
+    """One walker of two, a step of its own update's length: the global model moves along the direction about half
+    that step a round; with the walker's step 0.001 (no walk to speak of) it barely moves along it."""
+
+    def walked(step: float) -> float:
+        raw = {"algorithm": "fedavg", "dataset": "digits", "attack-clients": 0.5, "attack-walk": step}
+        fed = InProcessFederation(raw, 2)
+        before = fed.strategy.round_record(0)["walk"]["global"]
+        for rnd in (1, 2):
+            fed.train_round(rnd)
+        return fed.strategy.round_record(2)["walk"]["global"] - before
+
+    assert walked(1.0) > 5 * abs(walked(0.001)) and walked(1.0) > 0
     assert InProcessFederation({"algorithm": "fedavg", "dataset": "digits"}, 2).strategy.round_record(1) == {}
+    with pytest.raises(ConfigError, match="'attack-walk' walks the whole model; fedper shares only part of it"):
+        parse_run_config({"algorithm": "fedper", "attack-clients": 0.1, "attack-walk": 0.5})
 
 
 def test_a_deployment_at_a_constant_learning_rate_is_told_a_walk_has_no_end() -> None:

@@ -92,12 +92,13 @@ def test_the_server_keeps_the_newest_round_each_client_reported() -> None:
     versions.note(3, {"state-round": 1}, 3)  # an evaluation that restored an older one does not lower it
     versions.note(4, {"state-round": -1}, 3)  # holds none
     versions.note(5, {"num-examples": 1}, 3)  # a client of an older version reports nothing
-    assert versions.rounds == {3: 2} and versions.expected(3, 11) == 2 and versions.expected(4, 12) is None
+    assert versions.rounds == {3: 2} and versions.instructions(3, 11) == {"expect-state": 2}
+    assert versions.instructions(4, 12) == {}
     for bad in (7, -2, "2", 2.0, True):
         with pytest.raises(PayloadError, match="state-round"):
             versions.note(3, {"state-round": bad}, 6)
     versions.forget(3)  # a take-over: the new holder has none of the old one's state
-    assert versions.expected(3, 11) is None
+    assert versions.instructions(3, 11) == {}
 
 
 def test_the_record_goes_in_the_checkpoint_and_a_damaged_one_is_refused() -> None:
@@ -112,17 +113,32 @@ def test_the_record_goes_in_the_checkpoint_and_a_damaged_one_is_refused() -> Non
             StateVersions().load(bad, checkpoint_round=4)
 
 
-def test_the_operator_lets_a_holder_go_on_afresh_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_the_operator_lets_a_holder_whose_state_is_missing_start_afresh(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     versions = StateVersions(tmp_path)
     versions.note(0, {"state-round": 6}, 6)
+    allow(tmp_path, [0], 9, FRESH_STATE_FILE)
+    assert versions.instructions(0, 9) == {"expect-state": 6}, "a consent is looked for only after a refusal"
     with caplog.at_level(logging.WARNING, logger="flwr"):
         versions.explain(0, 9, "StateFileError: client 0: its state of round 6 is missing (it has none): ...")
     assert f"pflower allow-takeover {tmp_path} 0 --node 9 --fresh-state" in caplog.text
-    assert versions.expected(0, 9) == 6
-    allow(tmp_path, [0], 8, FRESH_STATE_FILE)
-    assert versions.expected(0, 9) == 6, "a consent names its node"
-    allow(tmp_path, [0], 9, FRESH_STATE_FILE)
-    assert versions.expected(0, 9) is None and versions.rounds == {}
+    allow(tmp_path, [0], 8, FRESH_STATE_FILE)  # the consent for node 9 above was not spent: still there
+    assert versions.instructions(0, 7) == {"expect-state": 6}, "a consent names its node"
+    assert versions.instructions(0, 9) == {"fresh-state": True}
+    assert versions.instructions(0, 9) == {"fresh-state": True}, "again until it answers: a message may be lost"
+    versions.note(0, {"state-round": 7}, 7)
+    assert versions.instructions(0, 9) == {"expect-state": 7} and versions.rounds == {0: 7}
+
+
+def test_a_client_told_to_start_afresh_sets_its_state_aside(tmp_path: Path) -> None:
+    from client_app import app as client
+
+    _versions(tmp_path, [2])
+    message = _message(5, None)
+    message.content["config"]["fresh-state"] = True
+    env, _ = client._env(_Device(tmp_path), message, training=True)  # type: ignore[arg-type]
+    assert env.state.tree == {} and env.state.version is None
 
 
 def test_every_message_names_the_state_round_the_server_knows() -> None:

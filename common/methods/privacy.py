@@ -379,7 +379,7 @@ class CentralDp:
                 clip_bound, below, a.quantile, a.learning_rate, a.count_noise_std, count_rng, self.expected_clients
             )
             next_bound = min(max(stepped, a.floor), a.ceiling)
-            if next_bound != stepped:
+            if next_bound != stepped and a.floor < a.ceiling:  # a band of 1 fixes the bound on purpose
                 report["clip_band_reached"] = True
         new = [(np.asarray(r, np.float64) + m).astype(np.float32) for r, m in zip(reference, mean, strict=True)]
         return new, {

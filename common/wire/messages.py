@@ -83,6 +83,12 @@ EXPECT_STATE = _key(
     "the round of the newest client state the server knows the client holds: a client whose newest state is older "
     "or missing (a file deleted, an older copy of the folder put back) refuses the message",
 )
+FRESH_STATE = _key(
+    "fresh-state",
+    ("config",),
+    "the operator let this client start afresh (pflower allow-takeover --fresh-state): it sets aside the state it "
+    "holds of the run and starts from none",
+)
 SIMULATE_DROP = _key("simulate-drop", ("config",), "simulation (drop-rate): fail this round")
 PROX_MU = _key("prox-mu", ("config",), "the proximal coefficient of the round (FedProx, FedAMP's lambda / alpha_k)")
 PRETRAIN = _key("pretrain", ("config",), "FedAMP: train from the common initialization (round 0)")

@@ -103,7 +103,7 @@ def statistic_words(spec: TableSpec, column: Column) -> str:
     if not column.percent:
         return ""
     if column.metric.startswith("max:"):
-        return "each one's best round" + (", the paper's statistic" if spec.compares_best else "")
+        return "its own best round" + (", the paper's statistic" if spec.compares_best else "")
     if column.metric.startswith("best:"):
         return "best round" + (", the paper's statistic" if spec.compares_best else "")
     if spec.paper_statistic == "last":

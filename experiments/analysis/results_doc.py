@@ -116,10 +116,14 @@ def statistic_line(spec: TableSpec) -> str:
         "last": "the paper reports the last round, so its order and claims are compared at our last round",
         "unknown": "the paper does not say which round it reports: its order and claims are compared at our last round",
     }[spec.paper_statistic]
-    return (
-        "Last round: the mean over clients after the run's last evaluation; best round: the mean over clients at the "
-        f"evaluation round with the best mean accuracy without shift (each seed its own round); {which}."
+    best = (
+        "best round: the mean over clients at the evaluation round with the best mean accuracy without shift (each "
+        "seed its own round)"
+        if spec.best_round_columns
+        else "a column of a quantity's best round: that quantity's highest mean over the evaluation rounds (each "
+        "quantity and seed its own round)"
     )
+    return f"Last round: the mean over clients after the run's last evaluation; {best}; {which}."
 
 
 def _seeds_cell(group: Group) -> str:

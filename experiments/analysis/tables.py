@@ -101,7 +101,7 @@ def best_companion(column: Column, spec: TableSpec | None = None) -> Column | No
 
 def paper_column(spec: TableSpec, column: Column) -> Column:
     """The column compared with the paper's number: the best-round twin where the paper reports the best round."""
-    twin = best_companion(column) if spec.compares_best else None
+    twin = best_companion(column, spec) if spec.compares_best else None  # twins off: the columns carry the statistic
     return twin or column
 
 
@@ -239,9 +239,17 @@ def _round_maximum(run: Run, read: Callable[[dict[str, float]], float]) -> float
     return max(values) if values else math.nan
 
 
-def _domain_mean_of(means: dict[str, float]) -> float:
-    values = [v for k, v in means.items() if DOMAIN.match(k)]
-    return sum(values) / len(values) if values else math.nan
+def _domains(means: dict[str, float]) -> set[str]:
+    return {k for k in means if DOMAIN.match(k)}
+
+
+def _domain_mean_of(means: dict[str, float], keys: set[str] | None = None) -> float:
+    """The mean over the domain keys (those of `keys` when given: NaN for a round that lacks one of them, so a
+    round that evaluated fewer domains cannot pass for the best)."""
+    keys = _domains(means) if keys is None else keys
+    if not keys or not keys <= set(means):
+        return math.nan
+    return sum(means[k] for k in keys) / len(keys)
 
 
 def metric_reader(metric: str, prefix: str = "") -> Callable[[Run], float]:
@@ -271,12 +279,9 @@ def metric_reader(metric: str, prefix: str = "") -> Callable[[Run], float]:
     if metric == "flops-dense-grad":
         return lambda run: run.flops_dense_grad_per_client
     if kind == "max":  # each key its own best evaluation round (a paper's per-domain maxima)
-        return lambda run: _round_maximum(
-            run,
-            (lambda means: _domain_mean_of(means))
-            if rest == "domains"
-            else (lambda means: _number(means.get(prefix + rest))),
-        )
+        if rest == "domains":
+            return lambda run: _round_maximum(run, lambda means: _domain_mean_of(means, _domains(run.final)))
+        return lambda run: _round_maximum(run, lambda means: _number(means.get(prefix + rest)))
     if kind == "best" and rest == "domains":
         return lambda run: _domain_mean_of(run.best_round())
     if kind == "best":

@@ -184,8 +184,9 @@ def _allow_takeover(sub: argparse._SubParsersAction) -> None:
     takeover.add_argument(
         "--fresh-state",
         action="store_true",
-        help="instead: let the node that holds these partitions go on without the client state it last reported "
-        "(its state folder was lost; the server's line naming the missing state gives the command), once each",
+        help="instead: let the node that holds these partitions, whose client state is missing, start afresh (it "
+        "sets aside what it holds and starts from none; the server's line naming the missing state gives the "
+        "command), once each",
     )
 
 

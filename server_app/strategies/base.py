@@ -412,6 +412,9 @@ class PFLStrategy:
         self.dp_rounds = int(state.get("dp-rounds", 0))
         self.dp_uploads = {int(pid): int(n) for pid, n in state.get("dp-uploads", {}).items()}
         self.dp_clip = float(state.get("dp-clip", self.cfg.dp_clip_norm))
+        if self.cfg.dp_adaptive_clip:  # a checkpoint from before dp-clip-band, or of another band: within this one
+            band = self.cfg.dp_clip_band
+            self.dp_clip = min(max(self.dp_clip, self.cfg.dp_clip_norm / band), self.cfg.dp_clip_norm * band)
         if "dp-noise-seed" in state:
             self.dp_noise_seed = int(state["dp-noise-seed"])
 

@@ -123,7 +123,8 @@ class FedAMPStrategy(ClientModelsStrategy):
         lie (median), and the walkers' stored rows (mean): the round record's `walk`."""
         matrix = self.ensure_matrix()
         direction = walk_direction(matrix.W.shape[1], walk_seed(self.cfg.seed)).astype(np.float32)
-        walkers = seeded_client_ids(len(self.pids), self.cfg.attack_clients, derive_seed(self.cfg.seed, "attackers"))
+        partitions = len(self.clients.ids()) + len(self.clients.holdout_ids())  # as the clients draw them
+        walkers = seeded_client_ids(partitions, self.cfg.attack_clients, derive_seed(self.cfg.seed, "attackers"))
         honest = [float(u @ direction) for pid, u in zip(targets, mixed, strict=True) if pid not in walkers]
         rows = [float(np.asarray(matrix.W[self.rows[pid]]) @ direction) for pid in sorted(walkers) if pid in self.rows]
         self._walk = {
