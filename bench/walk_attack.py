@@ -16,13 +16,12 @@ Further flags go to bench/compare.py.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
-from typing import Any
 
 from common.data.noise import seeded_client_ids
 from common.seeding import derive_seed
+from common.storage.run_folder import RunFolder, evaluation
 from experiments.analysis.figures import pyplot
 from experiments.benchmarks.compare import compare_args, main
 
@@ -41,22 +40,18 @@ SEED = 0
 def walk_series(run_dir: Path) -> list[float]:
     """The `walk` projection of every round (honest clouds' median, or the global model), minus round 1's."""
     values = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        walk = record.get("walk") or record.get("algorithm", {}).get("walk")
+    for record in RunFolder(run_dir).rounds():
+        walk = record.get("walk") or {}
         if walk:
-            values.append(walk.get("honest_cloud", walk.get("global")))
+            values.append(float(walk["honest_cloud"] if "honest_cloud" in walk else walk["global"]))
     return [v - values[0] for v in values] if values else []
 
 
 def honest_accuracy(run_dir: Path) -> float:
     """The last evaluation's mean accuracy (no shift) over the clients that do not walk."""
     walkers = seeded_client_ids(CLIENTS, 0.1, derive_seed(SEED, "attackers"))
-    last: dict[str, Any] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if record.get("eval"):
-            last = record["eval"]["per_client"]
+    evaluations = [found for record in RunFolder(run_dir).rounds() if (found := evaluation(record))]
+    last = evaluations[-1]["per_client"]
     return statistics.fmean(v["acc-shift-0"] for pid, v in last.items() if int(pid) not in walkers)
 
 

@@ -142,6 +142,7 @@ SERVER_IMPORTS: list[tuple[str, tuple[str, ...] | None]] = [
             "server_app.plateau",
             "server_app.replies",
             "server_app.results",
+            "server_app.state_versions",
             "server_app.strategies.base",
             "server_app.warmup",
         ),
@@ -152,6 +153,7 @@ SERVER_IMPORTS: list[tuple[str, tuple[str, ...] | None]] = [
     ("server_app.warmup", ("server_app.replies",)),
     ("server_app.newcomers", ("server_app.replies",)),
     ("server_app.clients", ("server_app.exchange", "server_app.takeover")),
+    ("server_app.state_versions", ("server_app.takeover",)),  # the operator's fresh-state consent
     ("server_app.replies", ("server_app.wire",)),
     ("server_app.linkguard", ("server_app.executor_watch",)),  # pflower-superlink installs the executor's watch
     ("server_app", ()),  # the exchange loop, faults, limits, plateau, take-over, wire format, Flower's internals

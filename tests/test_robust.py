@@ -163,7 +163,7 @@ def test_model_replacement_upload_and_label_shift() -> None:
             {"algorithm": "dmpfl", "robust-aggregation": "median"},
             "'robust-aggregation' applies to the weight-averaging",
         ),
-        ({"algorithm": "fedamp", "attack-clients": 0.1}, "'attack-clients' applies to the weight-averaging"),
+        ({"algorithm": "fedfomo", "attack-clients": 0.1}, "'attack-clients' applies to the algorithms whose server"),
         ({"robust-aggregation": "krum"}, "robust-aggregation"),
         ({"robust-trim": 0.5}, "robust-trim"),
         ({"robust-clip-norm": -1}, "robust-clip-norm"),

@@ -68,6 +68,7 @@ class RoundRecord(TypedDict, total=False):
     by_ratio: dict[str, dict[str, Any]]
     phase: int
     global_mask_density: float
+    walk: dict[str, Any]  # simulation under attack-walk: the models' projection on the walkers' direction
 
 
 class Summary(TypedDict, total=False):
