@@ -48,11 +48,11 @@ def timed(name: str) -> Callable[[F], F]:
 
         @functools.wraps(func)
         def timed_call(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             try:
                 return func(*args, **kwargs)
             finally:
-                add(name, time.perf_counter() - started)
+                add(name, time.perf_counter() - started, time.process_time() - cpu)
 
         return timed_call  # type: ignore[return-value]
 
@@ -62,18 +62,31 @@ def timed(name: str) -> Callable[[F], F]:
 @contextmanager
 def timer(name: str) -> Iterator[None]:
     """Add the block's wall time to phase `name` of the record being collected (nothing is kept when disabled)."""
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     try:
         yield
     finally:
-        add(name, time.perf_counter() - started)
+        add(name, time.perf_counter() - started, time.process_time() - cpu)
 
 
-def add(name: str, seconds: float) -> None:
-    """Add `seconds` to phase `name` of the record being collected on this thread, if any."""
+def add(name: str, seconds: float, cpu_seconds: float = 0.0) -> None:
+    """Add `seconds` (and the process's CPU-seconds) to phase `name` of the record being collected on this
+    thread, if any."""
     phases = getattr(_local, "phases", None)
     if phases is not None:
         phases[name] = phases.get(name, 0.0) + seconds
+        _local.cpu_phases[name] = _local.cpu_phases.get(name, 0.0) + cpu_seconds
+
+
+def peak_rss_mb() -> float | None:
+    """This process's peak resident memory so far (Linux: VmHWM), in MB."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 @contextmanager
@@ -93,13 +106,15 @@ def record(side: str, **fields: Any) -> Iterator[dict[str, Any]]:
         **fields,
     }
     _first_message = False
-    _local.phases = {}
-    line["start"] = time.time()
+    _local.phases, _local.cpu_phases = {}, {}
+    line["start"], line["cpu_start"] = time.time(), time.process_time()
     try:
         yield line
     finally:
-        line["end"] = time.time()
+        line["end"], line["cpu_end"] = time.time(), time.process_time()
+        line["peak_rss_mb"] = peak_rss_mb()
         line["phases"], _local.phases = _local.phases, None
+        line["cpu_phases"], _local.cpu_phases = _local.cpu_phases, None
         path = Path(PROFILE_DIR) / f"{side}-{os.getpid()}.jsonl"
         with open_for_append(path) as out:
             out.write(json.dumps(line) + "\n")

@@ -10,6 +10,7 @@ import shutil
 import ssl
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -180,12 +181,22 @@ class TLSSuperLink(LocalSuperLink):
         return subprocess.run(["flwr", *args], env=self.env, capture_output=True, text=True, timeout=120)
 
     def start_supernode(
-        self, private_key: Path, node_config: str, *extra: str, max_retries: int | None = 2
+        self,
+        private_key: Path,
+        node_config: str,
+        *extra: str,
+        max_retries: int | None = 2,
+        runtime_port: int | None = None,
+        warm: bool = False,
+        launcher: Sequence[str] = (),
     ) -> tuple[subprocess.Popen, Path]:
         """Start `flower-supernode` over TLS with its authentication key (giving up after `max_retries` failed
-        connections; None: never); returns the process and its log."""
+        connections; None: never); returns the process and its log. `warm`: isolation `process`, its messages
+        served by a `pflower-clientapp` that the caller starts on `runtime_port` (start_warm_clientapp);
+        `launcher`: a command prefix (e.g. one that enters a cgroup and execs the rest)."""
         log_file = self.home / f"supernode-{len(self.supernodes)}.log"
         command = [
+            *launcher,
             "flower-supernode",
             "--root-certificates",
             str(self.ca),
@@ -196,12 +207,26 @@ class TLSSuperLink(LocalSuperLink):
             "--node-config",
             node_config,
             "--isolation",
-            "subprocess",
+            "process" if warm else "subprocess",
             "--port",
-            str(free_port()),
+            str(runtime_port or free_port()),
             *(["--max-retries", str(max_retries)] if max_retries is not None else []),
             *extra,
         ]
+        with open(log_file, "ab") as log:
+            process = subprocess.Popen(
+                command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.supernodes.append((process, log_file))
+        return process, log_file
+
+    def start_warm_clientapp(
+        self, runtime_port: int, *extra: str, launcher: Sequence[str] = ()
+    ) -> tuple[subprocess.Popen, Path]:
+        """Start `pflower-clientapp` (client_app/warm.py) for the SuperNode whose Runtime API is on `runtime_port`."""
+        log_file = self.home / f"clientapp-{runtime_port}.log"
+        address = f"127.0.0.1:{runtime_port}"
+        command = [*launcher, "pflower-clientapp", "--runtime-api-address", address, "--insecure", *extra]
         with open(log_file, "ab") as log:
             process = subprocess.Popen(
                 command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

@@ -191,7 +191,6 @@ class LocalSuperLink:
         self.home = Path(home)
         self.http_port = free_port()
         self.control_port = free_port()
-        self.fleet_port = free_port()
         self.process: subprocess.Popen | None = None
         # Flower's commands sit beside this interpreter (a venv's bin/), which need not be on PATH: `pflower`
         # called by its full path from an unactivated venv must still find them, and its Flower, not another.
@@ -226,10 +225,6 @@ class LocalSuperLink:
             "--simulation",
             "--isolation",
             "subprocess",
-            "--control-api-address",
-            f"127.0.0.1:{self.control_port}",
-            "--fleet-api-address",
-            f"127.0.0.1:{self.fleet_port}",
             "--host",
             "127.0.0.1",
             "--port",
