@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.algorithms import SPECS
+from common.profiling import peak_rss_mb
 from experiments.run.deployment import TLSSuperLink, nginx_binary
 from experiments.run.superlink import free_port, stop_process_tree
 
@@ -93,17 +94,6 @@ def parse_size(text: str) -> int:
     units = {"K": 2**10, "M": 2**20, "G": 2**30}
     text = text.strip().upper()
     return int(float(text[:-1]) * units[text[-1]]) if text[-1:] in units else int(text)
-
-
-def vm_hwm_mb(pid: int) -> float | None:
-    """A live process's peak resident memory (VmHWM), MB."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
 
 
 def message_rows(profile: Path) -> list[dict]:
@@ -172,7 +162,7 @@ def measure(args: argparse.Namespace, algorithm: str, model: str, memory: int, w
             stop_process_tree(runner)
             code = None
         assert measured is not None
-        row["supernode_peak_mb"] = vm_hwm_mb(measured.pid)
+        row["supernode_peak_mb"] = peak_rss_mb(measured.pid)
         row["cgroup_peak_mb"] = group.peak_mb()
         row["oom_kills"] = group.oom_kills()
         summaries = sorted(results.glob(f"{algorithm}-{model}*/summary.json"))

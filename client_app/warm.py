@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,6 @@ class WarmApp:
     fab_hash: str | None = None
     app: Any = None
     served: int = 0
-    seconds: list[float] = field(default_factory=list)
 
 
 def serves(warm: WarmApp, fab_hash: str) -> bool:
@@ -208,10 +207,8 @@ class Dispatcher:
             self.one_shot(token)
             self.restart()
             return False
-        started = time.process_time()
         self.serve(token)
         self.warm.served += 1
-        self.warm.seconds.append(time.process_time() - started)
         if self.max_messages and self.warm.served >= self.max_messages:
             log(INFO, "%s: %d messages served; starting anew (--max-messages)", WARM_COMMAND, self.warm.served)
             self.restart()

@@ -78,10 +78,10 @@ def add(name: str, seconds: float, cpu_seconds: float = 0.0) -> None:
         _local.cpu_phases[name] = _local.cpu_phases.get(name, 0.0) + cpu_seconds
 
 
-def peak_rss_mb() -> float | None:
-    """This process's peak resident memory so far (Linux: VmHWM), in MB."""
+def peak_rss_mb(pid: int | str = "self") -> float | None:
+    """A process's (default: this one's) peak resident memory so far (Linux: VmHWM), in MB."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
     except (OSError, ValueError, IndexError):
