@@ -34,6 +34,7 @@ from pathlib import Path
 
 from common.algorithms import SPECS
 from common.profiling import peak_rss_mb
+from common.storage.run_folder import SUMMARY_FILE
 from experiments.run.deployment import TLSSuperLink, nginx_binary
 from experiments.run.superlink import free_port, stop_process_tree
 
@@ -165,7 +166,7 @@ def measure(args: argparse.Namespace, algorithm: str, model: str, memory: int, w
         row["supernode_peak_mb"] = peak_rss_mb(measured.pid)
         row["cgroup_peak_mb"] = group.peak_mb()
         row["oom_kills"] = group.oom_kills()
-        summaries = sorted(results.glob(f"{algorithm}-{model}*/summary.json"))
+        summaries = sorted(results.glob(f"{algorithm}-{model}*/{SUMMARY_FILE}"))
         summary = json.loads(summaries[-1].read_text()) if summaries else None
         row["ended"] = "finished" if code == 0 and summary else ("timed out" if code is None else f"exit {code}")
         if summary:

@@ -31,7 +31,7 @@ from experiments.studies.records import (
     write_record,
 )
 from experiments.studies.status import RunState, StudyState, study_state
-from experiments.studies.tiny import STAND_INS, tiny_config, tiny_dataset, tiny_key
+from experiments.studies.tiny import STAND_INS, tiny_config, tiny_dataset, tiny_key, tiny_per_class
 
 from .conftest import REPO
 
@@ -167,6 +167,15 @@ def test_each_tiny_stand_in_is_shaped_as_its_data_set(name: str, data_dir: Path)
     assert tiny.domain_names == real.domain_names and tiny.natural_kind == real.natural_kind
     assert (tiny.domain is None) == (real.domain is None) and (tiny.natural_id is None) == (real.natural_id is None)
     np.testing.assert_array_equal(tiny.x, tiny_dataset(name).x)  # seeded: the same every time
+
+
+def test_fedamps_exact_split_has_a_behaviour_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # grouped-exact never scales its sizes down: the stand-in must hold what six clients of it take
+    monkeypatch.setenv("PFL_CACHE_DIR", str(tmp_path / "cache"))
+    config = {"algorithm": "fedavg", "dataset": "mnist", "partition": "grouped-exact", "model": "mlp"}
+    hashes = behaviour_hashes(cases_of([(config, 100)]))
+    assert len(hashes) == 1 and not next(iter(hashes.values())).startswith("failed"), hashes
+    assert tiny_per_class(config) > tiny_per_class({**config, "partition": "grouped"})
 
 
 def _copy_code(to: Path) -> Path:

@@ -157,26 +157,27 @@ def main(argv: list[str]) -> int:
     import torch
 
     from experiments.run.exports import write_export
-    from experiments.studies.tiny import STAND_INS, tiny_dataset
+    from experiments.studies.tiny import STAND_INS, tiny_dataset, tiny_per_class
 
     torch.set_num_threads(1)
     logging.getLogger("flwr").setLevel(logging.ERROR)
     cases = json.loads(Path(argv[0]).read_text())
     out: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="pflower-tiny-") as tmp:
-        exports: dict[str, Path] = {}
+        exports: dict[tuple[str, int], Path] = {}
         for index, (key, (config, clients)) in enumerate(cases.items()):
             name = str(config.get("dataset", "digits"))
             if name not in STAND_INS:
                 out[key] = f"{FAILED}: no tiny stand-in of data set {name!r} (experiments/studies/tiny.py)"
                 continue
-            if name not in exports:
-                data = tiny_dataset(name)
-                exports[name] = Path(tmp) / f"{name}.npz"
-                write_export(data, range(len(data.y)), exports[name])
+            stand_in = (name, tiny_per_class(config))
+            if stand_in not in exports:
+                data = tiny_dataset(*stand_in)
+                exports[stand_in] = Path(tmp) / f"{name}-{stand_in[1]}.npz"
+                write_export(data, range(len(data.y)), exports[stand_in])
             run_dir = Path(tmp) / f"run-{index}"
             run_dir.mkdir()
-            out[key] = _hash_run(config, int(clients), exports[name], run_dir)
+            out[key] = _hash_run(config, int(clients), exports[stand_in], run_dir)
             Path(argv[1]).write_text(json.dumps(out))
     return 0
 

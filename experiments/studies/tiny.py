@@ -70,20 +70,27 @@ STAND_INS: dict[str, StandIn] = {
     "har": StandIn((9, 128), 6, dtype="float32", scale=1.0, natural_kind="subject"),
 }
 PER_CLASS = 40  # samples of each class (of each domain)
+# FedAMP's exact split never scales its sizes down: TINY_CLIENTS clients of it take up to 514 samples of one class.
+GROUPED_EXACT_PER_CLASS = 600
 NATURAL_GROUPS = 8  # writers or subjects
 
 
-def tiny_dataset(name: str) -> DatasetArrays:
+def tiny_per_class(config: dict[str, Any]) -> int:
+    """Samples of each class the stand-in of a tiny run's data set holds: PER_CLASS, more for `grouped-exact`."""
+    return GROUPED_EXACT_PER_CLASS if config.get("partition") == "grouped-exact" else PER_CLASS
+
+
+def tiny_dataset(name: str, per_class: int = PER_CLASS) -> DatasetArrays:
     """The seeded tiny stand-in of a data set (ConfigError-free: an unknown name is a KeyError the caller names)."""
     spec = STAND_INS[name]
     rng = np.random.Generator(np.random.PCG64(int(hashlib.sha256(name.encode()).hexdigest()[:8], 16)))
     domains = max(1, len(spec.domain_names))
-    n = spec.classes * PER_CLASS * domains
+    n = spec.classes * per_class * domains
     if spec.dtype == "uint8":
         x = rng.integers(0, int(spec.scale) + 1, size=(n, *spec.shape), dtype=np.uint8)
     else:
         x = rng.standard_normal(size=(n, *spec.shape)).astype(np.float32)
-    y = np.tile(np.arange(spec.classes, dtype=np.int64), PER_CLASS * domains)
+    y = np.tile(np.arange(spec.classes, dtype=np.int64), per_class * domains)
     channels = spec.shape[0]
     domain = np.repeat(np.arange(domains, dtype=np.int64), n // domains) if spec.domain_names else None
     natural = (np.arange(n, dtype=np.int64) % NATURAL_GROUPS) if spec.natural_kind else None
