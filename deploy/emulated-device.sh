@@ -2,37 +2,45 @@
 # An emulated aarch64 device (a Raspberry Pi / Jetson class board) on an x86_64 Linux machine: an arm64 Debian root
 # made with debootstrap, run through qemu-user (binfmt_misc), with the project's device install inside it.
 #
-#   sudo deploy/emulated-device.sh setup   [--root DIR] [--suite bookworm] [--mirror URL]
-#   sudo deploy/emulated-device.sh supernode --root DIR --superlink HOST:PORT --ca FILE --key FILE \
-#        --partition I --partitions N [--state-dir DIR] [--data-dir DIR] [--isolation subprocess|process]
-#   sudo deploy/emulated-device.sh exec    --root DIR -- COMMAND [ARGS...]
+#   sudo deploy/emulated-device.sh setup   [--root DIR] [--suite bookworm] [--mirror URL] [--fresh]
+#   sudo deploy/emulated-device.sh supernode [--root DIR] --superlink HOST:PORT --ca FILE --key FILE \
+#        --partition I --partitions N [--state-dir DIR] [--data-dir DIR] [--isolation subprocess|process] \
+#        [--runtime-port PORT]
+#   sudo deploy/emulated-device.sh exec    [--root DIR] -- COMMAND [ARGS...]
 #
 # setup: registers qemu-aarch64 with binfmt_misc where missing (Debian: apt-get install qemu-user-static debootstrap),
-# makes the arm64 root (default .emulated/arm64 in this checkout, git-ignored), trusts the host's local CA folder
-# /usr/local/share/ca-certificates there (a proxy's CA, if the host needs one to reach the package index), copies
-# this checkout's files (tracked and untracked, not ignored) to /opt/pflower/src inside and runs exactly the device
-# install, `pip install .` into /opt/pflower/venv with the root's own Python (bookworm: 3.11; trixie: 3.13), in a
-# clean environment (env -i). It writes /opt/pflower/install-report.txt inside the root: Python, seconds, venv size
-# and `pip freeze`, and fails if Ray or pandas came in (they are not device packages).
+# makes the arm64 root (default /var/lib/pflower-emulated/arm64, outside any checkout), trusts the host's local CA
+# folder /usr/local/share/ca-certificates there (a proxy's CA, if the host needs one to reach the package index),
+# copies this checkout's files (tracked and untracked, not ignored) to /opt/pflower/src inside and runs exactly the
+# device install, `pip install .` into /opt/pflower/venv with the root's own Python (bookworm: 3.11; trixie: 3.13),
+# in a clean environment (env -i). It writes /opt/pflower/install-report.txt inside the root: Python, seconds, venv
+# size and `pip freeze`, and fails if Ray or pandas came in (they are not device packages). Run again, it keeps the
+# venv and reinstalls only the project from the copied checkout (a minute, not the ~13 of torch's wheel under
+# emulation); --fresh makes the venv anew and the report with it.
 # supernode: copies the CA certificate and the node's private key into the root (0600) and runs flower-supernode
 # there with TLS and node authentication, as deploy/setup_edge.sh's service does; the root shares this machine's
-# network, so a SuperLink on 127.0.0.1 is reachable. Emulation runs arm64 code 10-20x slower than the native CPU.
+# network, so a SuperLink on 127.0.0.1 is reachable. --isolation process also starts the long-lived ClientApp
+# (`pflower-clientapp`, one process for every message) inside the root on the SuperNode's Runtime API port
+# (--runtime-port, default 9094 + the partition), as setup_edge.sh's pflower-clientapp service does.
+# Emulation runs arm64 code 10-20x slower than the native CPU.
 # exec: runs one command inside the root (proc, sys and dev mounted for its duration), e.g. `-- uname -m`.
 set -euo pipefail
 
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 die() { echo "emulated-device: $*" >&2; exit 2; }
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 COMMAND="${1:-}"; [ -n "$COMMAND" ] || usage; shift
-ROOT="$REPO/.emulated/arm64" SUITE=bookworm MIRROR=http://deb.debian.org/debian
-SUPERLINK="" CA="" KEY="" PARTITION="" PARTITIONS="" STATE_DIR="" DATA_DIR="" ISOLATION=subprocess
+ROOT=/var/lib/pflower-emulated/arm64 SUITE=bookworm MIRROR=http://deb.debian.org/debian FRESH=0
+SUPERLINK="" CA="" KEY="" PARTITION="" PARTITIONS="" STATE_DIR="" DATA_DIR="" ISOLATION=subprocess RUNTIME_PORT=""
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --root) ROOT="${2:-}"; shift 2 ;;
     --suite) SUITE="${2:-}"; shift 2 ;;
     --mirror) MIRROR="${2:-}"; shift 2 ;;
+    --fresh) FRESH=1; shift ;;
+    --runtime-port) RUNTIME_PORT="${2:-}"; shift 2 ;;
     --superlink) SUPERLINK="${2:-}"; shift 2 ;;
     --ca) CA="${2:-}"; shift 2 ;;
     --key) KEY="${2:-}"; shift 2 ;;
@@ -121,6 +129,16 @@ setup() {
   rm -rf "$ROOT/opt/pflower/src"; mkdir -p "$ROOT/opt/pflower/src"
   (cd "$REPO" && git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf -) \
     | tar -C "$ROOT/opt/pflower/src" -xf -
+  local report="$ROOT/opt/pflower/install-report.txt"
+  if [ "$FRESH" = 0 ] && [ -x "$ROOT/opt/pflower/venv/bin/flower-supernode" ] && [ -f "$report" ]; then
+    echo "emulated-device: the venv exists; reinstalling the project alone (--fresh makes it anew)"
+    in_root sh -c 'cd /opt/pflower/src && pip install -q --disable-pip-version-check --no-cache-dir --no-deps \
+      --force-reinstall .' || die "pip install --no-deps . failed inside the root"
+    in_root python -c "import torch, flwr, common, client_app.warm; print('torch', torch.__version__, 'flwr', flwr.__version__)" \
+      || die "the device install does not import"
+    echo "project reinstalled: $(date -u +%FT%TZ)" >> "$report"
+    return 0
+  fi
   local before; before=$(date +%s)
   rm -rf "$ROOT/opt/pflower/venv"
   in_root python3 -m venv /opt/pflower/venv
@@ -128,7 +146,6 @@ setup() {
   in_root sh -c 'cd /opt/pflower/src && pip install -q --disable-pip-version-check --no-cache-dir .' \
     || die "pip install . failed inside the root"
   local after; after=$(date +%s)
-  local report="$ROOT/opt/pflower/install-report.txt"
   {
     echo "machine: $(in_root uname -m)"
     echo "python: $(in_root python3 --version 2>&1)"
@@ -139,7 +156,7 @@ setup() {
     in_root pip freeze --exclude-editable | sed 's/^/  /'
   } > "$report"
   if grep -Eiq '^  (ray|pandas)==' "$report"; then die "Ray or pandas was installed on the device (see $report)"; fi
-  in_root python -c "import torch, flwr, common, client_app; print('torch', torch.__version__, 'flwr', flwr.__version__)" \
+  in_root python -c "import torch, flwr, common, client_app.warm; print('torch', torch.__version__, 'flwr', flwr.__version__)" \
     || die "the device install does not import"
   cat "$report" | sed -n '1,5p'
 }
@@ -151,6 +168,9 @@ supernode() {
   [[ "$PARTITION" =~ ^[0-9]+$ && "$PARTITIONS" =~ ^[0-9]+$ ]] || die "--partition and --partitions must be whole numbers"
   [ -f "$CA" ] && [ -f "$KEY" ] || die "CA certificate or key not found"
   [[ "$ISOLATION" =~ ^(subprocess|process)$ ]] || die "--isolation must be subprocess or process"
+  RUNTIME_PORT="${RUNTIME_PORT:-$((9094 + PARTITION))}"
+  [[ "$RUNTIME_PORT" =~ ^[0-9]+$ ]] && [ "$RUNTIME_PORT" -ge 1 ] && [ "$RUNTIME_PORT" -le 65535 ] \
+    || die "--runtime-port must be a port number, got '$RUNTIME_PORT'"
   [ -x "$ROOT/opt/pflower/venv/bin/flower-supernode" ] || die "no device install in $ROOT: run setup first"
   ensure_binfmt
   mount_root
@@ -160,9 +180,16 @@ supernode() {
   install -m 0600 "$KEY" "$ROOT$keys/node.key"
   ROOT_ENV=(FLWR_DISABLE_UPDATE_CHECK=1 "FLWR_HOME=$state/flwr-home")
   [ -z "$DATA_DIR" ] || ROOT_ENV+=("PFL_DATA_DIR=$DATA_DIR")
+  # the ClientApp's message profile (common/profiling.py), a folder inside the root (bench/emulated_federation.py)
+  [ -z "${PFLOWER_PROFILE:-}" ] || ROOT_ENV+=("PFLOWER_PROFILE=$PFLOWER_PROFILE")
   local config="partition-id=$PARTITION num-partitions=$PARTITIONS state-dir=\"$state\""
+  if [ "$ISOLATION" = process ]; then
+    [ -x "$ROOT/opt/pflower/venv/bin/pflower-clientapp" ] || die "the root's install has no pflower-clientapp: run setup"
+    # the ClientApp lives as long as this script's SuperNode: it exits when its parent (this shell) is gone
+    in_root pflower-clientapp --runtime-api-address "127.0.0.1:$RUNTIME_PORT" --insecure --parent-pid $$ &
+  fi
   in_root flower-supernode --root-certificates "$keys/ca.crt" --auth-supernode-private-key "$keys/node.key" \
-    --superlink "$SUPERLINK" --isolation "$ISOLATION" --node-config "$config" "${EXTRA[@]}"
+    --superlink "$SUPERLINK" --isolation "$ISOLATION" --port "$RUNTIME_PORT" --node-config "$config" "${EXTRA[@]}"
 }
 
 case "$COMMAND" in

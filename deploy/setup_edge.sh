@@ -2,22 +2,25 @@
 # Set up a Raspberry Pi / Jetson (aarch64 Linux, systemd) as a SuperNode of this project, run by systemd.
 #
 #   sudo deploy/setup_edge.sh --superlink 192.168.1.10:9093 --ca certs/ca.crt --key certs/nodes/node-3 \
-#        --partition 3 --partitions 10 [--data-dir /var/lib/pflower/data] [--torch-index URL] [--dry-run]
+#        --partition 3 --partitions 10 [--data-dir /var/lib/pflower/data] [--torch-index URL] \
+#        [--python python3.13] [--clientapp warm|cold] [--dry-run]
 #
-# Installs the project's device set (no extras) into the Python 3.11 venv /opt/pflower/.venv in one pip
-# resolution: its own pins choose torch (aarch64: 2.9.1 / 0.24.1 from PyPI, manylinux_2_28 wheels, so glibc >= 2.28;
-# --torch-index adds another index, e.g. a CUDA build for a Jetson), creates the data dir, copies the CA and the
-# node's private key to /var/lib/pflower (mode 0600), writes /etc/pflower/supernode.env and enables
-# flower-supernode.service (restarts forever). --dry-run prints every step instead of doing it.
+# Installs the project's device set (no extras) into the venv /opt/pflower/.venv in one pip resolution, with the
+# board's Python 3.11, 3.12 or 3.13 (the newest found, or --python): its own pins choose torch (aarch64: PyPI's
+# manylinux_2_28 wheels, so glibc >= 2.28; --torch-index adds another index, e.g. a CUDA build for a Jetson),
+# creates the data dir, copies the CA and the node's private key to /var/lib/pflower (mode 0600), writes
+# /etc/pflower/supernode.env and enables flower-supernode.service (restarts forever) and, with --clientapp warm
+# (the default), pflower-clientapp.service: one long-lived ClientApp process serves every message (cold: Flower
+# starts one per message, ~5 CPU-seconds each). --dry-run prints every step instead of doing it.
 set -euo pipefail
 
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 die() { echo "setup_edge: $*" >&2; exit 2; }
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 PREFIX=/opt/pflower
 HOME_DIR=/var/lib/pflower
-SUPERLINK="" CA="" KEY="" PARTITION="" PARTITIONS="" DATA_DIR="" TORCH_INDEX="" DRY_RUN=0
+SUPERLINK="" CA="" KEY="" PARTITION="" PARTITIONS="" DATA_DIR="" TORCH_INDEX="" DRY_RUN=0 PYTHON="" CLIENTAPP=warm
 while [ $# -gt 0 ]; do
   case "$1" in
     --superlink) SUPERLINK="${2:-}"; shift 2 ;;
@@ -27,6 +30,8 @@ while [ $# -gt 0 ]; do
     --partitions) PARTITIONS="${2:-}"; shift 2 ;;
     --data-dir) DATA_DIR="${2:-}"; shift 2 ;;
     --torch-index) TORCH_INDEX="${2:-}"; shift 2 ;;
+    --python) PYTHON="${2:-}"; shift 2 ;;
+    --clientapp) CLIENTAPP="${2:-}"; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
     -h|--help) usage ;;
     *) die "unknown option '$1' (see --help)" ;;
@@ -40,6 +45,7 @@ done
 [ "$PARTITION" -lt "$PARTITIONS" ] || die "--partition must be below --partitions ($PARTITION >= $PARTITIONS)"
 [ -f "$CA" ] || die "CA certificate '$CA' not found (deploy/generate_certs.py writes ca.crt)"
 [ -f "$KEY" ] || die "private key '$KEY' not found (deploy/generate_certs.py writes nodes/NAME)"
+[[ "$CLIENTAPP" =~ ^(warm|cold)$ ]] || die "--clientapp must be warm or cold, got '$CLIENTAPP'"
 if [ "$DRY_RUN" = 0 ] && [ "$(id -u)" != 0 ]; then die "run as root (sudo), or with --dry-run to see the steps"; fi
 
 ARCH="$(uname -m)"
@@ -56,11 +62,22 @@ write() {  # write FILE MODE (content on stdin)
   printf '%s\n' "$content" > "$file.tmp" && chmod "$mode" "$file.tmp" && mv "$file.tmp" "$file"
 }
 
-PYTHON="$(command -v python3.11 || true)"
-if [ -z "$PYTHON" ]; then
-  [ "$DRY_RUN" = 1 ] || die "python3.11 not found: Raspberry Pi OS 12 has it (apt install python3.11-venv); on Ubuntu 22.04 (JetPack 6) add it from the deadsnakes PPA"
-  PYTHON=python3.11
+# The project supports Python 3.11-3.13 (Flower >= 3.11; torch's wheels); the newest the board has is taken.
+supported() { "$1" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' 2>/dev/null; }
+if [ -n "$PYTHON" ]; then
+  command -v "$PYTHON" >/dev/null || [ "$DRY_RUN" = 1 ] || die "--python '$PYTHON' not found"
+  [ "$DRY_RUN" = 1 ] || supported "$PYTHON" || die "--python '$PYTHON' is not Python 3.11, 3.12 or 3.13"
+else
+  for candidate in python3.13 python3.12 python3.11 python3; do
+    if command -v "$candidate" >/dev/null && supported "$candidate"; then PYTHON="$candidate"; break; fi
+  done
+  if [ -z "$PYTHON" ]; then
+    [ "$DRY_RUN" = 1 ] || die "no Python 3.11-3.13 found: Raspberry Pi OS 13 and Debian 13 ship 3.13, Raspberry Pi OS 12 3.11, Ubuntu 24.04 3.12 (apt install python3-venv); on Ubuntu 22.04 (JetPack 6) add one from the deadsnakes PPA"
+    PYTHON=python3
+  fi
 fi
+ISOLATION=process
+[ "$CLIENTAPP" = warm ] || ISOLATION=subprocess
 INDEX_ARGS=()
 [ -n "$TORCH_INDEX" ] && INDEX_ARGS=(--index-url "$TORCH_INDEX" --extra-index-url https://pypi.org/simple)
 DATA_DIR="${DATA_DIR:-$HOME_DIR/data}"
@@ -82,10 +99,19 @@ PFL_KEY=$HOME_DIR/node.key
 PFL_SUPERLINK=$SUPERLINK
 PFL_NODE_CONFIG="$NODE_CONFIG"
 PFL_DATA_DIR=$DATA_DIR
+PFL_ISOLATION=$ISOLATION
 ENV
 # PFL_DATA_DIR: where this device's ClientApp finds MNIST/Fashion-MNIST/CIFAR-10 when the run config leaves
 # data-dir empty (the torchvision layout; the embedded digits dataset needs nothing)
 run install -m 0644 "$REPO/deploy/systemd/flower-supernode.service" /etc/systemd/system/flower-supernode.service
+if [ "$CLIENTAPP" = warm ]; then
+  run install -m 0644 "$REPO/deploy/systemd/pflower-clientapp.service" /etc/systemd/system/pflower-clientapp.service
+fi
 run systemctl daemon-reload
 run systemctl enable --now flower-supernode.service
+if [ "$CLIENTAPP" = warm ]; then
+  run systemctl enable --now pflower-clientapp.service
+else
+  run systemctl disable --now pflower-clientapp.service 2>/dev/null || true
+fi
 echo "setup_edge: SuperNode for partition $PARTITION of $PARTITIONS -> $SUPERLINK; logs: journalctl -u flower-supernode -f"

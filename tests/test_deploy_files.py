@@ -303,6 +303,25 @@ def test_supernode_unit_matches_the_setup_script_and_flower() -> None:
     assert "PREFIX=/opt/pflower" in script
 
 
+def test_the_warm_clientapp_unit_serves_the_supernodes_runtime_api() -> None:
+    unit, node = _unit("pflower-clientapp.service"), _unit("flower-supernode.service")
+    exec_start = shlex.split(unit["Service"]["ExecStart"])
+    assert exec_start[0] == "/opt/pflower/.venv/bin/pflower-clientapp"
+    for flag in [w for w in exec_start if w.startswith("--")]:
+        assert flag in _flags("pflower-clientapp"), flag
+    node_start = shlex.split(node["Service"]["ExecStart"])
+    port = node_start[node_start.index("--port") + 1]
+    assert exec_start[exec_start.index("--runtime-api-address") + 1] == f"127.0.0.1:{port}"
+    assert node_start[node_start.index("--isolation") + 1] == "${PFL_ISOLATION}"
+    assert unit["Unit"]["BindsTo"] == "flower-supernode.service" and unit["Service"]["Restart"] == "always"
+    for key in ("EnvironmentFile", "User", "ReadWritePaths"):
+        assert unit["Service"][key] == node["Service"][key], key
+    # both read the same FLWR_HOME: the app the SuperNode installs is the one the ClientApp loads
+    for name in ("pflower-clientapp.service", "flower-supernode.service"):
+        environment = re.findall(r"^Environment=(.*)$", (DEPLOY / "systemd" / name).read_text(), re.M)
+        assert "FLWR_HOME=/var/lib/pflower/flwr-home" in " ".join(environment).split(), name
+
+
 def test_superlink_unit_flags_exist() -> None:
     exec_start = shlex.split(_unit("flower-superlink.service")["Service"]["ExecStart"])
     assert exec_start[0] == "/opt/pflower/.venv/bin/pflower-superlink", "the SuperLink with the store bound"
@@ -343,6 +362,12 @@ def test_setup_script_dry_run_writes_the_node_config(tmp_path) -> None:
     assert "PFL_NODE_CONFIG=\"partition-id=3 num-partitions=10 state-dir='/var/lib/pflower/state'\"" in out
     assert "PFL_SUPERLINK=10.0.0.5:9093" in out and "systemctl enable --now flower-supernode.service" in out
     assert f"-m 0600 {key} /var/lib/pflower/node.key" in out, "the private key is copied readable by its owner only"
+    assert "PFL_ISOLATION=process" in out and "systemctl enable --now pflower-clientapp.service" in out, "warm"
+    cold = _setup("--dry-run", "--superlink", "h:1", "--ca", str(ca), "--key", str(key), "--partition", "0",
+                  "--partitions", "2", "--clientapp", "cold", "--python", "python3")  # fmt: skip
+    assert cold.returncode == 0, cold.stderr
+    assert "PFL_ISOLATION=subprocess" in cold.stdout and "enable --now pflower-clientapp" not in cold.stdout
+    assert "+ python3 -m venv /opt/pflower/.venv" in cold.stdout
 
 
 @pytest.mark.parametrize(
@@ -370,6 +395,23 @@ def test_setup_script_dry_run_writes_the_node_config(tmp_path) -> None:
             "not found",
         ),
         (["--bogus"], "unknown option"),
+        (
+            [
+                "--superlink",
+                "h:1",
+                "--ca",
+                __file__,
+                "--key",
+                __file__,
+                "--partition",
+                "0",
+                "--partitions",
+                "2",
+                "--clientapp",
+                "hot",
+            ],
+            "must be warm or cold",
+        ),  # fmt: skip
     ],
 )
 def test_setup_script_explains_bad_input(args: list[str], message: str) -> None:
