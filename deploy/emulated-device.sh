@@ -19,9 +19,9 @@
 # emulation); --fresh makes the venv anew and the report with it.
 # supernode: copies the CA certificate and the node's private key into the root (0600) and runs flower-supernode
 # there with TLS and node authentication, as deploy/setup_edge.sh's service does; the root shares this machine's
-# network, so a SuperLink on 127.0.0.1 is reachable. --isolation process also starts the long-lived ClientApp
-# (`pflower-clientapp`, one process for every message) inside the root on the SuperNode's Runtime API port
-# (--runtime-port, default 9094 + the partition), as setup_edge.sh's pflower-clientapp service does.
+# network, so a SuperLink on 127.0.0.1 is reachable. --isolation process runs the SuperNode with its long-lived
+# ClientApp (`pflower-clientapp`, one process for every message) as one pair, deploy/warm-supernode.sh, on the
+# Runtime API port --runtime-port (default 9094 + the partition), as setup_edge.sh's default service does.
 # Emulation runs arm64 code 10-20x slower than the native CPU.
 # exec: runs one command inside the root (proc, sys and dev mounted for its duration), e.g. `-- uname -m`.
 set -euo pipefail
@@ -183,13 +183,15 @@ supernode() {
   # the ClientApp's message profile (common/profiling.py), a folder inside the root (bench/emulated_federation.py)
   [ -z "${PFLOWER_PROFILE:-}" ] || ROOT_ENV+=("PFLOWER_PROFILE=$PFLOWER_PROFILE")
   local config="partition-id=$PARTITION num-partitions=$PARTITIONS state-dir=\"$state\""
+  local args=(--root-certificates "$keys/ca.crt" --auth-supernode-private-key "$keys/node.key" --superlink "$SUPERLINK"
+    --node-config "$config" "${EXTRA[@]}")
   if [ "$ISOLATION" = process ]; then
+    # the SuperNode and its long-lived ClientApp as one pair (deploy/warm-supernode.sh, as the device recipe runs it)
     [ -x "$ROOT/opt/pflower/venv/bin/pflower-clientapp" ] || die "the root's install has no pflower-clientapp: run setup"
-    # the ClientApp lives as long as this script's SuperNode: it exits when its parent (this shell) is gone
-    in_root pflower-clientapp --runtime-api-address "127.0.0.1:$RUNTIME_PORT" --insecure --parent-pid $$ &
+    in_root /opt/pflower/src/deploy/warm-supernode.sh --runtime-port "$RUNTIME_PORT" -- "${args[@]}"
+  else
+    in_root flower-supernode "${args[@]}" --isolation subprocess --port "$RUNTIME_PORT"
   fi
-  in_root flower-supernode --root-certificates "$keys/ca.crt" --auth-supernode-private-key "$keys/node.key" \
-    --superlink "$SUPERLINK" --isolation "$ISOLATION" --port "$RUNTIME_PORT" --node-config "$config" "${EXTRA[@]}"
 }
 
 case "$COMMAND" in

@@ -9,9 +9,10 @@
 # board's Python 3.11, 3.12 or 3.13 (the newest found, or --python): its own pins choose torch (aarch64: PyPI's
 # manylinux_2_28 wheels, so glibc >= 2.28; --torch-index adds another index, e.g. a CUDA build for a Jetson),
 # creates the data dir, copies the CA and the node's private key to /var/lib/pflower (mode 0600), writes
-# /etc/pflower/supernode.env and enables flower-supernode.service (restarts forever) and, with --clientapp warm
-# (the default), pflower-clientapp.service: one long-lived ClientApp process serves every message (cold: Flower
-# starts one per message, ~5 CPU-seconds each). --dry-run prints every step instead of doing it.
+# /etc/pflower/supernode.env and enables flower-supernode.service (restarts forever). --clientapp warm (the
+# default) installs it from flower-supernode-warm.service: the SuperNode and one long-lived ClientApp process that
+# serves every message, run as a pair by /opt/pflower/warm-supernode.sh; cold: Flower starts a ClientApp process
+# per message (~5 CPU-seconds each). --dry-run prints every step instead of doing it.
 set -euo pipefail
 
 usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
@@ -76,8 +77,8 @@ else
     PYTHON=python3
   fi
 fi
-ISOLATION=process
-[ "$CLIENTAPP" = warm ] || ISOLATION=subprocess
+UNIT=flower-supernode-warm.service
+[ "$CLIENTAPP" = warm ] || UNIT=flower-supernode.service
 INDEX_ARGS=()
 [ -n "$TORCH_INDEX" ] && INDEX_ARGS=(--index-url "$TORCH_INDEX" --extra-index-url https://pypi.org/simple)
 DATA_DIR="${DATA_DIR:-$HOME_DIR/data}"
@@ -99,19 +100,12 @@ PFL_KEY=$HOME_DIR/node.key
 PFL_SUPERLINK=$SUPERLINK
 PFL_NODE_CONFIG="$NODE_CONFIG"
 PFL_DATA_DIR=$DATA_DIR
-PFL_ISOLATION=$ISOLATION
 ENV
 # PFL_DATA_DIR: where this device's ClientApp finds MNIST/Fashion-MNIST/CIFAR-10 when the run config leaves
 # data-dir empty (the torchvision layout; the embedded digits dataset needs nothing)
-run install -m 0644 "$REPO/deploy/systemd/flower-supernode.service" /etc/systemd/system/flower-supernode.service
-if [ "$CLIENTAPP" = warm ]; then
-  run install -m 0644 "$REPO/deploy/systemd/pflower-clientapp.service" /etc/systemd/system/pflower-clientapp.service
-fi
+[ "$CLIENTAPP" = cold ] || run install -m 0755 "$REPO/deploy/warm-supernode.sh" "$PREFIX/warm-supernode.sh"
+run install -m 0644 "$REPO/deploy/systemd/$UNIT" /etc/systemd/system/flower-supernode.service
 run systemctl daemon-reload
-run systemctl enable --now flower-supernode.service
-if [ "$CLIENTAPP" = warm ]; then
-  run systemctl enable --now pflower-clientapp.service
-else
-  run systemctl disable --now pflower-clientapp.service 2>/dev/null || true
-fi
-echo "setup_edge: SuperNode for partition $PARTITION of $PARTITIONS -> $SUPERLINK; logs: journalctl -u flower-supernode -f"
+run systemctl enable flower-supernode.service
+run systemctl restart flower-supernode.service
+echo "setup_edge: SuperNode ($CLIENTAPP ClientApp) for partition $PARTITION of $PARTITIONS -> $SUPERLINK; logs: journalctl -u flower-supernode -f"

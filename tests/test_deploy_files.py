@@ -4,6 +4,7 @@ script and Flower's own flags, the systemd units against the set-up script, the 
 from __future__ import annotations
 
 import configparser
+import os
 import re
 import shlex
 import ssl
@@ -303,23 +304,67 @@ def test_supernode_unit_matches_the_setup_script_and_flower() -> None:
     assert "PREFIX=/opt/pflower" in script
 
 
-def test_the_warm_clientapp_unit_serves_the_supernodes_runtime_api() -> None:
-    unit, node = _unit("pflower-clientapp.service"), _unit("flower-supernode.service")
-    exec_start = shlex.split(unit["Service"]["ExecStart"])
-    assert exec_start[0] == "/opt/pflower/.venv/bin/pflower-clientapp"
-    for flag in [w for w in exec_start if w.startswith("--")]:
-        assert flag in _flags("pflower-clientapp"), flag
-    node_start = shlex.split(node["Service"]["ExecStart"])
-    port = node_start[node_start.index("--port") + 1]
-    assert exec_start[exec_start.index("--runtime-api-address") + 1] == f"127.0.0.1:{port}"
-    assert node_start[node_start.index("--isolation") + 1] == "${PFL_ISOLATION}"
-    assert unit["Unit"]["BindsTo"] == "flower-supernode.service" and unit["Service"]["Restart"] == "always"
-    for key in ("EnvironmentFile", "User", "ReadWritePaths"):
-        assert unit["Service"][key] == node["Service"][key], key
-    # both read the same FLWR_HOME: the app the SuperNode installs is the one the ClientApp loads
-    for name in ("pflower-clientapp.service", "flower-supernode.service"):
-        environment = re.findall(r"^Environment=(.*)$", (DEPLOY / "systemd" / name).read_text(), re.M)
-        assert "FLWR_HOME=/var/lib/pflower/flwr-home" in " ".join(environment).split(), name
+def test_the_warm_unit_runs_the_supernode_and_its_clientapp_as_a_pair() -> None:
+    warm, cold = _unit("flower-supernode-warm.service"), _unit("flower-supernode.service")
+    exec_start = shlex.split(warm["Service"]["ExecStart"])
+    assert exec_start[:5] == [
+        "/opt/pflower/warm-supernode.sh",
+        "--runtime-port",
+        "9094",
+        "--bin",
+        "/opt/pflower/.venv/bin",
+    ]
+    passed = exec_start[exec_start.index("--") + 1 :]
+    for flag in [w for w in passed if w.startswith("--")]:
+        assert flag in _flags("flower-supernode"), flag
+    assert "--isolation" not in passed and "--port" not in passed, "the pair script sets them"
+    cold_passed = shlex.split(cold["Service"]["ExecStart"])[1:]
+    assert [w for w in passed if w.startswith("${")] == [w for w in cold_passed if w.startswith("${")]
+    for key in ("EnvironmentFile", "User", "ReadWritePaths", "Restart"):
+        assert warm["Service"][key] == cold["Service"][key], key
+    environment = re.findall(
+        r"^Environment=(.*)$", (DEPLOY / "systemd" / "flower-supernode-warm.service").read_text(), re.M
+    )
+    assert "FLWR_HOME=/var/lib/pflower/flwr-home" in " ".join(environment).split()
+
+
+def _fake_pair(tmp_path: Path, clientapp: str) -> subprocess.Popen:
+    """deploy/warm-supernode.sh over stand-ins: a SuperNode that records its arguments and waits, a ClientApp."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "flower-supernode").write_text(
+        f'#!/bin/sh\necho $$ > {tmp_path}/pid\necho "$@" > {tmp_path}/args\nexec sleep 60\n'
+    )
+    (bin_dir / "pflower-clientapp").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/clientapp-args\n{clientapp}\n')
+    for path in bin_dir.iterdir():
+        path.chmod(0o755)
+    script = str(DEPLOY / "warm-supernode.sh")
+    command = [script, "--runtime-port", "9111", "--bin", str(bin_dir), "--", "--superlink", "h:1"]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_the_pair_ends_when_its_clientapp_dies(tmp_path: Path) -> None:
+    pair = _fake_pair(tmp_path, "sleep 0.5; exit 3")
+    _, err = pair.communicate(timeout=30)
+    assert pair.returncode == 3 and "the ClientApp exited (status 3)" in err
+    assert (tmp_path / "args").read_text().split() == ["--superlink", "h:1", "--isolation", "process", "--port", "9111"]
+    clientapp = (tmp_path / "clientapp-args").read_text().split()
+    assert clientapp[:4] == ["--runtime-api-address", "127.0.0.1:9111", "--insecure", "--parent-pid"]
+    supernode = int((tmp_path / "pid").read_text())
+    with pytest.raises(ProcessLookupError):  # the SuperNode of a dead ClientApp is stopped (and reaped)
+        os.kill(supernode, 0)
+
+
+def test_a_pair_that_exits_cleanly_still_asks_for_a_restart(tmp_path: Path) -> None:
+    pair = _fake_pair(tmp_path, "exit 0")
+    _, err = pair.communicate(timeout=30)
+    assert pair.returncode == 1 and "stopping the other" in err
+
+
+def test_the_pair_explains_bad_input() -> None:
+    for args, message in ((["--runtime-port", "x"], "must be a port number"), (["--bogus"], "unknown option")):
+        done = subprocess.run([str(DEPLOY / "warm-supernode.sh"), *args], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 2 and message in done.stderr
 
 
 def test_superlink_unit_flags_exist() -> None:
@@ -360,13 +405,15 @@ def test_setup_script_dry_run_writes_the_node_config(tmp_path) -> None:
     assert "install -d -o pflower -g pflower -m 0750 /var/lib/pflower/data" in out, "PFL_DATA_DIR is created"
     assert "PFL_DATA_DIR=/var/lib/pflower/data" in out
     assert "PFL_NODE_CONFIG=\"partition-id=3 num-partitions=10 state-dir='/var/lib/pflower/state'\"" in out
-    assert "PFL_SUPERLINK=10.0.0.5:9093" in out and "systemctl enable --now flower-supernode.service" in out
+    assert "PFL_SUPERLINK=10.0.0.5:9093" in out and "systemctl enable flower-supernode.service" in out
     assert f"-m 0600 {key} /var/lib/pflower/node.key" in out, "the private key is copied readable by its owner only"
-    assert "PFL_ISOLATION=process" in out and "systemctl enable --now pflower-clientapp.service" in out, "warm"
+    warm_unit = f"{REPO}/deploy/systemd/flower-supernode-warm.service /etc/systemd/system/flower-supernode.service"
+    assert warm_unit in out and "/opt/pflower/warm-supernode.sh" in out, "the long-lived ClientApp by default"
     cold = _setup("--dry-run", "--superlink", "h:1", "--ca", str(ca), "--key", str(key), "--partition", "0",
                   "--partitions", "2", "--clientapp", "cold", "--python", "python3")  # fmt: skip
     assert cold.returncode == 0, cold.stderr
-    assert "PFL_ISOLATION=subprocess" in cold.stdout and "enable --now pflower-clientapp" not in cold.stdout
+    cold_unit = f"{REPO}/deploy/systemd/flower-supernode.service /etc/systemd/system/flower-supernode.service"
+    assert cold_unit in cold.stdout and "warm-supernode.sh" not in cold.stdout
     assert "+ python3 -m venv /opt/pflower/.venv" in cold.stdout
 
 
