@@ -41,7 +41,14 @@ from experiments.run.superlink import free_port, stop_process_tree
 REPO = Path(__file__).resolve().parent.parent
 CGROUP = Path("/sys/fs/cgroup")
 # the data set each model is measured on (a device keeps its own partition of it); max-samples keeps rounds short
-MODEL_DATA = {"mlp": "digits", "cnn-mnist": "mnist", "cnn-cifar": "cifar10", "resnet10": "cifar10"}
+MODEL_DATA = {
+    "mlp": "digits",
+    "cnn-mnist": "mnist",
+    "cnn-mnist-bn": "mnist",
+    "cnn-cifar": "cifar10",
+    "cnn-cifar-bn": "cifar10",
+    "resnet10": "cifar10",
+}
 
 
 @dataclass
@@ -112,6 +119,15 @@ def message_rows(profile: Path) -> list[dict]:
     return rows
 
 
+def failure(home: Path) -> str:
+    """Why a run ended without a summary: the ServerApp's first error line (`flwr run` exits 0 either way)."""
+    for path in sorted(home.glob("run-*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if "ERROR" in line:
+                return "refused: " + line.split("ERROR", 1)[1].strip(" :\x1b[0m")[:120]
+    return "ended without a summary"
+
+
 def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -168,7 +184,7 @@ def measure(args: argparse.Namespace, algorithm: str, model: str, memory: int, w
         row["oom_kills"] = group.oom_kills()
         summaries = sorted(results.glob(f"{algorithm}-{model}*/{SUMMARY_FILE}"))
         summary = json.loads(summaries[-1].read_text()) if summaries else None
-        row["ended"] = "finished" if code == 0 and summary else ("timed out" if code is None else f"exit {code}")
+        row["ended"] = "finished" if code == 0 and summary else ("timed out" if code is None else failure(link.home))
         if summary:
             clients, rounds = summary["num_clients"], max(summary["rounds_completed"], 1)
             row["up_kb_round"] = summary["bytes_total"]["train_up"] / clients / rounds / 1e3

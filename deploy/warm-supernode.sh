@@ -10,7 +10,10 @@
 # SuperNode waiting for ever, training nothing, while it still counts as online; restarting both clears that
 # reply, and the round that lost it gives it up at its round-timeout. The client state is written before the reply
 # is pushed, so the restarted ClientApp goes on from it.
+# A ClientApp the kernel killed for memory (the service's cgroup counts an OOM kill) is named as such, with the
+# memory limit: the model does not fit this device (docs/deployment.md, "Device budgets").
 # --bin: the folder of both commands (default: PATH). Everything after -- goes to flower-supernode.
+# WARM_SUPERNODE_MEMORY_CGROUP: the memory cgroup folder to read (default: this process's, cgroup v2 or v1).
 set -uo pipefail
 PORT=9094 BIN=""
 while [ $# -gt 0 ]; do
@@ -24,14 +27,35 @@ while [ $# -gt 0 ]; do
 done
 [[ "$PORT" =~ ^[0-9]+$ ]] && [ "$PORT" -ge 1 ] && [ "$PORT" -le 65535 ] \
   || { echo "warm-supernode: --runtime-port must be a port number, got '$PORT'" >&2; exit 2; }
+memory_cgroup() {  # this process's memory cgroup folder (v2: the unified one; v1: the memory controller's)
+  if [ -n "${WARM_SUPERNODE_MEMORY_CGROUP:-}" ]; then echo "$WARM_SUPERNODE_MEMORY_CGROUP"; return; fi
+  local v1 v2
+  v1=$(awk -F: '$2 ~ /(^|,)memory(,|$)/ {print $3; exit}' /proc/self/cgroup 2>/dev/null)
+  v2=$(awk -F: '$1 == "0" {print $3; exit}' /proc/self/cgroup 2>/dev/null)
+  if [ -n "$v1" ]; then echo "/sys/fs/cgroup/memory$v1"; elif [ -n "$v2" ]; then echo "/sys/fs/cgroup$v2"; fi
+}
+oom_kills() {  # how many processes the kernel killed for memory in that cgroup (0 when unknown)
+  local folder; folder=$(memory_cgroup)
+  cat "$folder/memory.events" "$folder/memory.oom_control" 2>/dev/null | awk '$1 == "oom_kill" {n = $2} END {print n + 0}'
+}
+memory_limit_mb() {
+  local folder limit; folder=$(memory_cgroup)
+  limit=$(cat "$folder/memory.max" "$folder/memory.limit_in_bytes" 2>/dev/null | head -1)
+  [[ "$limit" =~ ^[0-9]+$ ]] && [ "$limit" -lt $((1 << 50)) ] && echo "$((limit / 1048576)) MB" || echo "none set"
+}
 stop_both() { kill "$supernode" "$clientapp" 2>/dev/null; wait 2>/dev/null; }
 trap 'stop_both; exit 143' TERM INT
+killed_before=$(oom_kills)
 "${BIN}flower-supernode" "$@" --isolation process --port "$PORT" &
 supernode=$!
 "${BIN}pflower-clientapp" --runtime-api-address "127.0.0.1:$PORT" --insecure --parent-pid "$supernode" &
 clientapp=$!
 wait -n  # the first of the two to exit (bash 4.3+)
 status=$?
+if [ "$(oom_kills)" -gt "$killed_before" ]; then
+  echo "warm-supernode: the kernel killed a process of this service for lack of memory (its memory limit:" \
+    "$(memory_limit_mb)); the app's model does not fit this device: see docs/deployment.md, 'Device budgets'" >&2
+fi
 echo "warm-supernode: $( kill -0 "$supernode" 2>/dev/null && echo "the ClientApp" || echo "the SuperNode" ) exited" \
   "(status $status); stopping the other, so that both start anew" >&2
 stop_both

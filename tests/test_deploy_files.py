@@ -328,7 +328,7 @@ def test_the_warm_unit_runs_the_supernode_and_its_clientapp_as_a_pair() -> None:
     assert "FLWR_HOME=/var/lib/pflower/flwr-home" in " ".join(environment).split()
 
 
-def _fake_pair(tmp_path: Path, clientapp: str) -> subprocess.Popen:
+def _fake_pair(tmp_path: Path, clientapp: str, cgroup: Path | None = None) -> subprocess.Popen:
     """deploy/warm-supernode.sh over stand-ins: a SuperNode that records its arguments and waits, a ClientApp."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -340,7 +340,8 @@ def _fake_pair(tmp_path: Path, clientapp: str) -> subprocess.Popen:
         path.chmod(0o755)
     script = str(DEPLOY / "warm-supernode.sh")
     command = [script, "--runtime-port", "9111", "--bin", str(bin_dir), "--", "--superlink", "h:1"]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "WARM_SUPERNODE_MEMORY_CGROUP": str(cgroup or tmp_path / "no-cgroup")}
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def test_the_pair_ends_when_its_clientapp_dies(tmp_path: Path) -> None:
@@ -353,6 +354,21 @@ def test_the_pair_ends_when_its_clientapp_dies(tmp_path: Path) -> None:
     supernode = int((tmp_path / "pid").read_text())
     with pytest.raises(ProcessLookupError):  # the SuperNode of a dead ClientApp is stopped (and reaped)
         os.kill(supernode, 0)
+
+
+def test_a_clientapp_killed_for_memory_is_named_with_the_limit(tmp_path: Path) -> None:
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    (cgroup / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    (cgroup / "memory.max").write_text(f"{512 * 2**20}\n")
+    # the kernel's OOM killer, as the cgroup records it: one more kill, then SIGKILL
+    pair = _fake_pair(tmp_path, f'sleep 0.3; echo "oom_kill 2" > {cgroup}/memory.events; kill -9 $$', cgroup)
+    _, err = pair.communicate(timeout=30)
+    assert pair.returncode == 137 and "for lack of memory (its memory limit: 512 MB)" in err, err
+    (tmp_path / "other").mkdir()
+    quiet = _fake_pair(tmp_path / "other", "kill -9 $$", cgroup)
+    _, err = quiet.communicate(timeout=30)
+    assert quiet.returncode == 137 and "lack of memory" not in err, "a kill the cgroup did not count is not OOM"
 
 
 def test_a_pair_that_exits_cleanly_still_asks_for_a_restart(tmp_path: Path) -> None:
