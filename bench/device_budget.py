@@ -36,7 +36,7 @@ from common.algorithms import SPECS
 from common.profiling import peak_rss_mb
 from common.storage.run_folder import SUMMARY_FILE
 from experiments.run.deployment import TLSSuperLink, nginx_binary
-from experiments.run.superlink import free_port, stop_process_tree
+from experiments.run.superlink import descendants, free_port, stop_process_tree
 
 REPO = Path(__file__).resolve().parent.parent
 CGROUP = Path("/sys/fs/cgroup")
@@ -119,6 +119,23 @@ def message_rows(profile: Path) -> list[dict]:
     return rows
 
 
+def peaks(pid: int) -> dict[str, float | None]:
+    """Peak resident memory (MB) of the SuperNode below (or at) a launcher process, and of the long-lived ClientApp
+    (None when there is none, or it is gone)."""
+    found: dict[str, float | None] = {"supernode_peak_mb": None, "warm_clientapp_peak_mb": None}
+    for process in [pid, *descendants(pid)]:
+        try:
+            line = Path(f"/proc/{process}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        key = "supernode_peak_mb" if "flower-supernode" in line else ""
+        key = key or ("warm_clientapp_peak_mb" if "pflower-clientapp" in line else "")
+        peak = peak_rss_mb(process) if key else None
+        if key and peak is not None:
+            found[key] = max(found[key] or 0.0, peak)
+    return found
+
+
 def failure(home: Path) -> str:
     """Why a run ended without a summary: the ServerApp's first error line (`flwr run` exits 0 either way)."""
     for path in sorted(home.glob("run-*.log")):
@@ -154,17 +171,12 @@ def measure(args: argparse.Namespace, algorithm: str, model: str, memory: int, w
             warm = args.clientapp == "warm"
             if i == 0:
                 link.env["PFLOWER_PROFILE"] = str(profile)
-                supernode, _ = link.start_supernode(
+                measured, measured_log = link.start_supernode(
                     certs / "nodes" / "node-0", config, runtime_port=port, warm=warm, launcher=group.launcher()
                 )
-                measured = supernode
-                if warm:
-                    link.start_warm_clientapp(port, launcher=group.launcher())
                 del link.env["PFLOWER_PROFILE"]
             else:
                 link.start_supernode(certs / "nodes" / "node-1", config, runtime_port=port, warm=warm)
-                if warm:
-                    link.start_warm_clientapp(port)
         results = work / "results"
         run_config = (
             f"algorithm='{algorithm}' dataset='{MODEL_DATA[model]}' model='{model}' max-samples={args.samples} "
@@ -179,7 +191,8 @@ def measure(args: argparse.Namespace, algorithm: str, model: str, memory: int, w
             stop_process_tree(runner)
             code = None
         assert measured is not None
-        row["supernode_peak_mb"] = peak_rss_mb(measured.pid)
+        row.update(peaks(measured.pid))
+        row["oom_named"] = "lack of memory" in measured_log.read_text(errors="replace")
         row["cgroup_peak_mb"] = group.peak_mb()
         row["oom_kills"] = group.oom_kills()
         summaries = sorted(results.glob(f"{algorithm}-{model}*/{SUMMARY_FILE}"))

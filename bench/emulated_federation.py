@@ -27,52 +27,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from device_budget import fmt, median, message_rows
+from device_budget import fmt, median, message_rows, peaks
 
 from common.algorithms import SPECS
-from common.profiling import peak_rss_mb
 from common.storage.run_folder import METRICS_FILE, SUMMARY_FILE
 from experiments.run.deployment import CONNECTION, TLSSuperLink, nginx_binary
 from experiments.run.superlink import free_port, stop_process_tree
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "deploy" / "emulated-device.sh"
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (Linux /proc), children first."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    found, todo = [], [pid]
-    while todo:
-        children = parents.get(todo.pop(), [])
-        found += children
-        todo += children
-    return found
-
-
-def command_line(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def peaks(pid: int) -> dict[str, float | None]:
-    """Peak resident memory (MB) of the SuperNode and of the long-lived ClientApp below a launcher process."""
-    found: dict[str, float | None] = {"supernode_peak_mb": None, "clientapp_peak_mb": None}
-    for child in descendants(pid) + [pid]:
-        line = command_line(child)
-        key = "supernode_peak_mb" if "flower-supernode" in line else "clientapp_peak_mb" if "clientapp" in line else ""
-        peak = peak_rss_mb(child) if key else None
-        if key and peak is not None:
-            found[key] = max(found[key] or 0.0, peak)
-    return found
 
 
 def wait_online(link: TLSSuperLink, nodes: int, timeout: float) -> None:
@@ -136,8 +99,6 @@ def federate(args: argparse.Namespace, algorithm: str, work: Path) -> dict:
                 link.env["PFLOWER_PROFILE"] = str(profile)
                 config = f"partition-id={i} num-partitions={nodes} state-dir='{work / f'state-{algorithm}-{i}'}'"
                 process, _ = link.start_supernode(certs / "nodes" / f"node-{i}", config, runtime_port=port, warm=warm)
-                if warm:
-                    link.start_warm_clientapp(port)
                 del link.env["PFLOWER_PROFILE"]
                 launchers.append(("native x86_64", process, profile))
         wait_online(link, nodes, args.connect_timeout)
@@ -157,7 +118,9 @@ def federate(args: argparse.Namespace, algorithm: str, work: Path) -> dict:
         for (kind, process, profile), i in zip(launchers, range(nodes)):
             messages = message_rows(profile)
             train = [m for m in messages if m.get("kind") == "train"]
-            node = {"node": i, "kind": kind, **peaks(process.pid)}
+            found = peaks(process.pid)
+            node = {"node": i, "kind": kind, "supernode_peak_mb": found["supernode_peak_mb"]}
+            node["clientapp_peak_mb"] = found["warm_clientapp_peak_mb"]
             if not warm or node["clientapp_peak_mb"] is None:  # one-shot ClientApps: their own profile lines
                 node["clientapp_peak_mb"] = max((m["peak_rss_mb"] or 0 for m in messages), default=None)
             node["messages"] = len(messages)

@@ -1,9 +1,9 @@
 """The long-lived ClientApp in a real deployment: two SuperNodes on the loopback TLS SuperLink behind the shipped
-nginx proxy, each run with its `pflower-clientapp` as one pair by deploy/warm-supernode.sh (the device recipe's
-default). Node 0's ClientApp is killed with SIGKILL once it has saved its state of round 2 (while it pushes that
-reply, the worst moment: its SuperNode would wait for the reply's objects for ever); the pair script stops that
-SuperNode too and exits, and is started again as systemd would; the run finishes, the restarted ClientApp goes on
-from the saved state, and every message a ClientApp served ran in that one process."""
+nginx proxy, each run with its `pflower-clientapp` as one pair by deploy/warm-supernode.sh (TLSSuperLink's warm
+SuperNode, the device recipe's default). Node 0's ClientApp is killed with SIGKILL once it has saved its state of
+round 2 (while it pushes that reply, the worst moment: its SuperNode would wait for the reply's objects for ever);
+the pair script stops that SuperNode too and exits, and is started again as systemd would; the run finishes, the
+restarted ClientApp goes on from the saved state, and every message a ClientApp served ran in that one process."""
 
 from __future__ import annotations
 
@@ -26,24 +26,11 @@ pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed (Debian: apt-get install nginx)"),
 ]
-PAIR = REPO / "deploy" / "warm-supernode.sh"
 
 
 def _profile_lines(folder: Path) -> list[dict]:
     lines = [line for path in sorted(folder.glob("client-*.jsonl")) for line in path.read_text().splitlines()]
     return [json.loads(line) for line in lines if line]
-
-
-def _start_pair(link: TLSSuperLink, key: Path, node_config: str, port: int, log: Path) -> subprocess.Popen:
-    command = [
-        str(PAIR), "--runtime-port", str(port), "--", "--root-certificates", str(link.ca),
-        "--auth-supernode-private-key", str(key), "--superlink", f"127.0.0.1:{link.proxy.port}",
-        "--node-config", node_config, "--max-retries", "2",
-    ]  # fmt: skip
-    with open(log, "ab") as out:
-        process = subprocess.Popen(command, env=link.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    link.supernodes.append((process, log))  # link.stop() stops it
-    return process
 
 
 def _clientapp_of(pair: subprocess.Popen) -> int:
@@ -72,11 +59,11 @@ def test_a_killed_warm_clientapp_restarts_with_its_supernode_and_the_run_finishe
         for name in ("node-0", "node-1"):
             assert link.register(certs / "nodes" / f"{name}.pub").returncode == 0
         configs = [f"partition-id={i} num-partitions=2 state-dir='{tmp_path / f'state-{i}'}'" for i in range(2)]
-        ports, logs = [free_port(), free_port()], [link.home / "pair-0.log", link.home / "pair-1.log"]
+        keys, ports = [certs / "nodes" / "node-0", certs / "nodes" / "node-1"], [free_port(), free_port()]
         link.env["PFLOWER_PROFILE"] = str(profile)  # node 0's ClientApp writes a line per message
-        first = _start_pair(link, certs / "nodes" / "node-0", configs[0], ports[0], logs[0])
+        first, first_log = link.start_supernode(keys[0], configs[0], runtime_port=ports[0], warm=True)
         del link.env["PFLOWER_PROFILE"]
-        _start_pair(link, certs / "nodes" / "node-1", configs[1], ports[1], logs[1])
+        link.start_supernode(keys[1], configs[1], runtime_port=ports[1], warm=True)
         results = tmp_path / "results"
         # round-timeout: the reply lost with the killed ClientApp is given up after it
         runner = link.start_run(
@@ -97,15 +84,14 @@ def test_a_killed_warm_clientapp_restarts_with_its_supernode_and_the_run_finishe
         before = _profile_lines(profile)
         os.kill(clientapp, signal.SIGKILL)
         assert first.wait(timeout=60) != 0, "the pair ends with its ClientApp"
-        assert "the ClientApp exited" in logs[0].read_text()
+        assert "the ClientApp exited" in first_log.read_text()
         # as systemd's Restart=always: start the pair again until the SuperLink admits the node (it refuses the key
         # while the killed session still counts as online, 2 missed 30 s heartbeats)
         link.env["PFLOWER_PROFILE"] = str(profile)
         admitted = time.monotonic() + 300
         while True:
-            mark = len(logs[0].read_text())
-            again = _start_pair(link, certs / "nodes" / "node-0", configs[0], ports[0], logs[0])
-            while again.poll() is None and "SuperNode ID:" not in logs[0].read_text()[mark:]:
+            again, again_log = link.start_supernode(keys[0], configs[0], runtime_port=ports[0], warm=True)
+            while again.poll() is None and "SuperNode ID:" not in again_log.read_text():
                 time.sleep(0.5)
             if again.poll() is None or time.monotonic() > admitted:
                 break
@@ -119,7 +105,7 @@ def test_a_killed_warm_clientapp_restarts_with_its_supernode_and_the_run_finishe
         assert len({line["os_pid"] for line in before}) == 1 and len(before) >= 2, "one process served node 0"
         after = [line for line in _profile_lines(profile) if line["os_pid"] != before[0]["os_pid"]]
         assert after and len({line["os_pid"] for line in after}) == 1, "one new process after the restart"
-        restored = re.findall(r"client state restored from \S+partition-0 \(round (\d+)\)", logs[0].read_text())
+        restored = re.findall(r"client state restored from \S+partition-0 \(round (\d+)\)", again_log.read_text())
         assert restored and int(restored[-1]) >= 2, "the restarted ClientApp went on from the saved state"
     finally:
         link.stop()

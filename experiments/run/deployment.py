@@ -17,6 +17,7 @@ import httpx
 
 from .superlink import LocalSuperLink, free_port, stop_process_tree
 
+WARM_PAIR = Path(__file__).resolve().parents[2] / "deploy" / "warm-supernode.sh"  # a SuperNode + its warm ClientApp
 CONNECTION = "deploy"  # the operator's connection in FLWR_HOME/config.toml: the SuperLink itself, on loopback
 OUTSIDE = "outside"  # the same CLI pointed at the proxy, as anyone holding only ca.crt could
 PROXY_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "pflower-fleet.conf"  # in the repository
@@ -191,13 +192,13 @@ class TLSSuperLink(LocalSuperLink):
         launcher: Sequence[str] = (),
     ) -> tuple[subprocess.Popen, Path]:
         """Start `flower-supernode` over TLS with its authentication key (giving up after `max_retries` failed
-        connections; None: never); returns the process and its log. `warm`: isolation `process`, its messages
-        served by a `pflower-clientapp` that the caller starts on `runtime_port` (start_warm_clientapp);
-        `launcher`: a command prefix (e.g. one that enters a cgroup and execs the rest)."""
+        connections; None: never); returns the process and its log. `warm`: the SuperNode with its long-lived
+        ClientApp as one pair (deploy/warm-supernode.sh: isolation `process`, `pflower-clientapp` on `runtime_port`;
+        the returned process is the pair's script); `launcher`: a command prefix (e.g. one that enters a cgroup and
+        execs the rest)."""
         log_file = self.home / f"supernode-{len(self.supernodes)}.log"
-        command = [
-            *launcher,
-            "flower-supernode",
+        port = str(runtime_port or free_port())
+        options = [
             "--root-certificates",
             str(self.ca),
             "--auth-supernode-private-key",
@@ -206,27 +207,13 @@ class TLSSuperLink(LocalSuperLink):
             f"127.0.0.1:{self.proxy.port}",
             "--node-config",
             node_config,
-            "--isolation",
-            "process" if warm else "subprocess",
-            "--port",
-            str(runtime_port or free_port()),
             *(["--max-retries", str(max_retries)] if max_retries is not None else []),
             *extra,
         ]
-        with open(log_file, "ab") as log:
-            process = subprocess.Popen(
-                command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        self.supernodes.append((process, log_file))
-        return process, log_file
-
-    def start_warm_clientapp(
-        self, runtime_port: int, *extra: str, launcher: Sequence[str] = ()
-    ) -> tuple[subprocess.Popen, Path]:
-        """Start `pflower-clientapp` (client_app/warm.py) for the SuperNode whose Runtime API is on `runtime_port`."""
-        log_file = self.home / f"clientapp-{runtime_port}.log"
-        address = f"127.0.0.1:{runtime_port}"
-        command = [*launcher, "pflower-clientapp", "--runtime-api-address", address, "--insecure", *extra]
+        if warm:
+            command = [*launcher, str(WARM_PAIR), "--runtime-port", port, "--", *options]
+        else:
+            command = [*launcher, "flower-supernode", *options, "--isolation", "subprocess", "--port", port]
         with open(log_file, "ab") as log:
             process = subprocess.Popen(
                 command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
