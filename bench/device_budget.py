@@ -119,6 +119,31 @@ def message_rows(profile: Path) -> list[dict]:
     return rows
 
 
+def make_certificates(out: Path, nodes: list[str]) -> None:
+    """The CA, the SuperLink's certificate and one key pair per node (deploy/generate_certs.py) in `out`."""
+    script = REPO / "deploy" / "generate_certs.py"
+    command = [sys.executable, str(script), "--out", str(out), "--nodes", ",".join(nodes)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise SystemExit(f"generate_certs.py failed: {done.stderr[-500:]}")
+
+
+def run_to_end(link: TLSSuperLink, run_config: str, timeout: float) -> int | None:
+    """`flwr run` this app with `run_config` and wait; its exit status, None when it ran past `timeout` (stopped)."""
+    runner = link.start_run(REPO, run_config)
+    try:
+        return runner.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_process_tree(runner)
+        return None
+
+
+def last_summary(results: Path, run_name: str) -> tuple[dict | None, Path | None]:
+    """The summary of the last run folder named `run_name`* under `results`, and that folder (None, None: none)."""
+    summaries = sorted(results.glob(f"{run_name}*/{SUMMARY_FILE}"))
+    return (json.loads(summaries[-1].read_text()), summaries[-1].parent) if summaries else (None, None)
+
+
 def peaks(pid: int) -> dict[str, float | None]:
     """Peak resident memory (MB) of the SuperNode below (or at) a launcher process, and of the long-lived ClientApp
     (None when there is none, or it is gone)."""
@@ -184,19 +209,13 @@ def measure(args: argparse.Namespace, algorithm: str, model: str, memory: int, w
             f"client-threads=1 allow-unprotected=true round-timeout=600 results-dir='{results}' "
             f"run-name='{algorithm}-{model}'"
         )
-        runner = link.start_run(REPO, run_config)
-        try:
-            code = runner.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            stop_process_tree(runner)
-            code = None
+        code = run_to_end(link, run_config, args.timeout)
         assert measured is not None
         row.update(peaks(measured.pid))
         row["oom_named"] = "lack of memory" in measured_log.read_text(errors="replace")
         row["cgroup_peak_mb"] = group.peak_mb()
         row["oom_kills"] = group.oom_kills()
-        summaries = sorted(results.glob(f"{algorithm}-{model}*/{SUMMARY_FILE}"))
-        summary = json.loads(summaries[-1].read_text()) if summaries else None
+        summary, _ = last_summary(results, f"{algorithm}-{model}")
         row["ended"] = "finished" if code == 0 and summary else ("timed out" if code is None else failure(link.home))
         if summary:
             clients, rounds = summary["num_clients"], max(summary["rounds_completed"], 1)
@@ -275,21 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="pflower-budget-"))
     rows = []
     try:
-        done = subprocess.run(
-            [
-                sys.executable,
-                str(REPO / "deploy" / "generate_certs.py"),
-                "--out",
-                str(work / "certs"),
-                "--nodes",
-                "node-0,node-1",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if done.returncode != 0:
-            raise SystemExit(f"generate_certs.py failed: {done.stderr[-500:]}")
+        make_certificates(work / "certs", ["node-0", "node-1"])
         for model in models:
             for algorithm in algorithms:
                 row = measure(args, algorithm, model, parse_size(args.memory), work)

@@ -27,10 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from device_budget import fmt, median, message_rows, peaks
+from device_budget import fmt, last_summary, make_certificates, median, message_rows, peaks, run_to_end
 
 from common.algorithms import SPECS
-from common.storage.run_folder import METRICS_FILE, SUMMARY_FILE
+from common.storage.run_folder import METRICS_FILE
 from experiments.run.deployment import CONNECTION, TLSSuperLink, nginx_binary
 from experiments.run.superlink import free_port, stop_process_tree
 
@@ -109,12 +109,7 @@ def federate(args: argparse.Namespace, algorithm: str, work: Path) -> dict:
             f"fraction-evaluate=1.0 min-train-clients={nodes} local-epochs=1 eval-every=1 client-threads=1 "
             f"allow-unprotected=true round-timeout={args.round_timeout} results-dir='{results}' run-name='{algorithm}'"
         )
-        runner = link.start_run(REPO, run_config)
-        try:
-            code = runner.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            stop_process_tree(runner)
-            code = None
+        code = run_to_end(link, run_config, args.timeout)
         for (kind, process, profile), i in zip(launchers, range(nodes)):
             messages = message_rows(profile)
             train = [m for m in messages if m.get("kind") == "train"]
@@ -128,11 +123,10 @@ def federate(args: argparse.Namespace, algorithm: str, work: Path) -> dict:
             node["train_cpu_s"] = median([m["train_cpu"] for m in train])
             node["overhead_cpu_s"] = median([m["overhead_cpu"] for m in train])
             result["nodes"].append(node)
-        summaries = sorted(results.glob(f"{algorithm}*/{SUMMARY_FILE}"))
-        summary = json.loads(summaries[-1].read_text()) if summaries else None
+        summary, folder = last_summary(results, algorithm)
         result["ended"] = "finished" if code == 0 and summary else ("timed out" if code is None else f"exit {code}")
-        if summaries:
-            metrics = [json.loads(line) for line in (summaries[-1].parent / METRICS_FILE).read_text().splitlines()]
+        if folder is not None:
+            metrics = [json.loads(line) for line in (folder / METRICS_FILE).read_text().splitlines()]
             result["rounds"] = [
                 {
                     "round": m["round"],
@@ -211,22 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="pflower-emulated-"))
     results = []
     try:
-        names = ",".join(f"node-{i}" for i in range(args.emulated + args.native))
-        done = subprocess.run(
-            [
-                sys.executable,
-                str(REPO / "deploy" / "generate_certs.py"),
-                "--out",
-                str(work / "certs"),
-                "--nodes",
-                names,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if done.returncode != 0:
-            raise SystemExit(f"generate_certs.py failed: {done.stderr[-500:]}")
+        make_certificates(work / "certs", [f"node-{i}" for i in range(args.emulated + args.native)])
         for algorithm in args.algorithms.split(","):
             result = federate(args, algorithm, work)
             results.append(result)
