@@ -30,7 +30,7 @@ from pathlib import Path
 from device_budget import fmt, last_summary, make_certificates, median, message_rows, peaks, run_to_end
 
 from common.algorithms import SPECS
-from common.storage.run_folder import METRICS_FILE
+from common.storage.run_folder import METRICS_FILE, evaluation_means
 from experiments.run.deployment import CONNECTION, TLSSuperLink, nginx_binary
 from experiments.run.superlink import free_port, stop_process_tree
 
@@ -132,7 +132,7 @@ def federate(args: argparse.Namespace, algorithm: str, work: Path) -> dict:
                     "round": m["round"],
                     "seconds": m.get("wall_s"),
                     "train_used": m.get("train", {}).get("used"),
-                    "accuracy": (m.get("eval") or {}).get("mean", {}).get("acc-shift-0"),
+                    "accuracy": evaluation_means(m).get("acc-shift-0"),
                 }
                 for m in metrics
                 if "round" in m
