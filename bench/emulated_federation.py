@@ -8,8 +8,8 @@ this machine, and runs `--rounds` rounds on the embedded digits with every clien
 algorithm and round: its wall time and the replies used; per node (emulated or native): the median training
 message (wall and CPU, from the ClientApp profile, common/profiling.py) and the peak resident memory (VmHWM) of
 the SuperNode and of its ClientApp. Under qemu-user the memory is the emulator's process (guest memory, the
-emulator and its code cache) and the times are 10-20x a native arm64 core's: the native node's figures stand
-beside them.
+emulator and its code cache) and the times are many times a native arm64 core's (13-25x this machine's here):
+the native node's figures stand beside them.
 
     sudo python bench/emulated_federation.py [--root /var/lib/pflower-emulated/arm64] [--algorithms fedavg,dmpfl]
         [--emulated 2] [--native 1] [--rounds 3] [--clientapp warm|cold] [--json OUT.json]

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from .conftest import REPO
-from .harness.deployment import OUTSIDE, TLSSuperLink, nginx_binary
+from .harness.deployment import OUTSIDE, TLSSuperLink, nginx_binary, restart_until_admitted
 from .harness.local_superlink import stop_process_tree
 
 pytestmark = [
@@ -48,20 +48,6 @@ def certs(tmp_path_factory):
     )
     assert done.returncode == 0, done.stderr
     return out
-
-
-def restart_until_admitted(link: TLSSuperLink, key, node_config: str, patience: float = 300.0):
-    """Start a SuperNode again, as systemd's Restart= would, until the SuperLink admits it: the SuperLink
-    refuses the key while the killed process still counts as online (2 missed 30 s heartbeats)."""
-    deadline = time.monotonic() + patience
-    while time.monotonic() < deadline:
-        process, log = link.start_supernode(key, node_config)
-        while process.poll() is None and time.monotonic() < deadline:
-            if "SuperNode ID:" in log.read_text():
-                return process, log
-            time.sleep(0.5)
-        time.sleep(5)
-    raise AssertionError(f"the restarted SuperNode was never admitted; see {link.home}")
 
 
 def outsider_is_shut_out(link: TLSSuperLink, certs) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import REPO
-from .harness.deployment import TLSSuperLink, nginx_binary
+from .harness.deployment import TLSSuperLink, nginx_binary, restart_until_admitted
 from .harness.local_superlink import descendants, free_port
 
 pytestmark = [
@@ -88,14 +88,7 @@ def test_a_killed_warm_clientapp_restarts_with_its_supernode_and_the_run_finishe
         # as systemd's Restart=always: start the pair again until the SuperLink admits the node (it refuses the key
         # while the killed session still counts as online, 2 missed 30 s heartbeats)
         link.env["PFLOWER_PROFILE"] = str(profile)
-        admitted = time.monotonic() + 300
-        while True:
-            again, again_log = link.start_supernode(keys[0], configs[0], runtime_port=ports[0], warm=True)
-            while again.poll() is None and "SuperNode ID:" not in again_log.read_text():
-                time.sleep(0.5)
-            if again.poll() is None or time.monotonic() > admitted:
-                break
-            time.sleep(5)
+        _, again_log = restart_until_admitted(link, keys[0], configs[0], runtime_port=ports[0], warm=True)
         del link.env["PFLOWER_PROFILE"]
         code = runner.wait(timeout=600)
         run_log = "\n".join(path.read_text() for path in link.home.glob("run-*.log"))
