@@ -8,7 +8,8 @@ its messages with the long-lived `pflower-clientapp` (client_app/warm.py, SuperN
 with Flower's one process per message (isolation `subprocess`). The ClientApp runs with one torch thread
 (client-threads=1) and writes its profile (common/profiling.py, PFLOWER_PROFILE): per message its wall and CPU
 time, the training phase's, and its peak resident memory (VmHWM). Printed per setting: peak resident memory of the
-SuperNode and of the ClientApp (training and evaluation messages), the cgroup's peak (page cache included), the
+SuperNode, of the ClientApp during its largest training and its largest evaluation message (the profile resets
+the process's high-water mark at each message) and over its life, the cgroup's peak (page cache included), the
 median training message (wall and training CPU), the median CPU a training message costs beyond training
 (imports, FAB, app load, data, decode/encode, state; for `warm` also the polling since the previous message),
 bytes up and down per client and round, the client state on disk, and how the run ended (an OOM kill is counted
@@ -117,6 +118,13 @@ def message_rows(profile: Path) -> list[dict]:
             rows.append({**line, "overhead_cpu": before + handler - train_cpu, "train_cpu": train_cpu})
             previous_end = line["cpu_end"]
     return rows
+
+
+def message_peak(messages: list[dict]) -> float | None:
+    """The largest resident peak of these messages, each its own (the profile resets the process's mark per
+    message; where it could not, the process's peak so far)."""
+    peaks = [m.get("message_peak_rss_mb") or m["peak_rss_mb"] for m in messages]
+    return max((p for p in peaks if p is not None), default=None)
 
 
 def make_certificates(out: Path, nodes: list[str]) -> None:
@@ -228,7 +236,8 @@ def measure(args: argparse.Namespace, algorithm: str, model: str, memory: int, w
     messages = message_rows(profile)
     train = [m for m in messages if m.get("kind") == "train"]
     evaluate = [m for m in messages if m.get("kind") == "evaluate"]
-    row["clientapp_train_peak_mb"] = max((m["peak_rss_mb"] or 0 for m in train), default=None)
+    row["clientapp_train_peak_mb"] = message_peak(train)
+    row["clientapp_eval_peak_mb"] = message_peak(evaluate)
     row["clientapp_peak_mb"] = max((m["peak_rss_mb"] or 0 for m in messages), default=None)
     row["eval_messages"] = len(evaluate)
     row["train_messages"] = len(train)
@@ -252,7 +261,8 @@ def fmt(value: object, digits: int = 0) -> str:
 def table(rows: list[dict]) -> str:
     """The rows as a markdown table."""
     head = (
-        "| algorithm | model | ended | SuperNode peak (MB) | ClientApp peak, training / all (MB) | cgroup peak (MB) "
+        "| algorithm | model | ended | SuperNode peak (MB) | ClientApp peak: training / evaluation message, "
+        "process (MB) | cgroup peak (MB) "
         "| training message (s) | its training CPU (s) | CPU beyond training (s): median / first "
         "| up / down per round (kB) "
         "| state on disk (kB) |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
@@ -260,7 +270,8 @@ def table(rows: list[dict]) -> str:
     lines = [
         f"| {r['algorithm']} | {r['model']} | {r['ended']}{' (OOM kill)' if r.get('oom_kills') else ''} "
         f"| {fmt(r.get('supernode_peak_mb'))} | {fmt(r.get('clientapp_train_peak_mb'))} / "
-        f"{fmt(r.get('clientapp_peak_mb'))} | {fmt(r.get('cgroup_peak_mb'))} | {fmt(r.get('train_wall_s'), 2)} "
+        f"{fmt(r.get('clientapp_eval_peak_mb'))}, {fmt(r.get('clientapp_peak_mb'))} | {fmt(r.get('cgroup_peak_mb'))} "
+        f"| {fmt(r.get('train_wall_s'), 2)} "
         f"| {fmt(r.get('train_cpu_s'), 2)} | {fmt(r.get('overhead_cpu_s'), 2)} / "
         f"{fmt(r.get('first_overhead_cpu_s'), 2)} "
         f"| {fmt(r.get('up_kb_round'), 1)} / {fmt(r.get('down_kb_round'), 1)} | {fmt(r.get('state_kb'), 1)} |"

@@ -37,6 +37,7 @@ STARTED_AT = _process_started() if ENABLED else None
 F = TypeVar("F", bound=Callable[..., Any])
 _local = threading.local()
 _first_message = True
+_process_peak_mb = 0.0  # the process's peak before the latest reset of its high-water mark
 
 
 def timed(name: str) -> Callable[[F], F]:
@@ -89,11 +90,22 @@ def peak_rss_mb(pid: int | str = "self") -> float | None:
     return None
 
 
+def reset_peak_rss() -> bool:
+    """Reset this process's resident high-water mark (Linux >= 4.0: `5` to /proc/self/clear_refs), so that VmHWM
+    counts from now; False where that is not possible."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
 @contextmanager
 def record(side: str, **fields: Any) -> Iterator[dict[str, Any]]:
     """Collect the phases timed inside the block into one line of this process's profile file (when enabled).
-    The yielded dict takes more fields (e.g. the round, once known)."""
-    global _first_message
+    The yielded dict takes more fields (e.g. the round, once known). Memory: `peak_rss_mb` is the process's peak so
+    far, `message_peak_rss_mb` the peak since the block began (one block at a time: the mark is the process's)."""
+    global _first_message, _process_peak_mb
     if not ENABLED:
         yield {}
         return
@@ -107,12 +119,19 @@ def record(side: str, **fields: Any) -> Iterator[dict[str, Any]]:
     }
     _first_message = False
     _local.phases, _local.cpu_phases = {}, {}
+    # each message's own peak: a long-lived process's high-water mark would otherwise hold its largest message's
+    _process_peak_mb = max(_process_peak_mb, peak_rss_mb() or 0.0)
+    own_peak = reset_peak_rss()
     line["start"], line["cpu_start"] = time.time(), time.process_time()
     try:
         yield line
     finally:
         line["end"], line["cpu_end"] = time.time(), time.process_time()
-        line["peak_rss_mb"] = peak_rss_mb()
+        message_peak = peak_rss_mb()
+        _process_peak_mb = max(_process_peak_mb, message_peak or 0.0)
+        line["peak_rss_mb"] = _process_peak_mb if message_peak is not None else None
+        # None where the mark could not be reset: the peak since the process started, not this message's
+        line["message_peak_rss_mb"] = message_peak if own_peak else None
         line["phases"], _local.phases = _local.phases, None
         line["cpu_phases"], _local.cpu_phases = _local.cpu_phases, None
         path = Path(PROFILE_DIR) / f"{side}-{os.getpid()}.jsonl"

@@ -50,3 +50,22 @@ train()  # outside a record: not written anywhere
         assert line["kind"] == "train" and set(line["phases"]) == {"train"}
         assert 0.1 <= line["phases"]["train"] <= line["end"] - line["start"]
         assert line["started_at"] <= line["imported_at"] <= line["start"]
+
+
+def test_each_record_has_its_own_memory_peak_and_the_process_keeps_its_own(tmp_path: Path) -> None:
+    script = """
+import numpy as np
+from common import profiling
+
+with profiling.record("client", kind="train"):
+    big = np.ones(300 * 2**20 // 8)  # 300 MB, touched
+    del big
+with profiling.record("client", kind="evaluate"):
+    small = np.ones(2**20 // 8)
+"""
+    env = {**os.environ, "PFLOWER_PROFILE": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, check=True, timeout=120)
+    train, evaluate = (json.loads(text) for text in next(tmp_path.glob("client-*.jsonl")).read_text().splitlines())
+    assert train["message_peak_rss_mb"] >= 300
+    assert evaluate["message_peak_rss_mb"] < train["message_peak_rss_mb"] - 250
+    assert evaluate["peak_rss_mb"] == train["peak_rss_mb"] >= train["message_peak_rss_mb"]
