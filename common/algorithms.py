@@ -291,6 +291,46 @@ class APFLParams:
 
 
 @dataclass(frozen=True)
+class ScaffoldParams:
+    """SCAFFOLD's server learning rate (Karimireddy et al., ICML 2020, Algorithm 1)."""
+
+    scaffold_server_lr: float = hp(
+        1.0,
+        "eta_g: the global model moves by eta_g times the round's mean update (the paper's runs: 1)",
+        low=0.0,
+        high=10.0,
+        low_open=True,
+    )
+
+
+@dataclass(frozen=True)
+class MoonParams:
+    """MOON's model-contrastive term (Li, He, Song, "Model-Contrastive Federated Learning", CVPR 2021, Eq. 3-4)."""
+
+    moon_mu: float = hp(
+        1.0,
+        "mu: weight of the model-contrastive loss (the paper: 5 on CIFAR-10, 1 on CIFAR-100 and Tiny-ImageNet)",
+        low=0.0,
+    )
+    moon_tau: float = hp(0.5, "tau: temperature of the contrastive loss (the paper: 0.5)", low=0.0, low_open=True)
+
+
+@dataclass(frozen=True)
+class FedBABUParams:
+    """FedBABU's fine-tuning at evaluation (Oh, Kim, Yun, "FedBABU: Towards Enhanced Representation for Federated
+    Image Classification", ICLR 2022)."""
+
+    fedbabu_finetune_epochs: int = hp(
+        5, "epochs each client fine-tunes the received model for before it evaluates (PFLlib: 10)", low=0, high=1000
+    )
+    fedbabu_finetune_part: str = hp(
+        "all",
+        "what fine-tuning trains: `all` (body and head, the paper's and PFLlib's) or the `head` alone",
+        choices=("all", "head"),
+    )
+
+
+@dataclass(frozen=True)
 class AlgorithmSpec:
     """An algorithm: name, one-line summary, its two halves, hyperparameters, extra evaluation rows, and which
     part of the model travels (`shares`: all, head, body, or no-norm = all but normalization layers)."""
@@ -305,6 +345,7 @@ class AlgorithmSpec:
     averages_models: bool = False  # the server averages uploaded weights: `robust-aggregation` and attacks apply
     averages_updates: bool = False  # a weighted average of uploads all the same (sparse, pruned): max-update-ratio
     mixes_models: bool = False  # each client gets its own mix of the uploads, no sample counts (FedAMP's u_i)
+    dp_refusal: str = ""  # why run-config `dp` (central or local) cannot apply, if it cannot
 
     @property
     def bounds_updates(self) -> bool:
@@ -459,6 +500,35 @@ SPECS: dict[str, AlgorithmSpec] = {
             "apfl:APFLClient",
             APFLParams,
             (GLOBAL,),
+            averages_models=True,
+        ),
+        AlgorithmSpec(
+            "scaffold",
+            "SCAFFOLD: FedAvg with control variates that correct each client's drift",
+            "scaffold:ScaffoldStrategy",
+            "scaffold:ScaffoldClient",
+            ScaffoldParams,
+            averages_models=True,
+            dp_refusal="a client's change of its control variate travels beside its model and no DP mechanism here "
+            "clips or noises it",
+        ),
+        AlgorithmSpec(
+            "moon",
+            "MOON: FedAvg with a contrastive pull of local features toward the global model's, away from the last "
+            "local model's",
+            "fedavg:FedAvgStrategy",
+            "moon:MoonClient",
+            MoonParams,
+            averages_models=True,
+        ),
+        AlgorithmSpec(
+            "fedbabu",
+            "FedBABU: only the body trains and travels, the head stays at its random start; fine-tuned to evaluate",
+            "partial:PartialStrategy",
+            "fedbabu:FedBABUClient",
+            FedBABUParams,
+            (GLOBAL,),
+            shares="body",
             averages_models=True,
         ),
     )

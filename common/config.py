@@ -622,6 +622,8 @@ def _check_dp(cfg: RunConfig, algorithm: str, averaging: list[str]) -> None:
         raise ConfigError(
             "run-config 'dp' with algorithm 'local': nothing leaves the clients, there is nothing to noise"
         )
+    if SPECS[algorithm].dp_refusal:
+        raise ConfigError(f"run-config 'dp' cannot apply to '{algorithm}': {SPECS[algorithm].dp_refusal}")
     if cfg.dp == "central" and algorithm in CENTRAL_DP_REFUSED:
         raise ConfigError(
             f"run-config 'dp' = '{cfg.dp}' cannot apply to '{algorithm}': {CENTRAL_DP_REFUSED[algorithm]}"

@@ -217,6 +217,14 @@ class ClientAlgorithm(ABC):
         )
         return training_flops(per_sample, stats.num_samples, self.cfg.local_epochs if stats.steps else 0)
 
+    def forward_flops(self, stats: TrainStats, prefix: str = "") -> float:
+        """FLOPs of forward passes without gradients over the samples of `stats`' training (as many epochs) through
+        the layers whose weights start with `prefix` (e.g. 'body.': a model's feature extractor)."""
+        data = self.env.data
+        parts = _dense_parts(self.cfg.model, self.cfg.dataset, data.input_shape, data.num_classes)
+        per_sample = executed_per_sample([part for part in parts if part.weight.startswith(prefix)], trainable=set())
+        return training_flops(per_sample, stats.num_samples, self.cfg.local_epochs if stats.steps else 0)
+
     def stored_model(self, key: str, default: list[np.ndarray] | None = None) -> SplitModel:
         """A model holding the arrays kept in client state under `key`; on first use `default`, else the common
         initialization."""

@@ -327,6 +327,7 @@ class ModelLayout:
     prunable: tuple[str, ...] = ()
     norm: tuple[str, ...] = ()  # entries of normalization layers (parameters and statistics)
     channels: tuple[ChannelGroup, ...] = ()  # structured-pruning plan (empty where the model has none)
+    params: tuple[str, ...] = ()  # the entries that are trainable parameters (the others are buffers)
 
     @classmethod
     def of(cls, model: nn.Module) -> ModelLayout:
@@ -336,7 +337,12 @@ class ModelLayout:
         except ValueError:
             groups = ()
         return cls(
-            get_arrays(model), array_specs(model), tuple(prunable_names(model)), tuple(norm_entries(model)), groups
+            get_arrays(model),
+            array_specs(model),
+            tuple(prunable_names(model)),
+            tuple(norm_entries(model)),
+            groups,
+            tuple(name for name, _ in model.named_parameters()),
         )
 
 

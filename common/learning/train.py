@@ -37,6 +37,8 @@ class LossContext:
 
 
 ExtraLoss = Callable[[LossContext], torch.Tensor]
+# a method's own loss of a mini-batch in place of cross-entropy plus extra terms (e.g. Per-FedAvg's meta step)
+BatchLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -127,6 +129,7 @@ def train(
     trainable: set[str] | None = None,
     on_gradients: Callable[[nn.Module], None] | None = None,
     proximal: ProximalStep | None = None,
+    batch_loss: BatchLoss | None = None,
     device: torch.device | str = "cpu",
 ) -> TrainStats:
     """Train `model` in place on (x, y) for `settings.epochs` epochs of shuffled mini-batches.
@@ -137,7 +140,10 @@ def train(
     trainable: parameter names to update (None: all); the others are frozen and get no gradient.
     on_gradients: called after each backward pass, before masking (e.g. to collect dense gradients).
     proximal: a pull toward a reference applied in closed form after each step (stable for any coefficient).
+    batch_loss: the loss of a mini-batch (model, x, y) in place of cross-entropy plus `extra_losses` (not both).
     """
+    if batch_loss is not None and extra_losses:
+        raise ValueError("batch_loss replaces the cross-entropy and its extra losses: give one or the other")
     device = torch.device(device)
     model.to(device).train()
     extra_losses = list(extra_losses)
@@ -165,11 +171,14 @@ def train(
             batch = order[start : start + settings.batch_size]
             xb, yb = x[batch].to(device), y[batch].to(device)
             optimizer.zero_grad(set_to_none=True)
-            features, logits = _forward(model, xb)
-            loss = F.cross_entropy(logits, yb)
-            if extra_losses:
-                ctx = LossContext(model, xb, yb, features, logits)
-                loss = loss + sum(term(ctx) for term in extra_losses)
+            if batch_loss is not None:
+                loss = batch_loss(model, xb, yb)
+            else:
+                features, logits = _forward(model, xb)
+                loss = F.cross_entropy(logits, yb)
+                if extra_losses:
+                    ctx = LossContext(model, xb, yb, features, logits)
+                    loss = loss + sum(term(ctx) for term in extra_losses)
             loss.backward()
             if on_gradients is not None:
                 on_gradients(model)

@@ -39,6 +39,12 @@ GLOBAL_MODEL = _key(
     "sparse algorithms: the global model (weights and mask, by the codec), sent only to a client whose copy is stale",
 )
 CHANNEL_MASKS = _key("masks", ("record",), "DapperFL: which output channels of each layer group a client kept")
+CONTROL = _key(
+    "control",
+    ("record",),
+    "SCAFFOLD: the server's control variate c (to a client), a client's change of its own c_i (to the server), one "
+    "array per trainable parameter",
+)
 NEWCOMER_MODEL = _key(
     "newcomer",
     ("record", "config"),
