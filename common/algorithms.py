@@ -331,6 +331,26 @@ class FedBABUParams:
 
 
 @dataclass(frozen=True)
+class PerFedAvgParams:
+    """Per-FedAvg's inner step and variant (Fallah, Mokhtari, Ozdaglar, "Personalized Federated Learning with
+    Theoretical Guarantees: A Model-Agnostic Meta-Learning Approach", NeurIPS 2020, Algorithm 1)."""
+
+    perfedavg_alpha: float = hp(
+        0.01,
+        "alpha: the personal step's size (inner step in training, the one step before evaluation); the outer step "
+        "beta is the run's lr (PFLlib sets both to its learning rate)",
+        low=0.0,
+        low_open=True,
+    )
+    perfedavg_variant: str = hp(
+        "fo",
+        "`fo`: first-order (the meta-gradient taken at the adapted weights); `hf`: Hessian-free, the correction "
+        "-alpha H v on a third batch, its Hessian-vector product exact by automatic differentiation",
+        choices=("fo", "hf"),
+    )
+
+
+@dataclass(frozen=True)
 class AlgorithmSpec:
     """An algorithm: name, one-line summary, its two halves, hyperparameters, extra evaluation rows, and which
     part of the model travels (`shares`: all, head, body, or no-norm = all but normalization layers)."""
@@ -529,6 +549,15 @@ SPECS: dict[str, AlgorithmSpec] = {
             FedBABUParams,
             (GLOBAL,),
             shares="body",
+            averages_models=True,
+        ),
+        AlgorithmSpec(
+            "perfedavg",
+            "Per-FedAvg: FedAvg of a meta-learned model; each client adapts it by one step before it evaluates",
+            "fedavg:FedAvgStrategy",
+            "perfedavg:PerFedAvgClient",
+            PerFedAvgParams,
+            (GLOBAL,),
             averages_models=True,
         ),
     )
