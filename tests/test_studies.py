@@ -178,6 +178,20 @@ def test_fedamps_exact_split_has_a_behaviour_hash(tmp_path: Path, monkeypatch: p
     assert tiny_per_class(config) > tiny_per_class({**config, "partition": "grouped"})
 
 
+def test_a_differentially_private_config_has_one_behaviour_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the run's noise and sample come from a secret drawn at its start; the tiny run must fix them, or a DP record
+    # could never be current
+    config = {"algorithm": "fedavg", "model": "mlp", "dp": "central", "dp-noise-multiplier": 1.0, "fraction-train": 0.5}
+    assert tiny_config({**config, "dp-noise-seed": 0}, 100)[0]["dp-noise-seed"] != 0
+    hashes = []
+    for attempt in range(2):
+        monkeypatch.setenv("PFL_CACHE_DIR", str(tmp_path / f"cache-{attempt}"))
+        hashes.append(behaviour_hashes(cases_of([(config, 100)])))
+    assert hashes[0] == hashes[1] and not next(iter(hashes[0].values())).startswith("failed"), hashes
+
+
 def _copy_code(to: Path) -> Path:
     for part in ("common", "server_app", "client_app", "experiments"):
         shutil.copytree(REPO / part, to / part, ignore=shutil.ignore_patterns("__pycache__"))

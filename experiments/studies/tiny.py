@@ -40,6 +40,9 @@ REPLACED: dict[str, Any] = {
     "tensorboard": False,
     "mlflow-uri": "",
     "allow-download": False,
+    # under `dp` the run's own noise and sample come from a secret (0: drawn anew each run); the tiny run fixes them,
+    # or its messages, and so every DP record's hash, would differ each time
+    "dp-noise-seed": 1,
 }
 DROPPED = ("results-dir", "run-name", "resume", "client-state-dir", "message-digests", "partition-file")
 CAPPED = {"iterations": 1, "pretrain-epochs": 1, "holdout-finetune-epochs": 1}  # at most this value
