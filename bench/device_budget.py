@@ -170,7 +170,12 @@ def peaks(pid: int) -> dict[str, float | None]:
 
 
 def failure(home: Path) -> str:
-    """Why a run ended without a summary: the ServerApp's first error line (`flwr run` exits 0 either way)."""
+    """Why a run ended without a summary: the ServerApp's first error line (`flwr run` exits 0 either way); the
+    log's last lines go to stderr, since the deployment's folder is removed."""
+    for path in [*sorted(home.glob("run-*.log")), home / "superlink.log", *sorted(home.glob("supernode-*.log"))]:
+        lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+        if any("ERROR" in line or "Traceback" in line for line in lines):
+            print(f"{path.name}, its last lines:", *lines[-40:], sep="\n  ", file=sys.stderr, flush=True)
     for path in sorted(home.glob("run-*.log")):
         for line in path.read_text(errors="replace").splitlines():
             if "ERROR" in line:

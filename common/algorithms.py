@@ -351,6 +351,31 @@ class PerFedAvgParams:
 
 
 @dataclass(frozen=True)
+class PFedMeParams:
+    """pFedMe's Moreau envelope, inner solver and server step (Dinh, Tran, Nguyen, "Personalized Federated Learning
+    with Moreau Envelopes", NeurIPS 2020, Algorithm 1; defaults from the authors' code)."""
+
+    pfedme_lambda: float = hp(
+        15.0, "lambda: the pull between the personal model theta and the local model w_i", low=0.0, low_open=True
+    )
+    pfedme_k: int = hp(5, "K: inner steps that solve for theta on each mini-batch", low=1, high=100)
+    pfedme_personal_lr: float = hp(
+        0.09,
+        "the inner steps' learning rate (the outer step eta that moves w_i is the run's lr; with SGD, "
+        "lr x lambda < 2 or w_i diverges: refused)",
+        low=0.0,
+        low_open=True,
+    )
+    pfedme_beta: float = hp(
+        1.0,
+        "beta: the server's step w <- (1 - beta) w + beta (average of the w_i); 1 is FedAvg's average",
+        low=0.0,
+        high=2.0,
+        low_open=True,
+    )
+
+
+@dataclass(frozen=True)
 class AlgorithmSpec:
     """An algorithm: name, one-line summary, its two halves, hyperparameters, extra evaluation rows, and which
     part of the model travels (`shares`: all, head, body, or no-norm = all but normalization layers)."""
@@ -557,6 +582,16 @@ SPECS: dict[str, AlgorithmSpec] = {
             "fedavg:FedAvgStrategy",
             "perfedavg:PerFedAvgClient",
             PerFedAvgParams,
+            (GLOBAL,),
+            averages_models=True,
+        ),
+        AlgorithmSpec(
+            "pfedme",
+            "pFedMe: each client's personal model solves a Moreau envelope around its local model; the local models "
+            "are averaged, the global model moved by beta",
+            "pfedme:PFedMeStrategy",
+            "pfedme:PFedMeClient",
+            PFedMeParams,
             (GLOBAL,),
             averages_models=True,
         ),

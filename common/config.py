@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from common.algorithms import SPECS, DittoParams, FedProxParams, param_classes
+from common.algorithms import SPECS, DittoParams, FedProxParams, PFedMeParams, param_classes
 from common.data.corruptions import CORRUPTIONS, parse_corruptions, parse_severities
 from common.data.datasets import DATASET_SPECS
 from common.data.partitioners import PARTITION_SPECS, partition_help
@@ -612,6 +612,18 @@ def _check_gradient_pull(cfg: RunConfig, params: Any) -> None:
                     f"{cfg.lr * coefficient:g}: SGD on the (coefficient/2)||w - w_ref||^2 term diverges "
                     f"at {bound:g} (2 (1 + momentum)) or more; lower one of them"
                 )
+    if isinstance(params, PFedMeParams):
+        inner, bound = params.pfedme_personal_lr * params.pfedme_lambda, 2.0 * (1.0 + cfg.momentum)
+        if cfg.optimizer == "sgd" and inner >= bound:
+            raise ConfigError(
+                f"run-config 'pfedme-personal-lr' x 'pfedme-lambda' = {inner:g}: pFedMe's inner SGD steps on "
+                f"(lambda/2)||theta - w_i||^2 diverge at {bound:g} (2 (1 + momentum)) or more; lower one of them"
+            )
+        if cfg.lr * params.pfedme_lambda >= 2.0:
+            raise ConfigError(
+                f"run-config 'lr' x 'pfedme-lambda' = {cfg.lr * params.pfedme_lambda:g}: pFedMe's outer step "
+                "w_i <- w_i - lr lambda (w_i - theta) diverges at 2 or more; lower one of them"
+            )
 
 
 def _check_dp(cfg: RunConfig, algorithm: str, averaging: list[str]) -> None:

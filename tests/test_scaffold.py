@@ -12,7 +12,8 @@ from torch import nn
 from client_app.algorithms.scaffold import OWN_CONTROL
 from common.config import ConfigError, parse_run_config
 from common.learning.train import TrainSettings, train
-from common.methods.scaffold import client_control, corrected_gradients, server_control, server_step
+from common.methods.aggregate import server_step
+from common.methods.scaffold import client_control, corrected_gradients, server_control
 from common.wire.records import to_record
 from server_app.wire import wire_bytes
 

@@ -23,6 +23,7 @@ class TrainSettings:
     lr: float = 0.05
     momentum: float = 0.0
     weight_decay: float = 0.0
+    steps_per_batch: int = 1  # optimizer steps on each mini-batch (pFedMe's K inner steps)
 
 
 @dataclass
@@ -130,6 +131,7 @@ def train(
     on_gradients: Callable[[nn.Module], None] | None = None,
     proximal: ProximalStep | None = None,
     batch_loss: BatchLoss | None = None,
+    after_batch: Callable[[nn.Module], None] | None = None,
     device: torch.device | str = "cpu",
 ) -> TrainStats:
     """Train `model` in place on (x, y) for `settings.epochs` epochs of shuffled mini-batches.
@@ -141,6 +143,8 @@ def train(
     on_gradients: called after each backward pass, before masking (e.g. to collect dense gradients).
     proximal: a pull toward a reference applied in closed form after each step (stable for any coefficient).
     batch_loss: the loss of a mini-batch (model, x, y) in place of cross-entropy plus `extra_losses` (not both).
+    after_batch: called after a mini-batch's `settings.steps_per_batch` steps (e.g. pFedMe's outer update).
+    A mini-batch's loss in the statistics is that of its first step.
     """
     if batch_loss is not None and extra_losses:
         raise ValueError("batch_loss replaces the cross-entropy and its extra losses: give one or the other")
@@ -170,31 +174,35 @@ def train(
         for start in range(0, n, settings.batch_size):
             batch = order[start : start + settings.batch_size]
             xb, yb = x[batch].to(device), y[batch].to(device)
-            optimizer.zero_grad(set_to_none=True)
-            if batch_loss is not None:
-                loss = batch_loss(model, xb, yb)
-            else:
-                features, logits = _forward(model, xb)
-                loss = F.cross_entropy(logits, yb)
-                if extra_losses:
-                    ctx = LossContext(model, xb, yb, features, logits)
-                    loss = loss + sum(term(ctx) for term in extra_losses)
-            loss.backward()
-            if on_gradients is not None:
-                on_gradients(model)
-            for name, mask in gradient_masks.items():
-                grad = named[name].grad
-                if grad is not None:
-                    grad.mul_(mask)
-            optimizer.step()
-            if proximal is not None:
-                proximal.apply(named, optimizer.param_groups[0]["lr"])
-            if restores:
-                with torch.no_grad():
-                    for name, restore in restores.items():
-                        restore(named[name].detach())
-            stats.steps += 1
-            epoch_loss += float(loss.detach()) * len(batch)
+            for inner in range(settings.steps_per_batch):
+                optimizer.zero_grad(set_to_none=True)
+                if batch_loss is not None:
+                    loss = batch_loss(model, xb, yb)
+                else:
+                    features, logits = _forward(model, xb)
+                    loss = F.cross_entropy(logits, yb)
+                    if extra_losses:
+                        ctx = LossContext(model, xb, yb, features, logits)
+                        loss = loss + sum(term(ctx) for term in extra_losses)
+                loss.backward()
+                if on_gradients is not None:
+                    on_gradients(model)
+                for name, mask in gradient_masks.items():
+                    grad = named[name].grad
+                    if grad is not None:
+                        grad.mul_(mask)
+                optimizer.step()
+                if proximal is not None:
+                    proximal.apply(named, optimizer.param_groups[0]["lr"])
+                if restores:
+                    with torch.no_grad():
+                        for name, restore in restores.items():
+                            restore(named[name].detach())
+                stats.steps += 1
+                if inner == 0:
+                    epoch_loss += float(loss.detach()) * len(batch)
+            if after_batch is not None:
+                after_batch(model)
             epoch_seen += len(batch)
         stats.epoch_losses.append(epoch_loss / epoch_seen)
         total_loss += epoch_loss

@@ -51,6 +51,15 @@ def weighted_average(models: Sequence[Sequence[np.ndarray]], weights: Sequence[f
     return out
 
 
+def server_step(x: Sequence[np.ndarray], mean: Sequence[np.ndarray], rate: float) -> list[np.ndarray]:
+    """x <- x + rate (mean - x): the global model moved part of the way (rate 1: all of it; above 1: beyond) toward
+    the round's aggregate (SCAFFOLD's server learning rate, pFedMe's beta)."""
+    return [
+        (np.asarray(a, np.float32) + rate * (np.asarray(m, np.float32) - a)).astype(np.float32)
+        for a, m in zip(x, mean, strict=True)
+    ]
+
+
 def weighted_sum(arrays: Sequence[np.ndarray], sizes: Sequence[float]) -> np.ndarray:
     """sum_c size_c * array_c in float64, in client order, a cache-sized block at a time (the bits of a whole-array
     loop starting from zeros)."""

@@ -41,14 +41,6 @@ def client_control(
     return [(np.asarray(a, np.float32) + d).astype(np.float32) for a, d in zip(c_i, delta)], delta
 
 
-def server_step(x: Arrays, mean_y: Arrays, server_lr: float) -> list[np.ndarray]:
-    """x <- x + eta_g (mean_y - x): the global model moved by the server learning rate along the mean update."""
-    return [
-        (np.asarray(a, np.float32) + server_lr * (np.asarray(m, np.float32) - a)).astype(np.float32)
-        for a, m in zip(x, mean_y)
-    ]
-
-
 def server_control(c: Arrays, mean_delta: Arrays, sampled: int, total: int) -> list[np.ndarray]:
     """c <- c + (|S| / N) mean_S(delta c_i) = c + (1 / N) sum_S delta c_i."""
     share = sampled / total if total > 0 else 0.0

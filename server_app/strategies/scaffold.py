@@ -12,8 +12,9 @@ from flwr.app import RecordDict
 from common.algorithms import ScaffoldParams
 from common.config import ConfigError, RunConfig
 from common.learning.models import ModelLayout
+from common.methods.aggregate import server_step
 from common.methods.robust import robust_average
-from common.methods.scaffold import server_control, server_step
+from common.methods.scaffold import server_control
 from common.wire.messages import ARRAYS, CONFIG, CONTROL
 from common.wire.records import to_record
 from common.wire.validation import validate_arrays
