@@ -595,6 +595,15 @@ SPECS: dict[str, AlgorithmSpec] = {
             (GLOBAL,),
             averages_models=True,
         ),
+        AlgorithmSpec(
+            "fedrod",
+            "FedRoD: a generic model trained with the balanced softmax and averaged, a personalized head added to "
+            "its logits on each client",
+            "fedavg:FedAvgStrategy",
+            "fedrod:FedRoDClient",
+            eval_rows=(GLOBAL,),
+            averages_models=True,
+        ),
     )
 }
 
