@@ -376,6 +376,33 @@ class PFedMeParams:
 
 
 @dataclass(frozen=True)
+class FedALAParams:
+    """FedALA's adaptive local aggregation (Zhang et al., "FedALA: Adaptive Local Aggregation for Personalized
+    Federated Learning", AAAI 2023; defaults from the authors' code)."""
+
+    fedala_eta: float = hp(1.0, "eta: learning rate of the element-wise aggregation weights", low=0.0, low_open=True)
+    fedala_rand_percent: int = hp(
+        80,
+        "s: percent of the client's training data (a seeded contiguous slice) that learns the weights",
+        low=1,
+        high=100,
+    )
+    fedala_layer_idx: int = hp(
+        2,
+        "p: the last p parameter tensors are aggregated element-wise, the lower ones taken from the global model "
+        "(0: all of them; the default 2 is the classifier's weight and bias)",
+        low=0,
+        high=1000,
+    )
+    fedala_threshold: float = hp(
+        0.1, "the start phase learns the weights until the last 10 epochs' losses have a std below this", low=0.0
+    )
+    fedala_max_start_epochs: int = hp(
+        100, "at most this many epochs in the start phase (the authors' code has no bound)", low=1, high=10_000
+    )
+
+
+@dataclass(frozen=True)
 class AlgorithmSpec:
     """An algorithm: name, one-line summary, its two halves, hyperparameters, extra evaluation rows, and which
     part of the model travels (`shares`: all, head, body, or no-norm = all but normalization layers)."""
@@ -602,6 +629,16 @@ SPECS: dict[str, AlgorithmSpec] = {
             "fedavg:FedAvgStrategy",
             "fedrod:FedRoDClient",
             eval_rows=(GLOBAL,),
+            averages_models=True,
+        ),
+        AlgorithmSpec(
+            "fedala",
+            "FedALA: each client starts its training from an element-wise learned mix of its last local model and "
+            "the global model",
+            "fedavg:FedAvgStrategy",
+            "fedala:FedALAClient",
+            FedALAParams,
+            (GLOBAL,),
             averages_models=True,
         ),
     )

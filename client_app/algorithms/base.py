@@ -200,10 +200,12 @@ class ClientAlgorithm(ABC):
         trainable: set[str] | None = None,
         updated: dict[str, float] | None = None,
         dense_grad: bool = False,
+        epochs: int | None = None,
     ) -> float:
         """FLOPs of the local training just done, as executed (common.learning.flops.executed_per_sample): forward and
         input gradients scaled by the layers' `active` densities, weight gradients by their `updated` densities (None:
-        `active`) or whole under `dense_grad`; only `trainable` parameters (None: all) get gradients."""
+        `active`) or whole under `dense_grad`; only `trainable` parameters (None: all) get gradients; `epochs` passes
+        over the samples (None: the run's local epochs)."""
         data = self.env.data
         per_sample = _flops_per_sample(
             self.cfg.model,
@@ -215,7 +217,8 @@ class ClientAlgorithm(ABC):
             None if trainable is None else tuple(sorted(trainable)),
             dense_grad,
         )
-        return training_flops(per_sample, stats.num_samples, self.cfg.local_epochs if stats.steps else 0)
+        passes = self.cfg.local_epochs if epochs is None else epochs
+        return training_flops(per_sample, stats.num_samples, passes if stats.steps else 0)
 
     def forward_flops(self, stats: TrainStats, prefix: str = "") -> float:
         """FLOPs of forward passes without gradients over the samples of `stats`' training (as many epochs) through
