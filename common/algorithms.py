@@ -403,6 +403,24 @@ class FedALAParams:
 
 
 @dataclass(frozen=True)
+class FedDBEParams:
+    """FedDBE's mean regularization (Zhang et al., "Eliminating Domain Bias for Federated Learning in Representation
+    Space", NeurIPS 2023; defaults from the authors' run script)."""
+
+    feddbe_kappa: float = hp(
+        50.0, "kappa: weight of the mean regularization toward the global mean representation (0: off)", low=0.0
+    )
+    feddbe_momentum: float = hp(
+        1.0,
+        "momentum of the running mean of representations over a local training's mini-batches (1: the current "
+        "mini-batch's mean alone)",
+        low=0.0,
+        high=1.0,
+        low_open=True,
+    )
+
+
+@dataclass(frozen=True)
 class AlgorithmSpec:
     """An algorithm: name, one-line summary, its two halves, hyperparameters, extra evaluation rows, and which
     part of the model travels (`shares`: all, head, body, or no-norm = all but normalization layers)."""
@@ -640,6 +658,18 @@ SPECS: dict[str, AlgorithmSpec] = {
             FedALAParams,
             (GLOBAL,),
             averages_models=True,
+        ),
+        AlgorithmSpec(
+            "feddbe",
+            "FedDBE: FedAvg with a personal bias vector on the features and a pull of the features' mean toward the "
+            "clients' global mean",
+            "feddbe:FedDBEStrategy",
+            "feddbe:FedDBEClient",
+            FedDBEParams,
+            (GLOBAL,),
+            averages_models=True,
+            dp_refusal="each client's mean representation travels in round 0 and no DP mechanism here clips or "
+            "noises it",
         ),
     )
 }

@@ -45,6 +45,12 @@ CONTROL = _key(
     "SCAFFOLD: the server's control variate c (to a client), a client's change of its own c_i (to the server), one "
     "array per trainable parameter",
 )
+FEATURE_MEAN = _key(
+    "feature-mean",
+    ("record",),
+    "FedDBE: a client's mean representation after its round-0 training (to the server), the clients' global mean "
+    "(to a client), one array `mean` of the feature extractor's output size",
+)
 NEWCOMER_MODEL = _key(
     "newcomer",
     ("record", "config"),
@@ -97,7 +103,7 @@ FRESH_STATE = _key(
 )
 SIMULATE_DROP = _key("simulate-drop", ("config",), "simulation (drop-rate): fail this round")
 PROX_MU = _key("prox-mu", ("config",), "the proximal coefficient of the round (FedProx, FedAMP's lambda / alpha_k)")
-PRETRAIN = _key("pretrain", ("config",), "FedAMP: train from the common initialization (round 0)")
+PRETRAIN = _key("pretrain", ("config",), "FedAMP, FedDBE: train from the common initialization (round 0)")
 PHASE = _key("phase", ("config",), "DM-PFL: the phase of the round (1, 2 or 3); the reply names it back")
 PHASE3_RESET = _key(
     "phase3-reset", ("config",), "DM-PFL: reset the personal-only weights to 0 before this phase 3 (Alg. 3, line 3)"
