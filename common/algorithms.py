@@ -421,6 +421,22 @@ class FedDBEParams:
 
 
 @dataclass(frozen=True)
+class GPFLParams:
+    """GPFL's regularizers (Zhang et al., "GPFL: Simultaneously Learning Global and Personalized Feature Information
+    for Personalized Federated Learning", ICCV 2023; defaults: the authors' run script for 4-layer CNNs)."""
+
+    gpfl_lambda: float = hp(
+        0.01,
+        "lambda: weight of the L2 distance between the global path's features and the received embeddings of their "
+        "labels (the authors: 0.01 for CNNs and MLPs, 0.0001 for ResNet-18)",
+        low=0.0,
+    )
+    gpfl_mu: float = hp(
+        0.1, "mu: weight decay of the GCE's and CoV's parameters (the authors: 0.1 for CNNs, 0 for ResNet-18)", low=0.0
+    )
+
+
+@dataclass(frozen=True)
 class AlgorithmSpec:
     """An algorithm: name, one-line summary, its two halves, hyperparameters, extra evaluation rows, and which
     part of the model travels (`shares`: all, head, body, or no-norm = all but normalization layers)."""
@@ -670,6 +686,16 @@ SPECS: dict[str, AlgorithmSpec] = {
             averages_models=True,
             dp_refusal="each client's mean representation travels in round 0 and no DP mechanism here clips or "
             "noises it",
+        ),
+        AlgorithmSpec(
+            "gpfl",
+            "GPFL: a global category embedding and a conditional valve beside the model travel with the body; the "
+            "head stays on each client, fed the features valved by its personalized conditional input",
+            "gpfl:GPFLStrategy",
+            "gpfl:GPFLClient",
+            GPFLParams,
+            shares="no-head",
+            averages_models=True,
         ),
     )
 }

@@ -14,7 +14,7 @@ from torch.nn import functional as F
 
 from common.learning.train import LossContext
 
-PARTS = ("all", "head", "body", "no-norm")  # what an algorithm shares with the server
+PARTS = ("all", "head", "body", "no-norm", "no-head")  # what an algorithm shares with the server
 NORM_LAYERS = (
     nn.BatchNorm1d,
     nn.BatchNorm2d,
@@ -38,11 +38,14 @@ def norm_entries(model: nn.Module) -> list[str]:
 
 
 def shared_names(names: Sequence[str], part: str, norm: Iterable[str] = ()) -> list[str]:
-    """The entries of `names` (state-dict order) that travel: all, the head, the body, or all but norm layers."""
+    """The entries of `names` (state-dict order) that travel: all, the head, the body, all but norm layers, or all
+    but the head (the body and any module an algorithm adds beside the model: GPFL's)."""
     if part == "all":
         return list(names)
     if part in ("head", "body"):
         return [n for n in names if n.startswith(f"{part}.")]
+    if part == "no-head":
+        return [n for n in names if not n.startswith("head.")]
     if part == "no-norm":
         local = set(norm)
         return [n for n in names if n not in local]
