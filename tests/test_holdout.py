@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, MessageType, MetricRecord, RecordDict
 
-from client_app.algorithms import ClientEnv, answer
+from client_app.algorithms import ClientEnv, answer, client_class
 from client_app.algorithms.newcomer import NewcomerClient
 from client_app.state import ClientState
 from common.algorithms import FINETUNED, SPECS
@@ -113,7 +113,19 @@ class _Grid(PushPullGrid):
         return replies
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "fedamp", "local", "dmpfl"])
+@pytest.mark.parametrize("algorithm", sorted(SPECS))
+def test_every_algorithm_makes_a_newcomers_model_from_its_newcomer_record(algorithm: str) -> None:
+    # a split method's record holds only its shared part: the client half fills the rest as a new client would
+    fed = _federation(algorithm)
+    pid = sorted(fed.clients.holdout_ids())[0]
+    content = fed.strategy.newcomer_content(1, pid, {})
+    assert content.config_records["config"]["newcomer"] is True
+    env = ClientEnv(fed.cfg, fed.data[pid], ClientState(), "cpu")
+    built = client_class(algorithm)(env).newcomer_model(content)
+    assert built(fed.data[pid].test_x[:4]).shape == (4, fed.data[pid].num_classes)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedamp", "local", "dmpfl", "fedper", "gpfl", "fedbabu"])
 def test_newcomers_are_evaluated_as_received_and_after_fine_tuning(algorithm: str, server_identity: None) -> None:
     fed = _federation(algorithm, **{"holdout-finetune-epochs": 3})
     fed.train_round(1)

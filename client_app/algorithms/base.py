@@ -308,6 +308,11 @@ class ClientAlgorithm(ABC):
         the arrays the server sent (client_app/privacy.py); unchanged otherwise."""
         return private_reply(self.cfg.privacy, content, reply, self.env.partition_id, server_round)
 
+    def newcomer_model(self, content: RecordDict) -> torch.nn.Module:
+        """What a client that never trained evaluates and fine-tunes from the server's newcomer record (default: the
+        model as received; an algorithm that sends part of the model fills the rest as a new client of it would)."""
+        return self.received_model(content)
+
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
         """Answer an evaluation message (default: evaluate the model the server sent, also on its domain)."""
         model = self.received_model_to_read(content)

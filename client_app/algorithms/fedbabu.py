@@ -48,6 +48,10 @@ class FedBABUClient(ClientAlgorithm):
         reply[ARRAYS] = to_record(body, [named[name] for name in body])
         return reply
 
+    def newcomer_model(self, content: RecordDict) -> SplitModel:
+        """The received body on the common initialization's head."""
+        return self.model_with_body(content)[0]
+
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
         """The fine-tuned copy (main accuracy) and the received body with the initial head ('global-' row)."""
         params = self.cfg.params_as(FedBABUParams)

@@ -76,6 +76,10 @@ class GPFLClient(ClientAlgorithm):
         reply[ARRAYS] = to_record(self.shared, [named[name] for name in self.shared])
         return reply
 
+    def newcomer_model(self, content: RecordDict) -> GPFLModel:
+        """The received body, GCE and CoV with the common initialization's head (a new client's)."""
+        return self.own_model(content)
+
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
         """The personalized path with this client's head."""
         return self.eval_reply(self.evaluate_model(self.own_model(content)))

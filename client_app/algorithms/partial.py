@@ -56,6 +56,10 @@ class PartialClient(ClientAlgorithm):
         reply[ARRAYS] = to_record(self.shared, [named[name] for name in self.shared])
         return reply
 
+    def newcomer_model(self, content: RecordDict) -> SplitModel:
+        """The common initialization with the received shared part (a new client has no part of its own yet)."""
+        return self.own_model(content)
+
     def evaluate(self, server_round: int, content: RecordDict) -> RecordDict:
         """The own model with the current shared part."""
         return self.eval_reply(self.evaluate_model(self.own_model(content)))

@@ -108,12 +108,12 @@ class ProximalStep:
                     param.add_(ref.to(param.device) - param, alpha=share)
 
 
-def _forward(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    body = getattr(model, "body", None)
-    head = getattr(model, "head", None)
-    if body is not None and head is not None:
-        features = body(x)
-        return features, head(features)
+def _forward(model: nn.Module, x: torch.Tensor, split: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    # a SplitModel's features are its body's output; any other module (a method's wrapper with a body and a head of
+    # its own, e.g. GPFL's valve between them) is called whole
+    if split:
+        features = model.get_submodule("body")(x)
+        return features, model.get_submodule("head")(features)
     logits = model(x)
     return logits, logits
 
@@ -148,6 +148,9 @@ def train(
     """
     if batch_loss is not None and extra_losses:
         raise ValueError("batch_loss replaces the cross-entropy and its extra losses: give one or the other")
+    from common.learning.models import SplitModel  # here: models imports this module's neighbours
+
+    split = isinstance(model, SplitModel)
     device = torch.device(device)
     model.to(device).train()
     extra_losses = list(extra_losses)
@@ -179,7 +182,7 @@ def train(
                 if batch_loss is not None:
                     loss = batch_loss(model, xb, yb)
                 else:
-                    features, logits = _forward(model, xb)
+                    features, logits = _forward(model, xb, split)
                     loss = F.cross_entropy(logits, yb)
                     if extra_losses:
                         ctx = LossContext(model, xb, yb, features, logits)
