@@ -318,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{algorithm} {model}: {row['ended']} in {row['seconds']:.0f} s", file=sys.stderr, flush=True)
                 if args.json:
                     args.json.write_text(json.dumps(rows, indent=1))
+    except KeyboardInterrupt:  # the deployment of the run in progress is stopped (measure's finally); say what stands
+        print(f"stopped: {len(rows)} setting(s) measured, the one in progress dropped", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(
