@@ -25,6 +25,8 @@ from common.methods.personal import norm_entries
 class SplitModel(nn.Module):
     """A classifier made of a feature extractor `body` and a classifier `head`."""
 
+    SPLITS_FEATURES = True  # the training loop takes body(x) as the features an extra loss sees (no import of this)
+
     def __init__(self, body: nn.Module, head: nn.Module) -> None:
         super().__init__()
         self.body = body

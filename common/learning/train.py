@@ -148,9 +148,7 @@ def train(
     """
     if batch_loss is not None and extra_losses:
         raise ValueError("batch_loss replaces the cross-entropy and its extra losses: give one or the other")
-    from common.learning.models import SplitModel  # here: models imports this module's neighbours
-
-    split = isinstance(model, SplitModel)
+    split = getattr(type(model), "SPLITS_FEATURES", False)
     device = torch.device(device)
     model.to(device).train()
     extra_losses = list(extra_losses)
