@@ -437,6 +437,26 @@ class GPFLParams:
 
 
 @dataclass(frozen=True)
+class FedCPParams:
+    """FedCP's feature separation (Zhang et al., "FedCP: Separating Feature Information for Personalized Federated
+    Learning via Conditional Policy", KDD 2023; defaults: the authors' run script)."""
+
+    fedcp_lambda: float = hp(
+        5.0,
+        "lambda: weight of the maximum mean discrepancy between the trained and the received feature extractor's "
+        "features (the authors' script: 5; PFLlib's default: 1)",
+        low=0.0,
+    )
+    fedcp_tau: float = hp(
+        1.0,
+        "temperature of the policy's Gumbel-softmax split of each feature (the authors' code: 1)",
+        low=0.0,
+        low_open=True,
+        high=100.0,
+    )
+
+
+@dataclass(frozen=True)
 class AlgorithmSpec:
     """An algorithm: name, one-line summary, its two halves, hyperparameters, extra evaluation rows, and which
     part of the model travels (`shares`: all, head, body, or no-norm = all but normalization layers)."""
@@ -695,6 +715,15 @@ SPECS: dict[str, AlgorithmSpec] = {
             "gpfl:GPFLClient",
             GPFLParams,
             shares="no-head",
+            averages_models=True,
+        ),
+        AlgorithmSpec(
+            "fedcp",
+            "FedCP: a conditional policy splits each sample's features between the global head and the client's own "
+            "head; the body, the policy and the global head travel",
+            "fedcp:FedCPStrategy",
+            "fedcp:FedCPClient",
+            FedCPParams,
             averages_models=True,
         ),
     )

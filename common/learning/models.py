@@ -347,6 +347,25 @@ class ModelLayout:
             tuple(name for name, _ in model.named_parameters()),
         )
 
+    def extended(self, modules: nn.Module) -> ModelLayout:
+        """This layout with the entries of `modules` (a method's modules beside the model, held and averaged by the
+        server like the model's own) after the model's."""
+        return ModelLayout(
+            [*self.initial, *get_arrays(modules)],
+            [*self.specs, *array_specs(modules)],
+            self.prunable,
+            self.norm,
+            self.channels,
+            (*self.params, *(name for name, _ in modules.named_parameters())),
+        )
+
+    def linear_head(self) -> tuple[int, int]:
+        """(features, classes) of a model whose head is one linear layer ('head.weight'); ValueError otherwise."""
+        for name, shape in self.specs:
+            if name == "head.weight" and len(shape) == 2:
+                return int(shape[1]), int(shape[0])
+        raise ValueError("the model's head is not one linear layer ('head.weight')")
+
 
 @lru_cache(maxsize=8)
 def model_layout(name: str, dataset: str, input_shape: tuple[int, ...], num_classes: int, seed: int) -> ModelLayout:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from common.learning.models import ModelLayout, SplitModel, array_specs, get_arrays
+from common.learning.models import ModelLayout, SplitModel
 from common.learning.train import BatchLoss
 from common.seeding import derive_seed
 
@@ -56,26 +56,11 @@ def added_modules(features: int, classes: int, seed: int) -> GPFLModules:
         return GPFLModules(features, classes)
 
 
-def extended_layout(layout: ModelLayout, features: int, classes: int, seed: int) -> ModelLayout:
-    """The model's layout with GPFL's modules' entries after its own (what the server holds and averages)."""
-    modules = added_modules(features, classes, seed)
-    return ModelLayout(
-        [*layout.initial, *get_arrays(modules)],
-        [*layout.specs, *array_specs(modules)],
-        layout.prunable,
-        layout.norm,
-        layout.channels,
-        (*layout.params, *(name for name, _ in modules.named_parameters())),
-    )
-
-
 def added_layout_of(layout: ModelLayout, seed: int) -> ModelLayout:
-    """`extended_layout` for a model with a linear head ('head.weight': classes x features), the modules seeded from
-    the run's seed (ValueError for a model without one)."""
-    for name, shape in layout.specs:
-        if name == "head.weight" and len(shape) == 2:
-            return extended_layout(layout, int(shape[1]), int(shape[0]), derive_seed(seed, "gpfl-modules"))
-    raise ValueError("GPFL needs a model whose head is one linear layer ('head.weight')")
+    """The model's layout with GPFL's modules (seeded from the run's seed) after its own entries: what the server
+    holds; ValueError for a model whose head is not one linear layer."""
+    features, classes = layout.linear_head()
+    return layout.extended(added_modules(features, classes, derive_seed(seed, "gpfl-modules")))
 
 
 def conditional_inputs(embeddings: torch.Tensor, class_share: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,20 +4,12 @@ Learning Global and Personalized Feature Information for Personalized Federated 
 
 from __future__ import annotations
 
-from common.config import ConfigError, RunConfig
-from common.learning.models import ModelLayout
 from common.methods.gpfl import added_layout_of
 
-from ..clients import ClientRegistry
-from .partial import PartialStrategy
+from .partial import AddedModulesStrategy
 
 
-class GPFLStrategy(PartialStrategy):
-    """PartialStrategy over the model's layout extended by GPFL's modules, sharing all but the head."""
+class GPFLStrategy(AddedModulesStrategy):
+    """The model's layout extended by GPFL's modules, all but the head shared (the spec's `no-head`)."""
 
-    def __init__(self, cfg: RunConfig, model: ModelLayout, clients: ClientRegistry) -> None:
-        try:
-            extended = added_layout_of(model, cfg.seed)
-        except ValueError as exc:
-            raise ConfigError(f"run-config 'model' {cfg.model!r}: {exc}") from None
-        super().__init__(cfg, extended, clients)
+    add_modules = staticmethod(added_layout_of)

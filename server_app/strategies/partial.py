@@ -3,6 +3,8 @@ and is averaged; the rest stays on each device."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from flwr.app import ArrayRecord
 
 from common.algorithms import SPECS
@@ -54,3 +56,19 @@ class PartialStrategy(PFLStrategy):
         averaged = self.average(replies, [r.weight for r in replies], shared)
         for name, value in zip(self.shared, averaged):
             self.global_arrays[self.index[name]] = value
+
+
+class AddedModulesStrategy(PartialStrategy):
+    """PartialStrategy over the model's layout extended by a method's modules beside the model (GPFL's, FedCP's):
+    `add_modules` maps the model's layout and the run's seed to the extended one (ValueError: a model it cannot
+    extend)."""
+
+    add_modules: Callable[[ModelLayout, int], ModelLayout]
+
+    def __init__(self, cfg: RunConfig, model: ModelLayout, clients: ClientRegistry) -> None:
+        try:
+            extended = type(self).add_modules(model, cfg.seed)
+        except ValueError as exc:
+            message = f"run-config 'model' {cfg.model!r}: {cfg.algorithm} cannot add its modules: {exc}"
+            raise ConfigError(message) from None
+        super().__init__(cfg, extended, clients)
