@@ -1,0 +1,83 @@
+"""The PFLlib side by side's harness: the flags each algorithm's counterpart gets, the per-client results read back
+into evaluations, the round-time lines, and the exported clients (PFLlib's format, this project's exact data)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.config import ConfigError, parse_run_config
+from common.data.federated import client_data
+from experiments.benchmarks.pfllib import (
+    ROUND_TIME,
+    SIDE,
+    dataset_name,
+    export_clients,
+    pfllib_arguments,
+    read_events,
+    side_specs,
+)
+
+
+def _flags(args: list[str]) -> dict[str, str]:
+    return dict(zip(args[::2], args[1::2]))
+
+
+def test_each_algorithm_gets_its_counterpart_and_this_projects_values() -> None:
+    base = {"dataset": "fashion-mnist", "lr": 0.005, "batch-size": 10, "local-epochs": 1, "num-rounds": 25}
+    names = {}
+    for algorithm in SIDE:
+        flags = _flags(pfllib_arguments(parse_run_config({**base, "algorithm": algorithm})))
+        names[algorithm] = flags["-algo"]
+        shared = (flags["-lbs"], flags["-ls"], flags["-gr"], flags["-dev"], flags["-m"])
+        assert shared == ("10", "1", "25", "cpu", "CNN")
+    assert names["perfedavg"] == "PerAvg" and names["fedrod"] == "FedROD" and names["pfedme"] == "pFedMe"
+    assert len(set(names.values())) == len(SIDE)
+    per = _flags(pfllib_arguments(parse_run_config({**base, "algorithm": "perfedavg", "perfedavg-alpha": 0.02})))
+    assert (per["-lr"], per["-bt"]) == ("0.02", "0.005")  # PFLlib's -lr is the inner step, -bt the outer
+    me = _flags(pfllib_arguments(parse_run_config({**base, "algorithm": "pfedme", "pfedme-k": 3, "pfedme-beta": 2.0})))
+    assert (me["-K"], me["-bt"], me["-lam"], me["-lrp"], me["-lr"]) == ("3", "2.0", "15.0", "0.09", "0.005")
+    dbe = _flags(pfllib_arguments(parse_run_config({**base, "algorithm": "feddbe"})))
+    assert (dbe["-klw"], dbe["-mo"]) == ("50.0", "1.0")  # PFLlib's defaults (0, 0.1) would turn its MR off
+    with pytest.raises(ConfigError, match="no PFLlib counterpart is mapped for dmpfl"):
+        pfllib_arguments(parse_run_config({**base, "algorithm": "dmpfl"}))
+
+
+def test_per_client_results_become_evaluations(tmp_path: Path) -> None:
+    rows = [(0, 3, 4), (1, 1, 2), (0, 4, 4), (1, 0, 2), (0, 1, 4)]  # two evaluations of two clients, one partial
+    events = tmp_path / "events.jsonl"
+    events.write_text("".join(json.dumps({"id": i, "correct": c, "num": n}) + "\n" for i, c, n in rows))
+    means, weighted = read_events(events, clients=2)
+    assert means == [pytest.approx((0.75 + 0.5) / 2), pytest.approx(0.5)]
+    assert weighted == [pytest.approx(4 / 6), pytest.approx(4 / 6)]
+
+
+def test_both_round_time_lines_are_read() -> None:
+    lines = ["-" * 25 + " time cost " + "-" * 25 + " 12.5", "-" * 50 + " 3.25", "Averaged Test Accuracy: 0.5"]
+    assert [float(m.group(1)) for line in lines if (m := ROUND_TIME.match(line))] == [12.5, 3.25]
+
+
+def test_the_study_names_the_side_by_side_runs() -> None:
+    specs = side_specs(["fedavg", "fedcp"], "fmnist-fedcp,cifar-fedavg", "1")
+    assert sorted(spec.name for spec in specs) == ["cifar-fedavg-seed1", "fmnist-fedcp-seed1"]
+    assert len(side_specs(SIDE, None)) == 2 * len(SIDE) * 3
+
+
+def test_exported_clients_are_the_runs_data_in_pfllibs_format(tmp_path: Path, data_dir: Path) -> None:
+    if not (data_dir / "FashionMNIST").is_dir():
+        pytest.skip(f"Fashion-MNIST is not staged in {data_dir}")
+    cfg = parse_run_config(
+        {"dataset": "fashion-mnist", "data-dir": str(data_dir), "partition": "dirichlet", "dirichlet-alpha": 0.1}
+    )
+    folder = export_clients(cfg, 3, tmp_path)
+    assert folder.name == dataset_name(cfg, cfg.seed) and "MNIST" in folder.name  # PFLlib sizes its CNN by name
+    for pid in range(3):
+        mine = client_data(cfg.data, pid, 3)
+        for part, x, y in (("train", mine.train_x, mine.train_y), ("test", mine.test_x, mine.test_y)):
+            with open(folder / part / f"{pid}.npz", "rb") as handle:  # as PFLlib's read_data does
+                data = np.load(handle, allow_pickle=True)["data"].tolist()
+            np.testing.assert_array_equal(data["x"], x.numpy())
+            np.testing.assert_array_equal(data["y"], y.numpy())
