@@ -184,7 +184,7 @@ def read_events(path: Path, clients: int) -> tuple[list[float], list[float]]:
 
 
 def run_pfllib(
-    pfllib: Path, cfg: RunConfig, clients: int, work: Path, python: str, deps: str, timeout: float
+    pfllib: Path, cfg: RunConfig, clients: int, work: Path, python: str, deps: str, timeout: float, threads: int = 0
 ) -> PFLlibRun:
     """Run PFLlib's main.py on the exported clients of this run config in a private copy of its system/ folder."""
     system = work / "system"
@@ -196,7 +196,9 @@ def run_pfllib(
     args = [*pfllib_arguments(cfg), "-data", dataset_name(cfg, cfg.seed), "-nc", str(clients)]
     args += ["-ncl", str(10)]
     command = [python, "-c", LAUNCHER, str(cfg.seed), str(events), deps, *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # torch's own thread count, as PFLlib runs
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if threads > 0:  # else torch's own count, as PFLlib runs by default
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     done = subprocess.run(command, cwd=system, env=env, capture_output=True, text=True, timeout=timeout)
     log = work / f"log-{cfg.algorithm}-{cfg.seed}.txt"
     log.write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
@@ -282,7 +284,7 @@ def run_side(args: argparse.Namespace, commit_record: Callable[[Path, str], None
             print(f"PFLlib: {spec.name} ({cfg.num_rounds} rounds) ...", flush=True)
             start = time.monotonic()
             try:
-                run = run_pfllib(pfllib, cfg, spec.clients, work, args.python, args.deps, args.timeout)
+                run = run_pfllib(pfllib, cfg, spec.clients, work, args.python, args.deps, args.timeout, args.threads)
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 print(f"PFLlib: {spec.name} failed: {exc}", flush=True)
                 failed += 1
@@ -298,7 +300,7 @@ def run_side(args: argparse.Namespace, commit_record: Callable[[Path, str], None
             finished += 1
             if args.rounds:
                 continue  # a trial at other rounds than the study's: no record
-            record = record_of(spec, cfg, run, pfllib_commit(pfllib), wall)
+            record = {**record_of(spec, cfg, run, pfllib_commit(pfllib), wall), "threads": args.threads or "torch's"}
             target.write_text(json.dumps(record, indent=1) + "\n")
             if commit_record is not None:
                 commit_record(target, f"PFLlib side by side: record {spec.name}")
@@ -354,6 +356,13 @@ def main(argv: Sequence[str] | None = None, commit_record: Callable[[Path, str],
     run.add_argument("--rounds", type=int, default=0, help="override the study's rounds (a trial; not recorded)")
     run.add_argument("--budget-hours", type=float, default=2.0, help="start no run after this many hours")
     run.add_argument("--timeout", type=float, default=6 * 3600, help="seconds one PFLlib run may take")
+    run.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="PFLlib's torch threads (0: torch's default; 1 whenever anything else runs beside it: two threads on "
+        "two busy cores ran a training step 9x slower)",
+    )
     run.add_argument("--python", default=sys.executable, help="the interpreter that runs PFLlib")
     run.add_argument("--deps", default="", help="a folder of PFLlib's extra packages (pip install --target)")
     run.add_argument("--commit", action="store_true", help="commit each record as it is written")
