@@ -19,7 +19,9 @@ from experiments.benchmarks.pfllib import (
     pfllib_arguments,
     read_events,
     side_specs,
+    side_table,
 )
+from experiments.studies.records import SCHEMA, record_path, write_record
 
 
 def _flags(args: list[str]) -> dict[str, str]:
@@ -81,3 +83,23 @@ def test_exported_clients_are_the_runs_data_in_pfllibs_format(tmp_path: Path, da
                 data = np.load(handle, allow_pickle=True)["data"].tolist()
             np.testing.assert_array_equal(data["x"], x.numpy())
             np.testing.assert_array_equal(data["y"], y.numpy())
+
+
+def test_the_table_reads_both_sides_records(tmp_path: Path) -> None:
+    ours, theirs = tmp_path / "runs", tmp_path / "pfllib"
+    theirs.mkdir()
+    for seed, accs in ((0, [0.5, 0.7, 0.6]), (1, [0.4, 0.8, 0.7])):
+        name = f"fmnist-fedavg-seed{seed}"
+        rounds = [
+            {"round": i + 1, "wall_s": 2.0, "eval": {"num_clients": 2, "failed": 0, "mean": {"acc-shift-0": a}}}
+            for i, a in enumerate(accs)
+        ]
+        record = {"schema": SCHEMA, "name": name, "experiment": "fmnist-fedavg", "rounds": rounds}
+        write_record(record_path(ours, name), {**record, "config": {}, "summary": {}, "behaviour": "", "clients": 2})
+        peer = {"experiment": "fmnist-fedavg", "mean_accuracy": [0.9, *accs[::-1]], "round_seconds": [3.0, 5.0]}
+        (theirs / f"{name}.json").write_text(json.dumps(peer))
+    row = next(line for line in side_table(ours, theirs).splitlines() if line.startswith("| fmnist | fedavg |"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    # last: ours 0.6 and 0.7, PFLlib 0.5 and 0.4; best: 0.7 and 0.8 on both sides (PFLlib's round 0, 0.9, left out)
+    assert [cell.split(" +/- ")[0] for cell in cells[2:6]] == ["65.00", "45.00", "75.00", "75.00"]
+    assert cells[6:] == ["2.0", "4.0", "2, 2"]

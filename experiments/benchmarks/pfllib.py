@@ -24,12 +24,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from common.config import ConfigError, RunConfig, parse_run_config
 from common.data.federated import client_data
+from common.storage.run_folder import RoundRecord, evaluation, evaluation_means
 from experiments.analysis.stats import fmt_ci, mean_ci
 from experiments.run.runs import RunSpec
 from experiments.run.sweep import read_sweep
@@ -308,8 +309,9 @@ def run_side(args: argparse.Namespace, commit_record: Callable[[Path, str], None
 
 
 def _ours(record: dict[str, Any]) -> tuple[list[float], list[float]]:
-    accs = [float(r["eval"]["mean"]["acc-shift-0"]) for r in record["rounds"] if r.get("eval")]
-    return accs, [float(r["wall_s"]) for r in record["rounds"]]
+    rounds = cast(list[RoundRecord], record["rounds"])
+    accs = [float(evaluation_means(r)["acc-shift-0"]) for r in rounds if evaluation(r) is not None]
+    return accs, [float(r["wall_s"]) for r in rounds]
 
 
 def _stat(values: list[float], best: bool) -> float:
@@ -317,11 +319,13 @@ def _stat(values: list[float], best: bool) -> float:
     return (max(finite) if best else finite[-1]) if finite else float("nan")
 
 
-def side_table() -> str:
+def side_table(ours_folder: Path | None = None, pfllib_folder: Path | None = None) -> str:
     """Markdown: per data set and algorithm, both sides' last- and best-round mean accuracy over clients (mean +/-
-    95% t-interval over seeds) and median seconds per round, with the runs each side has."""
-    ours = read_records(records_folder(SWEEP, read_sweep(SWEEP).name))
-    theirs = {p.stem: json.loads(p.read_text()) for p in sorted(pfllib_records_folder().glob("*.json"))}
+    95% t-interval over seeds; PFLlib's evaluation before any training left out) and median seconds per round,
+    with the runs each side has; from the committed records (or those of the folders given)."""
+    ours = read_records(ours_folder or records_folder(SWEEP, read_sweep(SWEEP).name))
+    folder = pfllib_folder or pfllib_records_folder()
+    theirs = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
     lines = [
         "| data set | algorithm | ours, last | PFLlib, last | ours, best | PFLlib, best | s/round ours | "
         "s/round PFLlib | seeds (ours, PFLlib) |",
