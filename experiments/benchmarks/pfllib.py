@@ -279,9 +279,7 @@ def run_side(args: argparse.Namespace, commit_record: Callable[[Path, str], None
             if time.monotonic() > deadline:
                 print(f"budget spent; next: {spec.name}", flush=True)
                 break
-            cfg = parse_run_config(spec.run_config)
-            if args.rounds:
-                cfg = parse_run_config({**spec.run_config, "num-rounds": args.rounds})
+            cfg = parse_run_config({**spec.run_config, **({"num-rounds": args.rounds} if args.rounds else {})})
             print(f"PFLlib: {spec.name} ({cfg.num_rounds} rounds) ...", flush=True)
             start = time.monotonic()
             try:
@@ -323,8 +321,9 @@ def side_table(ours_folder: Path | None = None, pfllib_folder: Path | None = Non
     """Markdown: per data set and algorithm, both sides' last- and best-round mean accuracy over clients (mean +/-
     95% t-interval over seeds; PFLlib's evaluation before any training left out) and median seconds per round,
     with the runs each side has; from the committed records (or those of the folders given)."""
-    ours = read_records(ours_folder or records_folder(SWEEP, read_sweep(SWEEP).name))
-    folder = pfllib_folder or pfllib_records_folder()
+    study = records_folder(SWEEP, read_sweep(SWEEP).name)
+    ours = read_records(ours_folder or study)
+    folder = pfllib_folder or study.parent / "pfllib"
     theirs = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
     lines = [
         "| data set | algorithm | ours, last | PFLlib, last | ours, best | PFLlib, best | s/round ours | "
