@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from functools import lru_cache
 from logging import ERROR, WARNING
 from pathlib import Path
@@ -17,6 +18,8 @@ from common import profiling
 from common.config import ConfigError, RunConfig, due, parse_run_config
 from common.data.datasets import DataError
 from common.data.federated import client_data
+from common.secagg.protocol import SecAggRefused
+from common.secagg.wire import SETUP, SHARE, UNMASK
 from common.sections import OutputSettings
 from common.storage.persist import CLIENT_STATE_FOLDER, StateFileError, is_hex
 from common.wire.messages import (
@@ -42,6 +45,7 @@ from common.wire.messages import (
 )
 from common.wire.validation import PayloadError, is_folder_name, read_count
 
+from . import secure
 from .algorithms import ClientEnv, answer, client_class
 from .algorithms.newcomer import NewcomerClient
 from .privacy import WITHHELD_COUNT, below_floor
@@ -212,11 +216,12 @@ def query(msg: Message, context: Context) -> Message:
         return Message(RecordDict({REFUSED: ConfigRecord({REASON: why})}), reply_to=msg)
     partition_id, num_partitions = _partition(context)
     withheld = env.cfg.privacy.withholds_metrics  # local DP: no count of this client's data leaves it
+    hidden = withheld or env.cfg.secagg != "none"  # secure aggregation: the count travels inside the masked sum
     metrics = MetricRecord(
         {
             PARTITION_ID: partition_id,
             NUM_PARTITIONS: num_partitions,
-            NUM_TRAIN: WITHHELD_COUNT if withheld else declared_num_train(env.cfg.faults, env.data),
+            NUM_TRAIN: WITHHELD_COUNT if hidden else declared_num_train(env.cfg.faults, env.data),
             NUM_TEST: WITHHELD_COUNT if withheld else len(env.data.test_y),
         }
     )
@@ -238,12 +243,55 @@ def train(msg: Message, context: Context) -> Message:
         if config.get(SIMULATE_DROP, False):
             return simulated_drop(msg, env.partition_id, env.cfg.drop_rate)
         algorithm = client_class(env.cfg.algorithm)(env)
-        reply = Message(answer(algorithm, MessageType.TRAIN, _round(msg), msg.content), reply_to=msg)
+        content = answer(algorithm, MessageType.TRAIN, _round(msg), msg.content)
+        if env.cfg.secagg != "none":
+            try:
+                content = secure.masked_reply(env.cfg, msg, context, content)
+            except (SecAggRefused, PayloadError, ValueError) as exc:
+                return _secure_refused(msg, exc)
+        reply = Message(content, reply_to=msg)
         try:
             _persist(env, store, msg, reply)
         except StateFileError as exc:  # e.g. a key file that is not this user's: the state could not be kept
             return _state_refused(msg, exc)
     return reply
+
+
+def _secure_refused(msg: Message, exc: Exception) -> Message:
+    """One WARNING line and an error reply for a secure-aggregation request this client will not serve: the server
+    counts it as a dropout (the protocol's masks of it are removed)."""
+    log(WARNING, "secure aggregation: %s", exc)
+    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"secure aggregation: {exc}"), reply_to=msg)
+
+
+def _secure_stage(
+    msg: Message, context: Context, stage: Callable[[RunConfig, Message, Context], RecordDict]
+) -> Message:
+    """One SecAgg+ stage (client_app/secure.py), refused with one line rather than a traceback."""
+    with profiling.record("client", kind=msg.metadata.message_type, round=0):
+        try:
+            cfg = _config(tuple(sorted(context.run_config.items())))
+            return Message(stage(cfg, msg, context), reply_to=msg)
+        except (SecAggRefused, PayloadError, ValueError, ConfigError) as exc:
+            return _secure_refused(msg, exc)
+
+
+@app.train(SETUP.split(".")[1])
+def secagg_setup(msg: Message, context: Context) -> Message:
+    """SecAgg+ stage 0: the round's public keys."""
+    return _secure_stage(msg, context, lambda cfg, m, c: secure.setup(cfg, m, c, _partition(c)[0]))
+
+
+@app.train(SHARE.split(".")[1])
+def secagg_share(msg: Message, context: Context) -> Message:
+    """SecAgg+ stage 1: the encrypted shares for the neighbours."""
+    return _secure_stage(msg, context, secure.share)
+
+
+@app.train(UNMASK.split(".")[1])
+def secagg_unmask(msg: Message, context: Context) -> Message:
+    """SecAgg+ stage 3: the shares that remove the masks."""
+    return _secure_stage(msg, context, secure.unmask)
 
 
 @app.evaluate()

@@ -19,6 +19,7 @@ from common.hparams import ConfigError, KeyInfo, as_dict, choice, describe, hp, 
 from common.learning.model_specs import MODEL_SPECS
 from common.methods.privacy import CENTRAL_DP_ON_GLOBAL_MASK, CENTRAL_DP_RECOVERED, CENTRAL_DP_REFUSED, DP_MODES
 from common.methods.robust import ROBUST_METHODS, RobustRule
+from common.secagg.params import SECAGG_MODES, SECAGG_REFUSED, SecAggParams
 from common.sections import EvaluationSettings, FaultSettings, OutputSettings, PrivacySettings, TrainingSettings
 from common.storage.run_folder import MESSAGES_FILE
 from common.wire.validation import is_folder_name
@@ -416,6 +417,46 @@ class RunConfig:
         "without noise and outside the epsilon; a device with a `dp-noise-floor` refuses it)",
         choices=("withhold", "report"),
     )
+    secagg: str = hp(
+        "none",
+        "secure aggregation: `secaggplus` (SecAgg+, Bell et al. 2020: the server learns only the sum of the round's "
+        "uploads, sample counts and loss included; docs/privacy.md) or `none`",
+        choices=SECAGG_MODES,
+    )
+    secagg_num_shares: float = hp(
+        1.0,
+        "`secaggplus`: each client's neighbours (itself included) that hold shares of its secrets: a fraction of the "
+        "round's clients in (0, 1], or a count of at least 3",
+        low=0.0,
+        low_open=True,
+    )
+    secagg_reconstruction_threshold: float = hp(
+        0.67,
+        "`secaggplus`: shares that rebuild a secret: a fraction of the shares in (0, 1], or a count; it must be more "
+        "than half of the shares",
+        low=0.0,
+        low_open=True,
+    )
+    secagg_clipping_range: float = hp(
+        8.0,
+        "`secaggplus`: each weight-scaled value is clipped to [-range, range] before quantization",
+        low=0.0,
+        low_open=True,
+    )
+    secagg_quantization_range: int = hp(4194304, "`secaggplus`: values are quantized to integers in [0, range]", low=2)
+    secagg_modulus_range: int = hp(
+        4294967296,
+        "`secaggplus`: the masks' modulus, a power of two up to 2**64; it must exceed the round's clients x "
+        "`secagg-quantization-range` (2**32 sends 4 bytes a value, more sends 8)",
+        low=2,
+    )
+    secagg_max_weight: float = hp(
+        1000.0,
+        "`secaggplus`: the sample count that weighs fully; a client with more counts as this many (the round's "
+        "record counts how many were capped)",
+        low=0.0,
+        low_open=True,
+    )
     attack_clients: float = hp(
         0.0,
         "simulation: this fraction of the clients (seeded) attacks by model "
@@ -538,6 +579,22 @@ class RunConfig:
         return self._section(FaultSettings)
 
     @property
+    def secagg_params(self) -> SecAggParams:
+        """SecAgg+'s parameters (common/secagg/params.py): a share or threshold above 1 is a count."""
+
+        def count_or_fraction(value: float) -> int | float:
+            return int(value) if value > 1 else float(value)
+
+        return SecAggParams(
+            num_shares=count_or_fraction(self.secagg_num_shares),
+            reconstruction_threshold=count_or_fraction(self.secagg_reconstruction_threshold),
+            clipping_range=self.secagg_clipping_range,
+            quantization_range=self.secagg_quantization_range,
+            modulus_range=self.secagg_modulus_range,
+            max_weight=self.secagg_max_weight,
+        )
+
+    @property
     def privacy(self) -> PrivacySettings:
         """The differential-privacy section (common/sections.py)."""
         return self._section(PrivacySettings)
@@ -624,6 +681,29 @@ def _check_gradient_pull(cfg: RunConfig, params: Any) -> None:
                 f"run-config 'lr' x 'pfedme-lambda' = {cfg.lr * params.pfedme_lambda:g}: pFedMe's outer step "
                 "w_i <- w_i - lr lambda (w_i - theta) diverges at 2 or more; lower one of them"
             )
+
+
+def _check_secagg(cfg: RunConfig, algorithm: str) -> None:
+    """ConfigError when `secagg` = secaggplus cannot keep its promise (the server learns only the sum) here."""
+    if cfg.secagg == "none":
+        return
+    if algorithm in SECAGG_REFUSED:
+        raise ConfigError(
+            f"run-config 'secagg' = '{cfg.secagg}' cannot apply to '{algorithm}': {SECAGG_REFUSED[algorithm]}"
+        )
+    hidden = "secure aggregation hides each client's upload, so the server cannot"
+    for key, on, why in (
+        ("dp", cfg.dp != "none", f"{hidden} clip or noise one (distributed DP is not built yet)"),
+        ("robust-aggregation", cfg.robust_aggregation != "none", f"{hidden} clip, trim or rank one"),
+        ("max-update-ratio", cfg.max_update_ratio > 0, f"{hidden} compare one with the others"),
+        ("max-weight-ratio", cfg.max_weight_ratio > 0, "the clients' sample counts travel inside the masked sum"),
+    ):
+        if on:
+            raise ConfigError(f"run-config '{key}' with 'secagg' = '{cfg.secagg}': {why}")
+    try:
+        cfg.secagg_params.check()
+    except ValueError as exc:
+        raise ConfigError(f"run-config secagg keys: {exc}") from None
 
 
 def _check_dp(cfg: RunConfig, algorithm: str, averaging: list[str]) -> None:
@@ -732,6 +812,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         )
     _check_gradient_pull(cfg, params)
     _check_dp(cfg, algorithm, averaging)
+    _check_secagg(cfg, algorithm)
     if cfg.stop_patience > 0 and not 0 < cfg.eval_every <= cfg.stop_patience:
         raise ConfigError(
             f"run-config 'stop-patience' = {cfg.stop_patience} needs an evaluation within every {cfg.stop_patience} "

@@ -200,13 +200,9 @@ class ClientRegistry:
             return replaced
         if len(sizes) > 1:
             log(WARNING, "clients disagree on num-partitions: %s", sorted(sizes))
-        log(
-            INFO,
-            "handshake: %d of %d nodes ready, %d training samples in all",
-            len(self),
-            len(nodes),
-            self.total_train(),
-        )
+        withheld = all(c.num_train == 1 for c in self.by_partition.values())  # local DP's or SecAgg+'s fixed 1
+        samples = "sample counts withheld" if withheld else f"{self.total_train():.0f} training samples in all"
+        log(INFO, "handshake: %d of %d nodes ready, %s", len(self), len(nodes), samples)
         return replaced
 
     def _read_claim(self, node: int, metrics: Any) -> tuple[ClientInfo, int]:

@@ -33,6 +33,7 @@ from .newcomers import newcomer_statistics
 from .plateau import Plateau
 from .replies import RoundLog, TrainReply, eval_statistics, evaluation_rows, parse_train_metrics, train_record
 from .results import ResultsWriter, progress_text, round_record, settings_text
+from .secure import SecureRound
 from .state_versions import CHECKPOINT_KEY as VERSIONS_KEY
 from .state_versions import StateVersions
 from .strategies.base import PFLStrategy
@@ -268,6 +269,10 @@ class RoundRunner:
         """The round's training: sample, send every message at once (each built from the round's starting state),
         check and fold the replies as they arrive, record the counts."""
         sampled = self.strategy.sample(server_round)
+        if self.cfg.secagg != "none":
+            SecureRound(self, grid, server_round).train(sampled)
+            self.round_log.train["sent"] = len(sampled)
+            return
         window = max(len(sampled), 1)
         training = self.send(grid, server_round, sampled, MessageType.TRAIN, "train_down", window=window)
         self.aggregate_train(server_round, each_reply(training))

@@ -15,6 +15,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+SECAGG_MODES = ("none", "secaggplus")
+_OWN_MODELS = "its server needs each client's own model, which the sum of the uploads does not give"
+_NOT_YET = "not built yet: secure aggregation covers the algorithms whose server averages one upload format"
+# Algorithms run-config `secagg` refuses, and why (docs/privacy.md's support table).
+SECAGG_REFUSED = {
+    "local": "nothing leaves the clients, there is nothing to aggregate",
+    "fedamp": f"{_OWN_MODELS} (the attentive cloud model of each client)",
+    "heurfedamp": f"{_OWN_MODELS} (the attentive cloud model of each client)",
+    "fedfomo": f"{_OWN_MODELS} (each client combines the others' models)",
+    "fliu": f"{_OWN_MODELS} (the individualized updates)",
+    "dapperfl": "its server aggregates each device's pruned model on that device's own support, which differs by "
+    "device and is not known before the round",
+    "dmpfl": f"{_NOT_YET} (masked uploads on each client's own mask, with per-position counts and votes)",
+    "feddst": f"{_NOT_YET} (masked uploads on each client's own mask, with per-position counts and votes)",
+    "scaffold": f"{_NOT_YET} (the control-variate updates travel beside the model)",
+    "feddbe": f"{_NOT_YET} (the clients' mean representations travel beside the model)",
+}
 MAX_MODULUS = 2**64  # the masked arithmetic is uint64's, exact modulo any power of two up to 2**64
 
 
@@ -48,6 +65,16 @@ class SecAggParams:
             out.append(f"secagg-clipping-range must be a positive number, not {self.clipping_range}")
         if not (math.isfinite(self.max_weight) and self.max_weight > 0):
             out.append(f"secagg max-weight must be a positive number, not {self.max_weight}")
+        shares, threshold = self.num_shares, self.reconstruction_threshold
+        if (
+            isinstance(threshold, float)
+            and threshold < 0.5
+            or (isinstance(shares, int) and isinstance(threshold, int) and not shares // 2 < threshold <= shares)
+        ):
+            out.append(
+                f"secagg-reconstruction-threshold {threshold} must be more than half of the shares ({shares}): at "
+                "half or less a server can gather both secrets of one client and see its upload alone"
+            )
         q, m = self.quantization_range, self.modulus_range
         if not isinstance(q, int) or q < 2:
             out.append(f"secagg-quantization-range must be an integer of at least 2, not {q!r}")

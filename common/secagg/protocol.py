@@ -88,6 +88,57 @@ class ClientSession:
         self._seed_shares: dict[int, bytes] = {}  # owner -> its b's share held here
         self._key_shares: dict[int, bytes] = {}  # owner -> its sk1's share held here
 
+    def state(self) -> dict[str, int | bytes | list[int] | list[bytes]]:
+        """The session as flat values a Flower ConfigRecord holds (the client's context between messages)."""
+        out: dict[str, int | bytes | list[int] | list[bytes]] = {
+            "node": self.node_id,
+            "clients": self.cohort.num_clients,
+            "shares": self.cohort.shares,
+            "threshold": self.cohort.threshold,
+            "next": self._next,
+            "sk1": self._sk1,
+            "pk1": self.pk1,
+            "sk2": self._sk2,
+            "pk2": self.pk2,
+            "seed": self._seed,
+            "keys-ids": list(self._keys),
+            "keys-pk1": [pair[0] for pair in self._keys.values()],
+            "keys-pk2": [pair[1] for pair in self._keys.values()],
+            "channel-ids": list(self._channel),
+            "channel": list(self._channel.values()),
+            "seed-shares-ids": list(self._seed_shares),
+            "seed-shares": list(self._seed_shares.values()),
+            "key-shares-ids": list(self._key_shares),
+            "key-shares": list(self._key_shares.values()),
+        }
+        return out
+
+    @classmethod
+    def restore(cls, state: Mapping[str, object], cohort: Cohort) -> ClientSession:
+        """The session `state()` gave, for the round's `cohort` (ValueError when it is not that cohort's)."""
+        if (state.get("clients"), state.get("shares"), state.get("threshold")) != (
+            cohort.num_clients,
+            cohort.shares,
+            cohort.threshold,
+        ):
+            raise ValueError("the stored secure-aggregation session is of another round's cohort")
+        session = cls.__new__(cls)
+        session.node_id, session.cohort = int(state["node"]), cohort  # type: ignore[call-overload]
+        session._next = int(state["next"])  # type: ignore[call-overload]
+        session._sk1, session.pk1 = bytes(state["sk1"]), bytes(state["pk1"])  # type: ignore[call-overload]
+        session._sk2, session.pk2 = bytes(state["sk2"]), bytes(state["pk2"])  # type: ignore[call-overload]
+        session._seed = bytes(state["seed"])  # type: ignore[call-overload]
+
+        def table(ids: str, values: str) -> dict[int, bytes]:
+            return dict(zip(state.get(ids, []), state.get(values, []), strict=True))  # type: ignore[call-overload]
+
+        firsts, seconds = table("keys-ids", "keys-pk1"), table("keys-ids", "keys-pk2")
+        session._keys = {nid: (firsts[nid], seconds[nid]) for nid in firsts}
+        session._channel = table("channel-ids", "channel")
+        session._seed_shares = table("seed-shares-ids", "seed-shares")
+        session._key_shares = table("key-shares-ids", "key-shares")
+        return session
+
     def _stage(self, stage: str) -> None:
         expected = STAGES[self._next] if self._next < len(STAGES) else "none (the round is over)"
         if stage != expected:

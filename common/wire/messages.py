@@ -15,7 +15,7 @@ class MessageKey:
 
     name: str
     where: tuple[str, ...]  # "record" (a record's name), "config" (server -> client), "metrics" (client -> server),
-    # "node" (a SuperNode's node config)
+    # "node" (a SuperNode's node config), "secagg" (inside the secure-aggregation record)
     help: str
 
 
@@ -33,6 +33,28 @@ METRICS = _key("metrics", ("record",), "what the client reports: sample counts, 
 ARRAYS = _key("arrays", ("record",), "model weights, dense or encoded by the codec")
 REFUSED = _key("refused", ("record",), "a node's handshake answer when its data cannot be made, with the reason")
 REASON = _key("reason", ("refused",), "why a node refused the handshake (one line)")
+SECAGG = _key(
+    "secagg",
+    ("record",),
+    "secure aggregation (run-config secagg): a stage's cohort, public keys, encrypted shares, masked vector or "
+    "unmasking request and answer (common/secagg/wire.py)",
+)
+# ----- inside the 'secagg' record (common/secagg/wire.py) --------------------------------------------------------
+SA_CLIENTS = _key("clients", ("secagg",), "SecAgg+ stage 0: the round's cohort size")
+SA_SHARES = _key("shares", ("secagg",), "SecAgg+ stage 0: the shares each client makes (its neighbours, itself in)")
+SA_THRESHOLD = _key("threshold", ("secagg",), "SecAgg+ stage 0: the shares that rebuild a secret")
+SA_IDS = _key("ids", ("secagg",), "SecAgg+: the partitions the paired list of keys, ciphertexts or shares belongs to")
+SA_PK1 = _key("pk1", ("secagg",), "SecAgg+: a client's public key for its pairwise masks")
+SA_PK2 = _key("pk2", ("secagg",), "SecAgg+: a client's public key for the channel its shares travel on")
+SA_CIPHERTEXTS = _key("ciphertexts", ("secagg",), "SecAgg+ stage 2: the encrypted shares addressed to the client")
+SA_NAMES = _key("names", ("secagg",), "SecAgg+ stage 2: the arrays the masked upload holds, in order")
+SA_SIZES = _key("sizes", ("secagg",), "SecAgg+ stage 2: their sizes")
+SA_VALUES = _key(
+    "values", ("secagg",), "SecAgg+: a client's ciphertexts (stage 1) or shares (stage 3), paired with ids"
+)
+SA_SURVIVORS = _key("survivors", ("secagg",), "SecAgg+ stage 3: the neighbours whose vectors are in the sum")
+SA_DROPPED = _key("dropped", ("secagg",), "SecAgg+ stage 3: the neighbours that shared their keys, then dropped")
+SA_ROUND = _key("round", ("secagg",), "the client's stored SecAgg+ session: the round it belongs to")
 GLOBAL_MODEL = _key(
     "global",
     ("record",),

@@ -36,7 +36,7 @@ from experiments.engine.blobs import (
     sweep_orphans,
 )
 from experiments.engine.states import HeldStates, pack
-from experiments.engine.transport import blob_refs, num_bytes, records_in, records_out
+from experiments.engine.transport import Records, blob_refs, num_bytes, records_in, records_out
 from experiments.engine.worker import Outcome, Task
 from server_app.flower_private import set_task_identity, stamp
 
@@ -85,6 +85,7 @@ class InProcessGrid(Grid):
         self._pending: dict[str, tuple[int, Message, Future[Outcome], list[BlobRef]]] = {}  # message id -> node,
         # the message, its outcome to come and the shared-memory blocks it uses
         self._ready: dict[str, Message] = {}  # replies collected but not pulled yet
+        self._contexts: dict[int, Records] = {}  # each node's Flower context state, as the message left it
         self._forgotten: set[str] = set()  # pending messages the server gave up: their replies are not kept
         self._latest: dict[int, str] = {}  # node -> the id of its latest message still pending
         self.clientapp_seconds = 0.0  # time the ClientApps took, summed over messages
@@ -151,6 +152,7 @@ class InProcessGrid(Grid):
                 msg.metadata.ttl,
                 content,
                 self.held.get(node),
+                self._contexts.get(node, []),
             )
             self._pending[message_id] = (node, msg, self._submit(task), blob_refs(content))
             self._latest[node] = message_id
@@ -236,6 +238,10 @@ class InProcessGrid(Grid):
         self.clientapp_seconds += outcome.seconds
         if outcome.kept is not None:
             self.held.put(node, outcome.kept, busy=self._latest)
+        if outcome.context_state:
+            self._contexts[node] = outcome.context_state
+        else:
+            self._contexts.pop(node, None)
         if forgotten:  # nobody will read the reply: free its shared blocks unread
             for ref in blob_refs(outcome.content):
                 drop(ref)

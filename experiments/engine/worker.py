@@ -7,12 +7,12 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from logging import ERROR
 from pathlib import Path
 from typing import Any
 
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
@@ -36,6 +36,9 @@ class Task:
     ttl: float
     content: Records
     kept: StateBlock | None = None  # the client state the engine keeps for the node (states.py)
+    context_state: Records = field(
+        default_factory=list
+    )  # the node's Flower context state, kept across messages as Flower's engines do
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,9 @@ class Outcome:
     error: tuple[int, str] | None
     seconds: float
     kept: StateBlock | None = None  # the client state the message left, when it changed or was read from disk
+    context_state: Records = field(
+        default_factory=list
+    )  # the node's context state after the message (secure aggregation's session)
 
 
 _APP: ClientApp | None = None
@@ -98,7 +104,7 @@ def answer(task: Task) -> Outcome:
         run_id=task.run_id,
         node_id=task.node_id,
         node_config=dict(task.node_config),
-        state=RecordDict(),  # client state comes through the engine's StateHost, not the context
+        state=records_in(task.context_state),  # client state comes through the StateHost; this is Flower's own
         run_config=dict(_RUN_CONFIG),
     )
     content: Records | None = None
@@ -127,4 +133,4 @@ def answer(task: Task) -> Outcome:
         host_state(None)
     left = pack(_HOST.outgoing) if _HOST.outgoing is not None else None
     _HOST.begin(None)
-    return Outcome(content, error, time.perf_counter() - started, left)
+    return Outcome(content, error, time.perf_counter() - started, left, records_out(context.state))

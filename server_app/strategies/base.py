@@ -180,6 +180,11 @@ class PFLStrategy:
         if self.uploads_weights:
             reply.arrays = validate_arrays(reply.content.array_records.get(ARRAYS), self.specs)
 
+    def secure_specs(self) -> list[tuple[str, tuple[int, ...]]]:
+        """The arrays a training reply uploads, in order: what a masked vector carries under run-config `secagg`
+        (server_app/secure.py; common/config.py refuses `secagg` for the algorithms whose upload is not this)."""
+        return list(self.specs)
+
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Fold validated replies into the server state (default: sample-weighted average, FedAvg)."""
         self.global_arrays = self.average(replies, [r.weight for r in replies], self.global_arrays)

@@ -50,6 +50,10 @@ class PartialStrategy(PFLStrategy):
         """The upload must hold exactly the shared entries, float32, finite, of the model's shapes."""
         reply.arrays = validate_arrays(reply.content.array_records.get(ARRAYS), self.shared_specs)
 
+    def secure_specs(self) -> list[tuple[str, tuple[int, ...]]]:
+        """The shared entries: what a masked vector carries under run-config `secagg`."""
+        return list(self.shared_specs)
+
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Sample-weighted average of the shared entries; the others keep their values."""
         shared = [self.global_arrays[self.index[name]] for name in self.shared]

@@ -1,0 +1,101 @@
+"""The client's half of secure aggregation (run-config `secagg`, common/secagg/): SecAgg+'s stages as train
+actions, the round's session kept in the node's Flower context between them (as Flower's own secaggplus_mod
+keeps its state), and the train reply turned into the masked vector. Nothing of the client's upload, sample count
+or loss leaves in the clear: the reply's metrics are the fixed withheld values."""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+from common.config import RunConfig
+from common.secagg.encoding import encode, weight_units
+from common.secagg.protocol import ClientSession, SecAggRefused
+from common.secagg.wire import (
+    CAPPED,
+    LOSS,
+    keys_record,
+    read_cohort,
+    read_neighbours,
+    read_routed,
+    read_unmask,
+    secrets_record,
+    upload_layout,
+    vector_record,
+)
+from common.wire.messages import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, SA_ROUND, SECAGG, SERVER_ROUND, TRAIN_LOSS
+from common.wire.validation import PayloadError, echo_values, read_count, read_finite, record_to_numpy
+
+from .privacy import WITHHELD_TRAIN_METRICS
+
+SESSION = "secagg-session"  # the context's record of the round's session (private keys: never sent)
+
+
+def _round(msg: Message) -> int:
+    return read_count(msg.content.config_records.get(CONFIG), SERVER_ROUND, allow_zero=True)
+
+
+def _echo(msg: Message) -> MetricRecord:
+    return MetricRecord(dict(echo_values(msg.content.config_records.get(CONFIG, ConfigRecord()))))
+
+
+def _save(context: Context, session: ClientSession, server_round: int) -> None:
+    context.state.config_records[SESSION] = ConfigRecord({**session.state(), SA_ROUND: server_round})
+
+
+def _load(cfg: RunConfig, context: Context, server_round: int) -> ClientSession:
+    stored = context.state.config_records.get(SESSION)
+    if stored is None or stored.get(SA_ROUND) != server_round:
+        raise SecAggRefused(f"no secure-aggregation session of round {server_round} on this node")
+    clients = stored.get("clients")
+    return ClientSession.restore(stored, cfg.secagg_params.for_cohort(int(clients)))  # type: ignore[arg-type]
+
+
+def setup(cfg: RunConfig, msg: Message, context: Context, partition_id: int) -> RecordDict:
+    """Stage 0: check the announced cohort against the run's parameters, make the round's keys, send the public
+    ones."""
+    cohort = read_cohort(msg.content.config_records, cfg.secagg_params)
+    session = ClientSession(partition_id, cohort)
+    pk1, pk2 = session.advertise()
+    _save(context, session, _round(msg))
+    return RecordDict({SECAGG: keys_record(pk1, pk2), METRICS: _echo(msg)})
+
+
+def share(cfg: RunConfig, msg: Message, context: Context) -> RecordDict:
+    """Stage 1: the shares of this round's secrets, encrypted for each neighbour."""
+    session = _load(cfg, context, _round(msg))
+    ciphertexts = session.share_keys(read_neighbours(msg.content.config_records))
+    _save(context, session, _round(msg))
+    return RecordDict({SECAGG: secrets_record(ciphertexts), METRICS: _echo(msg)})
+
+
+def masked_reply(cfg: RunConfig, msg: Message, context: Context, reply: RecordDict) -> RecordDict:
+    """Stage 2: the training reply's arrays, loss and sample count as one masked vector; the metrics withheld
+    (the round echo kept)."""
+    server_round = _round(msg)
+    session = _load(cfg, context, server_round)
+    routed, names, sizes = read_routed(msg.content.config_records)
+    arrays = record_to_numpy(reply.array_records.get(ARRAYS))
+    if set(arrays) != set(names) or any(arrays[n].size != s for n, s in zip(names, sizes, strict=True)):
+        raise PayloadError("the upload's arrays are not the ones the server's secure-aggregation layout names")
+    metrics = reply.metric_records.get(METRICS)
+    weight, loss = float(read_count(metrics, NUM_EXAMPLES, allow_zero=True)), read_finite(metrics, TRAIN_LOSS)
+    params = cfg.secagg_params
+    capped = weight_units(weight, params)[1]
+    values = {**{n: arrays[n].reshape(-1) for n in names}, LOSS: np.array([loss]), CAPPED: np.array([int(capped)])}
+    rng = np.random.default_rng([cfg.seed, session.node_id, server_round, 0x5EC])  # the quantization's rounding
+    vector, _ = encode(upload_layout(names, sizes), values, weight, params, rng)
+    masked = session.masked(routed, vector)
+    _save(context, session, server_round)
+    echo = _echo(msg)
+    for key, value in WITHHELD_TRAIN_METRICS.items():
+        echo[key] = value
+    return RecordDict({SECAGG: vector_record(masked, params.modulus_range), METRICS: echo})
+
+
+def unmask(cfg: RunConfig, msg: Message, context: Context) -> RecordDict:
+    """Stage 3: the shares the server may have (never both of one neighbour); the session ends."""
+    session = _load(cfg, context, _round(msg))
+    shares = session.unmask(*read_unmask(msg.content.config_records))
+    del context.state.config_records[SESSION]
+    return RecordDict({SECAGG: secrets_record(shares), METRICS: _echo(msg)})

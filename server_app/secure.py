@@ -1,0 +1,224 @@
+"""A training round under secure aggregation (run-config `secagg` = secaggplus, common/secagg/): SecAgg+'s
+stages as messages through the one exchange loop, the masked vectors summed, the masks removed, and the cohort's
+weighted mean handed to the algorithm's own aggregate as one reply that holds it with the cohort's total weight
+(a weighted average of that one reply is the mean itself), so every averaging strategy aggregates unchanged. The
+server never holds one client's upload, sample count or loss."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Mapping
+from logging import WARNING
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from common.secagg.encoding import decode
+from common.secagg.params import Cohort
+from common.secagg.protocol import SecAggAborted, ServerSession
+from common.secagg.wire import (
+    CAPPED,
+    LOSS,
+    MAX_SECRET_BYTES,
+    SETUP,
+    SHARE,
+    UNMASK,
+    cohort_record,
+    neighbours_record,
+    read_keys,
+    read_secrets,
+    read_vector,
+    routed_record,
+    unmask_record,
+    upload_layout,
+)
+from common.wire.messages import CONFIG, SECAGG, SERVER_ROUND
+from common.wire.validation import PayloadError, printable
+
+from .exchange import each_reply, exchange
+from .limits import ReplyLimits
+from .replies import TrainReply
+
+if TYPE_CHECKING:
+    from .runner import RoundRunner
+
+T = TypeVar("T")
+
+
+class SecureRound:
+    """One round's secure aggregation for a runner: `train` does what the runner's plain training does."""
+
+    def __init__(self, runner: RoundRunner, grid: Grid, server_round: int) -> None:
+        self.runner, self.grid, self.server_round = runner, grid, server_round
+        self.params = runner.cfg.secagg_params
+        specs = runner.strategy.secure_specs()
+        self.shapes = [shape for _, shape in specs]
+        self.names = [name for name, _ in specs]
+        self.layout = upload_layout(self.names, [math.prod(shape) for shape in self.shapes])
+        self.record: dict[str, Any] = {}
+        self.failed = self.rejected = 0
+
+    def train(self, sampled: list[int]) -> None:
+        """The round's training under SecAgg+: the strategy aggregates the cohort's mean, or nothing when the
+        protocol cannot finish (one WARNING line; the model is kept)."""
+        started = time.perf_counter()
+        train = self.runner.round_log.train
+        try:
+            cohort = self.params.for_cohort(len(sampled))
+            self.layout.check_cohort(len(sampled), self.params)
+        except ValueError as exc:
+            self._kept(f"secure aggregation cannot run: {exc}", started)
+            return
+        seed = random.Random(f"secagg/{self.runner.cfg.seed}/{self.server_round}")
+        server = ServerSession(cohort, sampled, self.layout.size, seed)
+        self.record = {"cohort": cohort.num_clients, "shares": cohort.shares, "threshold": cohort.threshold}
+        try:
+            total = self._protocol(cohort, server)
+        except SecAggAborted as exc:
+            self._rejections(server)
+            self._kept(str(exc), started)
+            return
+        self._rejections(server)
+        survivors = sorted(server.survivors)
+        decoded = decode(self.layout, total, len(survivors), self.params)
+        if decoded.weight_units <= 0:
+            self._kept("the cohort's total sample count is 0", started)
+            return
+        means = [decoded.mean(n).reshape(s).astype(np.float32) for n, s in zip(self.names, self.shapes, strict=True)]
+        samples = decoded.weight_units / self.params.quantization_range * self.params.max_weight
+        loss = float(decoded.mean(LOSS)[0])
+        cohort_mean = TrainReply(-1, max(1, round(samples)), loss, RecordDict(), arrays=means)
+        self.runner.strategy.aggregation_fields = {}
+        self.runner.strategy.aggregate(self.server_round, [cohort_mean])
+        capped = int(decoded.integers[CAPPED][0])
+        if capped:
+            log(
+                WARNING,
+                "secure aggregation: %d of %d clients counted at secagg-max-weight %g samples (they hold more): "
+                "raise it",
+                capped,
+                len(survivors),
+                self.params.max_weight,
+            )
+        self.record.update(survivors=len(survivors), dropped_after_sharing=len(server.shared) - len(survivors))
+        self.record.update(capped=capped, seconds=round(time.perf_counter() - started, 3))
+        train.update(
+            {
+                "received": len(survivors) + self.failed + self.rejected,
+                "failed": self.failed,
+                "rejected": self.rejected,
+                "used": len(survivors),
+                "loss": loss,
+                "num_examples": round(samples),
+                "flops": 0.0,
+                "flops_dense_grad": 0.0,
+                "clients": survivors,
+                "secagg": self.record,
+                **self.runner.strategy.aggregation_fields,
+            }
+        )
+
+    def _protocol(self, cohort: Cohort, server: ServerSession) -> np.ndarray:
+        keys = self._stage(SETUP, list(server.neighbours), lambda pid: cohort_record(cohort), read_keys, cohort)
+        requests = server.share_requests(keys)
+        shared = self._stage(
+            SHARE, sorted(requests), lambda pid: neighbours_record(requests[pid]), read_secrets, cohort
+        )
+        routed = server.masked_requests(shared)
+        vectors = self._masked(routed)
+        asks = server.unmask_requests(vectors)
+        shares = self._stage(UNMASK, sorted(asks), lambda pid: unmask_record(*asks[pid]), read_secrets, cohort)
+        return server.finish(shares)
+
+    def _kept(self, why: str, started: float) -> None:
+        log(WARNING, "round %d: %s; the model is kept", self.server_round, why)
+        self.record.update(aborted=why, seconds=round(time.perf_counter() - started, 3))
+        self.runner.round_log.train.update(
+            {"received": self.failed + self.rejected, "failed": self.failed, "rejected": self.rejected, "used": 0}
+        )
+        self.runner.round_log.train.update(loss=float("nan"), num_examples=0, clients=[], secagg=self.record)
+
+    def _rejections(self, server: ServerSession) -> None:
+        for line in server.rejected:
+            log(WARNING, "secure aggregation, round %d: %s left out", self.server_round, line)
+        self.rejected += len(server.rejected)
+
+    def _stage(
+        self,
+        action: str,
+        pids: list[int],
+        content: Callable[[int], ConfigRecord],
+        read: Callable[[Mapping[str, ConfigRecord]], T],
+        cohort: Cohort,
+    ) -> dict[int, T]:
+        """One key, share or unmask stage: a message to each client, its answer read and checked."""
+        runner, round_log = self.runner, self.runner.round_log
+        limits = ReplyLimits(0, 0, config_entries=2 * cohort.shares + 8, config_bytes=cohort.shares * MAX_SECRET_BYTES)
+
+        def build(batch: list[int]) -> list[Message]:
+            messages = []
+            for pid in batch:
+                records = RecordDict({CONFIG: ConfigRecord({SERVER_ROUND: self.server_round}), SECAGG: content(pid)})
+                msg = Message(content=records, dst_node_id=runner.clients[pid].node_id, message_type=action)
+                round_log.add_message("train_down", pid, msg)
+                messages.append(msg)
+            return messages
+
+        out: dict[int, T] = {}
+        cfg = runner.cfg
+        chunks = exchange(self.grid, pids, build, len(pids), cfg.round_timeout, self._given_up)
+        for msg in each_reply(chunks):
+            pid = runner.clients.node_to_partition.get(msg.metadata.src_node_id)
+            if pid is None or pid not in pids:
+                continue
+            if msg.has_error():
+                log(
+                    WARNING,
+                    "client %d: secure aggregation stage %s failed: %s",
+                    pid,
+                    action,
+                    printable(str(msg.error.reason)),
+                )
+                self.failed += 1
+                continue
+            try:
+                limits.check(msg.content, {SERVER_ROUND: self.server_round})
+                round_log.add_message("train_up", pid, msg)
+                out[pid] = read(msg.content.config_records)
+            except PayloadError as exc:
+                log(WARNING, "client %d: secure aggregation stage %s answer refused: %s", pid, action, exc)
+                self.rejected += 1
+        return out
+
+    def _masked(self, routed: dict[int, dict[int, bytes]]) -> dict[int, np.ndarray]:
+        """Stage 2 on the round's train messages: each carries the shares routed to its client and the upload's
+        layout; each answer is the masked vector (the runner's reply checks first: size, round echo, errors)."""
+        runner, pids = self.runner, sorted(routed)
+        sizes = [math.prod(shape) for shape in self.shapes]
+
+        def build(batch: list[int]) -> list[Message]:
+            messages = runner.messages(self.server_round, batch, MessageType.TRAIN, "train_down")
+            for pid, msg in zip(batch, messages, strict=True):
+                msg.content[SECAGG] = routed_record(routed[pid], self.names, sizes)
+            return messages
+
+        out: dict[int, np.ndarray] = {}
+        chunks = exchange(self.grid, pids, build, len(pids), runner.cfg.round_timeout, self._given_up)
+        for msg in each_reply(chunks):
+            good, failed, oversized = runner.sort_replies(self.server_round, [msg], "train_up")
+            self.failed, self.rejected = self.failed + failed, self.rejected + oversized
+            for pid, reply in good:
+                try:
+                    out[pid] = read_vector(reply.content.array_records, self.layout.size, self.params.modulus_range)
+                except PayloadError as exc:
+                    log(WARNING, "client %d: masked vector refused: %s", pid, exc)
+                    self.rejected += 1
+        return out
+
+    def _given_up(self, count: int) -> None:
+        self.failed += count

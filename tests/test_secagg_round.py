@@ -1,0 +1,157 @@
+"""A training round under run-config `secagg` = secaggplus through the round runner: hand-made clients run the
+client half (client_app/secure.py) in-process; the server's aggregate is the plain weighted mean within
+quantization error, the server never receives a client's arrays, dropouts and forged vectors are left out, and the
+run's config refuses what secure aggregation cannot serve."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Context, Message, MessageType, RecordDict
+
+from client_app import secure
+from common.config import ConfigError, parse_run_config
+from common.secagg.params import SecAggParams
+from common.secagg.protocol import SecAggRefused
+from common.secagg.wire import SETUP, SHARE, UNMASK, cohort_record, read_cohort, vector_record
+from common.wire.messages import ARRAYS, SECAGG
+
+from .fakes import FakeReply, PushPullGrid, hand_made_runner, train_content
+
+SPECS = [("w", (3, 4)), ("b", (4,))]
+SIZES = {0: 120, 1: 40, 2: 300, 3: 75, 4: 10}
+
+
+class SecureClients(PushPullGrid):
+    """Each message answered by its client's half: the SecAgg+ stages, and a training reply of the client's fixed
+    arrays, sample count and loss turned into its masked vector. `fail` makes a client fail a stage; `forge`
+    replaces a client's masked vector."""
+
+    def __init__(self, cfg, fail: dict[int, str] | None = None, forge: set[int] = frozenset()) -> None:
+        super().__init__(self.answer_all)
+        self.cfg, self.fail, self.forge = cfg, fail or {}, forge
+        rng = np.random.default_rng(3)
+        self.arrays = {pid: [rng.normal(size=s).astype(np.float32) for _, s in SPECS] for pid in SIZES}
+        self.losses = {pid: float(rng.uniform(0.5, 2.0)) for pid in SIZES}
+        self.contexts = {
+            pid: Context(1, 100 + pid, {"partition-id": pid, "num-partitions": len(SIZES)}, RecordDict(), {})
+            for pid in SIZES
+        }
+        self.received: list[RecordDict] = []
+
+    def answer_all(self, messages: list[Message]) -> list[Message]:
+        replies = []
+        for msg in messages:
+            pid, kind = msg.metadata.dst_node_id - 100, msg.metadata.message_type
+            context = self.contexts[pid]
+            if self.fail.get(pid) == kind:
+                replies.append(FakeReply(100 + pid, error="gone"))
+                continue
+            if kind == SETUP:
+                content = secure.setup(self.cfg, msg, context, pid)
+            elif kind == SHARE:
+                content = secure.share(self.cfg, msg, context)
+            elif kind == UNMASK:
+                content = secure.unmask(self.cfg, msg, context)
+            else:
+                assert kind == MessageType.TRAIN
+                plain = train_content([n for n, _ in SPECS], self.arrays[pid], SIZES[pid], self.losses[pid])
+                plain.metric_records["metrics"]["server-round"] = 1
+                content = secure.masked_reply(self.cfg, msg, context, plain)
+                if pid in self.forge:  # a vector of another length: the sum could not be unmasked with it
+                    content[SECAGG] = vector_record(np.zeros(7, np.uint64), self.cfg.secagg_params.modulus_range)
+            self.received.append(content)
+            replies.append(FakeReply(100 + pid, content))
+        return replies
+
+    def mean(self, pids: list[int]) -> list[np.ndarray]:
+        total = sum(SIZES[p] for p in pids)
+        return [sum(SIZES[p] * self.arrays[p][i] for p in pids) / total for i in range(len(SPECS))]
+
+
+def _runner(**overrides):
+    raw = {"algorithm": "fedavg", "secagg": "secaggplus", "fraction-train": 1.0, **overrides}
+    cfg = parse_run_config(raw)
+    initial = [np.zeros(s, np.float32) for _, s in SPECS]
+    return hand_made_runner(cfg, SPECS, initial, SIZES), cfg
+
+
+def test_the_round_aggregates_the_weighted_mean_without_seeing_an_upload(server_identity: None) -> None:
+    runner, cfg = _runner()
+    grid = SecureClients(cfg)
+    runner.train(grid, 1)
+    for got, want in zip(runner.strategy.global_arrays, grid.mean(list(SIZES)), strict=True):
+        assert np.max(np.abs(got - want)) < 1e-3
+    train = runner.round_log.train
+    assert train["num_examples"] == sum(SIZES.values()) and train["used"] == 5
+    weighted_loss = sum(SIZES[p] * grid.losses[p] for p in SIZES) / sum(SIZES.values())
+    assert train["loss"] == pytest.approx(weighted_loss, abs=1e-4)
+    assert train["secagg"]["survivors"] == 5 and train["secagg"]["threshold"] == 4
+    assert all(ARRAYS not in content for content in grid.received)  # no plain upload ever reached the server
+    counts = [c.metric_records["metrics"]["num-examples"] for c in grid.received if "num-examples" in c["metrics"]]
+    assert counts and set(counts) == {1}  # the withheld value, never a client's count
+    assert runner.round_log.bytes["train_up"] > 0 and runner.round_log.bytes["train_down"] > 0
+
+
+def test_a_client_that_drops_after_sharing_leaves_the_others_mean(server_identity: None) -> None:
+    runner, cfg = _runner()
+    grid = SecureClients(cfg, fail={2: MessageType.TRAIN})
+    runner.train(grid, 1)
+    for got, want in zip(runner.strategy.global_arrays, grid.mean([0, 1, 3, 4]), strict=True):
+        assert np.max(np.abs(got - want)) < 1e-3
+    assert runner.round_log.train["secagg"]["dropped_after_sharing"] == 1
+    assert runner.round_log.train["num_examples"] == sum(SIZES.values()) - SIZES[2]
+
+
+def test_a_forged_masked_vector_is_left_out(server_identity: None) -> None:
+    runner, cfg = _runner()
+    grid = SecureClients(cfg, forge={4})
+    runner.train(grid, 1)
+    for got, want in zip(runner.strategy.global_arrays, grid.mean([0, 1, 2, 3]), strict=True):
+        assert np.max(np.abs(got - want)) < 1e-3
+    assert runner.round_log.train["rejected"] == 1
+
+
+def test_too_many_dropouts_keep_the_model(server_identity: None) -> None:
+    runner, cfg = _runner()
+    grid = SecureClients(cfg, fail={0: SHARE, 1: SHARE})
+    runner.train(grid, 1)
+    assert all(not a.any() for a in runner.strategy.global_arrays)
+    assert "threshold 4" in runner.round_log.train["secagg"]["aborted"]
+    assert runner.round_log.train["used"] == 0
+
+
+def test_a_client_refuses_a_cohort_the_runs_parameters_do_not_give() -> None:
+    params = SecAggParams(num_shares=5, reconstruction_threshold=3)
+    cohort = params.for_cohort(9)
+    record = cohort_record(cohort)
+    assert read_cohort({SECAGG: record}, params) == cohort
+    record["threshold"] = 2  # a server lowering the threshold to gather both secrets of one client
+    with pytest.raises(SecAggRefused, match="threshold 2"):
+        read_cohort({SECAGG: record}, params)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"algorithm": "fedamp"}, "each client's own model"),
+        ({"algorithm": "dmpfl"}, "not built yet"),
+        ({"dp": "central", "dp-noise-multiplier": 1.0}, "clip or noise one"),
+        ({"robust-aggregation": "median"}, "clip, trim or rank"),
+        ({"max-weight-ratio": 4.0}, "counts travel inside"),
+        ({"secagg-reconstruction-threshold": 0.4}, "more than half"),
+        ({"secagg-modulus-range": 3000}, "power of two"),
+    ],
+)
+def test_the_run_config_refuses_what_secure_aggregation_cannot_serve(overrides: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_run_config({"secagg": "secaggplus", **overrides})
+
+
+@pytest.fixture
+def server_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Messages are built as a ServerApp builds them (Flower stamps them with the run of the process)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):
+        monkeypatch.setattr(TaskIdentity, name, value, raising=False)
