@@ -37,6 +37,7 @@ from common.wire.messages import (
     REASON,
     REFUSED,
     RUN_ID,
+    SECAGG,
     SERVER_ROUND,
     SIMULATE_DROP,
     STATE_DIR,
@@ -244,11 +245,13 @@ def train(msg: Message, context: Context) -> Message:
             return simulated_drop(msg, env.partition_id, env.cfg.drop_rate)
         algorithm = client_class(env.cfg.algorithm)(env)
         content = answer(algorithm, MessageType.TRAIN, _round(msg), msg.content)
-        if env.cfg.secagg != "none":
+        if env.cfg.secagg != "none" and SECAGG in msg.content.config_records:
             try:
                 content = secure.masked_reply(env.cfg, msg, context, content)
             except (SecAggRefused, PayloadError, ValueError) as exc:
                 return _secure_refused(msg, exc)
+        elif env.cfg.secagg != "none":  # a round that uploads nothing (DM-PFL's phase 3): no count or loss either
+            content = secure.withheld(msg, content)
         reply = Message(content, reply_to=msg)
         try:
             _persist(env, store, msg, reply)

@@ -21,10 +21,11 @@ from common.secagg.wire import (
     read_unmask,
     secrets_record,
     upload_layout,
+    upload_sections,
     vector_record,
 )
 from common.wire.messages import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, SA_ROUND, SECAGG, SERVER_ROUND, TRAIN_LOSS
-from common.wire.validation import PayloadError, echo_values, read_count, read_finite, record_to_numpy
+from common.wire.validation import echo_values, read_count, read_finite, record_to_numpy
 
 from .privacy import WITHHELD_TRAIN_METRICS
 
@@ -74,23 +75,29 @@ def masked_reply(cfg: RunConfig, msg: Message, context: Context, reply: RecordDi
     (the round echo kept)."""
     server_round = _round(msg)
     session = _load(cfg, context, server_round)
-    routed, names, sizes = read_routed(msg.content.config_records)
-    arrays = record_to_numpy(reply.array_records.get(ARRAYS))
-    if set(arrays) != set(names) or any(arrays[n].size != s for n, s in zip(names, sizes, strict=True)):
-        raise PayloadError("the upload's arrays are not the ones the server's secure-aggregation layout names")
+    routed, names, sizes, masked = read_routed(msg.content.config_records)
     metrics = reply.metric_records.get(METRICS)
     weight, loss = float(read_count(metrics, NUM_EXAMPLES, allow_zero=True)), read_finite(metrics, TRAIN_LOSS)
     params = cfg.secagg_params
-    capped = weight_units(weight, params)[1]
-    values = {**{n: arrays[n].reshape(-1) for n in names}, LOSS: np.array([loss]), CAPPED: np.array([int(capped)])}
+    units, capped = weight_units(weight, params)
+    arrays = record_to_numpy(reply.array_records.get(ARRAYS))
+    values = upload_sections(arrays, names, sizes, masked, units)
+    values.update({LOSS: np.array([loss]), CAPPED: np.array([int(capped)])})
     rng = np.random.default_rng([cfg.seed, session.node_id, server_round, 0x5EC])  # the quantization's rounding
-    vector, _ = encode(upload_layout(names, sizes), values, weight, params, rng)
-    masked = session.masked(routed, vector)
+    layout = upload_layout(names, sizes, masked, params.quantization_range)
+    vector, _ = encode(layout, values, weight, params, rng)
+    sealed = session.masked(routed, vector)
     _save(context, session, server_round)
+    return withheld(msg, RecordDict({SECAGG: vector_record(sealed, params.modulus_range)}))
+
+
+def withheld(msg: Message, reply: RecordDict) -> RecordDict:
+    """The reply with the fixed withheld metrics (and the round echo) in place of the client's own."""
     echo = _echo(msg)
     for key, value in WITHHELD_TRAIN_METRICS.items():
         echo[key] = value
-    return RecordDict({SECAGG: vector_record(masked, params.modulus_range), METRICS: echo})
+    reply[METRICS] = echo
+    return reply
 
 
 def unmask(cfg: RunConfig, msg: Message, context: Context) -> RecordDict:

@@ -212,7 +212,7 @@ class RoundRunner:
                 self.strategy.aggregate(server_round, accepted)
             self.round_log.aggregate_s = time.perf_counter() - started  # a timing: kept out of `train`
         train.update(train_record(accepted, failed, rejected, train, self.cfg.rho_eps))
-        if self.cfg.privacy.withholds_metrics:  # the replies' loss is a fixed 0: none was reported
+        if self.cfg.privacy.withholds_metrics or self.cfg.secagg != "none":  # a fixed 0: none was reported
             train["loss"] = float("nan")
         if timed_out := self.round_log.timed_out.pop("train_down", 0):  # not received: in no count above
             train["timed_out"] = timed_out
@@ -269,7 +269,7 @@ class RoundRunner:
         """The round's training: sample, send every message at once (each built from the round's starting state),
         check and fold the replies as they arrive, record the counts."""
         sampled = self.strategy.sample(server_round)
-        if self.cfg.secagg != "none":
+        if self.cfg.secagg != "none" and self.strategy.uploads_in_round(server_round):
             SecureRound(self, grid, server_round).train(sampled)
             self.round_log.train["sent"] = len(sampled)
             return

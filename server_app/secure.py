@@ -6,7 +6,6 @@ server never holds one client's upload, sample count or loss."""
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -42,7 +41,6 @@ from common.wire.validation import PayloadError, printable
 
 from .exchange import each_reply, exchange
 from .limits import ReplyLimits
-from .replies import TrainReply
 
 if TYPE_CHECKING:
     from .runner import RoundRunner
@@ -56,10 +54,9 @@ class SecureRound:
     def __init__(self, runner: RoundRunner, grid: Grid, server_round: int) -> None:
         self.runner, self.grid, self.server_round = runner, grid, server_round
         self.params = runner.cfg.secagg_params
-        specs = runner.strategy.secure_specs()
-        self.shapes = [shape for _, shape in specs]
-        self.names = [name for name, _ in specs]
-        self.layout = upload_layout(self.names, [math.prod(shape) for shape in self.shapes])
+        sections, self.masked = runner.strategy.secure_layout(server_round)
+        self.names, self.sizes = [name for name, _ in sections], [size for _, size in sections]
+        self.layout = upload_layout(self.names, self.sizes, self.masked, self.params.quantization_range)
         self.record: dict[str, Any] = {}
         self.failed = self.rejected = 0
 
@@ -89,12 +86,10 @@ class SecureRound:
         if decoded.weight_units <= 0:
             self._kept("the cohort's total sample count is 0", started)
             return
-        means = [decoded.mean(n).reshape(s).astype(np.float32) for n, s in zip(self.names, self.shapes, strict=True)]
         samples = decoded.weight_units / self.params.quantization_range * self.params.max_weight
         loss = float(decoded.mean(LOSS)[0])
-        cohort_mean = TrainReply(-1, max(1, round(samples)), loss, RecordDict(), arrays=means)
         self.runner.strategy.aggregation_fields = {}
-        self.runner.strategy.aggregate(self.server_round, [cohort_mean])
+        self.runner.strategy.aggregate_secure(self.server_round, decoded, len(survivors), loss)
         capped = int(decoded.integers[CAPPED][0])
         if capped:
             log(
@@ -199,12 +194,11 @@ class SecureRound:
         """Stage 2 on the round's train messages: each carries the shares routed to its client and the upload's
         layout; each answer is the masked vector (the runner's reply checks first: size, round echo, errors)."""
         runner, pids = self.runner, sorted(routed)
-        sizes = [math.prod(shape) for shape in self.shapes]
 
         def build(batch: list[int]) -> list[Message]:
             messages = runner.messages(self.server_round, batch, MessageType.TRAIN, "train_down")
             for pid, msg in zip(batch, messages, strict=True):
-                msg.content[SECAGG] = routed_record(routed[pid], self.names, sizes)
+                msg.content[SECAGG] = routed_record(routed[pid], self.names, self.sizes, self.masked)
             return messages
 
         out: dict[int, np.ndarray] = {}

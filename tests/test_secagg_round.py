@@ -7,14 +7,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Context, Message, MessageType, RecordDict
+from flwr.app import Context, Message, MessageType, MetricRecord, RecordDict
 
 from client_app import secure
 from common.config import ConfigError, parse_run_config
+from common.learning.models import ModelLayout
 from common.secagg.params import SecAggParams
 from common.secagg.protocol import SecAggRefused
 from common.secagg.wire import SETUP, SHARE, UNMASK, cohort_record, read_cohort, vector_record
+from common.wire.codec import encode_model
 from common.wire.messages import ARRAYS, SECAGG
+from common.wire.records import to_plain_record
+from server_app.clients import ClientInfo, ClientRegistry
+from server_app.runner import RoundRunner
+from server_app.strategies import strategy_class
 
 from .fakes import FakeReply, PushPullGrid, hand_made_runner, train_content
 
@@ -27,9 +33,10 @@ class SecureClients(PushPullGrid):
     arrays, sample count and loss turned into its masked vector. `fail` makes a client fail a stage; `forge`
     replaces a client's masked vector."""
 
-    def __init__(self, cfg, fail: dict[int, str] | None = None, forge: set[int] = frozenset()) -> None:
+    def __init__(self, cfg, fail: dict[int, str] | None = None, forge: set[int] = frozenset(), upload=None) -> None:
         super().__init__(self.answer_all)
         self.cfg, self.fail, self.forge = cfg, fail or {}, forge
+        self.upload = upload or self.plain_upload
         rng = np.random.default_rng(3)
         self.arrays = {pid: [rng.normal(size=s).astype(np.float32) for _, s in SPECS] for pid in SIZES}
         self.losses = {pid: float(rng.uniform(0.5, 2.0)) for pid in SIZES}
@@ -55,7 +62,7 @@ class SecureClients(PushPullGrid):
                 content = secure.unmask(self.cfg, msg, context)
             else:
                 assert kind == MessageType.TRAIN
-                plain = train_content([n for n, _ in SPECS], self.arrays[pid], SIZES[pid], self.losses[pid])
+                plain = self.upload(pid)
                 plain.metric_records["metrics"]["server-round"] = 1
                 content = secure.masked_reply(self.cfg, msg, context, plain)
                 if pid in self.forge:  # a vector of another length: the sum could not be unmasked with it
@@ -63,6 +70,9 @@ class SecureClients(PushPullGrid):
             self.received.append(content)
             replies.append(FakeReply(100 + pid, content))
         return replies
+
+    def plain_upload(self, pid: int) -> RecordDict:
+        return train_content([n for n, _ in SPECS], self.arrays[pid], SIZES[pid], self.losses[pid])
 
     def mean(self, pids: list[int]) -> list[np.ndarray]:
         total = sum(SIZES[p] for p in pids)
@@ -135,7 +145,7 @@ def test_a_client_refuses_a_cohort_the_runs_parameters_do_not_give() -> None:
     ("overrides", "message"),
     [
         ({"algorithm": "fedamp"}, "each client's own model"),
-        ({"algorithm": "dmpfl"}, "not built yet"),
+        ({"algorithm": "scaffold"}, "not built yet"),
         ({"dp": "central", "dp-noise-multiplier": 1.0}, "clip or noise one"),
         ({"robust-aggregation": "median"}, "clip, trim or rank"),
         ({"max-weight-ratio": 4.0}, "counts travel inside"),
@@ -155,3 +165,52 @@ def server_identity(monkeypatch: pytest.MonkeyPatch) -> None:
 
     for name, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):
         monkeypatch.setattr(TaskIdentity, name, value, raising=False)
+
+
+def _sparse_runner(secagg: bool):
+    """FedDST on the hand-made layout with `w` prunable, with or without secure aggregation."""
+    raw = {"algorithm": "feddst", "fraction-train": 1.0, **({"secagg": "secaggplus"} if secagg else {})}
+    cfg = parse_run_config(raw)
+    clients = ClientRegistry()
+    for pid, num_train in SIZES.items():
+        clients.add(ClientInfo(pid, 100 + pid, num_train, 5))
+    layout = ModelLayout([np.zeros(s, np.float32) for _, s in SPECS], list(SPECS), prunable=("w",))
+    return RoundRunner(cfg, strategy_class("feddst")(cfg, layout, clients), clients), cfg
+
+
+@pytest.mark.parametrize("mask_round", [True, False])
+def test_masked_uploads_under_secagg_give_the_plain_aggregate_and_mask(server_identity: None, mask_round: bool) -> None:
+    """FedDST's readjustment round (values on each client's own mask: Eq. 5's per-position weights and the mask
+    vote travel summed) and its values-only round (values on m_g) give the plain run's w_g within quantization
+    error, and the same m_g."""
+    plain, _ = _sparse_runner(False)
+    secure_runner, cfg = _sparse_runner(True)
+    strategy = plain.strategy
+    server_round = next(r for r in range(1, 50) if strategy.values_only_round(r) != mask_round)
+    rng = np.random.default_rng(11)
+    global_mask = strategy.global_masks["w"]
+    keep = int(global_mask.sum())
+    contents = {}
+    for pid in SIZES:
+        dense = {name: rng.normal(size=shape).astype(np.float32) for name, shape in SPECS}
+        if mask_round:
+            mask = np.zeros(global_mask.size, bool)
+            mask[rng.choice(global_mask.size, keep, replace=False)] = True
+            arrays = encode_model(dense, {"w": mask.reshape(global_mask.shape)})
+        else:
+            arrays = encode_model(dense, {"w": global_mask}, values_only=True)
+        metrics = MetricRecord({"num-examples": SIZES[pid], "train-loss": 1.0})
+        contents[pid] = RecordDict({ARRAYS: to_plain_record(arrays), "metrics": metrics})
+    plain.aggregate_train(server_round, [FakeReply(100 + pid, c) for pid, c in contents.items()])
+    grid = SecureClients(
+        cfg,
+        upload=lambda pid: RecordDict(
+            {ARRAYS: contents[pid][ARRAYS], "metrics": MetricRecord(dict(contents[pid]["metrics"]))}
+        ),
+    )
+    secure_runner.train(grid, server_round)
+    for got, want in zip(secure_runner.strategy.global_arrays, plain.strategy.global_arrays, strict=True):
+        assert np.max(np.abs(got - want)) < 1e-3
+    assert np.array_equal(secure_runner.strategy.global_masks["w"], plain.strategy.global_masks["w"])
+    if mask_round:
+        assert not np.array_equal(plain.strategy.global_masks["w"], global_mask)  # the vote moved m_g

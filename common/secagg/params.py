@@ -27,8 +27,6 @@ SECAGG_REFUSED = {
     "fliu": f"{_OWN_MODELS} (the individualized updates)",
     "dapperfl": "its server aggregates each device's pruned model on that device's own support, which differs by "
     "device and is not known before the round",
-    "dmpfl": f"{_NOT_YET} (masked uploads on each client's own mask, with per-position counts and votes)",
-    "feddst": f"{_NOT_YET} (masked uploads on each client's own mask, with per-position counts and votes)",
     "scaffold": f"{_NOT_YET} (the control-variate updates travel beside the model)",
     "feddbe": f"{_NOT_YET} (the clients' mean representations travel beside the model)",
 }

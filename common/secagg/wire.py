@@ -9,11 +9,13 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord
 
+from common.wire.codec import decode_sparse, from_arrays
 from common.wire.messages import (
     SA_CIPHERTEXTS,
     SA_CLIENTS,
     SA_DROPPED,
     SA_IDS,
+    SA_MASKED,
     SA_NAMES,
     SA_PK1,
     SA_PK2,
@@ -38,11 +40,60 @@ MAX_SECRET_BYTES = 4096  # a Fernet ciphertext of two shares (seed, PEM private 
 LOSS, CAPPED = "secagg/loss", "secagg/capped"
 
 
-def upload_layout(names: Sequence[str], sizes: Sequence[int]) -> Layout:
-    """The vector of an upload of named arrays: each array (weight-scaled), the training loss (weight-scaled) and
-    whether the client's sample count was capped at max-weight."""
-    sections = [Section(name, size) for name, size in zip(names, sizes, strict=True)]
+def units_of(name: str) -> str:
+    """The integer section of a masked array: each position's weight units (the client's units where its mask is
+    set), the denominator of the masked average."""
+    return f"{name}#units"
+
+
+def votes_of(name: str) -> str:
+    """The integer section of a masked array: 1 where the client's mask is set (the mask vote)."""
+    return f"{name}#votes"
+
+
+def upload_layout(
+    names: Sequence[str], sizes: Sequence[int], masked: Sequence[str] = (), quantization_range: int = 1
+) -> Layout:
+    """The vector of an upload of named arrays: each array (weight-scaled; a masked one dense, 0 off the client's
+    mask, with its units and votes sections), the training loss (weight-scaled) and whether the client's sample
+    count was capped at max-weight."""
+    sections: list[Section] = []
+    for name, size in zip(names, sizes, strict=True):
+        sections.append(Section(name, size))
+        if name in masked:
+            sections += [
+                Section(units_of(name), size, "integer", quantization_range),
+                Section(votes_of(name), size, "integer", 1),
+            ]
     return Layout((*sections, Section(LOSS, 1), Section(CAPPED, 1, "integer", 1)))
+
+
+def upload_sections(
+    arrays: Mapping[str, np.ndarray], names: Sequence[str], sizes: Sequence[int], masked: Sequence[str], units: int
+) -> dict[str, np.ndarray]:
+    """A client's own upload (plain arrays by name, or the codec's dense / sparse / values-only forms) as the
+    sections `upload_layout` names; PayloadError when its form or sizes are not what the server's layout says."""
+    out: dict[str, np.ndarray] = {}
+    for name, size in zip(names, sizes, strict=True):
+        if name in arrays:
+            out[name] = np.asarray(arrays[name], np.float64).reshape(-1)
+        elif f"{name}/dense" in arrays:
+            out[name] = np.asarray(arrays[f"{name}/dense"], np.float64).reshape(-1)
+        else:
+            payload = from_arrays(name, arrays)
+            if name in masked:
+                if payload.bits is None:
+                    raise PayloadError(f"the layout wants {name!r} on the client's own mask; the upload has no mask")
+                dense, mask = decode_sparse(payload, tuple(int(d) for d in payload.shape))
+                flat = mask.reshape(-1)
+                out[name] = dense.astype(np.float64).reshape(-1)
+                out[units_of(name)] = flat.astype(np.int64) * units
+                out[votes_of(name)] = flat.astype(np.int64)
+            else:
+                out[name] = np.asarray(payload.values, np.float64).reshape(-1)
+        if out[name].size != size:
+            raise PayloadError(f"the upload's {name!r} has {out[name].size} values; the layout says {size}")
+    return out
 
 
 def _list(record: Mapping[str, Any], key: str, kind: type, limit: int = 1 << 20) -> list[Any]:
@@ -108,7 +159,9 @@ def read_neighbours(records: Mapping[str, ConfigRecord]) -> dict[int, tuple[byte
     return {nid: (firsts[nid], seconds[nid]) for nid in firsts}
 
 
-def routed_record(ciphertexts: Mapping[int, bytes], names: Sequence[str], sizes: Sequence[int]) -> ConfigRecord:
+def routed_record(
+    ciphertexts: Mapping[int, bytes], names: Sequence[str], sizes: Sequence[int], masked: Sequence[str]
+) -> ConfigRecord:
     """Stage 2's addition to the train message: the shares addressed to the client, and the upload's layout."""
     return ConfigRecord(
         {
@@ -116,17 +169,18 @@ def routed_record(ciphertexts: Mapping[int, bytes], names: Sequence[str], sizes:
             SA_CIPHERTEXTS: list(ciphertexts.values()),
             SA_NAMES: list(names),
             SA_SIZES: list(sizes),
+            SA_MASKED: list(masked),
         }
     )
 
 
-def read_routed(records: Mapping[str, ConfigRecord]) -> tuple[dict[int, bytes], list[str], list[int]]:
-    """The shares addressed to this client, and the names and sizes of the arrays its upload must hold."""
+def read_routed(records: Mapping[str, ConfigRecord]) -> tuple[dict[int, bytes], list[str], list[int], list[str]]:
+    """The shares addressed to this client, and the names, sizes and masked names of its upload's layout."""
     record = _record(records)
-    names, sizes = _list(record, SA_NAMES, str), _list(record, SA_SIZES, int)
-    if len(names) != len(sizes) or len(set(names)) != len(names):
-        raise PayloadError("secagg fields 'names' and 'sizes' do not pair up one to one")
-    return _table(record, SA_IDS, SA_CIPHERTEXTS, MAX_SECRET_BYTES), names, sizes
+    names, sizes, masked = _list(record, SA_NAMES, str), _list(record, SA_SIZES, int), _list(record, SA_MASKED, str)
+    if len(names) != len(sizes) or len(set(names)) != len(names) or not set(masked) <= set(names):
+        raise PayloadError("secagg fields 'names', 'sizes' and 'masked' do not pair up")
+    return _table(record, SA_IDS, SA_CIPHERTEXTS, MAX_SECRET_BYTES), names, sizes, masked
 
 
 def unmask_record(survivors: Sequence[int], dropped: Sequence[int]) -> ConfigRecord:

@@ -49,6 +49,9 @@ SA_PK2 = _key("pk2", ("secagg",), "SecAgg+: a client's public key for the channe
 SA_CIPHERTEXTS = _key("ciphertexts", ("secagg",), "SecAgg+ stage 2: the encrypted shares addressed to the client")
 SA_NAMES = _key("names", ("secagg",), "SecAgg+ stage 2: the arrays the masked upload holds, in order")
 SA_SIZES = _key("sizes", ("secagg",), "SecAgg+ stage 2: their sizes")
+SA_MASKED = _key(
+    "masked", ("secagg",), "SecAgg+ stage 2: the arrays uploaded on the client's own mask (per-position weights, votes)"
+)
 SA_VALUES = _key(
     "values", ("secagg",), "SecAgg+: a client's ciphertexts (stage 1) or shares (stage 3), paired with ids"
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Mapping, Sequence
 from logging import INFO, WARNING
@@ -35,6 +36,7 @@ from common.methods.robust import (
     walk_direction,
     walk_seed,
 )
+from common.secagg.encoding import Decoded
 from common.wire.messages import ARRAYS, CONFIG, FINETUNE_EPOCHS, LR_STEP, NEWCOMER_MODEL, PARTITION_ID, SERVER_ROUND
 from common.wire.records import to_record
 from common.wire.validation import read_fraction, validate_arrays
@@ -184,6 +186,20 @@ class PFLStrategy:
         """The arrays a training reply uploads, in order: what a masked vector carries under run-config `secagg`
         (server_app/secure.py; common/config.py refuses `secagg` for the algorithms whose upload is not this)."""
         return list(self.specs)
+
+    def secure_layout(self, server_round: int) -> tuple[list[tuple[str, int]], list[str]]:
+        """Under `secagg`: the (name, size) of each array the round's masked vector carries, and which of them the
+        clients upload on their own masks (with per-position weights and votes)."""
+        return [(name, math.prod(shape)) for name, shape in self.secure_specs()], []
+
+    def aggregate_secure(self, server_round: int, decoded: Decoded, survivors: int, loss: float) -> None:
+        """Under `secagg`: fold the cohort's sum in. Default: the weighted mean of each array goes to `aggregate` as
+        one reply holding the cohort's total weight (the weighted average of that one reply is the mean itself),
+        so the algorithm's own aggregate runs unchanged."""
+        means = [decoded.mean(name).reshape(shape).astype(np.float32) for name, shape in self.secure_specs()]
+        q = decoded.quantization_range
+        samples = max(1, round(decoded.weight_units / q * self.cfg.secagg_max_weight))
+        self.aggregate(server_round, [TrainReply(-1, samples, loss, RecordDict(), arrays=means)])
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Fold validated replies into the server state (default: sample-weighted average, FedAvg)."""

@@ -177,6 +177,10 @@ class DMPFLStrategy(SparseGlobalStrategy):
         """Phase 3 uploads no weights (the reply's own claim is not trusted: the round decides)."""
         return self.phase(server_round) != 3
 
+    def vote_fraction(self) -> float:
+        """Alg. 2's vote: a position stays eligible for m_g with more than `min-vote-fraction` of the uploads."""
+        return self.params.min_vote_fraction
+
     def values_only_round(self, server_round: int) -> bool:
         """Phase 2 uploads the values on m_g; phase 1 weights with the client's mask."""
         return self.phase(server_round) == 2

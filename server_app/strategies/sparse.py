@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from logging import INFO
 from typing import Any
 
@@ -14,9 +15,12 @@ from common.algorithms import SparseParams
 from common.config import RunConfig
 from common.learning.models import ModelLayout
 from common.methods.aggregate import weighted_sum
+from common.methods.dmpfl import select_global_mask
 from common.methods.masked_ops import scatter, select
 from common.methods.masks import erk_densities, random_masks
 from common.methods.robust import scale_updates, update_norms
+from common.secagg.encoding import Decoded
+from common.secagg.wire import units_of, votes_of
 from common.seeding import derive_seed
 from common.wire.codec import decode_model, encode_model
 from common.wire.messages import ARRAYS, CONFIG, GLOBAL_MODEL, GLOBAL_VERSION
@@ -231,6 +235,42 @@ class SparseGlobalStrategy(PFLStrategy):
             supports.append(support)
         averaged = self.private_mean(models, reference, supports, shared)
         return {name: a for (name, _), a in zip(self.specs, averaged, strict=True)}
+
+    def vote_fraction(self) -> float:
+        """The share of a round's uploads a position's votes must exceed to stay eligible for m_g."""
+        return 0.0
+
+    def secure_layout(self, server_round: int) -> tuple[list[tuple[str, int]], list[str]]:
+        """Under `secagg`: values-only rounds carry each prunable layer's values on m_g (its size known to both
+        sides); the other rounds carry them dense on the client's own mask, with per-position weights and votes."""
+        values_only = self.values_only_round(server_round)
+        sections = []
+        for name, shape in self.specs:
+            mask = self.global_masks.get(name)
+            sections.append((name, int(mask.sum()) if values_only and mask is not None else math.prod(shape)))
+        return sections, ([] if values_only else list(self.prunable))
+
+    def aggregate_secure(self, server_round: int, decoded: Decoded, survivors: int, loss: float) -> None:
+        """Under `secagg`, from the cohort's sum: a values-only round's weighted mean on m_g (masked_average's); a
+        mask round's Eq. 5 from the summed per-position weights and the new m_g from the summed votes
+        (aggregate_round's, the vote over the `survivors` uploads)."""
+        old, values_only = self.global_named, self.values_only_round(server_round)
+        weights: dict[str, np.ndarray] = {}
+        masks: dict[str, np.ndarray] = {}
+        for name, shape in self.specs:
+            mask = self.global_masks.get(name)
+            if mask is None:
+                weights[name] = decoded.mean(name).reshape(shape).astype(np.float32)
+            elif values_only:
+                weights[name] = select(mask, scatter(decoded.mean(name).astype(np.float32), mask), old[name])
+            else:
+                mean = decoded.masked_mean(name, units_of(name), old[name]).reshape(shape).astype(np.float32)
+                votes = decoded.integers[votes_of(name)].reshape(shape)
+                weights[name] = mean
+                masks[name] = select_global_mask(mean, votes, survivors, self.densities[name], self.vote_fraction())
+        self.set_global(weights, masks or None)
+        if masks:
+            self.log_masks()
 
     def log_masks(self) -> None:
         """Density of m_g after a change."""
