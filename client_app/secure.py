@@ -22,9 +22,10 @@ from common.secagg.wire import (
     secrets_record,
     upload_layout,
     upload_sections,
-    vector_record,
+    vector_arrays,
 )
 from common.wire.messages import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, SA_ROUND, SECAGG, SERVER_ROUND, TRAIN_LOSS
+from common.wire.records import to_plain_record
 from common.wire.validation import echo_values, read_count, read_finite, record_to_numpy
 
 from .privacy import WITHHELD_TRAIN_METRICS
@@ -59,7 +60,7 @@ def setup(cfg: RunConfig, msg: Message, context: Context, partition_id: int) -> 
     session = ClientSession(partition_id, cohort)
     pk1, pk2 = session.advertise()
     _save(context, session, _round(msg))
-    return RecordDict({SECAGG: keys_record(pk1, pk2), METRICS: _echo(msg)})
+    return RecordDict({SECAGG: ConfigRecord(keys_record(pk1, pk2)), METRICS: _echo(msg)})
 
 
 def share(cfg: RunConfig, msg: Message, context: Context) -> RecordDict:
@@ -67,7 +68,7 @@ def share(cfg: RunConfig, msg: Message, context: Context) -> RecordDict:
     session = _load(cfg, context, _round(msg))
     ciphertexts = session.share_keys(read_neighbours(msg.content.config_records))
     _save(context, session, _round(msg))
-    return RecordDict({SECAGG: secrets_record(ciphertexts), METRICS: _echo(msg)})
+    return RecordDict({SECAGG: ConfigRecord(secrets_record(ciphertexts)), METRICS: _echo(msg)})
 
 
 def masked_reply(cfg: RunConfig, msg: Message, context: Context, reply: RecordDict) -> RecordDict:
@@ -88,7 +89,7 @@ def masked_reply(cfg: RunConfig, msg: Message, context: Context, reply: RecordDi
     vector, _ = encode(layout, values, weight, params, rng)
     sealed = session.masked(routed, vector)
     _save(context, session, server_round)
-    return withheld(msg, RecordDict({SECAGG: vector_record(sealed, params.modulus_range)}))
+    return withheld(msg, RecordDict({SECAGG: to_plain_record(vector_arrays(sealed, params.modulus_range))}))
 
 
 def withheld(msg: Message, reply: RecordDict) -> RecordDict:
@@ -105,4 +106,4 @@ def unmask(cfg: RunConfig, msg: Message, context: Context) -> RecordDict:
     session = _load(cfg, context, _round(msg))
     shares = session.unmask(*read_unmask(msg.content.config_records))
     del context.state.config_records[SESSION]
-    return RecordDict({SECAGG: secrets_record(shares), METRICS: _echo(msg)})
+    return RecordDict({SECAGG: ConfigRecord(secrets_record(shares)), METRICS: _echo(msg)})

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from logging import WARNING
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from common.config import RunConfig
 from common.secagg.encoding import decode
 from common.secagg.params import Cohort
 from common.secagg.protocol import SecAggAborted, ServerSession
@@ -27,6 +28,7 @@ from common.secagg.wire import (
     SETUP,
     SHARE,
     UNMASK,
+    Fields,
     cohort_record,
     neighbours_record,
     read_keys,
@@ -39,11 +41,31 @@ from common.secagg.wire import (
 from common.wire.messages import CONFIG, SECAGG, SERVER_ROUND
 from common.wire.validation import PayloadError, printable
 
+from .clients import ClientRegistry
 from .exchange import each_reply, exchange
 from .limits import ReplyLimits
+from .replies import RoundLog
+from .strategies.base import PFLStrategy
 
-if TYPE_CHECKING:
-    from .runner import RoundRunner
+
+class RoundHost(Protocol):
+    """What a round's secure aggregation uses of the round runner (server_app/runner.py), which hosts it."""
+
+    cfg: RunConfig
+    strategy: PFLStrategy
+    clients: ClientRegistry
+    round_log: RoundLog
+
+    def messages(self, server_round: int, partition_ids: list[int], message_type: str, kind: str) -> list[Message]:
+        """The runner's training messages to these clients (faults, state versions, echo expectations set)."""
+        ...
+
+    def sort_replies(
+        self, server_round: int, replies: Iterable[Message], kind: str
+    ) -> tuple[list[tuple[int, Message]], int, int]:
+        """The runner's checks of replies: known, error-free, of sane size, naming the round."""
+        ...
+
 
 T = TypeVar("T")
 
@@ -51,7 +73,7 @@ T = TypeVar("T")
 class SecureRound:
     """One round's secure aggregation for a runner: `train` does what the runner's plain training does."""
 
-    def __init__(self, runner: RoundRunner, grid: Grid, server_round: int) -> None:
+    def __init__(self, runner: RoundHost, grid: Grid, server_round: int) -> None:
         self.runner, self.grid, self.server_round = runner, grid, server_round
         self.params = runner.cfg.secagg_params
         sections, self.masked = runner.strategy.secure_layout(server_round)
@@ -147,7 +169,7 @@ class SecureRound:
         self,
         action: str,
         pids: list[int],
-        content: Callable[[int], ConfigRecord],
+        content: Callable[[int], Fields],
         read: Callable[[Mapping[str, ConfigRecord]], T],
         cohort: Cohort,
     ) -> dict[int, T]:
@@ -158,7 +180,9 @@ class SecureRound:
         def build(batch: list[int]) -> list[Message]:
             messages = []
             for pid in batch:
-                records = RecordDict({CONFIG: ConfigRecord({SERVER_ROUND: self.server_round}), SECAGG: content(pid)})
+                records = RecordDict(
+                    {CONFIG: ConfigRecord({SERVER_ROUND: self.server_round}), SECAGG: ConfigRecord(content(pid))}
+                )
                 msg = Message(content=records, dst_node_id=runner.clients[pid].node_id, message_type=action)
                 round_log.add_message("train_down", pid, msg)
                 messages.append(msg)
@@ -198,7 +222,7 @@ class SecureRound:
         def build(batch: list[int]) -> list[Message]:
             messages = runner.messages(self.server_round, batch, MessageType.TRAIN, "train_down")
             for pid, msg in zip(batch, messages, strict=True):
-                msg.content[SECAGG] = routed_record(routed[pid], self.names, self.sizes, self.masked)
+                msg.content[SECAGG] = ConfigRecord(routed_record(routed[pid], self.names, self.sizes, self.masked))
             return messages
 
         out: dict[int, np.ndarray] = {}

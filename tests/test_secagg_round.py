@@ -14,7 +14,7 @@ from common.config import ConfigError, parse_run_config
 from common.learning.models import ModelLayout
 from common.secagg.params import SecAggParams
 from common.secagg.protocol import SecAggRefused
-from common.secagg.wire import SETUP, SHARE, UNMASK, cohort_record, read_cohort, vector_record
+from common.secagg.wire import SETUP, SHARE, UNMASK, cohort_record, read_cohort, vector_arrays
 from common.wire.codec import encode_model
 from common.wire.messages import ARRAYS, SECAGG
 from common.wire.records import to_plain_record
@@ -66,7 +66,9 @@ class SecureClients(PushPullGrid):
                 plain.metric_records["metrics"]["server-round"] = 1
                 content = secure.masked_reply(self.cfg, msg, context, plain)
                 if pid in self.forge:  # a vector of another length: the sum could not be unmasked with it
-                    content[SECAGG] = vector_record(np.zeros(7, np.uint64), self.cfg.secagg_params.modulus_range)
+                    content[SECAGG] = to_plain_record(
+                        vector_arrays(np.zeros(7, np.uint64), self.cfg.secagg_params.modulus_range)
+                    )
             self.received.append(content)
             replies.append(FakeReply(100 + pid, content))
         return replies

@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord
 
 from common.wire.codec import decode_sparse, from_arrays
 from common.wire.messages import (
@@ -26,12 +25,13 @@ from common.wire.messages import (
     SA_VALUES,
     SECAGG,
 )
-from common.wire.records import numpy_array
 from common.wire.validation import PayloadError, record_to_numpy
 
 from .encoding import Layout, Section
 from .params import Cohort, SecAggParams
 from .protocol import SecAggRefused
+
+Fields = dict[str, Any]  # a record's fields (the glue makes the Flower record of them)
 
 # The stages' message types (Flower's "<category>.<action>"); the masked vector rides on the plain train message.
 SETUP, SHARE, UNMASK = "train.secagg_setup", "train.secagg_share", "train.secagg_unmask"
@@ -114,19 +114,19 @@ def _table(record: Mapping[str, Any], ids: str, values: str, limit: int) -> dict
     return dict(zip(keys, items, strict=True))
 
 
-def _record(content_records: Mapping[str, ConfigRecord]) -> ConfigRecord:
+def _record(content_records: Mapping[str, Any]) -> Mapping[str, Any]:
     if SECAGG not in content_records:
         raise PayloadError(f"no {SECAGG!r} record")
     return content_records[SECAGG]
 
 
 # ----- server -> client ----------------------------------------------------------------------------------------
-def cohort_record(cohort: Cohort) -> ConfigRecord:
+def cohort_record(cohort: Cohort) -> Fields:
     """Stage 0's request: the round's cohort size, shares and threshold."""
-    return ConfigRecord({SA_CLIENTS: cohort.num_clients, SA_SHARES: cohort.shares, SA_THRESHOLD: cohort.threshold})
+    return {SA_CLIENTS: cohort.num_clients, SA_SHARES: cohort.shares, SA_THRESHOLD: cohort.threshold}
 
 
-def read_cohort(records: Mapping[str, ConfigRecord], params: SecAggParams) -> Cohort:
+def read_cohort(records: Mapping[str, Any], params: SecAggParams) -> Cohort:
     """The cohort the server announced, which must be what the run's own parameters give for that many clients
     (a server lowering the threshold or the shares is refused)."""
     record = _record(records)
@@ -145,14 +145,16 @@ def read_cohort(records: Mapping[str, ConfigRecord], params: SecAggParams) -> Co
     return cohort
 
 
-def neighbours_record(keys: Mapping[int, tuple[bytes, bytes]]) -> ConfigRecord:
+def neighbours_record(keys: Mapping[int, tuple[bytes, bytes]]) -> Fields:
     """Stage 1's request: the neighbours' public keys."""
-    return ConfigRecord(
-        {SA_IDS: list(keys), SA_PK1: [pair[0] for pair in keys.values()], SA_PK2: [pair[1] for pair in keys.values()]}
-    )
+    return {
+        SA_IDS: list(keys),
+        SA_PK1: [pair[0] for pair in keys.values()],
+        SA_PK2: [pair[1] for pair in keys.values()],
+    }
 
 
-def read_neighbours(records: Mapping[str, ConfigRecord]) -> dict[int, tuple[bytes, bytes]]:
+def read_neighbours(records: Mapping[str, Any]) -> dict[int, tuple[bytes, bytes]]:
     """The neighbours' public keys of a stage 1 request."""
     record = _record(records)
     firsts, seconds = _table(record, SA_IDS, SA_PK1, MAX_KEY_BYTES), _table(record, SA_IDS, SA_PK2, MAX_KEY_BYTES)
@@ -161,20 +163,18 @@ def read_neighbours(records: Mapping[str, ConfigRecord]) -> dict[int, tuple[byte
 
 def routed_record(
     ciphertexts: Mapping[int, bytes], names: Sequence[str], sizes: Sequence[int], masked: Sequence[str]
-) -> ConfigRecord:
+) -> Fields:
     """Stage 2's addition to the train message: the shares addressed to the client, and the upload's layout."""
-    return ConfigRecord(
-        {
-            SA_IDS: list(ciphertexts),
-            SA_CIPHERTEXTS: list(ciphertexts.values()),
-            SA_NAMES: list(names),
-            SA_SIZES: list(sizes),
-            SA_MASKED: list(masked),
-        }
-    )
+    return {
+        SA_IDS: list(ciphertexts),
+        SA_CIPHERTEXTS: list(ciphertexts.values()),
+        SA_NAMES: list(names),
+        SA_SIZES: list(sizes),
+        SA_MASKED: list(masked),
+    }
 
 
-def read_routed(records: Mapping[str, ConfigRecord]) -> tuple[dict[int, bytes], list[str], list[int], list[str]]:
+def read_routed(records: Mapping[str, Any]) -> tuple[dict[int, bytes], list[str], list[int], list[str]]:
     """The shares addressed to this client, and the names, sizes and masked names of its upload's layout."""
     record = _record(records)
     names, sizes, masked = _list(record, SA_NAMES, str), _list(record, SA_SIZES, int), _list(record, SA_MASKED, str)
@@ -183,24 +183,24 @@ def read_routed(records: Mapping[str, ConfigRecord]) -> tuple[dict[int, bytes], 
     return _table(record, SA_IDS, SA_CIPHERTEXTS, MAX_SECRET_BYTES), names, sizes, masked
 
 
-def unmask_record(survivors: Sequence[int], dropped: Sequence[int]) -> ConfigRecord:
+def unmask_record(survivors: Sequence[int], dropped: Sequence[int]) -> Fields:
     """Stage 3's request: which neighbours' vectors are in the sum, which shared and then dropped."""
-    return ConfigRecord({SA_SURVIVORS: list(survivors), SA_DROPPED: list(dropped)})
+    return {SA_SURVIVORS: list(survivors), SA_DROPPED: list(dropped)}
 
 
-def read_unmask(records: Mapping[str, ConfigRecord]) -> tuple[list[int], list[int]]:
+def read_unmask(records: Mapping[str, Any]) -> tuple[list[int], list[int]]:
     """A stage 3 request (the client itself checks that it names no neighbour twice)."""
     record = _record(records)
     return _list(record, SA_SURVIVORS, int), _list(record, SA_DROPPED, int)
 
 
 # ----- client -> server ----------------------------------------------------------------------------------------
-def keys_record(pk1: bytes, pk2: bytes) -> ConfigRecord:
+def keys_record(pk1: bytes, pk2: bytes) -> Fields:
     """Stage 0's answer."""
-    return ConfigRecord({SA_PK1: pk1, SA_PK2: pk2})
+    return {SA_PK1: pk1, SA_PK2: pk2}
 
 
-def read_keys(records: Mapping[str, ConfigRecord]) -> tuple[bytes, bytes]:
+def read_keys(records: Mapping[str, Any]) -> tuple[bytes, bytes]:
     """A client's two public keys."""
     record = _record(records)
     pair = record.get(SA_PK1), record.get(SA_PK2)
@@ -209,12 +209,12 @@ def read_keys(records: Mapping[str, ConfigRecord]) -> tuple[bytes, bytes]:
     return pair  # type: ignore[return-value]
 
 
-def secrets_record(table: Mapping[int, bytes]) -> ConfigRecord:
+def secrets_record(table: Mapping[int, bytes]) -> Fields:
     """Stage 1's answer (ciphertexts by destination) and stage 3's (shares by owner)."""
-    return ConfigRecord({SA_IDS: list(table), SA_VALUES: list(table.values())})
+    return {SA_IDS: list(table), SA_VALUES: list(table.values())}
 
 
-def read_secrets(records: Mapping[str, ConfigRecord]) -> dict[int, bytes]:
+def read_secrets(records: Mapping[str, Any]) -> dict[int, bytes]:
     """A stage 1 or stage 3 answer."""
     return _table(_record(records), SA_IDS, SA_VALUES, MAX_SECRET_BYTES)
 
@@ -224,12 +224,12 @@ def vector_dtype(modulus: int) -> np.dtype:
     return np.dtype(np.uint32) if modulus <= 2**32 else np.dtype(np.uint64)
 
 
-def vector_record(vector: np.ndarray, modulus: int) -> ArrayRecord:
-    """Stage 2's answer: the masked vector."""
-    return ArrayRecord({SECAGG: numpy_array(np.ascontiguousarray(vector, dtype=vector_dtype(modulus)))})
+def vector_arrays(vector: np.ndarray, modulus: int) -> dict[str, np.ndarray]:
+    """Stage 2's answer: the masked vector in its wire type (an array record of it: common.wire.records)."""
+    return {SECAGG: np.ascontiguousarray(vector, dtype=vector_dtype(modulus))}
 
 
-def read_vector(arrays: Mapping[str, ArrayRecord], size: int, modulus: int) -> np.ndarray:
+def read_vector(arrays: Mapping[str, Any], size: int, modulus: int) -> np.ndarray:
     """A masked vector as uint64: of the layout's size, the wire type of the modulus, every value below it."""
     record = arrays.get(SECAGG)
     if record is None or list(record) != [SECAGG]:
