@@ -108,7 +108,7 @@ class SecureRound:
         if decoded.weight_units <= 0:
             self._kept("the cohort's total sample count is 0", started)
             return
-        samples = decoded.weight_units / self.params.quantization_range * self.params.max_weight
+        samples = decoded.samples(self.params.max_weight)
         loss = float(decoded.mean(LOSS)[0])
         self.runner.strategy.aggregation_fields = {}
         self.runner.strategy.aggregate_secure(self.server_round, decoded, len(survivors), loss)

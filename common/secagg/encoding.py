@@ -57,11 +57,7 @@ class Layout:
     def check_cohort(self, num_clients: int, params: SecAggParams) -> None:
         """ValueError when the sum of `num_clients` vectors could wrap around the modulus."""
         largest = max([params.quantization_range] + [s.bound for s in self.sections if s.kind == "integer"])
-        if num_clients * largest >= params.modulus_range:
-            raise ValueError(
-                f"secagg-modulus-range {params.modulus_range} cannot hold the sum of {num_clients} clients' values "
-                f"of up to {largest}: raise it to at least {1 << (num_clients * largest).bit_length()}"
-            )
+        params.check_sum(num_clients, largest)
 
 
 def weight_units(weight: float, params: SecAggParams) -> tuple[int, bool]:
@@ -124,6 +120,10 @@ class Decoded:
     reals: dict[str, np.ndarray]
     integers: dict[str, np.ndarray]
     quantization_range: int
+
+    def samples(self, max_weight: float) -> float:
+        """The cohort's total sample count, as its weight units give it back (max-weight = the full range)."""
+        return self.weight_units / self.quantization_range * max_weight
 
     def mean(self, name: str) -> np.ndarray:
         """A real section's weighted mean over every client that sent it (the cohort's total weight)."""

@@ -109,13 +109,16 @@ class SecAggParams:
                 "of the shares (else a server can gather both secrets of one client and see its vector alone) "
                 "and at most all of them"
             )
-        if num_clients * self.quantization_range >= self.modulus_range:
+        self.check_sum(num_clients, self.quantization_range)
+        return Cohort(num_clients, shares, threshold, self)
+
+    def check_sum(self, num_clients: int, largest: int) -> None:
+        """ValueError when the sum of `num_clients` values of up to `largest` could wrap around the modulus."""
+        if num_clients * largest >= self.modulus_range:
             raise ValueError(
                 f"secagg-modulus-range {self.modulus_range} cannot hold the sum of {num_clients} clients' values "
-                f"of up to {self.quantization_range}: raise it to at least "
-                f"{1 << (num_clients * self.quantization_range).bit_length()}"
+                f"of up to {largest}: raise it to at least {1 << (num_clients * largest).bit_length()}"
             )
-        return Cohort(num_clients, shares, threshold, self)
 
 
 @dataclass(frozen=True)

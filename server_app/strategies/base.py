@@ -197,8 +197,7 @@ class PFLStrategy:
         one reply holding the cohort's total weight (the weighted average of that one reply is the mean itself),
         so the algorithm's own aggregate runs unchanged."""
         means = [decoded.mean(name).reshape(shape).astype(np.float32) for name, shape in self.secure_specs()]
-        q = decoded.quantization_range
-        samples = max(1, round(decoded.weight_units / q * self.cfg.secagg_max_weight))
+        samples = max(1, round(decoded.samples(self.cfg.secagg_max_weight)))
         self.aggregate(server_round, [TrainReply(-1, samples, loss, RecordDict(), arrays=means)])
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
