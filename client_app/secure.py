@@ -5,15 +5,19 @@ or loss leaves in the clear: the reply's metrics are the fixed withheld values."
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from common.config import RunConfig
+from common.methods.distributed_dp import DP_UPDATE, client_contribution, noise_multiplier_for, plan_round
 from common.secagg.encoding import encode, weight_units
 from common.secagg.protocol import ClientSession, SecAggRefused
 from common.secagg.wire import (
     CAPPED,
     LOSS,
+    dp_layout,
     keys_record,
     read_cohort,
     read_neighbours,
@@ -80,16 +84,51 @@ def masked_reply(cfg: RunConfig, msg: Message, context: Context, reply: RecordDi
     metrics = reply.metric_records.get(METRICS)
     weight, loss = float(read_count(metrics, NUM_EXAMPLES, allow_zero=True)), read_finite(metrics, TRAIN_LOSS)
     params = cfg.secagg_params
-    units, capped = weight_units(weight, params)
     arrays = record_to_numpy(reply.array_records.get(ARRAYS))
-    values = upload_sections(arrays, names, sizes, masked, units)
-    values.update({LOSS: np.array([loss]), CAPPED: np.array([int(capped)])})
-    rng = np.random.default_rng([cfg.seed, session.node_id, server_round, 0x5EC])  # the quantization's rounding
-    layout = upload_layout(names, sizes, masked, params.quantization_range)
-    vector, _ = encode(layout, values, weight, params, rng)
+    if cfg.dp == "distributed":
+        received = record_to_numpy(msg.content.array_records.get(ARRAYS))
+        vector = private_vector(cfg, session, received, upload_sections(arrays, names, sizes, (), 1), server_round)
+    else:
+        units, capped = weight_units(weight, params)
+        values = upload_sections(arrays, names, sizes, masked, units)
+        values.update({LOSS: np.array([loss]), CAPPED: np.array([int(capped)])})
+        rng = np.random.default_rng([cfg.seed, session.node_id, server_round, 0x5EC])  # the quantization's rounding
+        layout = upload_layout(names, sizes, masked, params.quantization_range)
+        vector, _ = encode(layout, values, weight, params, rng)
     sealed = session.masked(routed, vector)
     _save(context, session, server_round)
     return withheld(msg, RecordDict({SECAGG: to_plain_record(vector_arrays(sealed, params.modulus_range))}))
+
+
+def private_vector(
+    cfg: RunConfig,
+    session: ClientSession,
+    received: Mapping[str, np.ndarray],
+    trained: Mapping[str, np.ndarray],
+    server_round: int,
+) -> np.ndarray:
+    """Distributed DP's vector: the update (trained - received, over the arrays the layout names, in order) clipped,
+    scaled and rounded to integers with this client's share of the noise (common/methods/distributed_dp.py), sized
+    for the cohort announced at setup; the weight coordinate is 1. The noise is drawn from the operating system
+    unless a study fixes dp-noise-seed (then the server could draw it again: no privacy against it)."""
+    missing = [name for name in trained if name not in received or received[name].size != trained[name].size]
+    if missing:
+        raise SecAggRefused(f"distributed DP: the upload's {missing[:3]} were not received: no update to bound")
+    update = np.concatenate([trained[name] - np.asarray(received[name], np.float64).reshape(-1) for name in trained])
+    z = noise_multiplier_for(cfg.dp_noise_multiplier, cfg.dp_target_epsilon, cfg.num_rounds, cfg.dp_delta)
+    params = cfg.secagg_params
+    try:
+        plan = plan_round(cfg.dp_clip_norm, z, update.size, session.cohort.num_clients, params.modulus_range)
+    except ValueError as exc:
+        raise SecAggRefused(f"distributed DP: {exc}") from None
+    rng = (
+        np.random.default_rng([cfg.dp_noise_seed, session.node_id, server_round, 0x646470])
+        if cfg.dp_noise_seed
+        else np.random.default_rng()
+    )
+    contribution = client_contribution(update, cfg.dp_clip_norm, plan, rng)
+    vector, _ = encode(dp_layout(update.size), {DP_UPDATE: contribution}, 0.0, params, rng, units=1)
+    return vector
 
 
 def withheld(msg: Message, reply: RecordDict) -> RecordDict:

@@ -17,6 +17,7 @@ from common.data.partitioners import PARTITION_SPECS, partition_help
 from common.data.settings import DataSettings, SplitSettings
 from common.hparams import ConfigError, KeyInfo, as_dict, choice, describe, hp, parse_fields
 from common.learning.model_specs import MODEL_SPECS
+from common.methods.distributed_dp import DISTRIBUTED_DP_REFUSED
 from common.methods.privacy import CENTRAL_DP_ON_GLOBAL_MASK, CENTRAL_DP_RECOVERED, CENTRAL_DP_REFUSED, DP_MODES
 from common.methods.robust import ROBUST_METHODS, RobustRule
 from common.secagg.params import SECAGG_MODES, SECAGG_REFUSED, SecAggParams
@@ -361,8 +362,9 @@ class RunConfig:
         "client-level differential privacy: `central` (the server samples each client with probability "
         "`fraction-train` (Poisson), clips each update to `dp-clip-norm`, averages over the clients a round plans and "
         "adds Gaussian noise; weight-averaging algorithms but FLIU), "
-        "`local` (each client clips and noises its own update before sending) or `none`; every round logs epsilon "
-        "at `dp-delta` (docs/privacy.md)",
+        "`local` (each client clips and noises its own update before sending), `distributed` (with `secagg`: each "
+        "client clips its update and adds its share of the noise, the server sees only the noised sum) or `none`; "
+        "every round logs epsilon at `dp-delta` (docs/privacy.md)",
         choices=DP_MODES,
     )
     dp_clip_norm: float = hp(
@@ -693,7 +695,11 @@ def _check_secagg(cfg: RunConfig, algorithm: str) -> None:
         )
     hidden = "secure aggregation hides each client's upload, so the server cannot"
     for key, on, why in (
-        ("dp", cfg.dp != "none", f"{hidden} clip or noise one (distributed DP is not built yet)"),
+        (
+            "dp",
+            cfg.dp in ("central", "local"),
+            f"{hidden} clip or noise one; 'dp' = 'distributed' has each client add its share of the noise",
+        ),
         ("robust-aggregation", cfg.robust_aggregation != "none", f"{hidden} clip, trim or rank one"),
         ("max-update-ratio", cfg.max_update_ratio > 0, f"{hidden} compare one with the others"),
         ("max-weight-ratio", cfg.max_weight_ratio > 0, "the clients' sample counts travel inside the masked sum"),
@@ -706,6 +712,23 @@ def _check_secagg(cfg: RunConfig, algorithm: str) -> None:
         raise ConfigError(f"run-config secagg keys: {exc}") from None
 
 
+def _check_distributed_dp(cfg: RunConfig, algorithm: str) -> None:
+    """ConfigError when `dp` = distributed cannot hold here (common/methods/distributed_dp.py)."""
+    if cfg.secagg == "none":
+        raise ConfigError(
+            "run-config 'dp' = 'distributed': each client adds only a share of the noise, which hides its update only "
+            "inside a secure sum: set 'secagg' = 'secaggplus'"
+        )
+    if algorithm in DISTRIBUTED_DP_REFUSED:
+        why = DISTRIBUTED_DP_REFUSED[algorithm]
+        raise ConfigError(f"run-config 'dp' = 'distributed' cannot apply to '{algorithm}': {why}")
+    if cfg.dp_adaptive_clip:
+        raise ConfigError(
+            "run-config 'dp-adaptive-clip' is central DP's: the server adapts the bound from a noised count of the "
+            "updates it clips; under 'distributed' it sees none of them"
+        )
+
+
 def _check_dp(cfg: RunConfig, algorithm: str, averaging: list[str]) -> None:
     """ConfigError when the run's `dp` settings cannot give the guarantee they promise."""
     if cfg.dp == "none":
@@ -716,6 +739,8 @@ def _check_dp(cfg: RunConfig, algorithm: str, averaging: list[str]) -> None:
         )
     if SPECS[algorithm].dp_refusal:
         raise ConfigError(f"run-config 'dp' cannot apply to '{algorithm}': {SPECS[algorithm].dp_refusal}")
+    if cfg.dp == "distributed":
+        _check_distributed_dp(cfg, algorithm)
     if cfg.dp == "central" and algorithm in CENTRAL_DP_REFUSED:
         raise ConfigError(
             f"run-config 'dp' = '{cfg.dp}' cannot apply to '{algorithm}': {CENTRAL_DP_REFUSED[algorithm]}"

@@ -18,7 +18,8 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from common.config import RunConfig
-from common.secagg.encoding import decode
+from common.methods.distributed_dp import DP_UPDATE, RoundPlan
+from common.secagg.encoding import Decoded, decode
 from common.secagg.params import Cohort
 from common.secagg.protocol import SecAggAborted, ServerSession
 from common.secagg.wire import (
@@ -30,6 +31,7 @@ from common.secagg.wire import (
     UNMASK,
     Fields,
     cohort_record,
+    dp_layout,
     neighbours_record,
     read_keys,
     read_secrets,
@@ -78,7 +80,12 @@ class SecureRound:
         self.params = runner.cfg.secagg_params
         sections, self.masked = runner.strategy.secure_layout(server_round)
         self.names, self.sizes = [name for name, _ in sections], [size for _, size in sections]
-        self.layout = upload_layout(self.names, self.sizes, self.masked, self.params.quantization_range)
+        self.private = runner.cfg.dp == "distributed"  # the vector is the clients' noised integer updates
+        self.layout = (
+            dp_layout(sum(self.sizes))
+            if self.private
+            else upload_layout(self.names, self.sizes, self.masked, self.params.quantization_range)
+        )
         self.record: dict[str, Any] = {}
         self.failed = self.rejected = 0
 
@@ -87,9 +94,12 @@ class SecureRound:
         protocol cannot finish (one WARNING line; the model is kept)."""
         started = time.perf_counter()
         train = self.runner.round_log.train
+        plan = None
         try:
             cohort = self.params.for_cohort(len(sampled))
             self.layout.check_cohort(len(sampled), self.params)
+            if self.private:
+                plan = self.runner.strategy.distributed_plan(sum(self.sizes), len(sampled))
         except ValueError as exc:
             self._kept(f"secure aggregation cannot run: {exc}", started)
             return
@@ -105,6 +115,9 @@ class SecureRound:
         self._rejections(server)
         survivors = sorted(server.survivors)
         decoded = decode(self.layout, total, len(survivors), self.params)
+        if plan is not None:
+            self._private(decoded, plan, survivors, server, started)
+            return
         if decoded.weight_units <= 0:
             self._kept("the cohort's total sample count is 0", started)
             return
@@ -132,6 +145,34 @@ class SecureRound:
                 "used": len(survivors),
                 "loss": loss,
                 "num_examples": round(samples),
+                "flops": 0.0,
+                "flops_dense_grad": 0.0,
+                "clients": survivors,
+                "secagg": self.record,
+                **self.runner.strategy.aggregation_fields,
+            }
+        )
+
+    def _private(
+        self, decoded: Decoded, plan: RoundPlan, survivors: list[int], server: ServerSession, started: float
+    ) -> None:
+        """Distributed DP's round: the strategy folds in the mean update of the exact integer sum; no loss or
+        sample count travels (the round record says withheld)."""
+        if decoded.weight_units != len(survivors):
+            self._kept(f"the sum counts {decoded.weight_units} clients, {len(survivors)} sent vectors", started)
+            return
+        self.runner.strategy.aggregation_fields = {}
+        self.runner.strategy.aggregate_distributed(self.server_round, decoded.integers[DP_UPDATE], plan, survivors)
+        self.record.update(survivors=len(survivors), dropped_after_sharing=len(server.shared) - len(survivors))
+        self.record.update(seconds=round(time.perf_counter() - started, 3))
+        self.runner.round_log.train.update(
+            {
+                "received": len(survivors) + self.failed + self.rejected,
+                "failed": self.failed,
+                "rejected": self.rejected,
+                "used": len(survivors),
+                "loss": float("nan"),
+                "num_examples": 0,
                 "flops": 0.0,
                 "flops_dense_grad": 0.0,
                 "clients": survivors,

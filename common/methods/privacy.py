@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-DP_MODES = ("none", "central", "local")
+DP_MODES = ("none", "central", "local", "distributed")
 
 # Algorithms whose server keeps or compares each client's own model: a noised average would not protect them.
 _OWN_MODELS = "its server needs each client's own model, which a noised average of the clients does not give"

@@ -4,8 +4,10 @@ The vector is the client's weight (its sample count in quantization units, so th
 total) followed by named sections: `real` sections carry weight-scaled values quantized as Flower's
 `flwr.common.secure_aggregation.quantization` does (clip to [-c, c], shift, scale to the quantization range,
 stochastic rounding), `integer` sections carry exact bounded counts (per-coordinate weights for masked averaging,
-mask votes). The stochastic rounding draws from a generator the caller seeds, where Flower's draws from NumPy's
-global one (a run could not repeat)."""
+mask votes), `signed` sections carry a client's own integers of either sign (distributed DP's noised contribution),
+as residues modulo the modulus, their sum read back centred (in (-modulus / 2, modulus / 2)). The stochastic
+rounding draws from a generator the caller seeds, where Flower's draws from NumPy's global one (a run could not
+repeat)."""
 
 from __future__ import annotations
 
@@ -22,12 +24,12 @@ WEIGHT = "weight"
 
 @dataclass(frozen=True)
 class Section:
-    """One named part of the vector: `size` coordinates, `real` (quantized) or `integer` (each client's values
-    in [0, bound])."""
+    """One named part of the vector: `size` coordinates, `real` (quantized), `integer` (each client's values
+    in [0, bound]) or `signed` (any int64: whoever builds them keeps the cohort's sum within half the modulus)."""
 
     name: str
     size: int
-    kind: Literal["real", "integer"] = "real"
+    kind: Literal["real", "integer", "signed"] = "real"
     bound: int = 0
 
 
@@ -82,12 +84,17 @@ def encode(
     weight: float,
     params: SecAggParams,
     rng: np.random.Generator,
+    units: int | None = None,
 ) -> tuple[np.ndarray, bool]:
-    """The client's vector (uint64, each entry below the modulus) and whether its weight was capped.
+    """The client's vector (uint64, each entry below the modulus) and whether its weight was capped; `units`: the
+    weight coordinate as given (distributed DP counts every client once) instead of `weight` in units.
 
     A real section holds (units / Q) * x clipped to [-c, c] and mapped to [0, Q]; an integer section holds the
-    values as they are."""
-    units, capped = weight_units(weight, params)
+    values as they are; a signed section its values modulo the modulus."""
+    if units is None:
+        units, capped = weight_units(weight, params)
+    else:
+        capped = False
     out = np.empty(layout.size, np.uint64)
     out[0] = units
     clip, q = params.clipping_range, params.quantization_range
@@ -96,6 +103,12 @@ def encode(
         if given.size != section.size:
             raise ValueError(f"section {section.name!r}: {given.size} values for {section.size} coordinates")
         flat = given.reshape(-1)
+        if section.kind == "signed":
+            if not np.issubdtype(flat.dtype, np.integer):
+                raise ValueError(f"section {section.name!r} takes integers, not {flat.dtype}")
+            # two's complement is the residue modulo 2**64; the power-of-two modulus keeps its low bits
+            out[layout.offsets[section.name]] = reduce(flat.astype(np.int64).view(np.uint64), params.modulus_range)
+            continue
         if section.kind == "integer":
             if not np.issubdtype(flat.dtype, np.integer) and not np.issubdtype(flat.dtype, np.bool_):
                 raise ValueError(f"section {section.name!r} takes integers, not {flat.dtype}")
@@ -114,7 +127,7 @@ def encode(
 @dataclass(frozen=True)
 class Decoded:
     """The cohort's sum: total weight (in units and as a fraction of max-weight's units), per real section the sum
-    of (units / Q) * x over the clients, per integer section the plain sum."""
+    of (units / Q) * x over the clients, per integer section the plain sum (a signed section's centred)."""
 
     weight_units: int
     reals: dict[str, np.ndarray]
@@ -150,9 +163,20 @@ def decode(layout: Layout, total: np.ndarray, num_clients: int, params: SecAggPa
         part = total[layout.offsets[section.name]]
         if section.kind == "integer":
             integers[section.name] = part.astype(np.int64)
+        elif section.kind == "signed":
+            integers[section.name] = centred(part, params.modulus_range)
         else:
             reals[section.name] = part.astype(np.float64) * (2 * clip / q) - num_clients * clip
     return Decoded(int(total[0]), reals, integers, q)
+
+
+def centred(residues: np.ndarray, modulus: int) -> np.ndarray:
+    """Residues modulo a power of two read as the integers in [-modulus / 2, modulus / 2), int64."""
+    values = np.asarray(residues, np.uint64)
+    if modulus == 2**64:
+        return values.view(np.int64)
+    signed = values.astype(np.int64)
+    return np.where(signed >= modulus // 2, signed - modulus, signed)
 
 
 def plain_sum(vectors: Sequence[np.ndarray], params: SecAggParams) -> np.ndarray:

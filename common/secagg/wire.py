@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from common.methods.distributed_dp import DP_UPDATE
 from common.wire.codec import decode_sparse, from_arrays
 from common.wire.messages import (
     SA_CIPHERTEXTS,
@@ -66,6 +67,13 @@ def upload_layout(
                 Section(votes_of(name), size, "integer", 1),
             ]
     return Layout((*sections, Section(LOSS, 1), Section(CAPPED, 1, "integer", 1)))
+
+
+def dp_layout(size: int) -> Layout:
+    """Distributed DP's vector: the client's integer contribution over the round's arrays, concatenated in order
+    (common/methods/distributed_dp.py). The weight coordinate counts each client once; no loss travels: it is a
+    statistic of the client's data that the epsilon does not cover."""
+    return Layout((Section(DP_UPDATE, size, "signed"),))
 
 
 def upload_sections(

@@ -45,7 +45,8 @@ def progress_text(record: RoundRecord, num_rounds: int, degrees: tuple[float, ..
     eta = elapsed / rnd * (num_rounds - rnd)
     train = record["train"]
     private = train.get("dp")
-    loss = "withheld" if private and private.get("metrics") == "withheld" else f"{train['loss']:.4f}"
+    hidden = private and (private.get("metrics") == "withheld" or private.get("mode") == "distributed")
+    loss = "withheld" if hidden else f"{train['loss']:.4f}"
     text = (
         f"[round {rnd}/{num_rounds}] train {train['used']}/{train['sent']} used, loss {loss}"
         f" | down {record['bytes']['train_down'] / 1e6:.2f} MB up {record['bytes']['train_up'] / 1e6:.2f} MB"

@@ -178,8 +178,10 @@ def render_markdown(summary: Summary) -> str:
         )
     private = summary.get("dp")
     if private:
-        clipped = f", {private['clipped']} updates clipped" if private.get("mode") != "local" else ""
-        who = "the client with the most uploads" if private.get("mode") == "local" else "the run"
+        clipped = f", {private['clipped']} updates clipped" if private.get("mode", "central") == "central" else ""
+        who = {"local": "the client with the most uploads", "distributed": "the client in the most sums"}.get(
+            private.get("mode", "central"), "the run"
+        )
         lines.append(
             f"| {private.get('mode', 'central')} DP: epsilon at delta {private.get('delta', 0):g} of {who} after "
             f"{private['rounds']} rounds (noise multiplier {private['noise_multiplier']:.4f}, clip "

@@ -18,12 +18,21 @@ from common.config import RunConfig
 from common.hparams import ConfigError
 from common.learning.evaluate import shift_key
 from common.learning.models import ModelLayout
+from common.methods.distributed_dp import (
+    PrivacyLedger,
+    RoundPlan,
+    mean_update,
+    noise_multiplier_for,
+    plan_round,
+    round_rho,
+)
 from common.methods.privacy import (
     ACCOUNTANT_HINT,
     AdaptiveClip,
     CentralDp,
     Support,
     accountant_installed,
+    epsilon,
     local_dp_epsilon,
     poisson_sample,
 )
@@ -74,6 +83,8 @@ class PFLStrategy:
         self.dp_uploads: dict[int, int] = {}  # local DP: the noised uploads of each client so far
         self.dp_clip = cfg.dp_clip_norm  # central DP's clip bound of the next round (it moves under dp-adaptive-clip)
         self.dp_band_logged = False  # whether the log said the adaptive bound reached dp-clip-band's edge
+        self.dp_distributed_z: float | None = None  # run-config `dp` = distributed: the noise multiplier, once solved
+        self.dp_ledger = PrivacyLedger(cfg.dp_delta)  # distributed DP: each client's zCDP rho so far
         # the DP noise's seed: secret unless a study fixes it (dp-noise-seed); kept in the checkpoint for a resume
         self.dp_noise_seed = cfg.dp_noise_seed or secrets.randbits(63)
 
@@ -199,6 +210,75 @@ class PFLStrategy:
         means = [decoded.mean(name).reshape(shape).astype(np.float32) for name, shape in self.secure_specs()]
         samples = max(1, round(decoded.samples(self.cfg.secagg_max_weight)))
         self.aggregate(server_round, [TrainReply(-1, samples, loss, RecordDict(), arrays=means)])
+
+    def distributed_plan(self, dimension: int, cohort: int) -> RoundPlan:
+        """Distributed DP's integers for a round of `cohort` clients uploading `dimension` values (ValueError when
+        the modulus cannot hold them); the noise multiplier solved once, as each client solves it."""
+        cfg = self.cfg
+        if self.dp_distributed_z is None:
+            self.dp_distributed_z = noise_multiplier_for(
+                cfg.dp_noise_multiplier, cfg.dp_target_epsilon, cfg.num_rounds, cfg.dp_delta
+            )
+            log(
+                INFO,
+                "distributed DP: each client clips its update to %g and adds discrete Gaussian noise so that the "
+                "cohort's sum carries noise multiplier %.4f%s; epsilon at delta %g of a client in all %d rounds, "
+                "every client of each cohort answering: %.3f (no amplification by sampling: the server knows who "
+                "takes part)",
+                cfg.dp_clip_norm,
+                self.dp_distributed_z,
+                f" (solved for epsilon {cfg.dp_target_epsilon:g})" if cfg.dp_target_epsilon > 0 else "",
+                cfg.dp_delta,
+                cfg.num_rounds,
+                epsilon(self.dp_distributed_z, 1.0, cfg.num_rounds, cfg.dp_delta),
+            )
+        return plan_round(cfg.dp_clip_norm, self.dp_distributed_z, dimension, cohort, cfg.secagg_modulus_range)
+
+    def secure_reference(self) -> list[np.ndarray]:
+        """The arrays the clients started from, in `secure_specs` order (their update's reference)."""
+        by_name = {name: array for (name, _), array in zip(self.specs, self.global_arrays, strict=True)}
+        return [by_name[name] for name, _ in self.secure_specs()]
+
+    def aggregate_distributed(self, server_round: int, total: np.ndarray, plan: RoundPlan, clients: list[int]) -> None:
+        """Distributed DP's round: reference + the mean update of the exact integer sum goes to `aggregate` as one
+        reply, so the algorithm's own aggregate runs unchanged; each client in the sum is charged the round's rho
+        (fewer than the cohort answering: less noise, a larger rho, and a WARNING line)."""
+        answered = len(clients)
+        flat = mean_update(total, plan, answered)
+        models, start = [], 0
+        for (_, shape), reference in zip(self.secure_specs(), self.secure_reference(), strict=True):
+            size = math.prod(shape)
+            update = flat[start : start + size].reshape(shape)
+            models.append((np.asarray(reference, np.float64) + update).astype(np.float32))
+            start += size
+        self.aggregate(server_round, [TrainReply(-1, 1, float("nan"), RecordDict(), arrays=models)])
+        rho = round_rho(plan, answered)
+        self.dp_ledger.record(clients, rho)
+        z = self.dp_distributed_z or 0.0
+        effective = z * math.sqrt(answered / plan.cohort)
+        if answered < plan.cohort:
+            log(
+                WARNING,
+                "distributed DP, round %d: %d of the cohort's %d clients are in the sum, so it carries noise "
+                "multiplier %.4f, below the planned %.4f; the epsilon counts it",
+                server_round,
+                answered,
+                plan.cohort,
+                effective,
+                z,
+            )
+        self.aggregation_fields["dp"] = {
+            "mode": "distributed",
+            "epsilon": self.dp_ledger.epsilon(),
+            "delta": self.cfg.dp_delta,
+            "noise_multiplier": z,
+            "effective_noise_multiplier": effective,
+            "rho": rho,
+            "clip_bound": self.cfg.dp_clip_norm,
+            "clipped": 0,
+            "cohort": plan.cohort,
+            "answered": answered,
+        }
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
         """Fold validated replies into the server state (default: sample-weighted average, FedAvg)."""
@@ -415,6 +495,7 @@ class PFLStrategy:
             state["dp-noise-seed"] = self.dp_noise_seed
             state["dp-uploads"] = {str(pid): n for pid, n in self.dp_uploads.items()}
             state["dp-clip"] = self.dp_clip
+            state["dp-rho"] = {str(pid): rho for pid, rho in self.dp_ledger.spent.items()}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -432,6 +513,8 @@ class PFLStrategy:
         self.dp_rounds = int(state.get("dp-rounds", 0))
         self.dp_uploads = {int(pid): int(n) for pid, n in state.get("dp-uploads", {}).items()}
         self.dp_clip = float(state.get("dp-clip", self.cfg.dp_clip_norm))
+        spent = {int(pid): float(rho) for pid, rho in state.get("dp-rho", {}).items()}
+        self.dp_ledger = PrivacyLedger(self.cfg.dp_delta, spent)
         if self.cfg.dp_adaptive_clip:  # a checkpoint from before dp-clip-band, or of another band: within this one
             band = self.cfg.dp_clip_band
             self.dp_clip = min(max(self.dp_clip, self.cfg.dp_clip_norm / band), self.cfg.dp_clip_norm * band)
