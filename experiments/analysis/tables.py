@@ -42,7 +42,7 @@ RATIOS = {
     "flops-dense-grad-ratio": "flops-dense-grad",
 }
 ROUNDS = ("rounds", "best-round")  # counts of rounds: shown per seed, not as a mean
-PLAIN = ("epsilon",)  # neither a percentage nor a cost: shown as it is
+PLAIN = ("epsilon", "noise-multiplier")  # neither a percentage nor a cost: shown as it is
 DOMAIN = re.compile(r"^domain-.+-acc$")
 
 
@@ -261,11 +261,13 @@ def metric_reader(metric: str, prefix: str = "") -> Callable[[Run], float]:
     (mean over corruptions, at one severity), 'domains' (mean over the domain-<d>-acc keys: DapperFL's global
     accuracy), 'mb', 'flops' (per client, training), 'mb-all' (training and evaluation), 'flops-dense-grad' (the
     same with whole weight gradients of masked layers), 'rounds' (rounds run: fewer than num-rounds when
-    stop-patience ended the run), 'best-round' (the round of the best mean accuracy at shift 0) or 'epsilon' (the
-    run's differential-privacy epsilon at its `dp-delta`; NaN without `dp`)."""
+    stop-patience ended the run), 'best-round' (the round of the best mean accuracy at shift 0), 'epsilon' (the
+    run's differential-privacy epsilon at its `dp-delta`; NaN without `dp`) or 'noise-multiplier' (its z)."""
     kind, _, rest = metric.partition(":")
     if metric == "epsilon":
         return lambda run: _number((run.summary.get("dp") or {}).get("epsilon"))
+    if metric == "noise-multiplier":
+        return lambda run: _number((run.summary.get("dp") or {}).get("noise_multiplier"))
     if metric == "rounds":
         return lambda run: _number(run.summary.get("rounds_completed"))
     if metric == "best-round":  # the round 'best:' reads: the run's main accuracy's best, for its every row
