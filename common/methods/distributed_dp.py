@@ -16,9 +16,11 @@ bound with beta = 0), so no rounding is ever redrawn.
 The privacy of one round is Proposition 14's third term (as in the authors' accounting code): the sum of n
 discrete Gaussians of std sigma on a query of L2 sensitivity D is rho-zCDP with
 rho = (D / (sqrt(n) sigma) + sqrt(d) tau)^2 / 2, tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma^2 k / (k + 1));
-dp-accounting composes the rounds (ZCDpEvent) and converts to (epsilon, delta). The adjacency is a client's data
-against none while its device still takes part (its participation is known to the server, which runs the protocol
-with it): its rounded update moves by at most D and its own noise is there either way. The sampler is Algorithm 3
+dp-accounting composes the rounds (ZCDpEvent) and converts to (epsilon, delta). The adjacency is zero-out (Kairouz
+et al., "Practical and Private (Deep) Learning without Sampling or Shuffling", ICML 2021): a client's data against
+none while its device still takes part, since the server runs the protocol with it and knows that it did; its
+rounded update moves the sum by at most D and its own noise is there either way. For the same reason no
+amplification by sampling is counted. The sampler is Algorithm 3
 of Canonne, Kamath and Steinke, "The Discrete Gaussian for Differential Privacy", NeurIPS 2020 (arXiv:2004.00010),
 vectorized with NumPy (diffprivlib's sampler draws one value per call: a Python loop over a model's coordinates).
 """

@@ -269,6 +269,7 @@ class PFLStrategy:
             )
         self.aggregation_fields["dp"] = {
             "mode": "distributed",
+            "adjacency": "zero-out (a client's update against 0: sensitivity C), no amplification by sampling",
             "epsilon": self.dp_ledger.epsilon(),
             "delta": self.cfg.dp_delta,
             "noise_multiplier": z,
