@@ -10,7 +10,7 @@ import torch
 from common.config import parse_run_config
 from common.data.federated import dataset_for
 from common.learning.models import build_model
-from experiments.audit.attacks import Attack, KnownRound, idlg_labels, invert, local_update, observed
+from experiments.audit.attacks import Attack, KnownRound, idlg_labels, invert, label_counts, local_update, observed
 from experiments.audit.scores import image_scores, label_accuracy
 
 pytest.importorskip("torchmetrics")
@@ -208,3 +208,36 @@ def test_a_trained_dmpfl_upload_at_batch_one_gives_its_image_away() -> None:
     rows, _, _ = audit("digits", "", ["trained:dmpfl"], [1], ["dlg"], [0], 1, 1, 0.1, 100, echo=lambda _: None)
     (row,) = rows
     assert row.traces[0].moved and min(row.psnr) > 30
+
+
+def test_a_secure_sums_mean_update_is_the_union_batchs_single_step_update() -> None:
+    model, params, _, x, y, _ = _setting(8)
+    parts = [local_update(model, params, xs, ys, 0.05, 1) for xs, ys in zip(x.chunk(4), y.chunk(4), strict=True)]
+    union = local_update(model, params, x, y, 0.05, 1)
+    for name, value in union.items():
+        mean = torch.stack([part[name] for part in parts]).mean(0)
+        torch.testing.assert_close(mean, value, atol=1e-6, rtol=1e-5)  # what the server's attack simulates
+
+
+def test_label_counts_read_repeated_labels_from_the_summed_bias() -> None:
+    counts = torch.tensor([5, 0, 2, 2, 0, 0, 1, 0, 0, 6])  # 16 images, repeated labels
+    lr, total = 0.05, int(counts.sum())
+    bias_update = lr * (counts.double() / total - 0.1)  # one step of a model predicting uniformly
+    got = label_counts(bias_update, lr, 1, total)
+    assert torch.equal(torch.bincount(got, minlength=10), counts)
+    assert label_counts(torch.zeros(10), lr, 1, 25).numel() == 25  # a flat bias still gives the sum's count
+
+
+def test_the_audit_takes_a_secure_sum_and_refuses_a_bad_count(tmp_path) -> None:
+    from common.hparams import ConfigError
+    from experiments.audit.run import audit, check_uploads
+
+    check_uploads(["secure:8"])
+    for bad in ("secure:0", "secure:x", "secure"):
+        with pytest.raises(ConfigError, match="secure"):
+            check_uploads([bad])
+    rows, shown, _ = audit("digits", "", ["dense", "secure:4"], [2], ["ig"], [0], 1, 1, 0.05, 150, lambda _: None)
+    dense, summed = rows
+    assert len(summed.psnr) == 8 and len(dense.psnr) == 2  # every image of the 4 clients' union is scored
+    assert shown["secure:4|2|ig"].shape[1] == 8
+    assert summed.labels[0] >= 0.75  # the union's labels read as counts from the summed bias

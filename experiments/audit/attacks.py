@@ -73,6 +73,24 @@ def idlg_labels(bias_update: torch.Tensor, batch: int) -> torch.Tensor:
     return order[torch.arange(batch) % len(order)].sort().values
 
 
+def label_counts(bias_update: torch.Tensor, lr: float, steps: int, total: int) -> torch.Tensor:
+    """The labels of a sum's `total` images read as counts from the classifier bias's mean update: under SGD it is
+    lr * (mean(onehot) - mean(p)) a step, so the label shares are mean(p) + update / (lr * steps), with mean(p) taken
+    as uniform (the predictions of a model near its start); the shares rounded to `total` labels by largest
+    remainder. Repeated labels, which `idlg_labels` cannot place, are counted (exact for one step of a model whose
+    mean prediction is uniform)."""
+    classes = bias_update.numel()
+    share = (1.0 / classes + bias_update.detach().double() / (lr * steps)).clamp(min=0.0)
+    if float(share.sum()) <= 0:
+        share = torch.ones(classes, dtype=torch.float64)
+    expected = share / share.sum() * total
+    counts = expected.floor().long()
+    left = total - int(counts.sum())
+    if left > 0:
+        counts[torch.argsort(expected - counts, descending=True)[:left]] += 1
+    return torch.repeat_interleave(torch.arange(classes), counts).sort().values
+
+
 def total_variation(x: torch.Tensor) -> torch.Tensor:
     """Anisotropic total variation of a batch of images (N, C, H, W), mean over pixels."""
     return (x[..., 1:, :] - x[..., :-1, :]).abs().mean() + (x[..., :, 1:] - x[..., :, :-1]).abs().mean()

@@ -11,7 +11,12 @@ then uploads the update in one of the wire forms the algorithms use:
   (the upload names them);
 - `trained:dmpfl` / `trained:feddst`: what a real DM-PFL or FedDST client sends after its real local training of
   round 1 (experiments/audit/trained.py): the sparse network it trains from theta_g, its values on its own mask,
-  read by the server's own decoding; the attack simulates training on that mask.
+  read by the server's own decoding; the attack simulates training on that mask;
+- `secure:N`: the server's view under secure aggregation (run-config `secagg`): the sum of N clients' dense
+  uploads, each from its own batch. The server knows N, so it attacks the mean update as one client's update on
+  the union of the N batches (exact for one local step, where the mean of N batches' mean gradients is the union's;
+  an approximation beyond), reading the labels as counts (`label_counts`: the union repeats labels) and scoring
+  the best match over every image of the union.
 The server runs iDLG for the labels, then Inverting Gradients or DLG on what it saw. The results are PSNR and SSIM
 per image (best match) and label accuracy, as a mean and 95% interval over the attacked clients and seeds: a
 markdown table (`audit.md`, `audit.json`) and a figure of true images beside their reconstructions
@@ -46,15 +51,18 @@ from experiments.audit.attacks import (
     Trace,
     idlg_labels,
     invert,
+    label_counts,
     local_update,
     observed,
 )
 from experiments.audit.scores import image_scores, label_accuracy
 from experiments.audit.trained import TRAINED, TrainedRound, trained_round
 
-UPLOADS = ("dense", "sparse", "body", "head", "pruned", "trained")
-FORMS = "dense, sparse:DENSITY (e.g. sparse:0.1), body, head, pruned:RATIO (e.g. pruned:0.5), " + ", ".join(
-    f"trained:{a}" for a in TRAINED
+UPLOADS = ("dense", "sparse", "body", "head", "pruned", "trained", "secure")
+FORMS = (
+    "dense, sparse:DENSITY (e.g. sparse:0.1), body, head, pruned:RATIO (e.g. pruned:0.5), "
+    + ", ".join(f"trained:{a}" for a in TRAINED)
+    + ", secure:N (the sum of N clients' uploads, e.g. secure:8)"
 )
 
 
@@ -123,8 +131,12 @@ def check_uploads(uploads: list[str]) -> None:
     with a ratio in [0, 1))."""
     for upload in uploads:
         kind, _, value = upload.partition(":")
-        if kind not in UPLOADS or (kind in ("sparse", "pruned", "trained")) != bool(value):
+        if kind not in UPLOADS or (kind in ("sparse", "pruned", "trained", "secure")) != bool(value):
             raise ConfigError(f"upload {upload!r}: one of {FORMS}")
+        if kind == "secure":
+            if not value.isdigit() or int(value) < 1:
+                raise ConfigError(f"upload {upload!r}: N, the clients in the sum, must be a whole number of 1 or more")
+            continue
         if kind == "trained":
             if value not in TRAINED:
                 raise ConfigError(f"upload {upload!r}: one of {FORMS}")
@@ -173,12 +185,17 @@ def audit(
                     model = build_model("auto", dataset, data.input_shape, data.num_classes, seed)
                     params = {name: value.detach() for name, value in model.named_parameters()}
                     trained = upload.startswith("trained:")
-                    masks = {} if trained else upload_masks(upload, params, prunable_names(model), model)
+                    summed = int(upload.split(":", 1)[1]) if upload.startswith("secure:") else 0
+                    if summed:  # the server's view is the sum of dense uploads
+                        masks = upload_masks("dense", params, [], model)
+                    else:
+                        masks = {} if trained else upload_masks(upload, params, prunable_names(model), model)
                     if upload.startswith("pruned:"):  # the client trains the pruned model: removed entries are 0
                         params = {n: v if (m := masks.get(n)) is None else v * m for n, v in params.items()}
-                    picks = np.random.default_rng(seed).permutation(len(data.y))[: clients * batch]
+                    size = batch * max(summed, 1)  # a sum attacks the union of its clients' batches
+                    picks = np.random.default_rng(seed).permutation(len(data.y))[: clients * size]
                     for client in range(clients):
-                        index = picks[client * batch : (client + 1) * batch]
+                        index = picks[client * size : (client + 1) * size]
                         x = (torch.tensor(data.x[index].astype(np.float32)) / data.scale - mean) / std
                         y = torch.tensor(data.y[index]).long()
                         attack = Attack(method, iterations, 0.1 if method == "ig" else 1.0)
@@ -191,7 +208,9 @@ def audit(
                                 row, real.model, real.start, real.masks, x, y, known, attack, seed, noise, real
                             )
                         else:
-                            rebuilt = attack_client(row, model, params, masks, x, y, known, attack, seed, noise)
+                            rebuilt = attack_client(
+                                row, model, params, masks, x, y, known, attack, seed, noise, summed=summed
+                            )
                         if seed == seeds[0] and client == 0:
                             shown[f"{name}|{batch}|{method}"] = torch.stack([x[:8], rebuilt[:8]])
                 rows.append(row)
@@ -213,20 +232,31 @@ def attack_client(
     seed: int,
     noise: tuple[Private, np.random.Generator] | None = None,
     real: TrainedRound | None = None,
+    summed: int = 0,
 ) -> torch.Tensor:
     """One client's batch: its update (`real`: the one a real sparse client sent, which trained its mask; else the
     update of plain SGD on the batch; clipped and noised with `noise`), what the server sees of it, iDLG's labels
     (the true ones where the upload leaves the classifier out), the inversion; its scores appended to `row`; the
-    reconstruction."""
-    if real is None:
-        update = {k: v.detach() for k, v in local_update(model, params, x, y, known.lr, known.steps).items()}
-    else:
+    reconstruction. `summed` > 0: (x, y) is the union of that many clients' equal batches and the server sees the
+    sum of their updates, attacked as their mean with the labels read as counts."""
+    if real is not None:
         update = real.update
+    elif summed:
+        parts = [
+            local_update(model, params, xs, ys, known.lr, known.steps)
+            for xs, ys in zip(x.chunk(summed), y.chunk(summed), strict=True)
+        ]
+        update = {k: torch.stack([part[k] for part in parts]).mean(0).detach() for k in parts[0]}
+    else:
+        update = {k: v.detach() for k, v in local_update(model, params, x, y, known.lr, known.steps).items()}
     if noise is not None:
         update = privatized(update, masks, *noise)
     started = time.perf_counter()
     sees_labels = "head.bias" in masks
-    labels = idlg_labels(update["head.bias"], len(y)) if sees_labels else y
+    if sees_labels and summed:
+        labels = label_counts(update["head.bias"], known.lr, known.steps, len(y))
+    else:
+        labels = idlg_labels(update["head.bias"], len(y)) if sees_labels else y
     target = observed(update, masks)
     trainable = real.trained if real is not None else None  # a sparse client trained its mask: so does the attack
     rebuilt, trace = invert(model, params, target, masks, labels, tuple(x.shape), known, attack, seed, trainable)
