@@ -8,15 +8,23 @@ first round also starts the workers' ClientApps). Each client holds shares for `
 included, all of them when the cohort is smaller) and the threshold is the run's default (2/3 of the shares); the
 modulus is 2**32 where it holds the cohort's sum, else the next power of two that does (8 bytes a value).
 `secure s` is the server's wall time of the four exchanges and the unmasking (the round record's `secagg.seconds`),
-which includes the clients' work (keys, Shamir shares, encryption, masks) as the workers serve it.
+which includes the clients' work (keys, Shamir shares, encryption, masks) as the workers serve it. The CPU columns
+are the whole run's (3 rounds and the handshake), from the engine's closing line: the server process's, and the
+ClientApps' per client per round.
+
+`--deployment N` measures the same on a loopback deployment instead: a TLS SuperLink with node authentication
+behind the shipped nginx proxy (experiments/run/deployment.py) and N SuperNodes, each a warm pair with its own
+ClientApp process, with and without SecAgg+ (no CPU columns: the processes are Flower's).
 
     python bench/secagg_costs.py --data-dir ../shared/data [--clients 10,100,1000] [--shares 21]
+    python bench/secagg_costs.py --data-dir ../shared/data --deployment 10
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -32,9 +40,11 @@ def modulus_for(clients: int, quantization: int = 4194304) -> int:
     return max(2**32, 1 << (clients * quantization).bit_length())
 
 
-def run_one(clients: int, secure: bool, shares: int, data_dir: str, workers: int, home: Path) -> dict:
-    """One run; the median of rounds 2-3: bytes per client, round seconds, the secure stages' seconds."""
-    name = f"{'secagg' if secure else 'plain'}-{clients}"
+CPU_LINE = re.compile(r"CPU: server ([\d.]+) s, \d+ workers [\d.]+ s \(their ClientApps ran ([\d.]+) s\)")
+
+
+def run_config(clients: int, secure: bool, shares: int, data_dir: str, home: Path, name: str) -> dict:
+    """The measured run's config (FedAvg, MNIST, mlp, every client training, 3 rounds, no evaluation)."""
     config = {
         "algorithm": "fedavg",
         "dataset": "mnist",
@@ -58,14 +68,63 @@ def run_one(clients: int, secure: bool, shares: int, data_dir: str, workers: int
                 "secagg-modulus-range": modulus_for(clients),
             }
         )
+    return config
+
+
+def run_one(clients: int, secure: bool, shares: int, data_dir: str, workers: int, home: Path) -> dict:
+    """One run; the median of rounds 2-3: bytes per client, round seconds, the secure stages' seconds."""
+    name = f"{'secagg' if secure else 'plain'}-{clients}"
+    config = run_config(clients, secure, shares, data_dir, home, name)
     command = [sys.executable, "-m", "experiments.engine", "--run-config", json.dumps(config)]
     command += ["--clients", str(clients), "--workers", str(workers)]
     log = home / f"{name}.log"
     with log.open("w") as out:
         code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=7200).returncode
-    folder = RunFolder(home / name)
-    if code != 0 or not folder.finished():
+    if code != 0:
         return {"failed": (log.read_text().strip().splitlines() or ["no output"])[-1][-200:]}
+    row = measured(home / name, clients)
+    cpu = CPU_LINE.search(log.read_text())
+    if cpu and "failed" not in row:
+        row.update(server_cpu_s=float(cpu.group(1)), client_cpu_ms=1000 * float(cpu.group(2)) / clients / 3)
+    return row
+
+
+def run_deployed(clients: int, secure: bool, shares: int, data_dir: str, home: Path) -> dict:
+    """One run on a loopback TLS deployment of `clients` warm SuperNodes; the same figures as `run_one`."""
+    from experiments.run.deployment import TLSSuperLink
+
+    name = f"deployed-{'secagg' if secure else 'plain'}-{clients}"
+    certs = home / f"{name}-certs"
+    nodes = ",".join(f"node-{i}" for i in range(clients))
+    repo = Path(__file__).resolve().parent.parent
+    subprocess.run(
+        [sys.executable, str(repo / "deploy/generate_certs.py"), "--out", str(certs), "--nodes", nodes],
+        check=True,
+        capture_output=True,
+    )
+    link = TLSSuperLink(home / f"{name}-home", certs).start()
+    try:
+        for i in range(clients):
+            if link.register(certs / "nodes" / f"node-{i}.pub").returncode != 0:
+                return {"failed": f"node-{i} could not be registered"}
+        for i in range(clients):
+            partition = f"partition-id={i} num-partitions={clients} state-dir='{home}/{name}-state-{i}'"
+            link.start_supernode(certs / "nodes" / f"node-{i}", partition, warm=True)
+        # each SuperNode takes its partition of the same 60-per-client subsample; a deployment with secure
+        # aggregation gives up the per-upload bounds and says so
+        config = {**run_config(clients, secure, shares, data_dir, home, name), "allow-unprotected": True}
+        text = " ".join(f"{k}={json.dumps(v)}" for k, v in config.items())
+        link.start_run(repo, text).wait(timeout=7200)
+    finally:
+        link.stop()
+    return measured(home / name, clients)
+
+
+def measured(folder_path: Path, clients: int) -> dict:
+    """The finished run's median of rounds 2-3 (or why it did not finish)."""
+    folder = RunFolder(folder_path)
+    if not folder.finished():
+        return {"failed": f"{folder_path.name} did not finish"}
     steady = [r for r in folder.rounds() if r["round"] > 1]
     secagg = [r["train"]["secagg"] for r in steady if "secagg" in r["train"]]
     return {
@@ -86,25 +145,31 @@ def main() -> None:
     parser.add_argument("--clients", default="10,100,1000")
     parser.add_argument("--shares", type=int, default=21, help="neighbours holding a client's shares, itself in")
     parser.add_argument("--workers", type=int, default=available_cores())
+    parser.add_argument("--deployment", type=int, default=0, help="N > 0: a loopback TLS deployment of N SuperNodes")
     args = parser.parse_args()
-    header = (
-        "| clients | secagg | shares / threshold | modulus | down / up a client (kB) | round (s) | secure stages (s) |"
+    print(
+        "| clients | secagg | shares / threshold | modulus | down / up a client (kB) | round (s) | secure stages (s) "
+        "| server CPU, run (s) | ClientApp CPU a client a round (ms) |"
     )
-    print(header)
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
+    sizes = [args.deployment] if args.deployment else [int(c) for c in args.clients.split(",")]
     with tempfile.TemporaryDirectory(prefix="pflower-secagg-costs-") as tmp:
-        for clients in (int(c) for c in args.clients.split(",")):
+        for clients in sizes:
             for secure in (False, True):
-                row = run_one(clients, secure, args.shares, args.data_dir, args.workers, Path(tmp))
+                if args.deployment:
+                    row = run_deployed(clients, secure, args.shares, args.data_dir, Path(tmp))
+                else:
+                    row = run_one(clients, secure, args.shares, args.data_dir, args.workers, Path(tmp))
                 if "failed" in row:
-                    print(f"| {clients} | {'yes' if secure else 'no'} | failed: {row['failed']} |||||")
+                    print(f"| {clients} | {'yes' if secure else 'no'} | failed: {row['failed']} |||||||")
                     continue
                 shares = f"{row['shares']} / {row['threshold']}" if secure else "-"
                 modulus = f"2**{modulus_for(clients).bit_length() - 1}" if secure else "-"
                 stages = f"{row['secure_s']:.1f}" if row["secure_s"] is not None else "-"
+                cpu = f"{row['server_cpu_s']:.1f} | {row['client_cpu_ms']:.0f}" if "server_cpu_s" in row else "- | -"
                 print(
                     f"| {clients} | {'yes' if secure else 'no'} | {shares} | {modulus} | {row['down_kb']:.1f} / "
-                    f"{row['up_kb']:.1f} | {row['round_s']:.1f} | {stages} |",
+                    f"{row['up_kb']:.1f} | {row['round_s']:.1f} | {stages} | {cpu} |",
                     flush=True,
                 )
 
