@@ -27,6 +27,7 @@ vectorized with NumPy (diffprivlib's sampler draws one value per call: a Python 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -149,10 +150,12 @@ def zcdp_epsilon(rho: float, delta: float) -> float:
     return float(accountant.get_epsilon(delta))
 
 
+@functools.lru_cache(maxsize=16)
 def noise_multiplier_for(noise_multiplier: float, target_epsilon: float, rounds: int, delta: float) -> float:
     """The run's z: given, or solved so that a client in every one of `rounds` rounds, the whole cohort answering,
     spends `target_epsilon` (no amplification by sampling: the server knows who takes part). Both halves compute
-    it from the run config, so they agree without a message."""
+    it from the run config, so they agree without a message; a process keeps the answer (the bisection calls the
+    accountant a few dozen times: seconds, which every training message would pay)."""
     if noise_multiplier > 0:
         return noise_multiplier
     return noise_for_epsilon(target_epsilon, 1.0, rounds, delta)
