@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.methods.privacy import noise_for_epsilon
+from common.secagg.encoding import stochastic_round
 
 TAIL_STDS = 40.0  # the summed noise's deviation the modulus must hold on top of the rounded updates
 LEAST_SCALED_CLIP = 10.0  # the scaled clip bound must be this many times sqrt(d): rounding inflates D by <= 10%
@@ -113,9 +114,7 @@ def client_contribution(update: np.ndarray, clip: float, plan: RoundPlan, rng: n
         raise ValueError(f"an update of {values.size} finite values is needed, the round plans {plan.dimension}")
     norm = float(np.linalg.norm(values))
     scaled = values * (min(1.0, clip / norm) if norm > 0 else 1.0) * plan.scale
-    low = np.floor(scaled)
-    rounded = (low + (rng.random(scaled.shape) < scaled - low)).astype(np.int64)
-    return rounded + discrete_gaussian(plan.local_std, values.size, rng)
+    return stochastic_round(scaled, rng) + discrete_gaussian(plan.local_std, values.size, rng)
 
 
 def mean_update(total: np.ndarray, plan: RoundPlan, answered: int) -> np.ndarray:
