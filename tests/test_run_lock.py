@@ -127,3 +127,17 @@ def test_a_sweep_neither_resumes_nor_sets_aside_a_folder_a_live_server_holds(tmp
     assert result.status == "failed" and f"its folder is in use by pid {child.pid} on host" in result.reason
     assert (run_dir / "config.json").is_file() and not (tmp_path / "incomplete").exists()
     assert run_state(run_dir) == "incomplete"
+
+
+def test_a_run_stopped_before_its_checkpoints_round_was_noted_still_names_that_round(tmp_path: Path) -> None:
+    from experiments.run.runs import stopped_line
+    from server_app.checkpoint import _rounds_file, read_run_id
+
+    run_dir = _checkpointed_run(tmp_path)
+    save_checkpoint(run_dir, Checkpoint(2, {"x": np.ones(2)}, [{"round": 1}, {"round": 2}]))
+    assert "; its checkpoint of round 2 is kept" in stopped_line(run_dir)
+    # a signal between the checkpoint's rename and the note of its round (a sweep stopped under load)
+    _rounds_file(read_run_id(run_dir)).unlink()
+    assert "; its checkpoint of round 2 is kept and the same command resumes it" in stopped_line(run_dir)
+    (run_dir / "checkpoint.npz").write_bytes(b"damaged")
+    assert "; its checkpoint is kept" in stopped_line(run_dir)

@@ -151,7 +151,7 @@ def set_aside(run_dir: Path) -> Path:
 
 def stopped_line(run_dir: Path) -> str:
     """Where an interrupted run stands: the rounds it recorded and the round its kept checkpoint resumes from."""
-    from server_app.checkpoint import last_checkpoint_round, read_run_id
+    from server_app.checkpoint import last_checkpoint_round, load_checkpoint, read_run_id
 
     folder = RunFolder(run_dir)
     try:
@@ -164,6 +164,11 @@ def stopped_line(run_dir: Path) -> str:
     if not folder.checkpoint_path.is_file():
         return f"{run_dir}: stopped after {rounds}{of} rounds, before its first checkpoint; it starts anew"
     kept = last_checkpoint_round(run_id) if run_id else None
+    if kept is None:  # stopped between writing the checkpoint and noting its round: the checkpoint says
+        try:
+            kept = load_checkpoint(run_dir).round
+        except (OSError, ValueError):  # StateFileError is a ValueError
+            kept = None
     at = f" of round {kept}" if kept is not None else ""
     return f"{run_dir}: stopped after {rounds}{of} rounds; its checkpoint{at} is kept and the same command resumes it"
 
