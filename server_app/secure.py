@@ -93,7 +93,6 @@ class SecureRound:
         """The round's training under SecAgg+: the strategy aggregates the cohort's mean, or nothing when the
         protocol cannot finish (one WARNING line; the model is kept)."""
         started = time.perf_counter()
-        train = self.runner.round_log.train
         plan = None
         try:
             cohort = self.params.for_cohort(len(sampled))
@@ -135,23 +134,7 @@ class SecureRound:
                 len(survivors),
                 self.params.max_weight,
             )
-        self.record.update(survivors=len(survivors), dropped_after_sharing=len(server.shared) - len(survivors))
-        self.record.update(capped=capped, seconds=round(time.perf_counter() - started, 3))
-        train.update(
-            {
-                "received": len(survivors) + self.failed + self.rejected,
-                "failed": self.failed,
-                "rejected": self.rejected,
-                "used": len(survivors),
-                "loss": loss,
-                "num_examples": round(samples),
-                "flops": 0.0,
-                "flops_dense_grad": 0.0,
-                "clients": survivors,
-                "secagg": self.record,
-                **self.runner.strategy.aggregation_fields,
-            }
-        )
+        self._counted(survivors, server, started, loss, round(samples), capped=capped)
 
     def _private(
         self, decoded: Decoded, plan: RoundPlan, survivors: list[int], server: ServerSession, started: float
@@ -163,16 +146,28 @@ class SecureRound:
             return
         self.runner.strategy.aggregation_fields = {}
         self.runner.strategy.aggregate_distributed(self.server_round, decoded.integers[DP_UPDATE], plan, survivors)
+        self._counted(survivors, server, started, float("nan"), 0)
+
+    def _counted(
+        self,
+        survivors: list[int],
+        server: ServerSession,
+        started: float,
+        loss: float,
+        num_examples: int,
+        **secagg: Any,
+    ) -> None:
+        """The round record of a sum the strategy folded in: who was in it and what the protocol cost."""
         self.record.update(survivors=len(survivors), dropped_after_sharing=len(server.shared) - len(survivors))
-        self.record.update(seconds=round(time.perf_counter() - started, 3))
+        self.record.update(**secagg, seconds=round(time.perf_counter() - started, 3))
         self.runner.round_log.train.update(
             {
                 "received": len(survivors) + self.failed + self.rejected,
                 "failed": self.failed,
                 "rejected": self.rejected,
                 "used": len(survivors),
-                "loss": float("nan"),
-                "num_examples": 0,
+                "loss": loss,
+                "num_examples": num_examples,
                 "flops": 0.0,
                 "flops_dense_grad": 0.0,
                 "clients": survivors,

@@ -99,6 +99,16 @@ def test_the_round_aggregates_the_weighted_mean_without_seeing_an_upload(server_
     weighted_loss = sum(SIZES[p] * grid.losses[p] for p in SIZES) / sum(SIZES.values())
     assert train["loss"] == pytest.approx(weighted_loss, abs=1e-4)
     assert train["secagg"]["survivors"] == 5 and train["secagg"]["threshold"] == 4
+    assert list(train["secagg"]) == [
+        "cohort",
+        "shares",
+        "threshold",
+        "survivors",
+        "dropped_after_sharing",
+        "capped",
+        "seconds",
+    ]
+    assert train["secagg"]["capped"] == 0 and train["clients"] == sorted(SIZES)
     assert all(ARRAYS not in content for content in grid.received)  # no plain upload ever reached the server
     counts = [c.metric_records["metrics"]["num-examples"] for c in grid.received if "num-examples" in c["metrics"]]
     assert counts and set(counts) == {1}  # the withheld value, never a client's count
