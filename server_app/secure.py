@@ -93,6 +93,7 @@ class SecureRound:
         """The round's training under SecAgg+: the strategy aggregates the cohort's mean, or nothing when the
         protocol cannot finish (one WARNING line; the model is kept)."""
         started = time.perf_counter()
+        self.runner.strategy.aggregation_fields = {}  # a kept round reports nothing of an earlier one
         plan = None
         try:
             cohort = self.params.for_cohort(len(sampled))
@@ -122,7 +123,6 @@ class SecureRound:
             return
         samples = decoded.samples(self.params.max_weight)
         loss = float(decoded.mean(LOSS)[0])
-        self.runner.strategy.aggregation_fields = {}
         self.runner.strategy.aggregate_secure(self.server_round, decoded, len(survivors), loss)
         capped = int(decoded.integers[CAPPED][0])
         if capped:
@@ -144,7 +144,6 @@ class SecureRound:
         if decoded.weight_units != len(survivors):
             self._kept(f"the sum counts {decoded.weight_units} clients, {len(survivors)} sent vectors", started)
             return
-        self.runner.strategy.aggregation_fields = {}
         self.runner.strategy.aggregate_distributed(self.server_round, decoded.integers[DP_UPDATE], plan, survivors)
         self._counted(survivors, server, started, float("nan"), 0)
 
