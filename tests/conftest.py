@@ -1,14 +1,52 @@
-"""Shared fixtures: where the real datasets are, and a skip when they are absent; signing keys kept out of $HOME."""
+"""Shared fixtures: where the real datasets are, and a skip when they are absent; signing keys kept out of $HOME;
+the longest test files scheduled first."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from .harness.schedule import file_seconds, load_durations, longest_first
+
 REPO = Path(__file__).resolve().parent.parent
+DURATIONS = Path(__file__).resolve().parent / "durations.json"
+_reports: list[tuple[str, float]] = []
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-durations",
+        metavar="PATH",
+        default=None,
+        help="write each test file's seconds (setup, call and teardown summed) to PATH as JSON: tests/durations.json "
+        "orders the files, longest first",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist would reorder whole files by their number of tests, which puts the few long end-to-end files last
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items[:] = longest_first(items, load_durations(DURATIONS))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _reports.append((report.nodeid, report.duration))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    target = session.config.getoption("--record-durations")
+    if target and not hasattr(session.config, "workerinput"):  # the controller sees every worker's reports
+        Path(target).write_text(json.dumps(file_seconds(_reports), indent=1) + "\n")
+
+
 KEY_DIR_ENV = "PFL_KEY_DIR"  # server_app.checkpoint.KEY_DIR_ENV (not imported: this file stays free of torch/flwr)
 
 

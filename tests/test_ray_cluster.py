@@ -4,18 +4,14 @@ On loopback: start a Ray head, point a SuperLink's simulation at it, finish a sh
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
 
 import pytest
 
 from .conftest import REPO
-from .harness.local_superlink import LocalSuperLink, free_port, stop_process_tree
+from .harness.local_superlink import LocalSuperLink
+from .harness.ray_head import RayHead
 
 pytestmark = pytest.mark.e2e
 
@@ -26,40 +22,9 @@ JOBS = (
 
 
 def test_simulation_runs_on_an_existing_ray_cluster(tmp_path) -> None:
-    address = f"127.0.0.1:{free_port()}"
-    temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))  # Ray's socket paths must stay short
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    log = tmp_path / "ray-head.log"
-    with open(log, "wb") as out:
-        head = subprocess.Popen(
-            [
-                "ray",
-                "start",
-                "--head",
-                "--block",
-                "--port",
-                address.split(":")[1],
-                "--node-ip-address",
-                "127.0.0.1",
-                "--num-cpus",
-                "2",
-                "--include-dashboard=false",
-                "--disable-usage-stats",
-                "--temp-dir",
-                str(temp),
-            ],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
     link = LocalSuperLink(tmp_path / "flwr-home")
-    link.env["RAY_ADDRESS"] = address  # the simulation's ray.init() joins this cluster instead of starting one
-    try:
-        deadline = time.monotonic() + 180
-        while "Ray runtime started" not in log.read_text():
-            assert head.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-            time.sleep(0.5)
+    with RayHead(tmp_path / "ray-head.log") as head:
+        link.env["RAY_ADDRESS"] = head.address  # the simulation's ray.init() joins this cluster instead of starting one
         with link:
             outcome = link.run(
                 REPO,
@@ -70,25 +35,11 @@ def test_simulation_runs_on_an_existing_ray_cluster(tmp_path) -> None:
         rounds = (tmp_path / "on-ray" / "metrics.jsonl").read_text().splitlines()
         assert len(rounds) == 2 and json.loads(rounds[-1])["eval"]["num_clients"] == 4
         jobs = subprocess.run(
-            [sys.executable, "-c", JOBS.format(address=address)], env=env, capture_output=True, text=True, timeout=120
+            [sys.executable, "-c", JOBS.format(address=head.address)],
+            env=head.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         entrypoints = json.loads(jobs.stdout.strip().splitlines()[-1])
         assert any("flwr-simulation" in e for e in entrypoints), f"the run did not use the cluster: {entrypoints}"
-    finally:
-        link.stop()
-        stop_process_tree(head)
-        shutil.rmtree(temp, ignore_errors=True)
-    time.sleep(1)
-    assert head.poll() is not None
-    assert not _processes_mentioning(str(temp)), "a process of the Ray head survived"
-
-
-def _processes_mentioning(text: str) -> list[str]:
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if text in cmdline.read_bytes().decode(errors="ignore"):
-                found.append(cmdline.parent.name)
-        except OSError:  # the process ended meanwhile
-            continue
-    return found
