@@ -1,4 +1,5 @@
-"""End to end through `flwr run` on a private local SuperLink: results files, accuracy, determinism, errors."""
+"""End to end through `flwr run` on a private local SuperLink: results files, accuracy, determinism, errors.
+Each algorithm's own behaviour over whole runs: tests/test_algorithm_runs.py, on the in-process engine."""
 
 from __future__ import annotations
 
@@ -78,29 +79,6 @@ def test_same_seed_same_metrics(superlink, tmp_path) -> None:
             assert abs(size - rb["bytes"][kind]) <= 64 * NUM_NODES, kind
 
 
-def test_local_sends_no_weights(superlink, tmp_path) -> None:
-    outcome = _run(superlink, tmp_path, "local", "algorithm='local'")
-    _outcome_ok(outcome)
-    last = _rounds(tmp_path / "local")[-1]
-    assert last["bytes"]["train_down"] < 3 * 1000 and last["bytes"]["train_up"] < 3 * 1000
-    assert last["eval"]["mean"]["acc-shift-0"] > 0.3
-
-
-@pytest.mark.parametrize("algorithm", ["dmpfl", "feddst"])
-def test_sparse_algorithms_run_and_send_less(superlink, tmp_path, algorithm: str) -> None:
-    outcome = _run(
-        superlink, tmp_path, algorithm, f"algorithm='{algorithm}' iterations=1 readjust-interval=2 sparsity=0.8"
-    )
-    _outcome_ok(outcome)
-    rounds = _rounds(tmp_path / algorithm)
-    model_bytes = 9610 * 4
-    assert all(r["bytes"]["train_up"] < 3 * 0.5 * model_bytes for r in rounds), "sparse uploads"
-    assert rounds[-1]["train"]["flops"] > 0
-    if algorithm == "dmpfl":
-        assert [r["phase"] for r in rounds] == [1, 2, 3]
-        assert "plus-acc-shift-1" in rounds[-1]["eval"]["mean"]
-
-
 def test_bad_config_value_fails_with_one_clear_line(superlink, tmp_path) -> None:
     outcome = _run(superlink, tmp_path, "bad", "partition='random'")
     assert outcome.status == "finished:failed"
@@ -130,67 +108,3 @@ def test_missing_data_fails_naming_the_files(superlink, tmp_path) -> None:
         in outcome.output
     )
     assert "Traceback" not in outcome.output
-
-
-def test_fedamp_pretrains_survives_dropped_and_late_clients_and_keeps_stale_rows(superlink, tmp_path) -> None:
-    outcome = _run(superlink, tmp_path, "fedamp", "algorithm='fedamp' drop-rate=0.34 straggler-rate=0.34")
-    _outcome_ok(outcome)
-    rounds = _rounds(tmp_path / "fedamp")
-    assert rounds[0]["train"]["pretrain"]["used"] == NUM_NODES - 4  # 2 of 6 dropped, 2 late
-    for r in rounds:
-        assert r["train"]["sent"] == 3 and len(r["train"]["dropped"]) == 1 and len(r["train"]["stragglers"]) == 1
-        assert r["train"]["used"] == 1 and r["train"]["failed"] == 1, "the dropped client's error reply is counted"
-        assert r["train"]["late"] == 1 and r["train"]["clients"] != r["train"]["stragglers"]
-        assert r["stale_rows"] == NUM_NODES - 1
-    assert "simulated" in outcome.output
-    last = rounds[-1]["eval"]["mean"]
-    assert last["acc-shift-0"] > 0.3 and "cloud-acc-shift-0" in last
-
-
-def test_fliu_reports_its_stages(superlink, tmp_path) -> None:
-    outcome = _run(superlink, tmp_path, "fliu", "algorithm='fliu' stages=true")
-    _outcome_ok(outcome)
-    rounds = _rounds(tmp_path / "fliu")
-    assert set(rounds[-1]["train"]["stages"]) == {"G", "L1", "L2"}
-    summary = (tmp_path / "fliu" / "summary.md").read_text()
-    assert "| L1 |" in summary and "rho_0.95" in summary
-
-
-@pytest.mark.parametrize(
-    ("algorithm", "shared_params"),
-    [("lg-fedavg", 1290), ("fedper", 8320), ("fedrep", 8320), ("fedbn", 9610), ("ditto", 9610), ("apfl", 9610)],
-)
-def test_split_and_personal_baselines_run_end_to_end(superlink, tmp_path, algorithm: str, shared_params: int) -> None:
-    outcome = _run(superlink, tmp_path, algorithm, f"algorithm='{algorithm}'", rounds=2)
-    _outcome_ok(outcome)
-    rounds = _rounds(tmp_path / algorithm)
-    assert [r["round"] for r in rounds] == [1, 2]
-    last = rounds[-1]
-    assert last["train"]["used"] == last["train"]["sent"] == 3 and len(last["eval"]["per_client"]) == NUM_NODES
-    assert last["eval"]["mean"]["acc-shift-0"] > 0.2
-    # only the shared part travels (MLP parameters: body 8,320, head 1,290; FedBN's mlp-bn shares 9,610 of 10,122)
-    assert 3 * shared_params * 4 < last["bytes"]["train_up"] < 3 * (shared_params * 4 + 4000)
-    if algorithm in ("ditto", "apfl"):
-        assert "global-acc-shift-0" in last["eval"]["mean"]
-
-
-def test_dapperfl_on_the_digit_domains_prunes_by_device(superlink, tmp_path, data_dir) -> None:
-    config = (
-        f"results-dir='{tmp_path}' run-name='dapperfl' num-rounds=2 fraction-train=1.0 local-epochs=2 "
-        f"algorithm='dapperfl' dataset='digit-domains' partition='domains' data-dir='{data_dir}' "
-        "domain-share=0.005 domain-test-size=200 shift-degrees='0' batch-size=32"
-    )
-    outcome = superlink.run(REPO, config, num_supernodes=10)
-    _outcome_ok(outcome)
-    rounds = _rounds(tmp_path / "dapperfl")
-    by_ratio = rounds[-1]["by_ratio"]
-    assert list(by_ratio) == ["0", "0.2", "0.4", "0.6", "0.8"]
-    assert all(len(entry["clients"]) == 2 for entry in by_ratio.values())
-    values = [entry["values"] for entry in by_ratio.values()]
-    assert values == sorted(values, reverse=True) and values[-1] < 0.5 * values[0]
-    summary = json.loads((tmp_path / "dapperfl" / "summary.json").read_text())
-    up = [summary["by_ratio"][r]["mb_up"] for r in ("0", "0.2", "0.4", "0.6", "0.8")]
-    assert up == sorted(up, reverse=True) and up[-1] < 0.5 * up[0]
-    assert {f"domain-{d}-acc" for d in ("mnist", "usps", "mnist-m", "syn")} <= set(summary["final"]["mean"])
-    text = (tmp_path / "dapperfl" / "summary.md").read_text()
-    assert "global accuracy |" in text and "| 0.8 | 2 |" in text
