@@ -33,6 +33,21 @@ def test_an_export_serves_its_rows_bit_for_bit(tmp_path: Path, shape: tuple[int,
     np.testing.assert_array_equal(served.y, data.y)
 
 
+def test_a_time_series_export_serves_its_rows_bit_for_bit(tmp_path: Path) -> None:
+    """HAR's samples are 9 channels x 128 readings of float32 (the behaviour hash of a HAR study exports its tiny
+    stand-in this way)."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((10, 9, 128)).astype(np.float32)
+    data = DatasetArrays("har", x, np.arange(10, dtype=np.int64) % 6, 6, (0.0,) * 9, (1.0,) * 9, 1.0)
+    write_export(data, [2, 7], tmp_path / "har.npz")
+    assert probe_export(tmp_path / "har.npz") == "har"
+    served, held = read_export(tmp_path / "har.npz")
+    assert held == {2, 7} and served.x.shape == (10, 9, 128) and served.x.dtype == np.float32
+    np.testing.assert_array_equal(served.x[[2, 7]], x[[2, 7]])
+    with pytest.raises(DataError, match="WebP stores uint8 images"):
+        write_export(data, [2], tmp_path / "har-webp.npz", webp=True)
+
+
 def test_a_colour_image_in_a_grey_export_is_refused() -> None:
     colour = _images((3, 8, 8), 2).x
     blob, ends = _webp(colour)
@@ -71,6 +86,8 @@ def _resigned(path: Path, out: Path, **changes: np.ndarray) -> Path:
         ({"index": np.array([0, 4, 3, 11])}, "rows not increasing"),
         ({"index": np.array([0, 3, 4])}, "4 images for 3 rows"),
         ({"x_shape": np.array([1, 8, 100_000])}, "image shape (1, 8, 100000)"),
+        ({"x_shape": np.array([64])}, "image shape (64,)"),
+        ({"x_shape": np.array([1, 1, 8, 8])}, "image shape (1, 1, 8, 8)"),
         ({"x_dtype": np.array("object")}, "image dtype object"),
     ],
 )

@@ -120,7 +120,8 @@ def _checked(z: Any, path: Path) -> tuple[tuple[int, ...], int]:
     n, num_classes = int(z["n"]), int(z["num_classes"])
     y, index = z["y"], z["index"]
     problems = []
-    if len(shape) != 3 or not all(0 < d <= MAX_SIDE for d in shape):
+    # (channels, height, width) for images; (channels, length) for a time series such as HAR's 9 x 128
+    if len(shape) not in (2, 3) or not all(0 < d <= MAX_SIDE for d in shape):
         problems.append(f"image shape {shape}")
     if str(z["x_dtype"]) not in DTYPES:
         problems.append(f"image dtype {z['x_dtype']}")
