@@ -14,7 +14,8 @@ from .harness.schedule import file_seconds, load_durations, longest_first
 
 REPO = Path(__file__).resolve().parent.parent
 DURATIONS = Path(__file__).resolve().parent / "durations.json"
-_reports: list[tuple[str, float]] = []
+_recording = False
+_reports: list[tuple[str, float]] = []  # (node id, seconds) of each phase, kept only under --record-durations
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -28,6 +29,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    global _recording
+    _recording = bool(config.getoption("--record-durations")) and not hasattr(config, "workerinput")
     # xdist would reorder whole files by their number of tests, which puts the few long end-to-end files last
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
@@ -38,13 +41,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    _reports.append((report.nodeid, report.duration))
+    if _recording:  # in the controller, which sees every worker's reports
+        _reports.append((report.nodeid, report.duration))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    target = session.config.getoption("--record-durations")
-    if target and not hasattr(session.config, "workerinput"):  # the controller sees every worker's reports
-        Path(target).write_text(json.dumps(file_seconds(_reports), indent=1) + "\n")
+    if _recording:
+        Path(session.config.getoption("--record-durations")).write_text(
+            json.dumps(file_seconds(_reports), indent=1) + "\n"
+        )
 
 
 KEY_DIR_ENV = "PFL_KEY_DIR"  # server_app.checkpoint.KEY_DIR_ENV (not imported: this file stays free of torch/flwr)

@@ -10,7 +10,6 @@ import sys
 import pytest
 
 from .conftest import REPO
-from .harness.local_superlink import LocalSuperLink
 from .harness.ray_head import RayHead
 
 pytestmark = pytest.mark.e2e
@@ -22,10 +21,9 @@ JOBS = (
 
 
 def test_simulation_runs_on_an_existing_ray_cluster(tmp_path) -> None:
-    link = LocalSuperLink(tmp_path / "flwr-home")
     with RayHead(tmp_path / "ray-head.log") as head:
-        link.env["RAY_ADDRESS"] = head.address  # the simulation's ray.init() joins this cluster instead of starting one
-        with link:
+        # the simulation's ray.init() joins this cluster instead of starting one
+        with head.superlink(tmp_path / "flwr-home") as link:
             outcome = link.run(
                 REPO,
                 f"num-rounds=2 fraction-train=0.5 local-epochs=1 results-dir='{tmp_path}' run-name='on-ray'",

@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from experiments.run.superlink import free_port, stop_process_tree
+from experiments.run.superlink import LocalSuperLink, free_port, stop_process_tree
 
 
 class RayHead:
@@ -58,6 +58,12 @@ class RayHead:
                 raise RuntimeError(f"the Ray head did not start: {text}")
             time.sleep(0.5)
         return self
+
+    def superlink(self, home: Path) -> LocalSuperLink:
+        """A private local SuperLink (not started) whose simulations join this head."""
+        link = LocalSuperLink(home)
+        link.env["RAY_ADDRESS"] = self.address
+        return link
 
     def stop(self) -> None:
         """Stop the head and every process below it; remove its temp folder."""
