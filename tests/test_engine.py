@@ -25,10 +25,11 @@ from experiments.engine.grid import FIRST_NODE_ID, InProcessGrid
 from experiments.engine.serve import serve
 from experiments.engine.transport import blob_refs, records_in, records_out
 from experiments.run.presets import run_config_text
-from experiments.run.superlink import LocalSuperLink, stop_process_tree
+from experiments.run.superlink import stop_process_tree
 from server_app.checkpoint import load_checkpoint
 
 from .conftest import REPO
+from .harness.ray_head import RayHead
 
 
 def _content() -> RecordDict:
@@ -199,10 +200,10 @@ _digests = message_digests
 
 @pytest.fixture(scope="module")
 def superlink(tmp_path_factory):
-    # not a shared Ray head: beside test_ray_cluster's head on the other xdist worker, a run joining it failed
-    link = LocalSuperLink(tmp_path_factory.mktemp("flwr-home")).start()
-    yield link
-    link.stop()
+    """One SuperLink whose simulations all join one Ray head: each of the 27 runs skips Ray's start-up."""
+    folder = tmp_path_factory.mktemp("flwr-home")
+    with RayHead(folder / "ray-head.log") as head, head.superlink(folder) as link:
+        yield link
 
 
 @pytest.mark.e2e

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -41,3 +42,38 @@ def test_simulation_runs_on_an_existing_ray_cluster(tmp_path) -> None:
         )
         entrypoints = json.loads(jobs.stdout.strip().splitlines()[-1])
         assert any("flwr-simulation" in e for e in entrypoints), f"the run did not use the cluster: {entrypoints}"
+
+
+JOIN = "import ray; ray.init(address='{address}', logging_level='ERROR'); print('joined', flush=True); input()"
+
+
+def test_two_ray_heads_on_one_machine_give_their_drivers_different_ports(tmp_path) -> None:
+    # Two test files on two xdist workers each start a head at once: with `ray start`'s own worker ports both
+    # heads handed their first driver port 10002, and one driver aborted (its run failed without output).
+    heads = [RayHead(tmp_path / f"head-{n}.log") for n in range(2)]
+    starts = [threading.Thread(target=head.start) for head in heads]
+    for start in starts:
+        start.start()
+    for start in starts:
+        start.join()
+    try:
+        assert all(head.process is not None for head in heads), "a Ray head did not start"
+        drivers = [
+            subprocess.Popen(
+                [sys.executable, "-c", JOIN.format(address=head.address)],
+                env=head.env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            for head in heads
+        ]
+        joined = [driver.stdout.readline().strip() if driver.stdout else "" for driver in drivers]
+        for driver in drivers:
+            driver.communicate("\n", timeout=60)
+        exits = [driver.returncode for driver in drivers]
+        assert joined == ["joined", "joined"] and exits == [0, 0], (joined, exits)
+    finally:
+        for head in heads:
+            head.stop()

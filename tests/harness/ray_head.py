@@ -14,7 +14,9 @@ from experiments.run.superlink import LocalSuperLink, free_port, stop_process_tr
 
 class RayHead:
     """`ray start --head --block` on 127.0.0.1 with its own temp folder; `address` is what RAY_ADDRESS takes.
-    A run that joins it skips Ray's start-up and shut-down (several seconds of a short test run)."""
+    A run that joins it skips Ray's start-up and shut-down (several seconds of a short test run). Its workers and
+    drivers bind ports the OS picks: `ray start` would give them 10002, 10003, ... in turn, so two heads on one
+    machine (one per xdist worker) handed two drivers port 10002 at once and one of them aborted."""
 
     def __init__(self, log: Path, num_cpus: int = 2) -> None:
         self.log = Path(log)
@@ -40,6 +42,12 @@ class RayHead:
                     "127.0.0.1",
                     "--num-cpus",
                     str(self.num_cpus),
+                    "--min-worker-port",
+                    "0",
+                    "--max-worker-port",
+                    "0",
+                    "--ray-client-server-port",
+                    str(free_port()),
                     "--include-dashboard=false",
                     "--disable-usage-stats",
                     "--temp-dir",
