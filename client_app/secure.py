@@ -10,6 +10,7 @@ from collections.abc import Mapping
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
+from common.algorithms import SPECS
 from common.config import RunConfig
 from common.methods.distributed_dp import DP_UPDATE, client_contribution, noise_multiplier_for, plan_round
 from common.secagg.encoding import encode, weight_units
@@ -24,6 +25,7 @@ from common.secagg.wire import (
     read_routed,
     read_unmask,
     secrets_record,
+    upload_arrays,
     upload_layout,
     upload_sections,
     vector_arrays,
@@ -84,7 +86,9 @@ def masked_reply(cfg: RunConfig, msg: Message, context: Context, reply: RecordDi
     metrics = reply.metric_records.get(METRICS)
     weight, loss = float(read_count(metrics, NUM_EXAMPLES, allow_zero=True)), read_finite(metrics, TRAIN_LOSS)
     params = cfg.secagg_params
-    arrays = record_to_numpy(reply.array_records.get(ARRAYS))
+    if SPECS[cfg.algorithm].equal_weights:  # its server's average counts each client once
+        weight = params.max_weight
+    arrays = upload_arrays({key: record_to_numpy(record) for key, record in reply.array_records.items()}, ARRAYS)
     if cfg.dp == "distributed":
         received = record_to_numpy(msg.content.array_records.get(ARRAYS))
         vector = private_vector(cfg, session, received, upload_sections(arrays, names, sizes, (), 1), server_round)

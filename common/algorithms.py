@@ -472,6 +472,9 @@ class AlgorithmSpec:
     averages_updates: bool = False  # a weighted average of uploads all the same (sparse, pruned): max-update-ratio
     mixes_models: bool = False  # each client gets its own mix of the uploads, no sample counts (FedAMP's u_i)
     dp_refusal: str = ""  # why run-config `dp` (central or local) cannot apply, if it cannot
+    # the server's average counts each client once (SCAFFOLD's 1/|S|), not by sample count: under `secagg` each
+    # client's weight coordinate is then the full max-weight, and the round's sample count is unknown
+    equal_weights: bool = False
 
     @property
     def bounds_updates(self) -> bool:
@@ -635,6 +638,7 @@ SPECS: dict[str, AlgorithmSpec] = {
             "scaffold:ScaffoldClient",
             ScaffoldParams,
             averages_models=True,
+            equal_weights=True,
             dp_refusal="a client's change of its control variate travels beside its model and no DP mechanism here "
             "clips or noises it",
         ),

@@ -17,6 +17,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from common.algorithms import SPECS
 from common.config import RunConfig
 from common.methods.distributed_dp import DP_UPDATE, RoundPlan
 from common.secagg.encoding import Decoded, decode
@@ -121,7 +122,8 @@ class SecureRound:
         if decoded.weight_units <= 0:
             self._kept("the cohort's total sample count is 0", started)
             return
-        samples = decoded.samples(self.params.max_weight)
+        # under equal weights every client's coordinate is max-weight: the cohort's sample count is not in the sum
+        samples = 0.0 if SPECS[self.runner.cfg.algorithm].equal_weights else decoded.samples(self.params.max_weight)
         loss = float(decoded.mean(LOSS)[0])
         self.runner.strategy.aggregate_secure(self.server_round, decoded, len(survivors), loss)
         capped = int(decoded.integers[CAPPED][0])

@@ -117,3 +117,17 @@ def test_dapperfl_on_the_digit_domains_prunes_by_device(tmp_path, data_dir) -> N
     assert {f"domain-{d}-acc" for d in ("mnist", "usps", "mnist-m", "syn")} <= set(summary["final"]["mean"])
     text = (run_dir / "summary.md").read_text()
     assert "global accuracy |" in text and "| 0.8 | 2 |" in text
+
+
+def test_scaffold_under_secagg_learns_what_the_plain_run_learns(tmp_path) -> None:
+    # the same clients, batches and SCAFFOLD means (both uniform): only SecAgg+'s quantization differs
+    runs = {
+        mode: _rounds(_run(tmp_path, f"scaffold-{mode}", algorithm="scaffold", fraction_train=1.0, secagg=mode))
+        for mode in ("none", "secaggplus")
+    }
+    plain, secure = runs["none"], runs["secaggplus"]
+    assert [r["train"]["used"] for r in secure] == [NUM_NODES] * 3
+    assert all(r["train"]["secagg"]["survivors"] == NUM_NODES and r["train"]["num_examples"] == 0 for r in secure)
+    for a, b in zip(plain, secure, strict=True):
+        assert abs(a["eval"]["mean"]["acc-shift-0"] - b["eval"]["mean"]["acc-shift-0"]) < 0.01
+    assert secure[-1]["eval"]["mean"]["acc-shift-0"] > 0.3

@@ -148,6 +148,10 @@ def test_a_dropout_lowers_the_noise_and_the_log_says_so(
             "per-position counts",
         ),
         (
+            {"dp": "distributed", "dp-noise-multiplier": 1.0, "secagg": "secaggplus", "algorithm": "scaffold"},
+            "no DP mechanism here clips or noises it",
+        ),
+        (
             {"dp": "distributed", "dp-noise-multiplier": 1.0, "secagg": "secaggplus", "dp-adaptive-clip": True},
             "central DP's",
         ),

@@ -16,8 +16,8 @@ from common.secagg.params import SecAggParams
 from common.secagg.protocol import SecAggRefused
 from common.secagg.wire import SETUP, SHARE, UNMASK, cohort_record, read_cohort, vector_arrays
 from common.wire.codec import encode_model
-from common.wire.messages import ARRAYS, SECAGG
-from common.wire.records import to_plain_record
+from common.wire.messages import ARRAYS, CONTROL, SECAGG
+from common.wire.records import to_plain_record, to_record
 from server_app.clients import ClientInfo, ClientRegistry
 from server_app.runner import RoundRunner
 from server_app.strategies import strategy_class
@@ -157,7 +157,7 @@ def test_a_client_refuses_a_cohort_the_runs_parameters_do_not_give() -> None:
     ("overrides", "message"),
     [
         ({"algorithm": "fedamp"}, "each client's own model"),
-        ({"algorithm": "scaffold"}, "not built yet"),
+        ({"algorithm": "feddbe"}, "not built yet"),
         ({"dp": "central", "dp-noise-multiplier": 1.0}, "clip or noise one"),
         ({"robust-aggregation": "median"}, "clip, trim or rank"),
         ({"max-weight-ratio": 4.0}, "counts travel inside"),
@@ -226,3 +226,52 @@ def test_masked_uploads_under_secagg_give_the_plain_aggregate_and_mask(server_id
     assert np.array_equal(secure_runner.strategy.global_masks["w"], plain.strategy.global_masks["w"])
     if mask_round:
         assert not np.array_equal(plain.strategy.global_masks["w"], global_mask)  # the vote moved m_g
+
+
+def test_scaffold_under_secagg_moves_x_and_c_as_the_plain_round_with_equal_weights(server_identity: None) -> None:
+    """SCAFFOLD's model and each client's change of c_i travel in one masked vector, every client weighing the same
+    (its 1/|S|, not the sample counts): x and c come out as the plain round's within quantization error, with |S|
+    the clients in the sum (client 2 drops after sharing: c moves by 4/5 of the mean change)."""
+    raw = {"algorithm": "scaffold", "fraction-train": 1.0, "scaffold-server-lr": 0.5}
+    initial = [np.full(shape, 0.25, np.float32) for _, shape in SPECS]
+    layout = ModelLayout(initial, list(SPECS), params=tuple(name for name, _ in SPECS))
+    runners = {}
+    for secure_mode in (False, True):
+        cfg = parse_run_config({**raw, **({"secagg": "secaggplus"} if secure_mode else {})})
+        clients = ClientRegistry()
+        for pid, num_train in SIZES.items():
+            clients.add(ClientInfo(pid, 100 + pid, num_train, 5))
+        runners[secure_mode] = RoundRunner(cfg, strategy_class("scaffold")(cfg, layout, clients), clients), cfg
+    rng = np.random.default_rng(5)
+    names = [name for name, _ in SPECS]
+    models = {pid: [rng.normal(size=shape).astype(np.float32) for _, shape in SPECS] for pid in SIZES}
+    deltas = {pid: [rng.normal(size=shape).astype(np.float32) for _, shape in SPECS] for pid in SIZES}
+
+    def upload(pid: int) -> RecordDict:
+        content = train_content(names, models[pid], SIZES[pid], 1.0 + pid)
+        content[CONTROL] = to_record(names, deltas[pid])
+        return content
+
+    answered = [0, 1, 3, 4]
+    plain, _ = runners[False]
+    plain.aggregate_train(1, [FakeReply(100 + pid, upload(pid)) for pid in answered])
+    secure_runner, cfg = runners[True]
+    grid = SecureClients(cfg, fail={2: MessageType.TRAIN}, upload=upload)
+    secure_runner.train(grid, 1)
+    for got, want in zip(
+        [*secure_runner.strategy.global_arrays, *secure_runner.strategy.control],
+        [*plain.strategy.global_arrays, *plain.strategy.control],
+        strict=True,
+    ):
+        assert np.max(np.abs(got - want)) < 1e-3
+    mean_delta = [sum(deltas[p][i] for p in answered) / 4 for i in range(len(SPECS))]
+    for got, mean in zip(secure_runner.strategy.control, mean_delta, strict=True):
+        assert np.max(np.abs(got - 0.8 * mean)) < 1e-3
+    total = sum(SIZES[p] for p in answered)
+    weighted = [sum(SIZES[p] * models[p][i] for p in answered) / total for i in range(len(SPECS))]
+    by_samples = [0.25 + 0.5 * (w - 0.25) for w in weighted]
+    assert max(np.max(np.abs(g - w)) for g, w in zip(secure_runner.strategy.global_arrays, by_samples)) > 0.05
+    train = secure_runner.round_log.train
+    assert train["used"] == 4 and train["num_examples"] == 0  # the counts are not in the sum
+    assert train["loss"] == pytest.approx(np.mean([1.0 + p for p in answered]), abs=1e-4)
+    assert all(ARRAYS not in content and CONTROL not in content for content in grid.received)

@@ -27,7 +27,6 @@ SECAGG_REFUSED = {
     "fliu": f"{_OWN_MODELS} (the individualized updates)",
     "dapperfl": "its server aggregates each device's pruned model on that device's own support, which differs by "
     "device and is not known before the round",
-    "scaffold": f"{_NOT_YET} (the control-variate updates travel beside the model)",
     "feddbe": f"{_NOT_YET} (the clients' mean representations travel beside the model)",
 }
 MAX_MODULUS = 2**64  # the masked arithmetic is uint64's, exact modulo any power of two up to 2**64

@@ -41,6 +41,22 @@ MAX_SECRET_BYTES = 4096  # a Fernet ciphertext of two shares (seed, PEM private 
 LOSS, CAPPED = "secagg/loss", "secagg/capped"
 
 
+def beside(record: str, name: str) -> str:
+    """The layout's name of an array that travels in a reply's record other than the model's (SCAFFOLD's change of
+    c_i): the record's key and the array's name, which no model array's name or codec form takes."""
+    return f"{record}:{name}"
+
+
+def upload_arrays(records: Mapping[str, Mapping[str, np.ndarray]], model: str) -> dict[str, np.ndarray]:
+    """A reply's arrays as an upload's layout names them: the model record's under their own names, every other
+    record's under `beside` names."""
+    out = dict(records.get(model, {}))
+    for key, arrays in records.items():
+        if key != model:
+            out.update({beside(key, name): array for name, array in arrays.items()})
+    return out
+
+
 def units_of(name: str) -> str:
     """The integer section of a masked array: each position's weight units (the client's units where its mask is
     set), the denominator of the masked average."""

@@ -15,6 +15,8 @@ from common.learning.models import ModelLayout
 from common.methods.aggregate import server_step
 from common.methods.robust import robust_average
 from common.methods.scaffold import server_control
+from common.secagg.encoding import Decoded
+from common.secagg.wire import beside
 from common.wire.messages import ARRAYS, CONFIG, CONTROL
 from common.wire.records import to_record
 from common.wire.validation import validate_arrays
@@ -69,6 +71,20 @@ class ScaffoldStrategy(PFLStrategy):
             deltas = [list(d) for d in self.bound_to_peers(deltas, zero)]
         mean_delta, _ = robust_average(deltas, uniform, zero, self.cfg.robust_rule)
         self.control = server_control(self.control, mean_delta, len(replies), len(self.clients.ids()))
+
+    def secure_specs(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Under `secagg` the masked vector carries the model and, beside it, each client's change of c_i."""
+        return [*super().secure_specs(), *[(beside(CONTROL, name), shape) for name, shape in self.control_specs]]
+
+    def aggregate_secure(self, server_round: int, decoded: Decoded, survivors: int, loss: float) -> None:
+        """Under `secagg`, from the cohort's sum (each client weighing the same: the spec's equal weights): x <- x +
+        eta_g (mean y_i - x); c <- c + (|S| / N) mean delta c_i, with |S| the clients in the sum."""
+        mean_model = [decoded.mean(name).reshape(shape).astype(np.float32) for name, shape in self.specs]
+        self.global_arrays = server_step(self.global_arrays, mean_model, self.server_lr)
+        mean_delta = [
+            decoded.mean(beside(CONTROL, name)).reshape(shape).astype(np.float32) for name, shape in self.control_specs
+        ]
+        self.control = server_control(self.control, mean_delta, survivors, len(self.clients.ids()))
 
     def state_dict(self) -> dict[str, Any]:
         """FedAvg's, plus c."""
