@@ -20,7 +20,7 @@ from flwr.common.serde_utils import error_to_proto, metadata_to_proto
 from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=no-name-in-module
 from flwr.supercore.constant import HEAD_BODY_DIVIDER, HEAD_VALUE_DIVIDER
 
-from common.wire.messages import CONFIG, EXPECT_STATE, METRICS, STATE_ROUND
+from common.wire.messages import CONFIG, EXPECT_STATE, METRICS, SECAGG, STATE_ROUND
 
 ID_LENGTH = 64  # an object id: sha256 in hex
 PLACEHOLDER_ID = "0" * ID_LENGTH  # stands for a child's id where only its length matters
@@ -151,15 +151,20 @@ def content_digest(message: Message) -> str:
     and pid differ from run to run). Metadata (ids, times) is left out: two runs that send the same things give the
     same digests. So are the client-state versions a message names (expect-state, state-round): they
     say where a client keeps its state (a state folder reports them, memory does not), not what is learned, and a
-    behaviour hash (experiments/studies/behaviour.py) pins what is learned."""
+    behaviour hash (experiments/studies/behaviour.py) pins what is learned. So is SecAgg+'s own record (public
+    keys, encrypted shares, masked vectors): random by design, from the operating system, so two runs of one seed
+    never send the same; what the masked vectors sum to is pinned by the model the next message carries."""
     if not message.has_content():
         return f"error:{message.error.code}"
-    config = message.content.config_records.get(CONFIG)
-    metrics = message.content.metric_records.get(METRICS)
+    content = message.content
+    if SECAGG in content:
+        content = RecordDict({key: record for key, record in content.items() if key != SECAGG})
+    config = content.config_records.get(CONFIG)
+    metrics = content.metric_records.get(METRICS)
     expected = config.pop(EXPECT_STATE) if config is not None and EXPECT_STATE in config else None
     reported = metrics.pop(STATE_ROUND) if metrics is not None and STATE_ROUND in metrics else None
     try:
-        digest = str(message.content.object_id)
+        digest = str(content.object_id)
     finally:
         if config is not None and expected is not None:
             config[EXPECT_STATE] = expected

@@ -144,3 +144,24 @@ def test_the_client_state_versions_a_message_names_are_not_in_its_digest() -> No
     assert message.content["config"]["expect-state"] == 2 and message.content["metrics"]["state-round"] == 3
     named["config"]["server-round"] = 4
     assert content_digest(message) != content_digest(Message(plain, dst_node_id=1, message_type="train"))
+
+
+def test_secaggs_own_record_is_not_in_a_digest_and_stays_in_the_message() -> None:
+    """SecAgg+'s keys, shares and masked vectors are random in every run: two messages that differ only there have
+    one digest; the model beside them still counts."""
+    from flwr.app import ConfigRecord, Message
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from common.wire.messages import SECAGG
+    from server_app.wire import content_digest
+
+    for name, value in (("run_id", 7), ("node_id", 1), ("task_id", 1)):
+        setattr(TaskIdentity, name, value)
+    keyed = [_content(100) for _ in range(3)]
+    keyed[0][SECAGG], keyed[1][SECAGG] = ConfigRecord({"pk1": b"one"}), ConfigRecord({"pk1": b"two"})
+    keyed[2] = _content(100, seed=4)
+    keyed[2][SECAGG] = ConfigRecord({"pk1": b"one"})
+    first, second, other = (Message(content, dst_node_id=1, message_type="train") for content in keyed)
+    assert content_digest(first) == content_digest(second) != content_digest(other)
+    assert content_digest(first) == content_digest(Message(_content(100), dst_node_id=1, message_type="train"))
+    assert first.content[SECAGG]["pk1"] == b"one"
