@@ -201,6 +201,19 @@ def test_a_differentially_private_config_has_one_behaviour_hash(
     assert hashes[0] == hashes[1] and not next(iter(hashes[0].values())).startswith("failed"), hashes
 
 
+def test_the_tiny_run_of_a_sampled_secure_aggregation_config_aggregates(tmp_path: Path) -> None:
+    # 10% of 1,000 clients a round is 100; of the tiny run's 6 it would be under the 3 SecAgg+ needs, every round's
+    # model kept and nothing of the training pinned by the hash
+    from experiments.engine.serve import serve
+
+    config = {"algorithm": "fedavg", "dataset": "digits", "secagg": "secaggplus", "fraction-train": 0.1}
+    tiny, clients = tiny_config(config, 1000)
+    assert tiny["fraction-train"] == 0.5 and tiny_config({**config, "secagg": "none"}, 1000)[0]["fraction-train"] == 0.1
+    assert serve({**tiny, "results-dir": str(tmp_path), "run-name": "run"}, clients, inline=True)
+    rounds = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["train"]["secagg"].get("survivors") for r in rounds] == [3] * len(rounds), rounds[0]["train"]
+
+
 def _copy_code(to: Path) -> Path:
     for part in ("common", "server_app", "client_app", "experiments"):
         shutil.copytree(REPO / part, to / part, ignore=shutil.ignore_patterns("__pycache__"))

@@ -46,6 +46,9 @@ REPLACED: dict[str, Any] = {
 }
 DROPPED = ("results-dir", "run-name", "resume", "client-state-dir", "message-digests", "partition-file")
 CAPPED = {"iterations": 1, "pretrain-epochs": 1, "holdout-finetune-epochs": 1}  # at most this value
+# Secure aggregation needs 3 clients in a round: a run that samples 10% of its clients would sample fewer of the
+# tiny run's 6, keep its model every round, and so pin nothing of its training.
+SECAGG_LEAST_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,8 @@ def tiny_config(run_config: dict[str, Any], clients: int) -> tuple[dict[str, Any
         if isinstance(config.get(key), int) and config[key] > cap:
             config[key] = cap
     config.update(REPLACED)
+    if config.get("secagg", "none") != "none":
+        config["fraction-train"] = max(float(config["fraction-train"]), SECAGG_LEAST_FRACTION)
     return config, max(1, min(clients, TINY_CLIENTS))
 
 
