@@ -206,10 +206,9 @@ def superlink(tmp_path_factory):
         yield link
 
 
-@pytest.mark.e2e
-@pytest.mark.parametrize("algorithm", sorted(SPECS))
-def test_every_algorithm_sends_the_same_messages_on_both_engines(algorithm: str, superlink, tmp_path: Path) -> None:
-    config = {**BASE, "algorithm": algorithm, "run-name": "run"}
+def _both_engines(superlink, config: dict, tmp_path: Path) -> tuple[list[str], list[str]]:
+    """The message digests of one config run through Flower's simulation and on the in-process engine."""
+    config = {**config, "run-name": "run"}
     # one Ray actor runs the five clients in turn: the start-up of a second (Python, torch, the app) is most of a
     # short run's cost, and the replies are the same (faults are chosen by seed and round, not by timing)
     outcome = superlink.run(
@@ -222,7 +221,13 @@ def test_every_algorithm_sends_the_same_messages_on_both_engines(algorithm: str,
     # the ClientApp inline: the same grid, transport and apps without a worker pool's start-up per algorithm (the
     # pool is tested by the resume test below and the worker tests above)
     assert serve({**config, "results-dir": str(tmp_path / "inp")}, CLIENTS, inline=True)
-    simulated, in_process = _digests(tmp_path / "sim" / "run"), _digests(tmp_path / "inp" / "run")
+    return _digests(tmp_path / "sim" / "run"), _digests(tmp_path / "inp" / "run")
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("algorithm", sorted(SPECS))
+def test_every_algorithm_sends_the_same_messages_on_both_engines(algorithm: str, superlink, tmp_path: Path) -> None:
+    simulated, in_process = _both_engines(superlink, {**BASE, "algorithm": algorithm}, tmp_path)
     kinds = {line.split()[1] for line in simulated}
     assert {"train_down", "train_up", "eval_down", "eval_up"} <= kinds
     assert in_process == simulated
@@ -236,16 +241,7 @@ def test_secure_aggregation_sends_the_same_messages_on_both_engines(superlink, t
     # SecAgg+'s four stages per round through Flower's simulation and the in-process engine (SCAFFOLD: its change of
     # c_i travels in the masked vector beside the model); its keys, shares and masks are random, not in the digests
     config = {**BASE, "algorithm": "scaffold", "secagg": "secaggplus", "drop-rate": 0.0, "straggler-rate": 0.0}
-    config["run-name"] = "run"
-    outcome = superlink.run(
-        REPO,
-        run_config_text({**config, "results-dir": str(tmp_path / "sim")}),
-        num_supernodes=CLIENTS,
-        cpus_per_client=2,
-    )
-    assert outcome.status == "finished:completed", outcome.output[-3000:]
-    assert serve({**config, "results-dir": str(tmp_path / "inp")}, CLIENTS, inline=True)
-    simulated, in_process = _digests(tmp_path / "sim" / "run"), _digests(tmp_path / "inp" / "run")
+    simulated, in_process = _both_engines(superlink, config, tmp_path)
     assert in_process == simulated
     records = _records(tmp_path / "sim" / "run")
     assert [r["train"]["secagg"]["survivors"] for r in records] == [4, 4, 4]
