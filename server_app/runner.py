@@ -242,6 +242,16 @@ class RoundRunner:
     def pretrain(self, grid: Grid) -> None:
         """Round 0 (server_app/warmup.py): every client trains once; its counts and faults go in round 1's record."""
         clients = self.clients.ids()
+        if self.cfg.secagg != "none":  # every client in one secure sum; its record goes under round 1's pretrain
+            SecureRound(self, grid, 0).train(clients)
+            train = self.round_log.train
+            counts = ("received", "failed", "rejected", "used", "secagg")
+            summed = {key: train.pop(key) for key in counts if key in train}
+            for key in ("loss", "num_examples", "flops", "flops_dense_grad", "clients"):
+                train.pop(key, None)
+            train["pretrain"] = {"sent": len(clients), **summed}
+            log(INFO, "pre-training: %d of %d clients in the secure sum", summed.get("used", 0), len(clients))
+            return
         stats = pretrain_round(
             self.send(grid, 0, clients, MessageType.TRAIN, "train_down"),
             self.cfg.messages_in_flight,

@@ -119,15 +119,21 @@ def test_dapperfl_on_the_digit_domains_prunes_by_device(tmp_path, data_dir) -> N
     assert "global accuracy |" in text and "| 0.8 | 2 |" in text
 
 
-def test_scaffold_under_secagg_learns_what_the_plain_run_learns(tmp_path) -> None:
-    # the same clients, batches and SCAFFOLD means (both uniform): only SecAgg+'s quantization differs
+@pytest.mark.parametrize("algorithm", ["scaffold", "feddbe"])
+def test_what_travels_beside_the_model_under_secagg_learns_what_the_plain_run_learns(tmp_path, algorithm: str) -> None:
+    # the same clients and batches; SCAFFOLD's changes of c_i and FedDBE's round-0 mean representations travel in the
+    # masked vector: only SecAgg+'s quantization differs
     runs = {
-        mode: _rounds(_run(tmp_path, f"scaffold-{mode}", algorithm="scaffold", fraction_train=1.0, secagg=mode))
+        mode: _rounds(_run(tmp_path, f"{algorithm}-{mode}", algorithm=algorithm, fraction_train=1.0, secagg=mode))
         for mode in ("none", "secaggplus")
     }
     plain, secure = runs["none"], runs["secaggplus"]
     assert [r["train"]["used"] for r in secure] == [NUM_NODES] * 3
-    assert all(r["train"]["secagg"]["survivors"] == NUM_NODES and r["train"]["num_examples"] == 0 for r in secure)
+    assert all(r["train"]["secagg"]["survivors"] == NUM_NODES for r in secure)
+    if algorithm == "scaffold":  # equal weights: the cohort's sample count is not in the sum
+        assert all(r["train"]["num_examples"] == 0 for r in secure)
+    else:
+        assert secure[0]["train"]["pretrain"]["secagg"]["survivors"] == NUM_NODES
     for a, b in zip(plain, secure, strict=True):
         assert abs(a["eval"]["mean"]["acc-shift-0"] - b["eval"]["mean"]["acc-shift-0"]) < 0.01
     assert secure[-1]["eval"]["mean"]["acc-shift-0"] > 0.3

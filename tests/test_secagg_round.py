@@ -16,7 +16,7 @@ from common.secagg.params import SecAggParams
 from common.secagg.protocol import SecAggRefused
 from common.secagg.wire import SETUP, SHARE, UNMASK, cohort_record, read_cohort, vector_arrays
 from common.wire.codec import encode_model
-from common.wire.messages import ARRAYS, CONTROL, SECAGG
+from common.wire.messages import ARRAYS, CONTROL, FEATURE_MEAN, SECAGG
 from common.wire.records import to_plain_record, to_record
 from server_app.clients import ClientInfo, ClientRegistry
 from server_app.runner import RoundRunner
@@ -63,7 +63,7 @@ class SecureClients(PushPullGrid):
             else:
                 assert kind == MessageType.TRAIN
                 plain = self.upload(pid)
-                plain.metric_records["metrics"]["server-round"] = 1
+                plain.metric_records["metrics"]["server-round"] = msg.content.config_records["config"]["server-round"]
                 content = secure.masked_reply(self.cfg, msg, context, plain)
                 if pid in self.forge:  # a vector of another length: the sum could not be unmasked with it
                     content[SECAGG] = to_plain_record(
@@ -157,7 +157,7 @@ def test_a_client_refuses_a_cohort_the_runs_parameters_do_not_give() -> None:
     ("overrides", "message"),
     [
         ({"algorithm": "fedamp"}, "each client's own model"),
-        ({"algorithm": "feddbe"}, "not built yet"),
+        ({"algorithm": "local"}, "nothing to aggregate"),
         ({"dp": "central", "dp-noise-multiplier": 1.0}, "clip or noise one"),
         ({"robust-aggregation": "median"}, "clip, trim or rank"),
         ({"max-weight-ratio": 4.0}, "counts travel inside"),
@@ -275,3 +275,25 @@ def test_scaffold_under_secagg_moves_x_and_c_as_the_plain_round_with_equal_weigh
     assert train["used"] == 4 and train["num_examples"] == 0  # the counts are not in the sum
     assert train["loss"] == pytest.approx(np.mean([1.0 + p for p in answered]), abs=1e-4)
     assert all(ARRAYS not in content and CONTROL not in content for content in grid.received)
+
+
+def test_feddbes_round_0_under_secagg_sums_the_mean_representations_of_every_client(server_identity: None) -> None:
+    """FedDBE's pre-training round as one secure sum over every client: the global mean is the sample-weighted
+    mean of the clients' mean representations (the plain round 0's), and none of them reaches the server."""
+    specs = [("body.w", (4, 3)), ("head.weight", (2, 4)), ("head.bias", (2,))]
+    cfg = parse_run_config({"algorithm": "feddbe", "secagg": "secaggplus", "fraction-train": 1.0})
+    runner = hand_made_runner(cfg, specs, [np.zeros(shape, np.float32) for _, shape in specs], SIZES)
+    rng = np.random.default_rng(9)
+    means = {pid: rng.normal(size=4).astype(np.float32) for pid in SIZES}
+
+    def upload(pid: int) -> RecordDict:
+        metrics = MetricRecord({"num-examples": SIZES[pid], "train-loss": 1.0})
+        return RecordDict({FEATURE_MEAN: to_record(["mean"], [means[pid]]), "metrics": metrics})
+
+    grid = SecureClients(cfg, upload=upload)
+    runner.pretrain(grid)
+    want = sum(SIZES[p] * means[p] for p in SIZES) / sum(SIZES.values())
+    assert runner.strategy.global_mean is not None and np.max(np.abs(runner.strategy.global_mean - want)) < 1e-3
+    pretrain = runner.round_log.train["pretrain"]
+    assert pretrain["used"] == 5 and pretrain["secagg"]["survivors"] == 5 and "used" not in runner.round_log.train
+    assert all(FEATURE_MEAN not in content for content in grid.received)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 SECAGG_MODES = ("none", "secaggplus")
 _OWN_MODELS = "its server needs each client's own model, which the sum of the uploads does not give"
-_NOT_YET = "not built yet: secure aggregation covers the algorithms whose server averages one upload format"
 # Algorithms run-config `secagg` refuses, and why (docs/privacy.md's support table).
 SECAGG_REFUSED = {
     "local": "nothing leaves the clients, there is nothing to aggregate",
@@ -27,7 +26,6 @@ SECAGG_REFUSED = {
     "fliu": f"{_OWN_MODELS} (the individualized updates)",
     "dapperfl": "its server aggregates each device's pruned model on that device's own support, which differs by "
     "device and is not known before the round",
-    "feddbe": f"{_NOT_YET} (the clients' mean representations travel beside the model)",
 }
 MAX_MODULUS = 2**64  # the masked arithmetic is uint64's, exact modulo any power of two up to 2**64
 

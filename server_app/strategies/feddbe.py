@@ -13,6 +13,8 @@ from common.config import ConfigError, RunConfig
 from common.learning.models import ModelLayout
 from common.methods.feddbe import feature_size
 from common.methods.robust import robust_average
+from common.secagg.encoding import Decoded
+from common.secagg.wire import beside
 from common.wire.messages import ARRAYS, CONFIG, FEATURE_MEAN, PRETRAIN
 from common.wire.records import to_record
 from common.wire.validation import validate_arrays
@@ -82,6 +84,20 @@ class FedDBEStrategy(FedAvgStrategy):
             self.round0.extend((np.asarray(r.payload, np.float32), r.weight) for r in replies)
             return
         super().aggregate(server_round, replies)
+
+    def secure_layout(self, server_round: int) -> tuple[list[tuple[str, int]], list[str]]:
+        """Under `secagg`: round 0's vector carries each client's mean representation (sample-weighted in the sum,
+        as the plain round 0 combines them); later rounds the model, as FedAvg's."""
+        if server_round == 0:
+            return [(beside(FEATURE_MEAN, MEAN), self.feature_size)], []
+        return super().secure_layout(server_round)
+
+    def aggregate_secure(self, server_round: int, decoded: Decoded, survivors: int, loss: float) -> None:
+        """Under `secagg`: round 0's sum is the global mean itself; later rounds FedAvg's."""
+        if server_round != 0:
+            super().aggregate_secure(server_round, decoded, survivors, loss)
+            return
+        self.global_mean, self.round0 = decoded.mean(beside(FEATURE_MEAN, MEAN)).astype(np.float32), []
 
     def state_dict(self) -> dict[str, Any]:
         """FedAvg's, plus the global mean (and any round-0 means not yet combined)."""
