@@ -88,7 +88,7 @@ def masked_reply(cfg: RunConfig, msg: Message, context: Context, reply: RecordDi
     params = cfg.secagg_params
     if SPECS[cfg.algorithm].equal_weights:  # its server's average counts each client once
         weight = params.max_weight
-    arrays = upload_arrays({key: record_to_numpy(record) for key, record in reply.array_records.items()}, ARRAYS)
+    arrays = upload_arrays(reply.array_records, names, ARRAYS)
     if cfg.dp == "distributed":
         received = record_to_numpy(msg.content.array_records.get(ARRAYS))
         vector = private_vector(cfg, session, received, upload_sections(arrays, names, sizes, (), 1), server_round)

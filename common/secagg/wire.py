@@ -41,19 +41,22 @@ MAX_SECRET_BYTES = 4096  # a Fernet ciphertext of two shares (seed, PEM private 
 LOSS, CAPPED = "secagg/loss", "secagg/capped"
 
 
+BESIDE = ":"  # between a record's key and an array's name in a layout name; no model array's name or codec form has it
+
+
 def beside(record: str, name: str) -> str:
     """The layout's name of an array that travels in a reply's record other than the model's (SCAFFOLD's change of
-    c_i): the record's key and the array's name, which no model array's name or codec form takes."""
-    return f"{record}:{name}"
+    c_i): the record's key and the array's name."""
+    return f"{record}{BESIDE}{name}"
 
 
-def upload_arrays(records: Mapping[str, Mapping[str, np.ndarray]], model: str) -> dict[str, np.ndarray]:
-    """A reply's arrays as an upload's layout names them: the model record's under their own names, every other
-    record's under `beside` names."""
-    out = dict(records.get(model, {}))
-    for key, arrays in records.items():
-        if key != model:
-            out.update({beside(key, name): array for name, array in arrays.items()})
+def upload_arrays(records: Mapping[str, Any], names: Sequence[str], model: str) -> dict[str, np.ndarray]:
+    """A reply's arrays as the upload's layout `names` them: the model record's under their own names, another
+    record's under `beside` names; only the records the layout names are decoded."""
+    out = record_to_numpy(records[model]) if model in records else {}
+    wanted = {name.split(BESIDE, 1)[0] for name in names if BESIDE in name} - {model}
+    for key in sorted(wanted & set(records)):
+        out.update({beside(key, name): array for name, array in record_to_numpy(records[key]).items()})
     return out
 
 
