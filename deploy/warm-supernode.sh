@@ -3,7 +3,7 @@
 # pflower-clientapp (client_app/warm.py) serving its messages in one process. The first of the two to exit ends the
 # other, and this script exits non-zero, so a supervisor (systemd's Restart=always) starts the pair anew.
 #
-#   deploy/warm-supernode.sh [--runtime-port 9094] [--bin DIR] -- FLOWER-SUPERNODE-ARGS...
+#   deploy/warm-supernode.sh [--runtime-port 9094] [--bin DIR] [--stop-seconds 10] -- FLOWER-SUPERNODE-ARGS...
 #
 # Why a pair: a SuperNode keeps a reply in memory until its ClientApp has pushed every object of it, and waits for
 # them without a deadline (Flower 1.42). A ClientApp that dies mid-push (a crash, an OOM kill) would leave the
@@ -12,21 +12,26 @@
 # is pushed, so the restarted ClientApp goes on from it.
 # A ClientApp the kernel killed for memory (the service's cgroup counts an OOM kill) is named as such, with the
 # memory limit: the model does not fit this device (docs/deployment.md, "Device budgets").
-# --bin: the folder of both commands (default: PATH). Everything after -- goes to flower-supernode.
+# --bin: the folder of both commands (default: PATH). --stop-seconds: how long the other may take to stop after
+# SIGTERM before it is killed (a process that ignores SIGTERM, e.g. hung in a push, must not keep the pair from
+# restarting). Everything after -- goes to flower-supernode.
 # WARM_SUPERNODE_MEMORY_CGROUP: the memory cgroup folder to read (default: this process's, cgroup v2 or v1).
 set -uo pipefail
-PORT=9094 BIN=""
+PORT=9094 BIN="" STOP_SECONDS=10
 while [ $# -gt 0 ]; do
   case "$1" in
     --runtime-port) PORT="${2:-}"; shift 2 ;;
     --bin) BIN="${2:-}/"; shift 2 ;;
+    --stop-seconds) STOP_SECONDS="${2:-}"; shift 2 ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
     *) echo "warm-supernode: unknown option '$1' (flower-supernode's options go after --)" >&2; exit 2 ;;
   esac
 done
 [[ "$PORT" =~ ^[0-9]+$ ]] && [ "$PORT" -ge 1 ] && [ "$PORT" -le 65535 ] \
   || { echo "warm-supernode: --runtime-port must be a port number, got '$PORT'" >&2; exit 2; }
+[[ "$STOP_SECONDS" =~ ^[0-9]+$ ]] && [ "$STOP_SECONDS" -ge 1 ] \
+  || { echo "warm-supernode: --stop-seconds must be a whole number of seconds >= 1, got '$STOP_SECONDS'" >&2; exit 2; }
 memory_cgroup() {  # this process's memory cgroup folder (v2: the unified one; v1: the memory controller's)
   if [ -n "${WARM_SUPERNODE_MEMORY_CGROUP:-}" ]; then echo "$WARM_SUPERNODE_MEMORY_CGROUP"; return; fi
   local v1 v2
@@ -43,7 +48,18 @@ memory_limit_mb() {
   limit=$(cat "$folder/memory.max" "$folder/memory.limit_in_bytes" 2>/dev/null | head -1)
   [[ "$limit" =~ ^[0-9]+$ ]] && [ "$limit" -lt $((1 << 50)) ] && echo "$((limit / 1048576)) MB" || echo "none set"
 }
-stop_both() { kill "$supernode" "$clientapp" 2>/dev/null; wait 2>/dev/null; }
+stop_both() {  # SIGTERM to both; whatever still runs after --stop-seconds gets SIGKILL
+  local tenths=0 left
+  kill "$supernode" "$clientapp" 2>/dev/null
+  while [ -n "$(jobs -rp)" ] && [ "$tenths" -lt $((STOP_SECONDS * 10)) ]; do sleep 0.1; tenths=$((tenths + 1)); done
+  left=$(jobs -rp)
+  if [ -n "$left" ]; then
+    echo "warm-supernode: $( [ "$left" = "$supernode" ] && echo "the SuperNode" || echo "a process of the pair" )" \
+      "did not stop within $STOP_SECONDS s of SIGTERM; killing it" >&2
+    kill -KILL $left 2>/dev/null
+  fi
+  wait 2>/dev/null
+}
 trap 'stop_both; exit 143' TERM INT
 killed_before=$(oom_kills)
 "${BIN}flower-supernode" "$@" --isolation process --port "$PORT" &

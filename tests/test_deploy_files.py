@@ -328,18 +328,20 @@ def test_the_warm_unit_runs_the_supernode_and_its_clientapp_as_a_pair() -> None:
     assert "FLWR_HOME=/var/lib/pflower/flwr-home" in " ".join(environment).split()
 
 
-def _fake_pair(tmp_path: Path, clientapp: str, cgroup: Path | None = None) -> subprocess.Popen:
+def _fake_pair(
+    tmp_path: Path, clientapp: str, cgroup: Path | None = None, supernode_first: str = "", *options: str
+) -> subprocess.Popen:
     """deploy/warm-supernode.sh over stand-ins: a SuperNode that records its arguments and waits, a ClientApp."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "flower-supernode").write_text(
-        f'#!/bin/sh\necho $$ > {tmp_path}/pid\necho "$@" > {tmp_path}/args\nexec sleep 60\n'
+        f'#!/bin/sh\n{supernode_first}\necho $$ > {tmp_path}/pid\necho "$@" > {tmp_path}/args\nexec sleep 60\n'
     )
     (bin_dir / "pflower-clientapp").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/clientapp-args\n{clientapp}\n')
     for path in bin_dir.iterdir():
         path.chmod(0o755)
     script = str(DEPLOY / "warm-supernode.sh")
-    command = [script, "--runtime-port", "9111", "--bin", str(bin_dir), "--", "--superlink", "h:1"]
+    command = [script, "--runtime-port", "9111", "--bin", str(bin_dir), *options, "--", "--superlink", "h:1"]
     env = {**os.environ, "WARM_SUPERNODE_MEMORY_CGROUP": str(cgroup or tmp_path / "no-cgroup")}
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
@@ -371,6 +373,14 @@ def test_a_clientapp_killed_for_memory_is_named_with_the_limit(tmp_path: Path) -
     assert quiet.returncode == 137 and "lack of memory" not in err, "a kill the cgroup did not count is not OOM"
 
 
+def test_a_supernode_that_ignores_sigterm_is_killed_so_the_pair_can_restart(tmp_path: Path) -> None:
+    pair = _fake_pair(tmp_path, "sleep 0.3; exit 3", None, "trap '' TERM", "--stop-seconds", "1")
+    _, err = pair.communicate(timeout=30)  # before the deadline it waited for the SuperNode's own 60 s
+    assert pair.returncode == 3 and "did not stop within 1 s of SIGTERM; killing it" in err, err
+    with pytest.raises(ProcessLookupError):
+        os.kill(int((tmp_path / "pid").read_text()), 0)
+
+
 def test_a_pair_that_exits_cleanly_still_asks_for_a_restart(tmp_path: Path) -> None:
     pair = _fake_pair(tmp_path, "exit 0")
     _, err = pair.communicate(timeout=30)
@@ -378,7 +388,11 @@ def test_a_pair_that_exits_cleanly_still_asks_for_a_restart(tmp_path: Path) -> N
 
 
 def test_the_pair_explains_bad_input() -> None:
-    for args, message in ((["--runtime-port", "x"], "must be a port number"), (["--bogus"], "unknown option")):
+    for args, message in (
+        (["--runtime-port", "x"], "must be a port number"),
+        (["--stop-seconds", "0"], "--stop-seconds must be a whole number of seconds >= 1"),
+        (["--bogus"], "unknown option"),
+    ):
         done = subprocess.run([str(DEPLOY / "warm-supernode.sh"), *args], capture_output=True, text=True, timeout=30)
         assert done.returncode == 2 and message in done.stderr
 
