@@ -4,6 +4,7 @@ into evaluations, the round-time lines, and the exported clients (PFLlib's forma
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from experiments.benchmarks.pfllib import (
     dataset_name,
     export_clients,
     pfllib_arguments,
+    pfllib_commit,
     read_events,
     side_specs,
     side_table,
@@ -46,6 +48,30 @@ def test_each_algorithm_gets_its_counterpart_and_this_projects_values() -> None:
     assert (dbe["-klw"], dbe["-mo"]) == ("50.0", "1.0")  # PFLlib's defaults (0, 0.1) would turn its MR off
     with pytest.raises(ConfigError, match="no PFLlib counterpart is mapped for dmpfl"):
         pfllib_arguments(parse_run_config({**base, "algorithm": "dmpfl"}))
+
+
+def test_a_pfllib_copy_inside_another_repository_is_not_recorded_under_its_commit(tmp_path: Path) -> None:
+    def git(*args: str, cwd: Path) -> str:
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    outer, inner = tmp_path / "project", tmp_path / "project" / "PFLlib"
+    inner.mkdir(parents=True)
+    git("init", "-q", cwd=outer)
+    (outer / "f").write_text("x")
+    git("add", "f", cwd=outer)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "outer", cwd=outer)
+    assert pfllib_commit(inner) == "unknown", "an unpacked copy inside the outer repository"
+    git("init", "-q", cwd=inner)
+    (inner / "main.py").write_text("")
+    git("add", "main.py", cwd=inner)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pfllib", cwd=inner)
+    assert (
+        pfllib_commit(inner)
+        == git("rev-parse", "--short", "HEAD", cwd=inner)
+        != git("rev-parse", "--short", "HEAD", cwd=outer)
+    )
+    assert pfllib_commit(tmp_path / "absent") == "unknown"
 
 
 def test_per_client_results_become_evaluations(tmp_path: Path) -> None:

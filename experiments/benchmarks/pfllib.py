@@ -212,8 +212,12 @@ def run_pfllib(
 
 
 def pfllib_commit(pfllib: Path) -> str:
-    """The PFLlib checkout's commit (or 'unknown')."""
+    """The PFLlib checkout's commit, or 'unknown' (not a git checkout of its own: a copy inside another repository
+    must not be recorded under that repository's commit)."""
     try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=pfllib, capture_output=True, text=True)
+        if not top.stdout.strip() or Path(top.stdout.strip()).resolve() != pfllib.resolve():
+            return "unknown"
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=pfllib, capture_output=True, text=True)
         return out.stdout.strip() or "unknown"
     except OSError:
