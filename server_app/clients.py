@@ -297,8 +297,8 @@ class ClientRegistry:
 
     def start(self, grid: Grid, cfg: RunConfig, resumed: dict[int, tuple[int, int, int]] | None = None) -> list[int]:
         """The run's first handshake (a resumed run: only its checkpoint's partitions and counts), the held-out
-        clients set aside; RunAborted when a robust rule cannot work with the clients a round trains. Returns the
-        partitions another node took over from their holders before a resume."""
+        clients set aside; RunAborted when a robust rule or secure aggregation cannot work with the clients a round
+        trains. Returns the partitions another node took over from their holders before a resume."""
         if resumed is not None:
             self.expect(resumed)
         replaced = self.handshake(grid, max(cfg.round_timeout, FIRST_HANDSHAKE_TIMEOUT_S))
@@ -306,6 +306,14 @@ class ClientRegistry:
         per_round = sample_size(len(self.ids()), cfg.fraction_train, cfg.min_train_clients)
         if cfg.robust_aggregation != "none" and per_round < MIN_ROBUST_MODELS:
             raise RunAborted(robust_needs(cfg.robust_aggregation, per_round))
+        if cfg.secagg != "none":
+            try:  # else every round would keep its model: a run that trains nothing
+                cfg.secagg_params.for_cohort(per_round)
+            except ValueError as exc:
+                raise RunAborted(
+                    f"{exc}: this run trains {per_round} of {len(self.ids())} clients a round (more clients, a larger "
+                    "fraction-train or min-train-clients, or other secagg-* settings)"
+                ) from None
         return replaced
 
     def expect(self, clients: dict[int, tuple[int, int, int]]) -> None:

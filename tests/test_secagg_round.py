@@ -297,3 +297,17 @@ def test_feddbes_round_0_under_secagg_sums_the_mean_representations_of_every_cli
     pretrain = runner.round_log.train["pretrain"]
     assert pretrain["used"] == 5 and pretrain["secagg"]["survivors"] == 5 and "used" not in runner.round_log.train
     assert all(FEATURE_MEAN not in content for content in grid.received)
+
+
+def test_a_run_whose_rounds_train_fewer_than_three_clients_is_refused_at_its_start(tmp_path, caplog) -> None:
+    import logging
+
+    from experiments.engine.serve import serve
+
+    raw = {"algorithm": "fedavg", "dataset": "digits", "num-rounds": 1, "secagg": "secaggplus", "fraction-train": 0.2}
+    with caplog.at_level(logging.ERROR, logger="flwr"):
+        assert not serve({**raw, "results-dir": str(tmp_path)}, clients=10, workers=1)
+    assert (
+        "secure aggregation needs at least 3 clients in a round, not 2: this run trains 2 of 10 clients a round"
+        in caplog.text
+    )
