@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -285,6 +286,11 @@ def table(rows: list[dict]) -> str:
     return head + "\n".join(lines)
 
 
+def interrupted(signum: int, frame: object) -> None:
+    """SIGTERM as Ctrl-C: the `finally` blocks stop the SuperLink and SuperNodes and remove the cgroups."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     default_data = Path(os.environ.get("PFL_DATA_DIR", REPO.parent / "shared" / "data"))
@@ -307,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("needs root and cgroup v1's memory and cpu controllers under /sys/fs/cgroup")
     if nginx_binary() is None:
         parser.error("needs nginx (Debian: apt-get install nginx)")
+    signal.signal(signal.SIGTERM, interrupted)  # a kill or a timeout stops the deployment and removes its cgroups
     work = Path(tempfile.mkdtemp(prefix="pflower-budget-"))
     rows = []
     try:
@@ -318,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{algorithm} {model}: {row['ended']} in {row['seconds']:.0f} s", file=sys.stderr, flush=True)
                 if args.json:
                     args.json.write_text(json.dumps(rows, indent=1))
-    except KeyboardInterrupt:  # the deployment of the run in progress is stopped (measure's finally); say what stands
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the run in progress is stopped (measure's finally); say what stands
         print(f"stopped: {len(rows)} setting(s) measured, the one in progress dropped", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
