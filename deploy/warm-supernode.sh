@@ -54,8 +54,10 @@ stop_both() {  # SIGTERM to both; whatever still runs after --stop-seconds gets 
   while [ -n "$(jobs -rp)" ] && [ "$tenths" -lt $((STOP_SECONDS * 10)) ]; do sleep 0.1; tenths=$((tenths + 1)); done
   left=$(jobs -rp)
   if [ -n "$left" ]; then
-    echo "warm-supernode: $( [ "$left" = "$supernode" ] && echo "the SuperNode" || echo "a process of the pair" )" \
-      "did not stop within $STOP_SECONDS s of SIGTERM; killing it" >&2
+    local who="the SuperNode and the ClientApp"
+    [ "$left" = "$supernode" ] && who="the SuperNode"
+    [ "$left" = "$clientapp" ] && who="the ClientApp"
+    echo "warm-supernode: $who did not stop within $STOP_SECONDS s of SIGTERM; killing it" >&2
     kill -KILL $left 2>/dev/null
   fi
   wait 2>/dev/null
