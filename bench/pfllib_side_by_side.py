@@ -13,16 +13,20 @@ This project's side is the study itself: pflower sweep bench/sweeps/pfllib_setti
 """
 
 import subprocess
+import sys
 from pathlib import Path
 
-from experiments.benchmarks.pfllib import main
+CHECKOUT = Path(__file__).resolve().parent.parent  # its records go to this checkout, whatever one pip installed
 
 
 def commit(path: Path, message: str) -> None:
     """Commit one record alone (a stopped run keeps every record written before it)."""
-    subprocess.run(["git", "add", str(path)], check=True)
-    subprocess.run(["git", "commit", "-q", "-m", message, "--", str(path)], check=True)
+    subprocess.run(["git", "-C", str(path.parent), "add", str(path)], check=True)
+    subprocess.run(["git", "-C", str(path.parent), "commit", "-q", "-m", message, "--", str(path)], check=True)
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(CHECKOUT))  # else an editable install of another checkout (a worktree's main) is imported
+    from experiments.benchmarks.pfllib import main
+
     main(commit_record=commit)
