@@ -370,7 +370,7 @@ def test_a_clientapp_killed_for_memory_is_named_with_the_limit(tmp_path: Path) -
     (tmp_path / "other").mkdir()
     quiet = _fake_pair(tmp_path / "other", "kill -9 $$", cgroup)
     _, err = quiet.communicate(timeout=30)
-    assert quiet.returncode == 137 and "lack of memory" not in err, "a kill the cgroup did not count is not OOM"
+    assert quiet.returncode == 137 and "lack of memory" not in err, f"a kill the cgroup did not count is not OOM: {err}"
 
 
 def test_a_supernode_that_ignores_sigterm_is_killed_so_the_pair_can_restart(tmp_path: Path) -> None:
