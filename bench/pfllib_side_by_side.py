@@ -16,7 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-CHECKOUT = Path(__file__).resolve().parent.parent  # its records go to this checkout, whatever one pip installed
+import experiments
+from experiments.benchmarks.pfllib import main
+
+CHECKOUT = Path(__file__).resolve().parent.parent
 
 
 def commit(path: Path, message: str) -> None:
@@ -26,7 +29,10 @@ def commit(path: Path, message: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(CHECKOUT))  # else an editable install of another checkout (a worktree's main) is imported
-    from experiments.benchmarks.pfllib import main
-
+    installed = Path(experiments.__file__).resolve().parent.parent
+    if installed != CHECKOUT:  # its records would land in the installed checkout, not in this one
+        sys.exit(
+            f"pfllib_side_by_side.py: this script is {CHECKOUT}'s, the installed package is {installed}'s: run "
+            f"{installed / 'bench' / Path(__file__).name}, or PYTHONPATH={CHECKOUT} python {__file__} ..."
+        )
     main(commit_record=commit)

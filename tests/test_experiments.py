@@ -402,6 +402,8 @@ def test_a_run_records_its_commit_as_soon_as_its_folder_exists(tmp_path: Path) -
 
         name = "test"
 
+        counts_its_cpu = False
+
         def run(
             self, config: object, clients: object, timeout: object, echo: Callable[[str], None], *args: object
         ) -> None:

@@ -50,6 +50,7 @@ def test_the_run_log_file_keeps_every_line_without_colour_codes(tmp_path: Path) 
 
     class Printing:
         name = "test"
+        counts_its_cpu = False
 
         def run(self, config: object, clients: object, timeout: object, echo: Callable[[str], None], *a: object):
             for line in NOTICES + KEPT:

@@ -120,12 +120,25 @@ def test_the_table_reads_both_sides_records(tmp_path: Path) -> None:
             {"round": i + 1, "wall_s": 2.0, "eval": {"num_clients": 2, "failed": 0, "mean": {"acc-shift-0": a}}}
             for i, a in enumerate(accs)
         ]
+        # seed 0 made alone (others 0.05 cores on average), seed 1 beside other work (1.5 cores): its times not used
+        others = (0.05 if seed == 0 else 1.5) * 60.0
         record = {"schema": SCHEMA, "name": name, "experiment": "fmnist-fedavg", "rounds": rounds}
-        write_record(record_path(ours, name), {**record, "config": {}, "summary": {}, "behaviour": "", "clients": 2})
-        peer = {"experiment": "fmnist-fedavg", "mean_accuracy": [0.9, *accs[::-1]], "round_seconds": [3.0, 5.0]}
+        cpu = {"wall_s": 60.0, "run_cpu_s": 6.0 * (seed + 1), "others_cpu_s": others}
+        write_record(
+            record_path(ours, name),
+            {**record, "config": {}, "summary": {}, "behaviour": "", "clients": 2, "machine": {"cpu": cpu}},
+        )
+        peer = {
+            "experiment": "fmnist-fedavg",
+            "rounds": 3,
+            "mean_accuracy": [0.9, *accs[::-1]],
+            "round_seconds": [3.0, 5.0] if seed == 0 else [30.0, 50.0],
+            **({"cpu": {**cpu, "run_cpu_s": 30.0}} if seed == 1 else {}),  # seed 0 measured no CPU
+        }
         (theirs / f"{name}.json").write_text(json.dumps(peer))
     row = next(line for line in side_table(ours, theirs).splitlines() if line.startswith("| fmnist | fedavg |"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     # last: ours 0.6 and 0.7, PFLlib 0.5 and 0.4; best: 0.7 and 0.8 on both sides (PFLlib's round 0, 0.9, left out)
     assert [cell.split(" +/- ")[0] for cell in cells[2:6]] == ["65.00", "45.00", "75.00", "75.00"]
-    assert cells[6:] == ["2.0", "4.0", "2, 2"]
+    # seconds a round only from runs made alone (PFLlib's: none known to be); CPU a round: 6/3 and 12/3, 30/3
+    assert cells[6:] == ["2.0", "n/a", "3.0", "10.0", "2, 2"]

@@ -113,6 +113,7 @@ def test_a_sweep_neither_resumes_nor_sets_aside_a_folder_a_live_server_holds(tmp
 
     class MustNotRun:
         name = "test"
+        counts_its_cpu = False
 
         def run(self, *args: object) -> None:
             raise AssertionError("a held folder's run was started again")

@@ -126,6 +126,10 @@ def test_a_record_reads_back_as_the_run_it_came_from(tmp_path: Path) -> None:
     np.testing.assert_array_equal(run.artifacts()["attention"], np.arange(6, dtype=np.float32).reshape(2, 3))
     assert run.commits == ["abc1234"] and run.best_round() == {"acc-shift-0": 0.6}
     assert read_records(tmp_path / "records")["fedavg-seed1"] == back
+    assert "cpu" not in back["machine"], "a run made outside a sweep measured no CPU share"
+    RunFolder(run_dir).write_cpu({"wall_s": 10.0, "run_cpu_s": 18.0, "others_cpu_s": 0.5})
+    made = make_record(run_dir, "study", "fedavg", 2, CodeInfo(["abc1234"], "0123456789abcdef"), "data42")
+    assert made["machine"]["cpu"] == {"wall_s": 10.0, "run_cpu_s": 18.0, "others_cpu_s": 0.5}
 
 
 def test_a_record_of_another_schema_or_an_unfinished_run_is_refused(tmp_path: Path) -> None:

@@ -4,8 +4,9 @@ A run folder holds, as the run goes: `config.json` (the run config, dashed keys)
 a line), `messages.jsonl` (the messages' digests, when the run keeps them), `checkpoint.npz` (the server's signed
 checkpoint), `client-state/` (simulated clients' state) and `run.lock` (held by its live server,
 common/storage/run_lock.py); at the end `summary.json`, `summary.md`, the plots and
-`artifacts.npz` (the algorithm's arrays); a sweep adds `code.json` (the commits that made it). docs/architecture.md
-describes the records.
+`artifacts.npz` (the algorithm's arrays); a sweep adds `code.json` (the commits that made it) and `cpu.json` (the
+CPU seconds of its attempts and of everything else on the machine meanwhile). docs/architecture.md describes the
+records.
 """
 
 from __future__ import annotations
@@ -28,7 +29,17 @@ SUMMARY_FILE = "summary.json"
 SUMMARY_MARKDOWN = "summary.md"
 ARTIFACTS_FILE = "artifacts.npz"
 CODE_FILE = "code.json"
-RUN_FILES = (CONFIG_FILE, METRICS_FILE, MESSAGES_FILE, SUMMARY_FILE, SUMMARY_MARKDOWN, ARTIFACTS_FILE, CODE_FILE)
+CPU_FILE = "cpu.json"
+RUN_FILES = (
+    CONFIG_FILE,
+    METRICS_FILE,
+    MESSAGES_FILE,
+    SUMMARY_FILE,
+    SUMMARY_MARKDOWN,
+    ARTIFACTS_FILE,
+    CODE_FILE,
+    CPU_FILE,
+)
 
 Record = dict[str, Any]  # a JSON object of the folder (the run config, a message digest)
 
@@ -260,6 +271,18 @@ class RunFolder:
     def write_commits(self, commits: list[str]) -> None:
         """Save the commits that made the run, in the order its attempts ran."""
         atomic_write_text(self.file(CODE_FILE), json.dumps({"commits": commits}) + "\n")
+
+    def cpu(self) -> Record | None:
+        """The CPU seconds a sweep measured over the run's attempts (experiments/run/cpu_share.py), or None."""
+        try:
+            data = json.loads(self.file(CPU_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def write_cpu(self, cpu: Record) -> None:
+        """Save the CPU seconds measured over the run's attempts."""
+        atomic_write_text(self.file(CPU_FILE), json.dumps(cpu) + "\n")
 
     def write_config(self, config: Record) -> None:
         """Save the run config (atomically)."""

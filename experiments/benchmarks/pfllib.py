@@ -32,6 +32,7 @@ from common.config import ConfigError, RunConfig, parse_run_config
 from common.data.federated import client_data
 from common.storage.run_folder import RoundRecord, evaluation, evaluation_means
 from experiments.analysis.stats import fmt_ci, mean_ci
+from experiments.run.cpu_share import CpuMeter, CpuShare
 from experiments.run.runs import RunSpec
 from experiments.run.sweep import read_sweep
 from experiments.studies.records import read_records, records_folder
@@ -287,7 +288,10 @@ def run_side(args: argparse.Namespace, commit_record: Callable[[Path, str], None
             print(f"PFLlib: {spec.name} ({cfg.num_rounds} rounds) ...", flush=True)
             start = time.monotonic()
             try:
-                run = run_pfllib(pfllib, cfg, spec.clients, work, args.python, args.deps, args.timeout, args.threads)
+                with CpuMeter() as meter:
+                    run = run_pfllib(
+                        pfllib, cfg, spec.clients, work, args.python, args.deps, args.timeout, args.threads
+                    )
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 print(f"PFLlib: {spec.name} failed: {exc}", flush=True)
                 failed += 1
@@ -304,6 +308,8 @@ def run_side(args: argparse.Namespace, commit_record: Callable[[Path, str], None
             if args.rounds:
                 continue  # a trial at other rounds than the study's: no record
             record = {**record_of(spec, cfg, run, pfllib_commit(pfllib), wall), "threads": args.threads or "torch's"}
+            if meter.share is not None:  # the export and PFLlib's process: what else used the machine meanwhile
+                record["cpu"] = meter.share.to_dict()
             target.write_text(json.dumps(record, indent=1) + "\n")
             if commit_record is not None:
                 commit_record(target, f"PFLlib side by side: record {spec.name}")
@@ -321,32 +327,50 @@ def _stat(values: list[float], best: bool) -> float:
     return (max(finite) if best else finite[-1]) if finite else float("nan")
 
 
+def _timing(shares: list[CpuShare | None], seconds: list[list[float]], rounds: list[int]) -> tuple[str, str]:
+    """Median seconds a round over the runs made alone ('n/a' when none was), and the median CPU seconds a round
+    (the whole run's CPU over its rounds) over the runs that measured it."""
+    alone = [s for share, secs in zip(shares, seconds) if share is not None and share.alone for s in secs]
+    cpu = [share.run_cpu_s / n for share, n in zip(shares, rounds) if share is not None and n > 0]
+    return (f"{np.median(alone):.1f}" if alone else "n/a", f"{np.median(cpu):.1f}" if cpu else "n/a")
+
+
 def side_table(ours_folder: Path | None = None, pfllib_folder: Path | None = None) -> str:
     """Markdown: per data set and algorithm, both sides' last- and best-round mean accuracy over clients (mean +/-
-    95% t-interval over seeds; PFLlib's evaluation before any training left out) and median seconds per round,
-    with the runs each side has; from the committed records (or those of the folders given)."""
+    95% t-interval over seeds; PFLlib's evaluation before any training left out), the median seconds a round of the
+    runs made alone and the CPU seconds a round, with the runs each side has; from the committed records (or those
+    of the folders given)."""
     study = records_folder(SWEEP, read_sweep(SWEEP).name)
     ours = read_records(ours_folder or study)
     folder = pfllib_folder or study.parent / "pfllib"
     theirs = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
     lines = [
-        "| data set | algorithm | ours, last | PFLlib, last | ours, best | PFLlib, best | s/round ours | "
-        "s/round PFLlib | seeds (ours, PFLlib) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| data set | algorithm | ours, last | PFLlib, last | ours, best | PFLlib, best | s/round ours (alone) | "
+        "s/round PFLlib (alone) | CPU-s/round ours | CPU-s/round PFLlib | seeds (ours, PFLlib) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for spec_name in dict.fromkeys(spec.experiment for spec in side_specs(SIDE, None)):
         dataset, algorithm = spec_name.split("-", 1)
-        mine = [_ours(r) for r in ours.values() if r["experiment"] == spec_name]
+        records = [r for r in ours.values() if r["experiment"] == spec_name]
+        mine = [_ours(r) for r in records]
         peer = [r for r in theirs.values() if r["experiment"] == spec_name]
         cells = []
         for best in (False, True):
             cells.append(fmt_ci(*mean_ci([_stat(accs, best) for accs, _ in mine])[:2]))
             cells.append(fmt_ci(*mean_ci([_stat(r["mean_accuracy"][1:], best) for r in peer])[:2]))
-        ours_s = float(np.median([s for _, secs in mine for s in secs])) if mine else float("nan")
-        peer_s = float(np.median([s for r in peer for s in r["round_seconds"]])) if peer else float("nan")
-        seconds = [f"{v:.1f}" if math.isfinite(v) else "n/a" for v in (ours_s, peer_s)]
+        ours_alone, ours_cpu = _timing(
+            [CpuShare.from_dict(r.get("machine", {}).get("cpu")) for r in records],
+            [secs for _, secs in mine],
+            [len(r["rounds"]) for r in records],
+        )
+        peer_alone, peer_cpu = _timing(
+            [CpuShare.from_dict(r.get("cpu")) for r in peer],
+            [[float(s) for s in r["round_seconds"]] for r in peer],
+            [int(r["rounds"]) for r in peer],
+        )
         lines.append(
-            f"| {dataset} | {algorithm} | {' | '.join(cells)} | {' | '.join(seconds)} | {len(mine)}, {len(peer)} |"
+            f"| {dataset} | {algorithm} | {' | '.join(cells)} | {ours_alone} | {peer_alone} | {ours_cpu} | "
+            f"{peer_cpu} | {len(mine)}, {len(peer)} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -23,6 +23,7 @@ class Engine(Protocol):
     """Runs one experiment's run config on a simulated federation."""
 
     name: str
+    counts_its_cpu: bool  # a run's whole CPU time is its waited-for child's (not a SuperLink's or Ray's, kept running)
 
     def run(
         self,
@@ -53,6 +54,7 @@ class InProcessEngine:
     worker processes (0: one per core)."""
 
     name = "inprocess"
+    counts_its_cpu = True
 
     def __init__(self, workers: int = 0, data_export: Path | None = None) -> None:
         self.workers, self.data_export = workers, data_export
@@ -90,6 +92,7 @@ class SimulationEngine:
     """`flwr run` against one private local SuperLink, started on first use and stopped by `close`."""
 
     name = "simulation"
+    counts_its_cpu = False
 
     def __init__(self, app_dir: Path) -> None:
         self.app_dir = app_dir

@@ -17,6 +17,7 @@ from common.hparams import ConfigError
 from common.storage.persist import open_for_append, private_folder
 from common.storage.run_folder import RunFolder, Summary
 from common.storage.run_lock import holder
+from experiments.run.cpu_share import CpuMeter, CpuShare
 from experiments.run.launchers import FINISHED, Engine
 from experiments.run.output import plain
 from experiments.run.presets import Preset
@@ -260,17 +261,20 @@ def execute(
                 recorded = True
             echo(line)
 
-        outcome = engine.run(
-            config,
-            spec.clients,
-            timeout,
-            both,
-            spec.preset.cpus_per_client,
-            spec.preset.gpus_per_client if gpu else 0.0,
-        )
+        with CpuMeter() as meter:
+            outcome = engine.run(
+                config,
+                spec.clients,
+                timeout,
+                both,
+                spec.preset.cpus_per_client,
+                spec.preset.gpus_per_client if gpu else 0.0,
+            )
     seconds = time.monotonic() - started
     if run_dir.is_dir():
         record_code(run_dir, commit)
+        if engine.counts_its_cpu and meter.share is not None:
+            record_cpu(run_dir, meter.share)
     if outcome.status == FINISHED and RunFolder(run_dir).finished():
         return RunResult(spec, "finished", run_dir, seconds, log_path)
     reason = _last_error(outcome.output) or f"the run exited {outcome.returncode}, status {outcome.status}"
@@ -314,6 +318,13 @@ def record_code(run_dir: Path, commit: str) -> None:
     commits = folder.commits()
     if commit and commit not in commits:
         folder.write_commits([*commits, commit])
+
+
+def record_cpu(run_dir: Path, share: CpuShare) -> None:
+    """Add one attempt's CPU seconds to the run folder's (a resumed run sums its attempts)."""
+    folder = RunFolder(run_dir)
+    before = CpuShare.from_dict(folder.cpu())
+    folder.write_cpu((share if before is None else before + share).to_dict())
 
 
 def run_commits(run_dir: Path) -> list[str]:

@@ -130,7 +130,7 @@ def make_record(run_dir: Path, study: str, experiment: str, clients: int, code: 
         "summary": summary,
         "arrays": _arrays(folder.artifacts()),
         "wall_seconds": float(summary.get("wall_seconds", 0.0)),
-        "machine": _machine(),
+        "machine": {**_machine(), **({"cpu": cpu} if (cpu := folder.cpu()) is not None else {})},
         "finished": datetime.datetime.fromtimestamp(folder.summary_path.stat().st_mtime, datetime.UTC).isoformat(
             timespec="seconds"
         ),
