@@ -401,3 +401,16 @@ def test_results_check_sees_a_document_its_records_do_not_make(tmp_path: Path) -
     (repo / "docs" / "study.md").write_text("edited by hand\n")
     check = subprocess.run([*pflower, "--check", str(sweep_file)], cwd=repo, env=env, capture_output=True, text=True)
     assert check.returncode == 1 and "document docs/study.md: differs from what its records generate" in check.stdout
+
+
+def test_only_with_several_sweep_files_narrows_each_to_the_names_it_has() -> None:
+    from experiments.cli.studies import only_patterns
+
+    files = [REPO / "bench" / "sweeps" / name for name in ("results.toml", "distributed_dp.toml", "har_natural.toml")]
+    sweeps = {file: read_sweep(file) for file in files}
+    found = only_patterns(["fedampx-fedavg-plateau,all100-*"], sweeps)
+    assert found == {files[0]: ["fedampx-fedavg-plateau"], files[1]: ["all100-*"], files[2]: []}
+    with pytest.raises(ConfigError, match="--only: nope-\\*, nada names no experiment of the sweep files given"):
+        only_patterns(["fedampx-fedavg-plateau,nope-*", "nada"], sweeps)
+    assert only_patterns(None, sweeps) is None
+    assert only_patterns(["nope"], {files[0]: sweeps[files[0]]}) == {files[0]: ["nope"]}  # narrow() lists the names

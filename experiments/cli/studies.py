@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 from dataclasses import replace
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from common.hparams import ConfigError
@@ -14,7 +15,7 @@ from experiments.run.launchers import Engine, make_engine
 from experiments.run.output import for_terminal
 from experiments.run.runs import RunResult, changed_settings, drop_resume_state, execute, run_state
 from experiments.run.runs import set_aside as set_aside_folder
-from experiments.run.sweep import narrow, read_sweep, shard
+from experiments.run.sweep import Sweep, narrow, read_sweep, shard
 from experiments.studies.behaviour import code_digest
 from experiments.studies.budgeted import land_record, parse_budget, run_budgeted, set_aside
 from experiments.studies.status import RunState, StudyState, check_lines, study_state
@@ -27,6 +28,21 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
+def only_patterns(only: list[str] | None, sweeps: dict[Path, Sweep]) -> dict[Path, list[str]] | None:
+    """Per sweep file, the --only names and globs that name an experiment of it (None without --only); with
+    several files each must name one of some file (ConfigError naming those that name none)."""
+    if not only:
+        return None
+    patterns = [p.strip() for p in ",".join(only).split(",") if p.strip()]
+    if len(sweeps) == 1:
+        return {file: patterns for file in sweeps}  # narrow() says which name matches nothing, listing the names
+    names = {file: {spec.experiment for spec in sweep.specs} for file, sweep in sweeps.items()}
+    found = {file: [p for p in patterns if any(fnmatchcase(n, p) for n in names[file])] for file in sweeps}
+    if unmatched := [p for p in patterns if not any(p in f for f in found.values())]:
+        raise ConfigError(f"--only: {', '.join(unmatched)} names no experiment of the sweep files given")
+    return found
+
+
 def budgeted_sweep(args: argparse.Namespace) -> int:
     """Run what fits of the owed runs of every file given; exit 0 unless a run failed."""
     from experiments.run.preflight import check_engine_installed, check_runs
@@ -35,9 +51,13 @@ def budgeted_sweep(args: argparse.Namespace) -> int:
     if args.out and len(args.file) > 1:
         raise ConfigError("--out names one sweep's results folder: give one sweep file with it")
     studies: list[StudyState] = []
-    for file in args.file:
-        sweep = read_sweep(file)
-        sweep = narrow(sweep, ",".join(args.only)) if args.only else sweep
+    sweeps = {file: read_sweep(file) for file in args.file}
+    patterns = only_patterns(args.only, sweeps)
+    for file, sweep in sweeps.items():
+        if patterns is not None:
+            if not patterns[file]:
+                continue  # none of the --only experiments is this file's
+            sweep = narrow(sweep, ",".join(patterns[file]))
         if args.shard:
             sweep = replace(sweep, specs=shard(sweep.specs, args.shard))
         studies.append(study_state(file, sweep, say=say))
