@@ -15,7 +15,7 @@ from experiments.run.launchers import Engine, make_engine
 from experiments.run.output import for_terminal
 from experiments.run.runs import RunResult, changed_settings, drop_resume_state, execute, run_state
 from experiments.run.runs import set_aside as set_aside_folder
-from experiments.run.sweep import Sweep, narrow, read_sweep, shard
+from experiments.run.sweep import Sweep, narrow, only_names, read_sweep, shard
 from experiments.studies.behaviour import code_digest
 from experiments.studies.budgeted import land_record, parse_budget, run_budgeted, set_aside
 from experiments.studies.status import RunState, StudyState, check_lines, study_state
@@ -33,7 +33,7 @@ def only_patterns(only: list[str] | None, sweeps: dict[Path, Sweep]) -> dict[Pat
     several files each must name one of some file (ConfigError naming those that name none)."""
     if not only:
         return None
-    patterns = [p.strip() for p in ",".join(only).split(",") if p.strip()]
+    patterns = only_names(",".join(only))
     if len(sweeps) == 1:
         return {file: patterns for file in sweeps}  # narrow() says which name matches nothing, listing the names
     names = {file: {spec.experiment for spec in sweep.specs} for file, sweep in sweeps.items()}

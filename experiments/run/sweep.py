@@ -190,11 +190,16 @@ def check_tables(path: Path, tables: list[TableSpec]) -> list[TableSpec]:
     return tables
 
 
+def only_names(only: str) -> list[str]:
+    """The names and globs of an --only value ('a,b*' -> ['a', 'b*'])."""
+    return [p.strip() for p in only.split(",") if p.strip()]
+
+
 def narrow(sweep: Sweep, only: str, option: str = "--only") -> Sweep:
     """The sweep narrowed to the experiments `only` names (comma-separated names or shell globs such as
     'fedampx-*', each matching at least one): their runs, the tables' rows of theirs (a table left with none is
     dropped) and the claims that compare two of them."""
-    patterns = [p.strip() for p in only.split(",") if p.strip()]
+    patterns = only_names(only)
     if not patterns:
         raise ConfigError(f"{option} needs experiment names or globs, e.g. {option} 'fedampx-*,path-fliu'")
     names = list(dict.fromkeys(s.experiment for s in sweep.specs))
