@@ -20,7 +20,7 @@ from common.storage.run_folder import RunFolder
 from experiments.run.runs import RunResult
 from experiments.run.sweep import read_sweep
 from experiments.studies.behaviour import behaviour_hashes, cases_of, code_digest
-from experiments.studies.budgeted import parse_budget, run_budgeted
+from experiments.studies.budgeted import budget_plan, parse_budget, run_budgeted
 from experiments.studies.records import (
     CodeInfo,
     as_run,
@@ -298,6 +298,35 @@ def test_a_budget_never_starts_a_run_its_estimate_does_not_fit() -> None:
     started.clear()
     run_budgeted([study], parse_budget("20m"), run_one, land, lambda line: None, lambda: now[0])
     assert started == ["short-seed0"]  # 5 minutes left after it: the 30-minute run does not start
+
+
+def test_a_budget_listing_plans_the_same_runs_and_starts_none() -> None:
+    from experiments.run.sweep import Sweep
+
+    runs = [_state("long", 2.0), _state("short", 0.25), _state("gpu", 5.0), _state("second", 0.5, seed=1)]
+    study = StudyState(Path("s.toml"), Sweep("s", [r.spec for r in runs], []), Path("records"), runs)
+    lines = budget_plan([study], parse_budget("1h"))
+    assert lines[1:-1] == [
+        "  s/long-seed0: ~120 min, does not fit in the ~60 min left",
+        "  s/short-seed0: would run (missing, ~15 min)",
+        "  s/gpu-seed0: needs a GPU (~5.0 h here): not started",
+        "  s/second-seed1: would run (missing, ~30 min)",
+    ]
+    assert lines[-1] == "budget: ~45 min of runs would start (estimates; nothing was run)"
+    assert "does not fit in the ~5 min left" in budget_plan([study], parse_budget("20m"))[-2]
+
+
+def test_sweep_budget_list_runs_nothing(tmp_path: Path) -> None:
+    sweep_file = _study_repo(tmp_path / "repo")
+    repo = sweep_file.parent.parent
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PFL_CACHE_DIR": str(tmp_path / "cache")}
+    command = [sys.executable, "-m", "experiments.cli", "sweep", str(sweep_file), "--budget", "1h", "--list"]
+    listed = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert listed.returncode == 0, listed.stderr
+    assert "  study/fedavg-seed0: would run (missing" in listed.stdout and "nothing was run" in listed.stdout
+    assert not (repo / "results").exists() and len(_log(repo)) == 1
+    refused = subprocess.run([*command, "--commit"], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "--list runs nothing, so it has nothing to --commit" in refused.stderr
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("2h30m", 9000.0), ("90m", 5400.0), ("1.5h", 5400.0), ("45s", 45.0)])

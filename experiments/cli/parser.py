@@ -51,7 +51,12 @@ def _sweep(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--commit", action="store_true", help="with --budget: commit each record alone the moment it is written"
     )
     sweep.add_argument("--out", help="results folder (default results/<sweep name>)")
-    sweep.add_argument("--list", action="store_true", help="list the runs and their state, run nothing")
+    sweep.add_argument(
+        "--list",
+        action="store_true",
+        help="list the runs and their state, run nothing (with --budget: the owed runs in the order the budget "
+        "takes them, and which would start if each took its estimate)",
+    )
     _replace(sweep)
     sweep.add_argument(
         "--shard",

@@ -17,7 +17,7 @@ from experiments.run.runs import RunResult, changed_settings, drop_resume_state,
 from experiments.run.runs import set_aside as set_aside_folder
 from experiments.run.sweep import Sweep, narrow, only_names, read_sweep, shard
 from experiments.studies.behaviour import code_digest
-from experiments.studies.budgeted import land_record, parse_budget, run_budgeted, set_aside
+from experiments.studies.budgeted import budget_plan, land_record, parse_budget, run_budgeted, set_aside
 from experiments.studies.status import RunState, StudyState, check_lines, study_state
 
 from .parser import PROJECT
@@ -48,6 +48,8 @@ def budgeted_sweep(args: argparse.Namespace) -> int:
     from experiments.run.preflight import check_engine_installed, check_runs
 
     budget = parse_budget(args.budget)
+    if args.list and args.commit:
+        raise ConfigError("--list runs nothing, so it has nothing to --commit: give one of them")
     if args.out and len(args.file) > 1:
         raise ConfigError("--out names one sweep's results folder: give one sweep file with it")
     studies: list[StudyState] = []
@@ -72,6 +74,9 @@ def budgeted_sweep(args: argparse.Namespace) -> int:
             if folder in ("finished", "resumable", "incomplete") and changed_settings(
                 run.spec, outs[id(study)] / run.spec.name
             ):  # made with other settings than the file now asks: finished or not, it is made again
+                if args.list:
+                    say(f"budget: the run folder of {run.spec.name} was made with other settings: would be made again")
+                    continue
                 set_aside_folder(outs[id(study)] / run.spec.name)
                 say(f"budget: the run folder of {run.spec.name} was made with other settings: set aside, made again")
             elif run.state == "missing" and folder == "finished":
@@ -83,6 +88,10 @@ def budgeted_sweep(args: argparse.Namespace) -> int:
         owed = [r.spec for r in study.runs if r.owed and not r.needs_gpu]
         check_engine_installed(args.engine or study.sweep.engine or "inprocess")
         check_runs([s for s in owed if run_state(outs[id(study)] / s.name) != "finished"], outs[id(study)], export)
+    if args.list:
+        for line in budget_plan(studies, budget):
+            say(line)
+        return 0
     engines: dict[str, Engine] = {}
     terminal = sys.stdout.isatty()
     quiet = not os.environ.get("PFLOWER_VERBOSE")

@@ -93,6 +93,26 @@ def run_budgeted(
     return Outcome(landed, failed, gpu, not_fitted)
 
 
+def budget_plan(studies: list[StudyState], budget_s: float) -> list[str]:
+    """What `run_budgeted` would do if every run took its estimate, one line a run, nothing run (`--list`)."""
+    order = owed_in_order(studies)
+    lines = [f"budget: {len(order)} owed run(s) in {len(studies)} study file(s), {budget_s / 3600:.2f} h to spend"]
+    left = budget_s
+    planned = 0.0
+    for study, run in order:
+        name = f"{study.sweep.name}/{run.spec.name}"
+        if run.needs_gpu:
+            lines.append(f"  {name}: needs a GPU (~{run.hours:.1f} h here): not started")
+        elif run.hours * 3600 > left:
+            lines.append(f"  {name}: ~{run.hours * 60:.0f} min, does not fit in the ~{left / 60:.0f} min left")
+        else:
+            left -= run.hours * 3600
+            planned += run.hours
+            lines.append(f"  {name}: would run ({run.state}, ~{run.hours * 60:.0f} min)")
+    lines.append(f"budget: ~{planned * 60:.0f} min of runs would start (estimates; nothing was run)")
+    return lines
+
+
 def set_aside(run_dir: Path) -> Path | None:
     """Move a finished run folder whose record is stale (or was made with other settings) out of the sweep's way, so
     the run is made again; returns where it went."""
