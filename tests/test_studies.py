@@ -432,6 +432,33 @@ def test_results_check_sees_a_document_its_records_do_not_make(tmp_path: Path) -
     assert check.returncode == 1 and "document docs/study.md: differs from what its records generate" in check.stdout
 
 
+def test_one_files_check_and_headline_use_every_study_file(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "bench" / "sweeps").mkdir(parents=True)
+    (repo / "docs").mkdir()
+    (repo / "pyproject.toml").write_text("")
+    for name in ("one", "two"):
+        claim = f'\n[[claim]]\ntext = "FedAvg above Local in {name}"\ntable = "t"\na = "fedavg"\nb = "local"\n'
+        text = STUDY.replace('name = "study"', f'name = "{name}"').replace("docs/study.md", f"docs/{name}.md")
+        (repo / "bench" / "sweeps" / f"{name}.toml").write_text(text + claim + 'metric = "acc-shift-0"\n')
+    subprocess.run(["git", "-C", str(repo), "init", "-q"], check=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PFL_CACHE_DIR": str(tmp_path / "cache")}
+    pflower = [sys.executable, "-m", "experiments.cli", "results"]
+
+    def results(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*pflower, *args], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+
+    assert results("--headline").returncode == 0
+    headline = (repo / "docs" / "results.md").read_text()
+    assert "in one |" in headline and "in two |" in headline
+    for name in ("one", "two"):
+        assert results(f"bench/sweeps/{name}.toml").returncode == 0
+    check = results("--check", "bench/sweeps/one.toml")
+    assert check.returncode == 0 and "(the headline table): as the records generate it" in check.stdout, check.stdout
+    assert results("--headline", "bench/sweeps/one.toml").returncode == 0
+    assert (repo / "docs" / "results.md").read_text() == headline  # not a table of one file's claims
+
+
 def test_only_with_several_sweep_files_narrows_each_to_the_names_it_has() -> None:
     from experiments.cli.studies import only_patterns
 

@@ -173,9 +173,12 @@ def results(args: argparse.Namespace) -> int:
 
         return check_studies(args.file, lambda line: print(line, flush=True))
     if args.headline:
-        from experiments.studies.headline import studies_of, write_headline
+        from experiments.studies.headline import headline_studies, studies_of, write_headline
 
-        path = write_headline(studies_of(args.file, lambda line: print(line, flush=True)), args.out)
+        def say(line: str) -> None:
+            print(line, flush=True)
+
+        path = write_headline(headline_studies(studies_of(args.file, say), say), args.out)
         print(f"results: {path} (the headline table)")
         return 0
     if len(args.file) != 1:

@@ -21,7 +21,7 @@ from experiments.run.runs import RunResult, app_commit, run_state
 from experiments.run.runs import set_aside as set_aside_folder
 from experiments.studies.behaviour import PROJECT, behaviour_hashes, cases_of, code_digest
 from experiments.studies.records import CodeInfo, data_fingerprint, make_record, record_path, write_record
-from experiments.studies.status import RunState, StudyState
+from experiments.studies.status import RunState, StudyState, study_state
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)([hms])")
 
@@ -194,8 +194,9 @@ def land_record(
 def regenerate(study: StudyState, say: Callable[[str], None]) -> list[Path]:
     """Write the study's documents and the headline table again from the records (what --check compares); returns
     the paths they and their figures are at (none when the study file declares no [[document]])."""
+    from experiments.run.sweep import read_sweep
     from experiments.studies.documents import write_documents
-    from experiments.studies.headline import HEADLINE, studies_of, write_headline
+    from experiments.studies.headline import HEADLINE, headline_studies, write_headline
     from experiments.studies.records import repository_root
 
     if not study.sweep.documents:
@@ -203,9 +204,8 @@ def regenerate(study: StudyState, say: Callable[[str], None]) -> list[Path]:
     try:
         written = [p for p, _, _ in write_documents(study.sweep_file, None, None, None)]
         root = repository_root(study.sweep_file)
-        headline = write_headline(
-            studies_of([], root=root) if (root / "bench" / "sweeps").is_dir() else [study], root / HEADLINE
-        )
+        landed = study_state(study.sweep_file, read_sweep(study.sweep_file))  # with its new record, every run
+        headline = write_headline(headline_studies([landed]), root / HEADLINE)
     except (ConfigError, OSError) as exc:
         say(f"record: WARNING: the documents were not regenerated ({exc}); `pflower results` writes them")
         return []

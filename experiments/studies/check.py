@@ -10,7 +10,7 @@ from pathlib import Path
 from experiments.analysis.results_doc import shown_path
 from experiments.run.sweep import read_sweep
 from experiments.studies.documents import recorded_runs, study_files, write_document
-from experiments.studies.headline import HEADLINE, headline_markdown
+from experiments.studies.headline import HEADLINE, headline_markdown, headline_studies
 from experiments.studies.records import repository_root
 from experiments.studies.status import StudyState, check_lines, study_state, tier_lines
 
@@ -40,8 +40,9 @@ def compare_documents(file: Path, study: StudyState, say: Callable[[str], None])
 
 
 def compare_headline(studies: list[StudyState], say: Callable[[str], None]) -> bool:
+    """Say whether the committed headline table is what every study file's records generate; True when it is."""
     committed = repository_root(studies[0].sweep_file) / HEADLINE
-    if committed.is_file() and committed.read_text() == headline_markdown(studies):
+    if committed.is_file() and committed.read_text() == headline_markdown(headline_studies(studies, say)):
         say(f"  document {HEADLINE.as_posix()} (the headline table): as the records generate it")
         return True
     say(f"  document {HEADLINE.as_posix()} (the headline table): differs; `pflower results --headline` writes it")

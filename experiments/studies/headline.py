@@ -112,6 +112,19 @@ def studies_of(
     return [study_state(f, read_sweep(f), say=say) for f in files]
 
 
+def headline_studies(studies: list[StudyState], say: Callable[[str], None] = lambda line: None) -> list[StudyState]:
+    """What the headline table is made of: every study file of the repository of the first study (those given
+    reused, the others read), so that one file's `--check` or `--headline` never compares or writes a table of that
+    file alone; the studies given where the repository has no bench/sweeps folder."""
+    from experiments.run.sweep import read_sweep
+
+    folder = repository_root(studies[0].sweep_file) / SWEEPS
+    if not folder.is_dir():
+        return studies
+    given = {s.sweep_file.resolve(): s for s in studies}
+    return [given.get(f.resolve()) or study_state(f, read_sweep(f), say=say) for f in study_files(folder)]
+
+
 def write_headline(studies: list[StudyState], out: Path | None = None) -> Path:
     """Write docs/results.md (of the repository of the first study file)."""
     path = out or repository_root(studies[0].sweep_file) / HEADLINE
