@@ -142,3 +142,57 @@ def test_the_table_reads_both_sides_records(tmp_path: Path) -> None:
     assert [cell.split(" +/- ")[0] for cell in cells[2:6]] == ["65.00", "45.00", "75.00", "75.00"]
     # seconds a round only from runs made alone (PFLlib's: none known to be); CPU a round: 6/3 and 12/3, 30/3
     assert cells[6:] == ["2.0", "n/a", "3.0", "10.0", "2, 2"]
+
+
+SCAFFOLD_CRASH = """Traceback (most recent call last):
+  File "clientscaffold.py", line 73, in update_yc
+    ci.data = ci - c + 1/self.num_batches/max_local_epochs/self.learning_rate * (x - yi)
+ZeroDivisionError: division by zero
+"""
+
+
+def test_only_pfllibs_own_exception_counts_as_a_crash() -> None:
+    from experiments.benchmarks.pfllib import crash_error
+
+    assert crash_error(1, SCAFFOLD_CRASH) == "ZeroDivisionError: division by zero"
+    assert crash_error(1, "Traceback (most recent call last):\n  ...\ntorch.OutOfMemoryError: CUDA\n") == (
+        "torch.OutOfMemoryError: CUDA"
+    )
+    assert crash_error(-9, SCAFFOLD_CRASH) is None  # killed: the machine's doing, worth another try
+    assert crash_error(1, "Traceback (most recent call last):\n  ...\nMemoryError\n") is None
+    assert crash_error(1, "Traceback (most recent call last):\n  ...\nKeyboardInterrupt\n") is None
+    assert crash_error(1, "no such file\n") is None  # no traceback: not known to be PFLlib's code
+
+
+def test_a_crashed_run_is_recorded_once_and_shown_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from experiments.benchmarks import pfllib as side
+
+    calls: list[str] = []
+
+    def crash(pfllib: Path, cfg: object, *args: object) -> None:
+        calls.append(str(cfg))
+        raise side.PFLlibCrash("PFLlib exited with 1", "ZeroDivisionError: division by zero")
+
+    (tmp_path / "pfllib" / "system").mkdir(parents=True)
+    (tmp_path / "pfllib" / "system" / "main.py").write_text("")
+    records = tmp_path / "records"
+    monkeypatch.setattr(side, "run_pfllib", crash)
+    monkeypatch.setattr(side, "pfllib_records_folder", lambda: records)
+    args = argparse.Namespace(
+        pfllib=str(tmp_path / "pfllib"), budget_hours=1.0, algorithms="scaffold", experiments="fmnist-scaffold",
+        seeds="0", rounds=0, python="python", deps="", timeout=60.0, threads=1,
+    )  # fmt: skip
+    committed: list[str] = []
+    assert side.run_side(args, lambda path, message: committed.append(message)) == (0, 1)
+    record = json.loads((records / "fmnist-scaffold-seed0.json").read_text())
+    assert record["crashed"] == "ZeroDivisionError: division by zero" and record["pfllib"]["commit"] == "unknown"
+    assert committed == [
+        "PFLlib side by side: fmnist-scaffold-seed0 crashed in PFLlib (ZeroDivisionError: division by zero)"
+    ]
+    assert side.run_side(args) == (0, 0) and len(calls) == 1  # recorded: not tried again
+    table = side_table(tmp_path / "ours", records)
+    row = next(line for line in table.splitlines() if line.startswith("| fmnist | scaffold |"))
+    assert row.endswith("| n/a | n/a | 0, 0 (+1 crashed) |")  # no accuracy, no time from a crash
+    assert "- `fmnist-scaffold-seed0`: ZeroDivisionError: division by zero (PFLlib unknown)" in table

@@ -171,6 +171,31 @@ class PFLlibRun:
     seconds: list[float]
 
 
+class PFLlibCrash(RuntimeError):
+    """PFLlib itself raised an exception (a traceback and exit status 1): the same seed crashes the same way, so the
+    run is recorded as crashed rather than tried again; `error` is the exception's last line."""
+
+    def __init__(self, message: str, error: str) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+NOT_PFLLIBS = ("MemoryError", "KeyboardInterrupt", "SystemExit")  # the machine's or the operator's, not PFLlib's
+
+
+def crash_error(returncode: int, stderr: str) -> str | None:
+    """The exception line of a run that PFLlib's own code crashed (exit 1 after a traceback), or None (a timeout, a
+    signal, a lack of memory: the machine's, worth another try)."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    if returncode != 1 or "Traceback (most recent call last):" not in stderr or not lines:
+        return None
+    last = lines[-1].strip()
+    name = last.split(":", 1)[0]
+    if not re.fullmatch(r"[A-Za-z_][\w.]*(Error|Exception)", name) or name.rsplit(".", 1)[-1] in NOT_PFLLIBS:
+        return None
+    return last
+
+
 def read_events(path: Path, clients: int) -> tuple[list[float], list[float]]:
     """Each evaluation's mean over clients and sample-weighted accuracy, from the launcher's per-client lines (one
     evaluation = one result from each of the `clients`, in order; a trailing partial one is dropped)."""
@@ -206,7 +231,10 @@ def run_pfllib(
     log.write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
-        raise RuntimeError(f"PFLlib exited with {done.returncode} (log: {log}):\n{tail}")
+        message = f"PFLlib exited with {done.returncode} (log: {log}):\n{tail}"
+        if (error := crash_error(done.returncode, done.stderr)) is not None:
+            raise PFLlibCrash(message, error)
+        raise RuntimeError(message)
     seconds = [float(m.group(1)) for line in done.stdout.splitlines() if (m := ROUND_TIME.match(line.strip()))]
     mean, weighted = read_events(events, clients)
     return PFLlibRun(mean, weighted, seconds)
@@ -225,9 +253,13 @@ def pfllib_commit(pfllib: Path) -> str:
         return "unknown"
 
 
-def record_of(spec: RunSpec, cfg: RunConfig, run: PFLlibRun, commit: str, wall: float) -> dict[str, Any]:
-    """The committed record of one PFLlib run. PFLlib evaluates before each round's training: its evaluation k is
-    the model after k rounds, the same as this project's round k."""
+def crash_record(spec: RunSpec, cfg: RunConfig, commit: str, error: str) -> dict[str, Any]:
+    """The committed record of a PFLlib run its own code crashed: what ran and the exception, no accuracy (delete
+    the file to try it again)."""
+    return {**_identity(spec, cfg, commit), "crashed": error, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def _identity(spec: RunSpec, cfg: RunConfig, commit: str) -> dict[str, Any]:
     return {
         "schema": 1,
         "name": spec.name,
@@ -238,6 +270,14 @@ def record_of(spec: RunSpec, cfg: RunConfig, run: PFLlibRun, commit: str, wall: 
         "clients": spec.clients,
         "rounds": cfg.num_rounds,
         "pfllib": {"commit": commit, "arguments": pfllib_arguments(cfg)},
+    }
+
+
+def record_of(spec: RunSpec, cfg: RunConfig, run: PFLlibRun, commit: str, wall: float) -> dict[str, Any]:
+    """The committed record of one PFLlib run. PFLlib evaluates before each round's training: its evaluation k is
+    the model after k rounds, the same as this project's round k."""
+    return {
+        **_identity(spec, cfg, commit),
         "mean_accuracy": run.mean,  # index k: after k rounds (k = 0: before any)
         "weighted_accuracy": run.weighted,
         "round_seconds": run.seconds,
@@ -292,6 +332,14 @@ def run_side(args: argparse.Namespace, commit_record: Callable[[Path, str], None
                     run = run_pfllib(
                         pfllib, cfg, spec.clients, work, args.python, args.deps, args.timeout, args.threads
                     )
+            except PFLlibCrash as exc:
+                print(f"PFLlib: {spec.name} crashed in PFLlib's code: {exc}", flush=True)
+                failed += 1
+                if not args.rounds:  # recorded, so later runs of the harness do not try it again
+                    target.write_text(json.dumps(crash_record(spec, cfg, pfllib_commit(pfllib), exc.error)) + "\n")
+                    if commit_record is not None:
+                        commit_record(target, f"PFLlib side by side: {spec.name} crashed in PFLlib ({exc.error})")
+                continue
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 print(f"PFLlib: {spec.name} failed: {exc}", flush=True)
                 failed += 1
@@ -344,6 +392,7 @@ def side_table(ours_folder: Path | None = None, pfllib_folder: Path | None = Non
     ours = read_records(ours_folder or study)
     folder = pfllib_folder or study.parent / "pfllib"
     theirs = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+    crashed = {name: r for name, r in theirs.items() if "crashed" in r}
     lines = [
         "| data set | algorithm | ours, last | PFLlib, last | ours, best | PFLlib, best | s/round ours (alone) | "
         "s/round PFLlib (alone) | CPU-s/round ours | CPU-s/round PFLlib | seeds (ours, PFLlib) |",
@@ -353,7 +402,8 @@ def side_table(ours_folder: Path | None = None, pfllib_folder: Path | None = Non
         dataset, algorithm = spec_name.split("-", 1)
         records = [r for r in ours.values() if r["experiment"] == spec_name]
         mine = [_ours(r) for r in records]
-        peer = [r for r in theirs.values() if r["experiment"] == spec_name]
+        peer = [r for r in theirs.values() if r["experiment"] == spec_name and "crashed" not in r]
+        lost = sum(r["experiment"] == spec_name for r in crashed.values())
         cells = []
         for best in (False, True):
             cells.append(fmt_ci(*mean_ci([_stat(accs, best) for accs, _ in mine])[:2]))
@@ -370,8 +420,11 @@ def side_table(ours_folder: Path | None = None, pfllib_folder: Path | None = Non
         )
         lines.append(
             f"| {dataset} | {algorithm} | {' | '.join(cells)} | {ours_alone} | {peer_alone} | {ours_cpu} | "
-            f"{peer_cpu} | {len(mine)}, {len(peer)} |"
+            f"{peer_cpu} | {len(mine)}, {len(peer)}{f' (+{lost} crashed)' if lost else ''} |"
         )
+    if crashed:
+        lines += ["", "Runs PFLlib's own code crashed (a seed crashes the same way each time):", ""]
+        lines += [f"- `{name}`: {r['crashed']} (PFLlib {r['pfllib']['commit']})" for name, r in crashed.items()]
     return "\n".join(lines) + "\n"
 
 
