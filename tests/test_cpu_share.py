@@ -90,3 +90,17 @@ def test_a_run_records_its_cpu_only_on_an_engine_whose_runs_cpu_it_can_count(tmp
     execute(Engine(), tmp_path / "app", spec, tmp_path, False, lambda line: None)  # type: ignore[arg-type]
     share = CpuShare.from_dict(RunFolder(tmp_path / spec.name).cpu())
     assert (share is not None) == counts
+
+
+def test_a_documents_runs_say_how_much_of_the_machine_they_had() -> None:
+    from experiments.analysis.results_doc import machine_share
+
+    alone = CpuShare(100.0, 95.0, 5.0)  # 0.05 cores of other work
+    beside = [CpuShare(100.0, 90.0, 140.0), CpuShare(300.0, 250.0, 300.0)]  # 1.4 and 1.0 cores: 440 s over 400 s
+    unknown = CpuShare(100.0, 90.0, None)
+    assert machine_share([alone, *beside, unknown, None]) == (
+        "1 alone on the machine, 2 beside other work that kept 1.1 cores busy on average, "
+        "2 not measured (runs of sweep shards side by side share the cores)"
+    )
+    assert machine_share([alone, alone]) == "2 alone on the machine"
+    assert machine_share([None]) == "1 not measured (runs of sweep shards side by side share the cores)"

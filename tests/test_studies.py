@@ -17,6 +17,7 @@ import pytest
 
 from common.hparams import ConfigError
 from common.storage.run_folder import RunFolder
+from experiments.run.cpu_share import CpuShare
 from experiments.run.runs import RunResult
 from experiments.run.sweep import read_sweep
 from experiments.studies.behaviour import behaviour_hashes, cases_of, code_digest
@@ -130,6 +131,7 @@ def test_a_record_reads_back_as_the_run_it_came_from(tmp_path: Path) -> None:
     RunFolder(run_dir).write_cpu({"wall_s": 10.0, "run_cpu_s": 18.0, "others_cpu_s": 0.5})
     made = make_record(run_dir, "study", "fedavg", 2, CodeInfo(["abc1234"], "0123456789abcdef"), "data42")
     assert made["machine"]["cpu"] == {"wall_s": 10.0, "run_cpu_s": 18.0, "others_cpu_s": 0.5}
+    assert run.cpu is None and as_run(made, tmp_path).cpu == CpuShare(10.0, 18.0, 0.5)
 
 
 def test_a_record_of_another_schema_or_an_unfinished_run_is_refused(tmp_path: Path) -> None:

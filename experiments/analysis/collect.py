@@ -31,6 +31,7 @@ from common.storage.run_folder import (
     final_means,
     final_stds,
 )
+from experiments.run.cpu_share import CpuShare
 
 SUPERSEDED = "superseded"  # run folders set aside by a sweep (experiments/run/runs.SUPERSEDED_FOLDER): not reported
 CORRUPT = re.compile(r"^acc-corrupt-(.+)-(\d)$")
@@ -68,6 +69,7 @@ class Run:
     current: bool = True  # a run record made by code that still behaves the same (experiments/studies)
     finished: str = ""  # a run record's finishing time (ISO); a run folder's is its summary's time
     machine: str = ""  # a run record's machine in words; a run folder's is this one
+    cpu: CpuShare | None = None  # how much of the machine the run had (None: not measured)
 
     @property
     def seed(self) -> int:
@@ -158,7 +160,7 @@ DAMAGE = (OSError, ValueError, TypeError, KeyError, EOFError, zipfile.BadZipFile
 
 def _load(path: Path) -> Run:
     folder = RunFolder(path)
-    return Run(path, folder.config(), folder.summary(), folder.rounds())
+    return Run(path, folder.config(), folder.summary(), folder.rounds(), cpu=CpuShare.from_dict(folder.cpu()))
 
 
 def run_damage(path: Path) -> str | None:

@@ -26,6 +26,7 @@ from common.storage.run_folder import (
     write_run_record,
 )
 from experiments.analysis.collect import Run
+from experiments.run.cpu_share import CpuShare
 
 SCHEMA = 1
 RECORD_SUFFIX = ".json.gz"
@@ -178,6 +179,7 @@ def as_run(record: dict[str, Any], folder: Path) -> Run:
         commits=list(record.get("code", {}).get("commits", [])),
         finished=str(record.get("finished", "")),
         machine=machine_text(record.get("machine", {})),
+        cpu=CpuShare.from_dict(record.get("machine", {}).get("cpu")),
     )
 
 
