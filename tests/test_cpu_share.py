@@ -99,8 +99,8 @@ def test_a_documents_runs_say_how_much_of_the_machine_they_had() -> None:
     beside = [CpuShare(100.0, 90.0, 140.0), CpuShare(300.0, 250.0, 300.0)]  # 1.4 and 1.0 cores: 440 s over 400 s
     unknown = CpuShare(100.0, 90.0, None)
     assert machine_share([alone, *beside, unknown, None]) == (
-        "1 alone on the machine, 2 beside other work that kept 1.1 cores busy on average, "
-        "2 not measured (runs of sweep shards side by side share the cores)"
+        "1 ran alone on the machine, 2 beside other work that kept 1.1 cores busy on average, "
+        "2 unmeasured (runs of sweep shards side by side share the cores)"
     )
-    assert machine_share([alone, alone]) == "2 alone on the machine"
-    assert machine_share([None]) == "1 not measured (runs of sweep shards side by side share the cores)"
+    assert machine_share([alone, alone]) == "2 ran alone on the machine"
+    assert machine_share([None]) == "1 unmeasured (runs of sweep shards side by side share the cores)"

@@ -210,8 +210,8 @@ def _setting(groups: list[Group], spec: TableSpec) -> str:
     spent = f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
     return (
         f"Runs: {', '.join(shared)}; clients {', '.join(map(str, sorted(clients)))}; seeds {seeds}; "
-        f"{sum(len(g.runs) for g in groups)} runs, {spent} of run time summed over the runs "
-        f"({machine_share([r.cpu for g in groups for r in g.runs])})."
+        f"{sum(len(g.runs) for g in groups)} runs, {spent} of run time summed over the runs; "
+        f"{machine_share([r.cpu for g in groups for r in g.runs])}."
     )
 
 
@@ -221,13 +221,13 @@ def machine_share(shares: list[CpuShare | None]) -> str:
     measured = [s for s in shares if s is not None and s.others_cores is not None]
     alone = sum(s.alone for s in measured)
     beside = [s for s in measured if not s.alone]
-    parts = [f"{alone} alone on the machine"] if alone else []
+    parts = [f"{alone} ran alone on the machine"] if alone else []
     if beside:
         wall = sum(s.wall_s for s in beside)
         cores = sum(s.others_cpu_s or 0.0 for s in beside) / wall if wall > 0 else 0.0
         parts.append(f"{len(beside)} beside other work that kept {cores:.1f} cores busy on average")
     if unmeasured := len(shares) - len(measured):
-        parts.append(f"{unmeasured} not measured (runs of sweep shards side by side share the cores)")
+        parts.append(f"{unmeasured} unmeasured (runs of sweep shards side by side share the cores)")
     return ", ".join(parts) if parts else "none measured"
 
 
