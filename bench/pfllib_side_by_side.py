@@ -7,6 +7,8 @@ docs/claims/pfllib-setting/pfllib/, the table in docs/pfllib_side_by_side.md.
     PFL_DATA_DIR=/path/to/shared/data python bench/pfllib_side_by_side.py run --pfllib ~/PFLlib \\
         --deps ~/pfllib-deps --budget-hours 2 --commit
     python bench/pfllib_side_by_side.py run ... --experiments fmnist-fedavg --rounds 2   # a trial, no record
+    python bench/pfllib_side_by_side.py time --pfllib ~/PFLlib --deps ~/pfllib-deps --commit   # seconds a round,
+                                                                          # both sides, nothing else running
     python bench/pfllib_side_by_side.py table
 
 This project's side is the study itself: pflower sweep bench/sweeps/pfllib_setting.toml --budget 2h --commit.

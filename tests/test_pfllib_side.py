@@ -196,3 +196,34 @@ def test_a_crashed_run_is_recorded_once_and_shown_apart(tmp_path: Path, monkeypa
     row = next(line for line in table.splitlines() if line.startswith("| fmnist | scaffold |"))
     assert row.endswith("| n/a | n/a | 0, 0 (+1 crashed) |")  # no accuracy, no time from a crash
     assert "- `fmnist-scaffold-seed0`: ZeroDivisionError: division by zero (PFLlib unknown)" in table
+
+
+def test_round_times_replace_their_own_entry_and_only_alone_ones_reach_the_table(tmp_path: Path) -> None:
+    from experiments.benchmarks.pfllib_timing import Timing, read_timings, write_timings
+    from experiments.run.cpu_share import CpuShare
+
+    alone, busy = CpuShare(100.0, 150.0, 2.0), CpuShare(100.0, 90.0, 100.0)
+    ours = Timing("fmnist-fedavg", "ours", [30.0, 12.0, 14.0], alone, "abc", "a worker per core")
+    theirs = Timing("fmnist-fedavg", "pfllib", [40.0, 20.0, 22.0], busy, "d832e76", "torch's")
+    write_timings(tmp_path, [ours, theirs])
+    assert ours.round_seconds == 13.0 and ours.alone and not theirs.alone  # the first round warms up
+    again = Timing("fmnist-fedavg", "pfllib", [40.0, 24.0, 26.0], alone, "d832e76", "torch's")
+    write_timings(tmp_path, [again])
+    assert read_timings(tmp_path) == [ours, again]  # replaced, not added
+    row = next(line for line in side_table(tmp_path / "ours", tmp_path).splitlines() if "| fmnist | fedavg |" in line)
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[6:8] == ["13.0", "25.0"] and cells[-1] == "0, 0"  # the timing file is no PFLlib run record
+    write_timings(tmp_path, [Timing("fmnist-fedavg", "pfllib", [40.0, 24.0], busy, "d832e76", "torch's")])
+    row = next(line for line in side_table(tmp_path / "ours", tmp_path).splitlines() if "| fmnist | fedavg |" in line)
+    assert [cell.strip() for cell in row.strip("|").split("|")][6:8] == ["13.0", "n/a"]
+
+
+def test_a_timing_of_one_round_is_refused(tmp_path: Path) -> None:
+    from experiments.benchmarks.pfllib import main
+
+    (tmp_path / "system").mkdir()
+    (tmp_path / "system" / "main.py").write_text("")
+    with pytest.raises(SystemExit, match="a timing needs at least 2 rounds"):
+        main(["time", "--pfllib", str(tmp_path), "--rounds", "1"])
+    with pytest.raises(SystemExit, match="no experiment of the side by side matches"):
+        main(["time", "--pfllib", str(tmp_path), "--experiments", "fmnist-nope"])

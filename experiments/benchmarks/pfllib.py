@@ -32,6 +32,13 @@ from common.config import ConfigError, RunConfig, parse_run_config
 from common.data.federated import client_data
 from common.storage.run_folder import RoundRecord, evaluation, evaluation_means
 from experiments.analysis.stats import fmt_ci, mean_ci
+from experiments.benchmarks.pfllib_timing import (
+    TIMES_FILE,
+    alone_round_seconds,
+    check_rounds,
+    read_timings,
+    run_times,
+)
 from experiments.run.cpu_share import CpuMeter, CpuShare
 from experiments.run.runs import RunSpec
 from experiments.run.sweep import read_sweep
@@ -240,6 +247,16 @@ def run_pfllib(
     return PFLlibRun(mean, weighted, seconds)
 
 
+def pfllib_seconds(pfllib: Path, args: argparse.Namespace) -> Callable[[RunSpec, int, Path], list[float]]:
+    """PFLlib's seconds of each round for a spec at `rounds` rounds (its round 0 evaluation included, as it times)."""
+
+    def run(spec: RunSpec, rounds: int, work: Path) -> list[float]:
+        cfg = parse_run_config({**spec.run_config, "num-rounds": rounds})
+        return run_pfllib(pfllib, cfg, spec.clients, work, args.python, args.deps, args.timeout, args.threads).seconds
+
+    return run
+
+
 def pfllib_commit(pfllib: Path) -> str:
     """The PFLlib checkout's commit, or 'unknown' (not a git checkout of its own: a copy inside another repository
     must not be recorded under that repository's commit)."""
@@ -375,10 +392,12 @@ def _stat(values: list[float], best: bool) -> float:
     return (max(finite) if best else finite[-1]) if finite else float("nan")
 
 
-def _timing(shares: list[CpuShare | None], seconds: list[list[float]], rounds: list[int]) -> tuple[str, str]:
-    """Median seconds a round over the runs made alone ('n/a' when none was), and the median CPU seconds a round
-    (the whole run's CPU over its rounds) over the runs that measured it."""
-    alone = [s for share, secs in zip(shares, seconds) if share is not None and share.alone for s in secs]
+def _timing(
+    shares: list[CpuShare | None], seconds: list[list[float]], rounds: list[int], timed: list[float]
+) -> tuple[str, str]:
+    """Median seconds a round over the runs made alone and the rounds `timed` alone by `time` ('n/a' when none
+    was), and the median CPU seconds a round (the whole run's CPU over its rounds) over the runs that measured it."""
+    alone = [s for share, secs in zip(shares, seconds) if share is not None and share.alone for s in secs] + timed
     cpu = [share.run_cpu_s / n for share, n in zip(shares, rounds) if share is not None and n > 0]
     return (f"{np.median(alone):.1f}" if alone else "n/a", f"{np.median(cpu):.1f}" if cpu else "n/a")
 
@@ -391,8 +410,9 @@ def side_table(ours_folder: Path | None = None, pfllib_folder: Path | None = Non
     study = records_folder(SWEEP, read_sweep(SWEEP).name)
     ours = read_records(ours_folder or study)
     folder = pfllib_folder or study.parent / "pfllib"
-    theirs = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+    theirs = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json")) if p.name != TIMES_FILE}
     crashed = {name: r for name, r in theirs.items() if "crashed" in r}
+    timings = read_timings(folder)
     lines = [
         "| data set | algorithm | ours, last | PFLlib, last | ours, best | PFLlib, best | s/round ours (alone) | "
         "s/round PFLlib (alone) | CPU-s/round ours | CPU-s/round PFLlib | seeds (ours, PFLlib) |",
@@ -412,11 +432,13 @@ def side_table(ours_folder: Path | None = None, pfllib_folder: Path | None = Non
             [CpuShare.from_dict(r.get("machine", {}).get("cpu")) for r in records],
             [secs for _, secs in mine],
             [len(r["rounds"]) for r in records],
+            alone_round_seconds(timings, spec_name, "ours"),
         )
         peer_alone, peer_cpu = _timing(
             [CpuShare.from_dict(r.get("cpu")) for r in peer],
             [[float(s) for s in r["round_seconds"]] for r in peer],
             [int(r["rounds"]) for r in peer],
+            alone_round_seconds(timings, spec_name, "pfllib"),
         )
         lines.append(
             f"| {dataset} | {algorithm} | {' | '.join(cells)} | {ours_alone} | {peer_alone} | {ours_cpu} | "
@@ -450,6 +472,18 @@ def main(argv: Sequence[str] | None = None, commit_record: Callable[[Path, str],
     run.add_argument("--python", default=sys.executable, help="the interpreter that runs PFLlib")
     run.add_argument("--deps", default="", help="a folder of PFLlib's extra packages (pip install --target)")
     run.add_argument("--commit", action="store_true", help="commit each record as it is written")
+    timing = sub.add_parser("time", help="seconds a round of both sides, back to back (run it with nothing else)")
+    timing.add_argument("--pfllib", required=True, help="a PFLlib checkout (its system/main.py is run)")
+    timing.add_argument("--algorithms", default=",".join(SIDE), help="comma-separated, of: " + ", ".join(SIDE))
+    timing.add_argument("--experiments", default=None, help="only these experiments (comma-separated names)")
+    timing.add_argument("--seed", default="1", help="the seed whose clients are timed (PFLlib's SCAFFOLD crashes on 0)")
+    timing.add_argument("--rounds", type=int, default=3, help="rounds a side (the first warms up and is left out)")
+    timing.add_argument("--workers", type=int, default=0, help="this project's worker processes (0: one per core)")
+    timing.add_argument("--threads", type=int, default=0, help="PFLlib's torch threads (0: torch's default)")
+    timing.add_argument("--timeout", type=float, default=3600, help="seconds one PFLlib run may take")
+    timing.add_argument("--python", default=sys.executable, help="the interpreter that runs PFLlib")
+    timing.add_argument("--deps", default="", help="a folder of PFLlib's extra packages (pip install --target)")
+    timing.add_argument("--commit", action="store_true", help="commit the record after each experiment")
     sub.add_parser("table", help=f"print the side by side and write {DOCUMENT.relative_to(REPO)}")
     args = parser.parse_args(argv)
     # a stop (SIGTERM) unwinds like ^C: the private work folder and its exported data are removed
@@ -461,6 +495,20 @@ def main(argv: Sequence[str] | None = None, commit_record: Callable[[Path, str],
             finished, failed = run_side(args, commit_record if args.commit else None)
             print(f"PFLlib side: {finished} finished, {failed} failed", flush=True)
             sys.exit(1 if failed else 0)
+        if args.command == "time":
+            pfllib = Path(args.pfllib).resolve()
+            if not (pfllib / "system" / "main.py").is_file():
+                raise ConfigError(f"--pfllib {pfllib}: not a PFLlib checkout (no system/main.py)")
+            check_rounds(args.rounds)
+            specs = side_specs(args.algorithms.split(","), args.experiments, args.seed)
+            if not specs:
+                raise ConfigError("no experiment of the side by side matches --algorithms, --experiments and --seed")
+            folder = pfllib_records_folder()
+            folder.mkdir(parents=True, exist_ok=True)
+            hook = commit_record if args.commit else None
+            run_times(args, specs, pfllib_seconds(pfllib, args), folder, pfllib_commit(pfllib), hook)
+            print(f"time: {len(specs)} experiment(s) timed; `table` shows those made alone", flush=True)
+            return
         table = side_table()
         print(table)
         DOCUMENT.write_text(DOCUMENT.read_text().split("<!-- table -->")[0] + "<!-- table -->\n" + table)
