@@ -34,6 +34,16 @@ def test_the_machines_busy_seconds_leave_idle_and_iowait_out(tmp_path: Path) -> 
     assert machine_busy_seconds(stat) is None
 
 
+def test_busy_cores_are_the_busy_seconds_over_the_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from experiments.run import cpu_share
+
+    stat = tmp_path / "stat"
+    _stat(stat, 1000, 0, 0, 0, 0)
+    monkeypatch.setattr(cpu_share.time, "sleep", lambda seconds: _stat(stat, 1000 + int(3 * TICK), 0, 0, 0, 0))
+    assert cpu_share.busy_cores(2.0, stat) == pytest.approx(1.5)  # 3 CPU seconds in 2 s
+    assert cpu_share.busy_cores(2.0, tmp_path / "absent") is None
+
+
 def test_others_are_the_machines_busy_seconds_less_the_runs_own(tmp_path: Path) -> None:
     stat = tmp_path / "stat"
     _stat(stat, 1000, 0, 0, 0, 0)

@@ -39,7 +39,7 @@ from experiments.benchmarks.pfllib_timing import (
     read_timings,
     run_times,
 )
-from experiments.run.cpu_share import CpuMeter, CpuShare
+from experiments.run.cpu_share import ALONE_CORES, CpuMeter, CpuShare, busy_cores
 from experiments.run.runs import RunSpec
 from experiments.run.sweep import read_sweep
 from experiments.studies.records import read_records, records_folder
@@ -503,6 +503,12 @@ def main(argv: Sequence[str] | None = None, commit_record: Callable[[Path, str],
             specs = side_specs(args.algorithms.split(","), args.experiments, args.seed)
             if not specs:
                 raise ConfigError("no experiment of the side by side matches --algorithms, --experiments and --seed")
+            if (cores := busy_cores()) is not None and cores > ALONE_CORES:
+                print(
+                    f"time: WARNING: other work keeps {cores:.1f} cores busy now; timings made beside it are "
+                    "recorded as not alone and left out of the table",
+                    flush=True,
+                )
             folder = pfllib_records_folder()
             folder.mkdir(parents=True, exist_ok=True)
             hook = commit_record if args.commit else None

@@ -95,3 +95,12 @@ class CpuMeter:
         run_cpu = own - self._own
         others = None if busy is None or self._busy is None else max(0.0, busy - self._busy - run_cpu)
         self.share = CpuShare(wall - self._wall, run_cpu, others)
+
+
+def busy_cores(seconds: float = 2.0, stat: Path = PROC_STAT) -> float | None:
+    """The cores the machine kept busy over the next `seconds` (this process sleeps meanwhile), or None without
+    /proc/stat: a look before a timing that must run alone."""
+    before = machine_busy_seconds(stat)
+    time.sleep(seconds)
+    after = machine_busy_seconds(stat)
+    return None if before is None or after is None else max(0.0, after - before) / seconds
