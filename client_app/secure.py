@@ -122,7 +122,9 @@ def private_vector(
     z = noise_multiplier_for(cfg.dp_noise_multiplier, cfg.dp_target_epsilon, cfg.num_rounds, cfg.dp_delta)
     params = cfg.secagg_params
     try:
-        plan = plan_round(cfg.dp_clip_norm, z, update.size, session.cohort.num_clients, params.modulus_range)
+        plan = plan_round(
+            cfg.dp_clip_norm, z, update.size, session.cohort.num_clients, params.modulus_range, cfg.dp_colluding_clients
+        )
     except ValueError as exc:
         raise SecAggRefused(f"distributed DP: {exc}") from None
     rng = (

@@ -390,6 +390,13 @@ class RunConfig:
     dp_delta: float = hp(
         1e-5, "`dp`: the delta of the (epsilon, delta) guarantee", low=0.0, high=1.0, low_open=True, high_open=True
     )
+    dp_colluding_clients: int = hp(
+        0,
+        "`dp` = distributed: the epsilon holds even when this many of a round's clients collude with the server "
+        "(tell it their noise, or add none): each client adds the noise that the others alone carry the noise "
+        "multiplier; fewer than a round's clients",
+        low=0,
+    )
     dp_adaptive_clip: bool = hp(
         False,
         "`dp` = central: the clip bound follows the `dp-clip-quantile` of the update norms (Andrew et al. 2021), "
@@ -731,6 +738,11 @@ def _check_distributed_dp(cfg: RunConfig, algorithm: str) -> None:
 
 def _check_dp(cfg: RunConfig, algorithm: str, averaging: list[str]) -> None:
     """ConfigError when the run's `dp` settings cannot give the guarantee they promise."""
+    if cfg.dp_colluding_clients and cfg.dp != "distributed":
+        raise ConfigError(
+            "run-config 'dp-colluding-clients' is distributed DP's (each client's share of the noise); under "
+            f"'dp' = '{cfg.dp}' no client adds noise the others count on"
+        )
     if cfg.dp == "none":
         return
     if algorithm == "local":

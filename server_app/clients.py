@@ -314,6 +314,11 @@ class ClientRegistry:
                     f"{exc}: this run trains {per_round} of {len(self.ids())} clients a round (more clients, a larger "
                     "fraction-train or min-train-clients, or other secagg-* settings)"
                 ) from None
+        if cfg.dp == "distributed" and cfg.dp_colluding_clients >= per_round:
+            raise RunAborted(
+                f"dp-colluding-clients {cfg.dp_colluding_clients} leaves no client of a round of {per_round} whose "
+                "noise can be counted on (more clients a round, or fewer colluding clients)"
+            )
         return replaced
 
     def expect(self, clients: dict[int, tuple[int, int, int]]) -> None:

@@ -100,6 +100,41 @@ def test_a_rounds_rho_is_the_gaussians_and_grows_when_fewer_answer() -> None:
     assert zcdp_epsilon(0.0, 1e-5) == 0.0
 
 
+def test_colluding_clients_noise_is_not_counted_on() -> None:
+    from dataclasses import replace
+
+    plan = plan_round(1.0, 2.0, 20_000, 10, 2**32, colluding=3)
+    # any 7 honest clients' noise alone is z D: the 3 who may tell the server theirs (or add none) are not needed
+    rng = np.random.default_rng(6)
+    honest = sum(client_contribution(np.zeros(20_000), 1.0, plan, rng) for _ in range(7))
+    assert np.std(honest) == pytest.approx(2.0 * plan.sensitivity, rel=0.02)
+    assert plan.local_std == pytest.approx(2.0 * plan.sensitivity / math.sqrt(7))
+    # a sum of 10 counts 7 clients' noise: the rho of a sum of 7 noised clients with nobody colluding
+    assert round_rho(plan, 10) == round_rho(replace(plan, colluding=0), 7)
+    assert round_rho(plan, 10) == pytest.approx(1 / (2 * 2.0**2), rel=1e-9)
+    assert round_rho(plan, 3) == math.inf  # only colluders' noise might be in it
+    ledger = PrivacyLedger(1e-5)
+    ledger.record([0], round_rho(plan, 3))
+    assert ledger.epsilon() == math.inf
+    # the whole cohort's larger noise still fits the modulus: its 40-std tail beside the worst sum
+    half = 2**32 / 2 - 1
+    assert 10 * (plan.scale * 1.0 + 1) + 40 * plan.local_std * math.sqrt(10) <= half
+    with pytest.raises(ValueError, match="leaves no client of a round of 10"):
+        plan_round(1.0, 2.0, 100, 10, 2**32, colluding=10)
+    with pytest.raises(ConfigError, match="'dp-colluding-clients' is distributed DP's"):
+        parse_run_config({"dp": "central", "dp-noise-multiplier": 1.0, "dp-colluding-clients": 2})
+
+
+def test_a_round_with_colluders_counts_only_the_others_noise(server_identity: None) -> None:  # noqa: F811
+    runner, cfg = _runner(**{"dp": "distributed", "dp-noise-multiplier": 2.0, "dp-colluding-clients": 2})
+    grid = SecureClients(cfg)
+    runner.train(grid, 1)
+    private = runner.round_log.train["dp"]
+    assert private["answered"] == 5 and private["colluding"] == 2
+    assert private["effective_noise_multiplier"] == pytest.approx(2.0)
+    assert private["rho"] == pytest.approx(1 / (2 * 2.0**2), rel=1e-6)
+
+
 def test_a_target_epsilon_is_met_by_a_client_in_every_round() -> None:
     z = noise_multiplier_for(0.0, 4.0, 10, 1e-5)
     assert epsilon(z, 1.0, 10, 1e-5) <= 4.0

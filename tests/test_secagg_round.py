@@ -311,3 +311,23 @@ def test_a_run_whose_rounds_train_fewer_than_three_clients_is_refused_at_its_sta
         "secure aggregation needs at least 3 clients in a round, not 2: this run trains 2 of 10 clients a round"
         in caplog.text
     )
+
+
+def test_a_distributed_dp_run_whose_rounds_are_all_colluders_is_refused_at_its_start(tmp_path, caplog) -> None:
+    import logging
+
+    from experiments.engine.serve import serve
+
+    raw = {
+        "algorithm": "fedavg",
+        "dataset": "digits",
+        "num-rounds": 1,
+        "secagg": "secaggplus",
+        "dp": "distributed",
+        "dp-noise-multiplier": 1.0,
+        "fraction-train": 0.4,
+        "dp-colluding-clients": 4,
+    }
+    with caplog.at_level(logging.ERROR, logger="flwr"):
+        assert not serve({**raw, "results-dir": str(tmp_path)}, clients=10, workers=1)
+    assert "dp-colluding-clients 4 leaves no client of a round of 4 whose noise can be counted on" in caplog.text

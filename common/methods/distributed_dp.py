@@ -58,19 +58,29 @@ class RoundPlan:
     local_std: float
     cohort: int
     dimension: int
+    colluding: int = 0  # clients of a sum whose noise is not counted on (they may tell the server theirs)
 
 
-def plan_round(clip: float, noise_multiplier: float, dimension: int, cohort: int, modulus: int) -> RoundPlan:
-    """The round's scale for `cohort` clients, each clipping to `clip` and together adding noise multiplier z, so
-    that their sum cannot wrap around `modulus` (decoded centred: |sum| < modulus / 2); ValueError when the modulus
-    leaves too little room for the rounding to stay small beside the signal."""
-    if clip <= 0 or noise_multiplier <= 0 or dimension < 1 or cohort < 1:
+def plan_round(
+    clip: float, noise_multiplier: float, dimension: int, cohort: int, modulus: int, colluding: int = 0
+) -> RoundPlan:
+    """The round's scale for `cohort` clients, each clipping to `clip` and adding noise such that any `cohort -
+    colluding` of them together add noise multiplier z (the others may tell the server their noise), so that their
+    sum cannot wrap around `modulus` (decoded centred: |sum| < modulus / 2); ValueError when the modulus leaves too
+    little room for the rounding to stay small beside the signal, or no client is left to count on."""
+    if clip <= 0 or noise_multiplier <= 0 or dimension < 1 or cohort < 1 or colluding < 0:
         raise ValueError(f"clip {clip}, noise multiplier {noise_multiplier}, {dimension} values, {cohort} clients")
+    if colluding >= cohort:
+        raise ValueError(
+            f"dp-colluding-clients {colluding} leaves no client of a round of {cohort} whose noise can be counted on"
+        )
+    trusted = cohort - colluding
+    whole = noise_multiplier * math.sqrt(cohort / trusted)  # the whole cohort's noise, over D
     root = math.sqrt(dimension)
     half = modulus / 2 - 1
-    # cohort * (scaled_clip + 1) + TAIL_STDS * z * (scaled_clip + root) <= half: per coordinate, each rounded update
-    # is at most scaled_clip + 1 and the summed noise's std is at most z * D
-    scaled_clip = (half - cohort - TAIL_STDS * noise_multiplier * root) / (cohort + TAIL_STDS * noise_multiplier)
+    # cohort * (scaled_clip + 1) + TAIL_STDS * whole * (scaled_clip + root) <= half: per coordinate, each rounded
+    # update is at most scaled_clip + 1 and the summed noise's std is at most whole * D
+    scaled_clip = (half - cohort - TAIL_STDS * whole * root) / (cohort + TAIL_STDS * whole)
     if scaled_clip < LEAST_SCALED_CLIP * root:
         raise ValueError(
             f"a modulus of 2**{int(math.log2(modulus))} leaves a scaled clip bound of {scaled_clip:.0f} for "
@@ -81,9 +91,10 @@ def plan_round(clip: float, noise_multiplier: float, dimension: int, cohort: int
     return RoundPlan(
         scale=scaled_clip / clip,
         sensitivity=sensitivity,
-        local_std=noise_multiplier * sensitivity / math.sqrt(cohort),
+        local_std=noise_multiplier * sensitivity / math.sqrt(trusted),
         cohort=cohort,
         dimension=dimension,
+        colluding=colluding,
     )
 
 
@@ -125,13 +136,17 @@ def mean_update(total: np.ndarray, plan: RoundPlan, answered: int) -> np.ndarray
 
 
 def round_rho(plan: RoundPlan, answered: int) -> float:
-    """The zCDP rho of one round whose sum holds `answered` clients' noise (Proposition 14's third term); fewer
-    than the cohort answering means less noise and a larger rho."""
+    """The zCDP rho of one round whose sum holds `answered` clients' contributions (Proposition 14's third term),
+    counting the noise of all but `plan.colluding` of them; fewer than the cohort answering means less noise and a
+    larger rho, none to count on an infinite one."""
     if answered < 1:
         raise ValueError("no contribution in the sum")
-    k = np.arange(1, answered, dtype=np.float64)
+    honest = answered - plan.colluding
+    if honest < 1:
+        return math.inf
+    k = np.arange(1, honest, dtype=np.float64)
     tau = 10.0 * float(np.sum(np.exp(-2 * math.pi**2 * plan.local_std**2 * k / (k + 1))))
-    l2 = plan.sensitivity / (math.sqrt(answered) * plan.local_std)
+    l2 = plan.sensitivity / (math.sqrt(honest) * plan.local_std)
     return (l2 + math.sqrt(plan.dimension) * tau) ** 2 / 2
 
 
@@ -139,6 +154,8 @@ def zcdp_epsilon(rho: float, delta: float) -> float:
     """Epsilon at `delta` of rho-zCDP, from dp-accounting's RDP accountant (0 for rho 0)."""
     if rho <= 0:
         return 0.0
+    if math.isinf(rho):
+        return math.inf
     import dp_accounting
     from dp_accounting import rdp
 

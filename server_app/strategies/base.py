@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Mapping, Sequence
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -222,17 +222,25 @@ class PFLStrategy:
             log(
                 INFO,
                 "distributed DP: each client clips its update to %g and adds discrete Gaussian noise so that the "
-                "cohort's sum carries noise multiplier %.4f%s; epsilon at delta %g of a client in all %d rounds, "
+                "cohort's sum carries noise multiplier %.4f%s%s; epsilon at delta %g of a client in all %d rounds, "
                 "every client of each cohort answering: %.3f (no amplification by sampling: the server knows who "
                 "takes part)",
                 cfg.dp_clip_norm,
                 self.dp_distributed_z,
                 f" (solved for epsilon {cfg.dp_target_epsilon:g})" if cfg.dp_target_epsilon > 0 else "",
+                f" without the noise of any {cfg.dp_colluding_clients} of them" if cfg.dp_colluding_clients else "",
                 cfg.dp_delta,
                 cfg.num_rounds,
                 epsilon(self.dp_distributed_z, 1.0, cfg.num_rounds, cfg.dp_delta),
             )
-        return plan_round(cfg.dp_clip_norm, self.dp_distributed_z, dimension, cohort, cfg.secagg_modulus_range)
+        return plan_round(
+            cfg.dp_clip_norm,
+            self.dp_distributed_z,
+            dimension,
+            cohort,
+            cfg.secagg_modulus_range,
+            cfg.dp_colluding_clients,
+        )
 
     def secure_reference(self) -> list[np.ndarray]:
         """The arrays the clients started from, in `secure_specs` order (their update's reference)."""
@@ -255,8 +263,18 @@ class PFLStrategy:
         rho = round_rho(plan, answered)
         self.dp_ledger.record(clients, rho)
         z = self.dp_distributed_z or 0.0
-        effective = z * math.sqrt(answered / plan.cohort)
-        if answered < plan.cohort:
+        honest = answered - plan.colluding  # the contributions whose noise is counted on
+        effective = z * math.sqrt(max(0, honest) / (plan.cohort - plan.colluding))
+        if honest < 1:
+            log(
+                ERROR,
+                "distributed DP, round %d: %d clients are in the sum and dp-colluding-clients is %d: no noise in it "
+                "can be counted on, so the run's epsilon is infinite from this round on",
+                server_round,
+                answered,
+                plan.colluding,
+            )
+        elif answered < plan.cohort:
             log(
                 WARNING,
                 "distributed DP, round %d: %d of the cohort's %d clients are in the sum, so it carries noise "
@@ -279,6 +297,7 @@ class PFLStrategy:
             "clipped": 0,
             "cohort": plan.cohort,
             "answered": answered,
+            "colluding": plan.colluding,
         }
 
     def aggregate(self, server_round: int, replies: list[TrainReply]) -> None:
