@@ -158,6 +158,8 @@ def test_only_pfllibs_own_exception_counts_as_a_crash() -> None:
     assert crash_error(1, "Traceback (most recent call last):\n  ...\ntorch.OutOfMemoryError: CUDA\n") == (
         "torch.OutOfMemoryError: CUDA"
     )
+    assert crash_error(1, "Traceback (most recent call last):\n  ...\nStopIteration\n") == "StopIteration"
+    assert crash_error(1, "Traceback (most recent call last):\n  ...\nsome words: here\n") is None
     assert crash_error(-9, SCAFFOLD_CRASH) is None  # killed: the machine's doing, worth another try
     assert crash_error(1, "Traceback (most recent call last):\n  ...\nMemoryError\n") is None
     assert crash_error(1, "Traceback (most recent call last):\n  ...\nKeyboardInterrupt\n") is None

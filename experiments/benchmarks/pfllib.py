@@ -198,7 +198,7 @@ def crash_error(returncode: int, stderr: str) -> str | None:
         return None
     last = lines[-1].strip()
     name = last.split(":", 1)[0]
-    if not re.fullmatch(r"[A-Za-z_][\w.]*(Error|Exception)", name) or name.rsplit(".", 1)[-1] in NOT_PFLLIBS:
+    if not re.fullmatch(r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*", name) or name.rsplit(".", 1)[-1] in NOT_PFLLIBS:
         return None
     return last
 
