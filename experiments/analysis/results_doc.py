@@ -223,8 +223,8 @@ def machine_share(shares: list[CpuShare | None]) -> str:
     beside = [s for s in measured if not s.alone]
     parts = [f"{alone} ran alone on the machine"] if alone else []
     if beside:
-        wall = sum(s.wall_s for s in beside)
-        cores = sum(s.others_cpu_s or 0.0 for s in beside) / wall if wall > 0 else 0.0
+        together = sum(beside[1:], beside[0])  # CpuShare's sum: seconds added, as a resumed run's attempts
+        cores = together.others_cores or 0.0
         parts.append(f"{len(beside)} beside other work that kept {cores:.1f} cores busy on average")
     if unmeasured := len(shares) - len(measured):
         parts.append(f"{unmeasured} unmeasured (runs of sweep shards side by side share the cores)")

@@ -257,6 +257,14 @@ def pfllib_seconds(pfllib: Path, args: argparse.Namespace) -> Callable[[RunSpec,
     return run
 
 
+def pfllib_checkout(path: str) -> Path:
+    """The --pfllib folder, resolved (ConfigError when it has no system/main.py)."""
+    pfllib = Path(path).resolve()
+    if not (pfllib / "system" / "main.py").is_file():
+        raise ConfigError(f"--pfllib {pfllib}: not a PFLlib checkout (no system/main.py)")
+    return pfllib
+
+
 def pfllib_commit(pfllib: Path) -> str:
     """The PFLlib checkout's commit, or 'unknown' (not a git checkout of its own: a copy inside another repository
     must not be recorded under that repository's commit)."""
@@ -325,9 +333,7 @@ def side_specs(algorithms: Sequence[str], experiments: str | None, seeds: str | 
 
 def run_side(args: argparse.Namespace, commit_record: Callable[[Path, str], None] | None = None) -> tuple[int, int]:
     """PFLlib's runs of the side by side that have no record yet, until the budget ends; (finished, failed)."""
-    pfllib = Path(args.pfllib).resolve()
-    if not (pfllib / "system" / "main.py").is_file():
-        raise ConfigError(f"--pfllib {pfllib}: not a PFLlib checkout (no system/main.py)")
+    pfllib = pfllib_checkout(args.pfllib)
     folder = pfllib_records_folder()
     folder.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget_hours * 3600
@@ -496,9 +502,7 @@ def main(argv: Sequence[str] | None = None, commit_record: Callable[[Path, str],
             print(f"PFLlib side: {finished} finished, {failed} failed", flush=True)
             sys.exit(1 if failed else 0)
         if args.command == "time":
-            pfllib = Path(args.pfllib).resolve()
-            if not (pfllib / "system" / "main.py").is_file():
-                raise ConfigError(f"--pfllib {pfllib}: not a PFLlib checkout (no system/main.py)")
+            pfllib = pfllib_checkout(args.pfllib)
             check_rounds(args.rounds)
             specs = side_specs(args.algorithms.split(","), args.experiments, args.seed)
             if not specs:
