@@ -102,6 +102,24 @@ def test_a_run_records_its_cpu_only_on_an_engine_whose_runs_cpu_it_can_count(tmp
     assert (share is not None) == counts
 
 
+def test_a_stopped_attempt_still_adds_its_seconds_to_the_run_folder(tmp_path: Path) -> None:
+    spec = plan("x", preset("smoke"), {}, [0])[0]
+
+    class Engine:
+        name = "test"
+        counts_its_cpu = True
+
+        def run(self, *args: object) -> RunOutcome:
+            (tmp_path / spec.name).mkdir()  # the server made the run folder
+            record_cpu(tmp_path / spec.name, CpuShare(5.0, 4.0, 0.0))  # as if an earlier attempt had run
+            raise KeyboardInterrupt  # Ctrl+C or SIGTERM (the CLI raises it) while the run is under way
+
+    with pytest.raises(KeyboardInterrupt):
+        execute(Engine(), tmp_path / "app", spec, tmp_path, False, lambda line: None)  # type: ignore[arg-type]
+    share = CpuShare.from_dict(RunFolder(tmp_path / spec.name).cpu())
+    assert share is not None and share.wall_s > 5.0 and share.run_cpu_s >= 4.0
+
+
 def test_a_documents_runs_say_how_much_of_the_machine_they_had() -> None:
     from experiments.analysis.results_doc import machine_share
 

@@ -261,20 +261,23 @@ def execute(
                 recorded = True
             echo(line)
 
-        with CpuMeter() as meter:
-            outcome = engine.run(
-                config,
-                spec.clients,
-                timeout,
-                both,
-                spec.preset.cpus_per_client,
-                spec.preset.gpus_per_client if gpu else 0.0,
-            )
+        meter = CpuMeter()
+        try:
+            with meter:
+                outcome = engine.run(
+                    config,
+                    spec.clients,
+                    timeout,
+                    both,
+                    spec.preset.cpus_per_client,
+                    spec.preset.gpus_per_client if gpu else 0.0,
+                )
+        finally:  # a stopped attempt (Ctrl+C, SIGTERM) counts too: its resume sums every attempt's seconds
+            if run_dir.is_dir():
+                record_code(run_dir, commit)
+                if engine.counts_its_cpu and meter.share is not None:
+                    record_cpu(run_dir, meter.share)
     seconds = time.monotonic() - started
-    if run_dir.is_dir():
-        record_code(run_dir, commit)
-        if engine.counts_its_cpu and meter.share is not None:
-            record_cpu(run_dir, meter.share)
     if outcome.status == FINISHED and RunFolder(run_dir).finished():
         return RunResult(spec, "finished", run_dir, seconds, log_path)
     reason = _last_error(outcome.output) or f"the run exited {outcome.returncode}, status {outcome.status}"
