@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from .superlink import LocalSuperLink, free_port, stop_process_tree
+from .tether import tethered_popen
 
 WARM_PAIR = Path(__file__).resolve().parents[2] / "deploy" / "warm-supernode.sh"  # a SuperNode + its warm ClientApp
 CONNECTION = "deploy"  # the operator's connection in FLWR_HOME/config.toml: the SuperLink itself, on loopback
@@ -76,11 +77,10 @@ class FleetProxy:
         conf = self.home / "nginx.conf"
         conf.write_text(self.config())
         log_file = self.home / "nginx-error.log"
-        self.process = subprocess.Popen(
+        self.process = tethered_popen(
             [binary, "-p", str(self.home), "-e", str(log_file), "-c", str(conf), "-g", "daemon off;"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
         trust = ssl.create_default_context(cafile=str(self.certs / "ca.crt"))
         deadline = time.monotonic() + timeout
@@ -157,9 +157,7 @@ class TLSSuperLink(LocalSuperLink):
             *(["--database", str(self.database)] if self.database is not None else []),
         ]
         with open(log_file, "ab") as log:
-            self.process = subprocess.Popen(
-                command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            self.process = tethered_popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         trust = ssl.create_default_context(cafile=str(self.ca))
         while time.monotonic() < deadline:
@@ -215,9 +213,7 @@ class TLSSuperLink(LocalSuperLink):
         else:
             command = [*launcher, "flower-supernode", *options, "--isolation", "subprocess", "--port", port]
         with open(log_file, "ab") as log:
-            process = subprocess.Popen(
-                command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            process = tethered_popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         self.supernodes.append((process, log_file))
         return process, log_file
 

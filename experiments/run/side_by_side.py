@@ -17,6 +17,7 @@ from pathlib import Path
 
 from experiments.run.runs import run_state, set_aside
 from experiments.run.superlink import stop_process_tree
+from experiments.run.tether import tethered_popen
 
 LOGS = "logs"  # the sweep's per-run logs, beside its run folders
 
@@ -65,9 +66,7 @@ def run_side_by_side(
     for command, log in zip(commands, logs, strict=True):
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as sink:
-            processes.append(
-                subprocess.Popen(list(command), cwd=cwd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-            )
+            processes.append(tethered_popen(list(command), cwd=cwd, stdout=sink, stderr=subprocess.STDOUT))
     ends: dict[int, ShardEnd] = {}
     while len(ends) < len(processes):
         elapsed = time.monotonic() - started

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from common.hparams import ConfigError
+from experiments.run.tether import descendants, kill_all, tethered_popen
 
 
 def free_port() -> int:
@@ -26,31 +27,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (children, grandchildren, ...), read from /proc; [] where there is no /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = entry.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _kill_all(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def stop_process_tree(process: subprocess.Popen, graceful: bool = True) -> None:
@@ -68,7 +44,7 @@ def stop_process_tree(process: subprocess.Popen, graceful: bool = True) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    _kill_all([process.pid, *below])
+    kill_all([process.pid, *below])
     process.wait(timeout=15)
 
 
@@ -164,7 +140,7 @@ def stop_flower_local_superlink(
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline and any(_alive(pid) for pid in found):
         time.sleep(0.1)
-    _kill_all([pid for pid in [*found, *below] if _alive(pid)])
+    kill_all([pid for pid in [*found, *below] if _alive(pid)])
     started = f" and {len(below)} process(es) it started" if below else ""
     pids = ", ".join(map(str, found))
     return f"stopped the local SuperLink of FLWR_HOME {home} on port {port} (pid {pids}){started}{left}"
@@ -233,9 +209,7 @@ class LocalSuperLink:
             "--log-file",
             str(log_file),
         ]
-        self.process = subprocess.Popen(
-            command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-        )
+        self.process = tethered_popen(command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -360,9 +334,7 @@ def run_streamed(
 ) -> tuple[int, str]:
     """Run `command`, passing each output line to `echo` as it comes; (exit code, whole output). Past `timeout`
     seconds the process tree is stopped and the exit code is 124."""
-    process = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True
-    )
+    process = tethered_popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     lines: list[str] = []
     timer = threading.Timer(timeout, stop_process_tree, args=(process,))
     timer.start()
