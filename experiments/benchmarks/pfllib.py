@@ -41,7 +41,9 @@ from experiments.benchmarks.pfllib_timing import (
 )
 from experiments.run.cpu_share import ALONE_CORES, CpuMeter, CpuShare, busy_cores
 from experiments.run.runs import RunSpec
+from experiments.run.superlink import stop_process_tree
 from experiments.run.sweep import read_sweep
+from experiments.run.tether import tethered_popen
 from experiments.studies.records import read_records, records_folder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -233,16 +235,22 @@ def run_pfllib(
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if threads > 0:  # else torch's own count, as PFLlib runs by default
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    done = subprocess.run(command, cwd=system, env=env, capture_output=True, text=True, timeout=timeout)
+    # tethered: a harness killed by SIGKILL leaves no PFLlib run going on for half an hour
+    process = tethered_popen(command, cwd=system, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except BaseException:  # past the timeout (subprocess.TimeoutExpired), Ctrl+C, SIGTERM
+        stop_process_tree(process, graceful=False)
+        raise
     log = work / f"log-{cfg.algorithm}-{cfg.seed}.txt"
-    log.write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
-        message = f"PFLlib exited with {done.returncode} (log: {log}):\n{tail}"
-        if (error := crash_error(done.returncode, done.stderr)) is not None:
+    log.write_text(stdout + "\n--- stderr ---\n" + stderr)
+    if process.returncode != 0:
+        tail = "\n".join((stdout + stderr).splitlines()[-15:])
+        message = f"PFLlib exited with {process.returncode} (log: {log}):\n{tail}"
+        if (error := crash_error(process.returncode, stderr)) is not None:
             raise PFLlibCrash(message, error)
         raise RuntimeError(message)
-    seconds = [float(m.group(1)) for line in done.stdout.splitlines() if (m := ROUND_TIME.match(line.strip()))]
+    seconds = [float(m.group(1)) for line in stdout.splitlines() if (m := ROUND_TIME.match(line.strip()))]
     mean, weighted = read_events(events, clients)
     return PFLlibRun(mean, weighted, seconds)
 
