@@ -69,6 +69,37 @@ def test_a_killed_parent_takes_the_command_and_its_children_with_it(command_igno
         started.kill()
 
 
+def test_a_tether_outside_its_own_group_stops_only_its_command() -> None:
+    # started by hand in its owner's process group: when the owner dies, the group's other processes are not its own
+    sleeper = "import time; time.sleep(120)"
+    owner = textwrap.dedent(
+        f"""
+        import os, subprocess, sys, time
+        from experiments.run import tether
+        bystander = subprocess.Popen([sys.executable, "-c", {sleeper!r}])
+        held = subprocess.Popen([sys.executable, "-P", tether.__file__, "--parent", str(os.getpid()), "--",
+                                 sys.executable, "-c", {sleeper!r}])
+        time.sleep(2)
+        print(bystander.pid, held.pid, *tether.descendants(held.pid), flush=True)
+        time.sleep(120)
+        """
+    )
+    started = subprocess.Popen(
+        _python(owner), stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1], start_new_session=True
+    )
+    bystander, *held = [0]
+    try:
+        assert started.stdout is not None
+        bystander, *held = (int(pid) for pid in started.stdout.readline().split())
+        assert len(held) == 2, "the tether and its command"
+        started.kill()
+        started.wait(timeout=10)
+        assert not still_running(held, POLL_S + GRACE_S + 10), "the command outlived its owner"
+        assert still_running([bystander], 0.0) == [bystander], "the tether stopped a process that was not its own"
+    finally:
+        kill_all([bystander, *held])
+
+
 def test_a_killed_owner_leaves_no_private_superlink_running(tmp_path: Path) -> None:
     # `pflower run --engine simulation` killed by SIGKILL or the out-of-memory killer: its SuperLink writes to no pipe
     # of the owner's, so nothing but the tether would ever stop it

@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 POLL_S = 0.5  # how often the tether looks for its parent
 GRACE_S = 15.0  # how long the command has to stop after SIGTERM before SIGKILL
@@ -54,16 +54,23 @@ def kill_all(pids: Sequence[int]) -> None:
             pass
 
 
-def _orphaned(child: subprocess.Popen) -> None:
-    """The parent is gone: stop the command's tree (SIGTERM to the group, SIGKILL after GRACE_S), then this tether."""
+def _orphaned(child: subprocess.Popen) -> NoReturn:
+    """The parent is gone: stop the command's tree (SIGTERM, SIGKILL after GRACE_S), then this tether. The whole
+    process group only when the tether leads its own (as `tethered_popen` starts it), never a shell's job."""
+    leads_group = os.getpgid(0) == os.getpid()
     below = descendants(os.getpid())
-    os.killpg(0, signal.SIGTERM)  # this process only notes it (see main)
+    if leads_group:
+        os.killpg(0, signal.SIGTERM)  # this process only notes it (see main)
+    else:
+        child.terminate()
     try:
         child.wait(timeout=GRACE_S)
     except subprocess.TimeoutExpired:
         pass
-    kill_all([pid for pid in below if pid != os.getpid()])
-    os.killpg(0, signal.SIGKILL)
+    kill_all(below)
+    if leads_group:
+        os.killpg(0, signal.SIGKILL)
+    sys.exit(1)
 
 
 def _end_like(returncode: int) -> int:
