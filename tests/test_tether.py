@@ -87,7 +87,7 @@ def test_a_tether_outside_its_own_group_stops_only_its_command() -> None:
     started = subprocess.Popen(
         _python(owner), stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1], start_new_session=True
     )
-    bystander, *held = [0]
+    bystander, held = 0, []
     try:
         assert started.stdout is not None
         bystander, *held = (int(pid) for pid in started.stdout.readline().split())

@@ -95,14 +95,12 @@ def main(argv: Sequence[str]) -> int:
     for stop in (signal.SIGTERM, signal.SIGINT):  # noted, not ignored: an ignored signal stays ignored across exec
         signal.signal(stop, lambda *_: None)
     child = subprocess.Popen(argv[3:])
-    if os.getppid() != parent:  # the parent died before the command started
-        _orphaned(child)
-    while True:
+    while os.getppid() == parent:  # re-parented once the parent is gone (also before the command started)
         try:
             return _end_like(child.wait(timeout=POLL_S))
         except subprocess.TimeoutExpired:
-            if os.getppid() != parent:  # re-parented: the parent is gone
-                _orphaned(child)
+            pass
+    _orphaned(child)
 
 
 if __name__ == "__main__":
